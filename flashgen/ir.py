@@ -1,0 +1,232 @@
+"""The typed, frozen IR of the `.attn` language.
+
+In: nothing (this module defines types and the language's vocabulary only; it
+imports nothing else from flashgen).  Out: the node classes that every other
+stage passes around.
+
+Two layers live here:
+
+* the syntax tree that `parse` builds (`SpecFile` -> `Block` -> `Setting`,
+  with `Expr` trees whose names and calls are still unchecked strings), and
+* the checked `Variant` that `check` produces: one attention block with every
+  setting resolved, defaults filled in, and constant arguments of the named
+  masks and of `softcap` folded to literals.
+
+Source spans ride on every node but never take part in equality, so two trees
+that print the same compare equal wherever they came from.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import Union
+
+
+@dataclass(frozen=True)
+class Span:
+    """1-based line/column of the first character and of one past the last."""
+
+    line: int
+    column: int
+    end_line: int
+    end_column: int
+
+
+NO_SPAN = Span(0, 0, 0, 0)
+
+
+def _span() -> Span:
+    return field(default=NO_SPAN, compare=False, repr=False)
+
+
+# --------------------------------------------------------------------------- #
+# Expressions
+# --------------------------------------------------------------------------- #
+
+
+class UnaryOp(enum.Enum):
+    NEG = "-"
+    NOT = "!"
+
+
+class BinOp(enum.Enum):
+    OR = "|"
+    AND = "&"
+    EQ = "=="
+    NE = "!="
+    LT = "<"
+    LE = "<="
+    GT = ">"
+    GE = ">="
+    ADD = "+"
+    SUB = "-"
+    MUL = "*"
+    DIV = "/"
+    FLOORDIV = "div"
+    MOD = "%"
+
+
+COMPARISONS = frozenset(
+    {BinOp.EQ, BinOp.NE, BinOp.LT, BinOp.LE, BinOp.GT, BinOp.GE}
+)
+
+
+@dataclass(frozen=True)
+class Num:
+    """A literal. `int` for integer literals (`8`), `float` for real ones (`8.0`)."""
+
+    value: int | float
+    span: Span = _span()
+
+
+@dataclass(frozen=True)
+class Name:
+    """A bare name: a variable (`q`, `s`), a named mask (`causal`) or `alibi`."""
+
+    id: str
+    span: Span = _span()
+
+
+@dataclass(frozen=True)
+class Call:
+    fn: str
+    args: tuple["Expr", ...]
+    span: Span = _span()
+
+
+@dataclass(frozen=True)
+class Unary:
+    op: UnaryOp
+    operand: "Expr"
+    span: Span = _span()
+
+
+@dataclass(frozen=True)
+class Binary:
+    op: BinOp
+    left: "Expr"
+    right: "Expr"
+    span: Span = _span()
+
+
+Expr = Union[Num, Name, Call, Unary, Binary]
+
+
+# --------------------------------------------------------------------------- #
+# Syntax tree of a file
+# --------------------------------------------------------------------------- #
+
+
+@dataclass(frozen=True)
+class Setting:
+    """`key = value` inside an attention block."""
+
+    key: str
+    value: Expr
+    span: Span = _span()
+    key_span: Span = _span()
+
+
+@dataclass(frozen=True)
+class Block:
+    """`attention NAME { settings }`."""
+
+    name: str
+    settings: tuple[Setting, ...]
+    span: Span = _span()
+    name_span: Span = _span()
+
+
+@dataclass(frozen=True)
+class SpecFile:
+    blocks: tuple[Block, ...]
+    path: str = field(default="<string>", compare=False)
+
+
+# --------------------------------------------------------------------------- #
+# The checked model
+# --------------------------------------------------------------------------- #
+
+
+class DType(enum.Enum):
+    FP16 = "fp16"
+    BF16 = "bf16"
+    FP32 = "fp32"
+
+
+class Align(enum.Enum):
+    BOTTOM_RIGHT = "bottom_right"
+    TOP_LEFT = "top_left"
+
+
+FULL = Name("full")
+IDENTITY_SCORE = Name("s")
+
+
+@dataclass(frozen=True)
+class Variant:
+    """One checked attention block: everything the later stages need.
+
+    `mask` is a boolean expression over q, k, h, H; `score` a real expression
+    over s, q, k, h, H.  Named masks keep their names (`causal`,
+    `window(L, R)`, ...) with literal integer arguments; `softcap(x, c)` keeps
+    a literal real `c`.
+    """
+
+    name: str
+    head_dim: int
+    dtype: DType
+    mask: Expr = FULL
+    score: Expr = IDENTITY_SCORE
+    scale: float | None = None
+    align: Align = Align.BOTTOM_RIGHT
+    rescale_threshold: float = 0.0
+    span: Span = _span()
+    path: str = field(default="<string>", compare=False)
+
+
+# --------------------------------------------------------------------------- #
+# Vocabulary: names and functions the language knows, and their kinds
+# --------------------------------------------------------------------------- #
+
+
+class Kind(enum.Enum):
+    INT = "integer"
+    REAL = "real"
+    BOOL = "boolean"
+
+
+# Position of the query, of the key, query head index, number of query heads.
+INT_VARIABLES = frozenset({"q", "k", "h", "H"})
+# The scaled score; only meaningful in `score`.
+SCORE_VARIABLE = "s"
+# Nullary masks and terms written as bare names.
+NAMED_MASKS = frozenset({"causal", "full"})
+ALIBI = "alibi"
+
+# Masks with literal integer arguments: name -> (min args, max args).
+MASK_FUNCTIONS = {"window": (1, 2), "prefix": (1, 1), "chunk": (1, 1)}
+# Real-valued unary functions of the score language.
+REAL_FUNCTIONS = frozenset({"tanh", "exp", "log", "sqrt"})
+# Functions that keep the kind of their arguments (int stays int).
+POLY_FUNCTIONS = {"abs": 1, "min": 2, "max": 2}
+SOFTCAP = "softcap"
+
+HEAD_DIM_MIN = 16
+HEAD_DIM_MAX = 256
+HEAD_DIM_MULTIPLE = 8
+# p = 2^(s - m) reaches 2^tau under conditional rescaling and is fed to the
+# P @ V product in the input dtype: 2^15 still fits fp16 (max 65504).
+RESCALE_THRESHOLD_MAX = 15.0
+
+SETTINGS = (
+    "head_dim",
+    "dtype",
+    "scale",
+    "mask",
+    "score",
+    "align",
+    "rescale_threshold",
+)
+REQUIRED_SETTINGS = ("head_dim", "dtype")
