@@ -1,0 +1,240 @@
+"""The `flashgen` command: a thin shell over parse, check, emit and verify.
+
+In: command-line arguments.  Out: files, text on stdout/stderr, and an exit
+status: 0 success, 1 spec errors (or out-of-date files, failed verification),
+2 usage errors (bad arguments, unreadable files).
+
+    flashgen check SPEC...              report problems; "ok: ..." when clean
+    flashgen build SPEC... -o DIR       write DIR/<block>.py, only where changed
+    flashgen build [--check]            in the repo root: examples/*.attn -> generated/
+    flashgen verify SPEC... [--device cpu|cuda] [--examples N] [--seed S] [--name NAME]
+
+`--check` builds in memory and compares with the files on disk instead of
+writing: it lists every missing, different or stale module (a stale one is a
+`@generated` file whose block no longer exists) and exits 1 if there is any.
+Bad input never shows a traceback: diagnostics are rendered, file errors take
+one line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from flashgen import __version__, api
+from flashgen.diagnostics import SpecError, render_all
+from flashgen.emit import render_module
+
+EXAMPLES_GLOB = "examples/*.attn"
+GENERATED_DIR = "generated"
+
+
+class _UsageError(Exception):
+    """Bad invocation or unreadable input: one `flashgen: error:` line per message."""
+
+    def __init__(self, *messages: str) -> None:
+        super().__init__("\n".join(messages))
+        self.messages = messages
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = _parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as e:  # argparse's usage errors and --help
+        return e.code if isinstance(e.code, int) else 2
+    try:
+        return args.run(args)
+    except _UsageError as e:
+        for message in e.messages:
+            print(f"flashgen: error: {message}", file=sys.stderr)
+        return 2
+    except SpecError as e:
+        print(e, file=sys.stderr)
+        return 1
+    except OSError as e:  # writing output
+        where = f" '{e.filename}'" if e.filename else ""
+        print(f"flashgen: error: cannot write{where}: {e.strerror or e}", file=sys.stderr)
+        return 1
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="flashgen",
+        description="Generate standalone Triton FlashAttention modules from .attn specs.",
+    )
+    parser.add_argument("--version", action="version", version=f"flashgen {__version__}")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    check = commands.add_parser("check", help="report problems in specs")
+    check.add_argument("specs", nargs="+", metavar="SPEC", help=".attn file")
+    check.set_defaults(run=_check)
+
+    build = commands.add_parser(
+        "build",
+        help="generate one module per attention block",
+        description="Write OUT/<block>.py for every block, only where the content "
+        f"changed.  With no SPEC: {EXAMPLES_GLOB} into {GENERATED_DIR}/.",
+    )
+    build.add_argument("specs", nargs="*", metavar="SPEC", help=".attn file")
+    build.add_argument("-o", "--out", metavar="DIR", help="output directory")
+    build.add_argument(
+        "--check",
+        action="store_true",
+        help="write nothing; exit 1 if any module on disk is missing, different or stale",
+    )
+    build.set_defaults(run=_build)
+
+    verify = commands.add_parser(
+        "verify", help="test the generated kernels against the dense reference"
+    )
+    verify.add_argument("specs", nargs="+", metavar="SPEC", help=".attn file")
+    verify.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    verify.add_argument("--examples", type=_positive, metavar="N", help="random cases per block")
+    verify.add_argument("--seed", type=int, metavar="S")
+    verify.add_argument("--name", help="verify only this block")
+    verify.set_defaults(run=_verify)
+    return parser
+
+
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be positive, got {value}")
+    return value
+
+
+# --------------------------------------------------------------------------- #
+# Commands
+# --------------------------------------------------------------------------- #
+
+
+def _check(args: argparse.Namespace) -> int:
+    sources = _read(args.specs)
+    variants, _ = _check_sources(sources)
+    blocks = _plural(len(variants), "attention block")
+    print(f"ok: {blocks} in {_plural(len(sources), 'file')}")
+    return 0
+
+
+def _build(args: argparse.Namespace) -> int:
+    specs = args.specs
+    if specs:
+        if args.out is None:
+            raise _UsageError("build: -o DIR is required when SPECs are given")
+    else:
+        specs = sorted(str(p) for p in Path().glob(EXAMPLES_GLOB))
+        if not specs:
+            raise _UsageError(f"build: no SPEC given and no {EXAMPLES_GLOB} here")
+    out = Path(args.out or GENERATED_DIR)
+    variants, _ = _check_sources(_read(specs))
+    modules = {v.name: render_module(v) for v in variants}
+    if args.check:
+        return _compare(modules, out)
+    for name, text in modules.items():
+        path = out / f"{name}.py"
+        print(f"{'wrote' if api.write_if_changed(path, text) else 'unchanged'} {path}")
+    return 0
+
+
+def _compare(modules: dict[str, str], out: Path) -> int:
+    """Compare modules built in memory with OUT/*.py; 1 if any differs."""
+    problems = []
+    for name, text in sorted(modules.items()):
+        path = out / f"{name}.py"
+        try:
+            on_disk = path.read_text(encoding="utf-8")
+        except FileNotFoundError:
+            problems.append(f"missing: {path}")
+            continue
+        if on_disk != text:
+            problems.append(f"different: {path}")
+    for path in sorted(out.glob("*.py")):
+        if path.stem not in modules and _is_generated(path):
+            problems.append(f"stale: {path} (no attention block '{path.stem}' in the specs)")
+    if problems:
+        print("\n".join(problems))
+        print(
+            f"flashgen: {_plural(len(problems), 'module')} out of date; "
+            "run the same command without --check to rebuild",
+            file=sys.stderr,
+        )
+        return 1
+    print(f"ok: {_plural(len(modules), 'module')} in {out}/ up to date")
+    return 0
+
+
+def _is_generated(path: Path) -> bool:
+    try:
+        with open(path, encoding="utf-8", errors="replace") as f:
+            return "@generated" in f.read(1000)
+    except OSError:
+        return False
+
+
+def _verify(args: argparse.Namespace) -> int:
+    if args.device == "cpu":
+        # Must be set before a generated module (and so triton.jit) runs.
+        os.environ["TRITON_INTERPRET"] = "1"
+    variants, _ = _check_sources(_read(args.specs))
+    if args.name is not None:
+        picked = [v for v in variants if v.name == args.name]
+        if not picked:
+            names = ", ".join(v.name for v in variants) or "none"
+            raise _UsageError(f"verify: no attention block named '{args.name}' (blocks: {names})")
+        variants = picked
+
+    from flashgen.verify import verify  # imports torch: only here
+
+    options = {"device": args.device}
+    if args.examples is not None:
+        options["examples"] = args.examples
+    if args.seed is not None:
+        options["seed"] = args.seed
+    ok = True
+    for i, variant in enumerate(variants):
+        if i:
+            print()
+        try:
+            report = verify(variant, **options)
+        except ValueError as e:  # e.g. --device cuda without a GPU
+            raise _UsageError(f"verify: {e}") from None
+        print(report.table())
+        ok = ok and report.ok
+    return 0 if ok else 1
+
+
+# --------------------------------------------------------------------------- #
+# Helpers
+# --------------------------------------------------------------------------- #
+
+
+def _read(paths: Sequence[str]) -> dict[str, str]:
+    """path -> text of every file; one error line per file that cannot be read."""
+    sources: dict[str, str] = {}
+    errors: list[str] = []
+    for path in paths:
+        try:
+            sources[path] = Path(path).read_text(encoding="utf-8")
+        except OSError as e:
+            errors.append(f"cannot read '{path}': {e.strerror or e}")
+        except UnicodeDecodeError as e:
+            errors.append(f"cannot read '{path}': not UTF-8 text (byte {e.start})")
+    if errors:
+        raise _UsageError(*errors)
+    return sources
+
+
+def _check_sources(sources: dict[str, str]):
+    """Variants of all blocks; warnings go to stderr, errors raise SpecError."""
+    variants, warnings = api.check_sources(sources)
+    if warnings:
+        print(render_all(warnings, sources), end="", file=sys.stderr)
+    return variants, warnings
+
+
+def _plural(n: int, word: str) -> str:
+    return f"{n} {word}{'' if n == 1 else 's'}"

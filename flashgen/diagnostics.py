@@ -1,0 +1,111 @@
+"""Diagnostics: problems found in `.attn` sources, and their rendering.
+
+In: `Diagnostic` values made by `parse` and `check` (a path, an `ir.Span`, a
+message) plus the source text they point into.  Out: text in the one format
+every stage and the CLI share, in the style of gcc/clang with a rustc-like
+note line:
+
+    specs/x.attn:3:21: error: window size must be non-negative, got -3
+        mask = causal & window(-3)
+                        ^^^^^^^^^^
+        = note: ...
+
+The source line is shown without its own indentation, indented four spaces;
+carets underline the span (one caret for an empty span; a span running over
+several lines is underlined to the end of its first line).  `SpecError`
+carries diagnostics through the Python API as an exception whose `str()` is
+that text.  This module imports nothing of ours but `ir`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+from flashgen import ir
+
+_TAB = "    "
+
+
+@dataclass(frozen=True)
+class Diagnostic:
+    """One problem at one place in one file."""
+
+    path: str
+    span: ir.Span
+    message: str
+    severity: str = "error"
+    # Extra context shown on its own line under the source excerpt.
+    note: str | None = None
+
+
+def render(diag: Diagnostic, source: str | None) -> str:
+    """Render one diagnostic against the text of its file, newline-terminated.
+
+    `source` may be None (text unavailable) or shorter than the span claims;
+    then only the header (and note) are printed.
+    """
+    span = diag.span
+    if span.line <= 0:
+        lines = [f"{diag.path}: {diag.severity}: {diag.message}"]
+    else:
+        lines = [
+            f"{diag.path}:{span.line}:{span.column}: {diag.severity}: {diag.message}"
+        ]
+        excerpt = _excerpt(span, source)
+        if excerpt is not None:
+            lines.extend(excerpt)
+    if diag.note:
+        lines.append(f"{_TAB}= note: {diag.note}")
+    return "\n".join(lines) + "\n"
+
+
+def render_all(diags: Iterable[Diagnostic], sources: Mapping[str, str]) -> str:
+    """Render diagnostics in the order given; `sources` maps path -> file text."""
+    return "".join(render(d, sources.get(d.path)) for d in diags)
+
+
+class SpecError(Exception):
+    """Raised by the Python API when specs do not parse or check.
+
+    `diagnostics` lists every problem; `sources` maps path -> text so that the
+    message can show the offending lines.  `str(error)` is the rendered text.
+    """
+
+    def __init__(
+        self, diagnostics: Iterable[Diagnostic], sources: Mapping[str, str]
+    ) -> None:
+        self.diagnostics = tuple(diagnostics)
+        self.sources = dict(sources)
+        super().__init__(render_all(self.diagnostics, self.sources).rstrip("\n"))
+
+
+def _excerpt(span: ir.Span, source: str | None) -> list[str] | None:
+    """The source line of `span` and the caret line under it."""
+    if source is None:
+        return None
+    source_lines = source.splitlines()
+    if span.line > len(source_lines) + 1:
+        return None
+    # A span just past the last line (end of file after a final newline) shows
+    # an empty line with a caret at its start.
+    raw = source_lines[span.line - 1] if span.line <= len(source_lines) else ""
+    raw = raw.rstrip()
+    indent = len(raw) - len(raw.lstrip())
+    shown = raw[indent:]
+
+    start = max(span.column - 1, indent)
+    if span.end_line == span.line:
+        end = span.end_column - 1
+    else:
+        end = len(raw)
+    end = min(end, len(raw))
+
+    # Tabs are displayed as four spaces, so carets are counted in display width.
+    pad = _width(raw[indent:start])
+    width = max(1, _width(raw[start:end]))
+    return [_TAB + shown.replace("\t", _TAB), _TAB + " " * pad + "^" * width]
+
+
+def _width(text: str) -> int:
+    return len(text.replace("\t", _TAB))

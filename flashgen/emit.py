@@ -1,0 +1,55 @@
+"""Emit: a checked `Variant` in, the source of its standalone module out.
+
+The only importer of jinja2 and black.  `lower` makes every decision; the
+template in `templates/attention.py.j2` loops and branches over the result,
+and black formats it here, in exactly one place, with a fixed mode so the
+output is byte-for-byte reproducible.
+"""
+
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+
+import black
+import jinja2
+
+from flashgen import __version__, ir
+from flashgen.lower import lower
+
+_BLACK_MODE = black.Mode(
+    target_versions={black.TargetVersion.PY310}, line_length=88, magic_trailing_comma=False
+)
+
+
+def _templates_dir() -> Path:
+    try:
+        from importlib.resources import files
+
+        return Path(str(files("flashgen.templates")))
+    except ModuleNotFoundError:  # running from a checkout without installing
+        return Path(__file__).resolve().parent.parent / "templates"
+
+
+@functools.lru_cache(maxsize=1)
+def _environment() -> jinja2.Environment:
+    return jinja2.Environment(
+        loader=jinja2.FileSystemLoader(_templates_dir()),
+        undefined=jinja2.StrictUndefined,
+        trim_blocks=True,
+        lstrip_blocks=True,
+        keep_trailing_newline=True,
+        autoescape=False,
+    )
+
+
+def render_module(variant: ir.Variant) -> str:
+    """Full, black-formatted source of the module for one attention block."""
+    model = lower(variant)
+    source = _environment().get_template("attention.py.j2").render(
+        m=model,
+        version=__version__,
+        spec_lines=model.spec_text.rstrip("\n").splitlines(),
+        spec_literal=repr(model.spec_text),
+    )
+    return black.format_str(source, mode=_BLACK_MODE)

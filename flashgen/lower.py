@@ -1,0 +1,778 @@
+"""Analysis and lowering: a checked `Variant` in, a frozen view-model out.
+
+Every decision about the generated kernel is made here, in Python; the Jinja
+template only loops and branches over the `KernelModel` this module returns.
+Three pieces of analysis happen on the way:
+
+* **Element code.**  The mask and the score expression are translated into
+  Triton expressions over the tile's position vectors (`q_pos`, `k_pos`), the
+  query head (`head`, `num_heads`) and the scaled score `s`.
+
+* **Tile classification.**  Each integer sub-expression of the mask gets an
+  interval over a (query tile x key tile) rectangle, and each boolean one a
+  pair (`must`, `may`): true for every pair in the rectangle / for at least
+  one.  Affine sub-expressions are normalised to sum(c_i * v_i) + c0 first, so
+  their intervals are exact (q - k over two independent ranges is exact);
+  `div`, `%`, `abs`, `min`, `max` and products get sound (possibly loose)
+  intervals.  The kernel evaluates this scalar code once per key tile:
+  `must` means the tile needs no elementwise mask, `not may` that it is
+  skipped without loading K or V.  See docs/MASKS.md.
+
+* **Key bounds.**  Conjunctions of comparisons that bound `k` by an affine
+  function of `q` (causal, windows), and `q div C == k div C` (chunks), give
+  the range of key positions a query tile can see at all; the kernel's key
+  loop runs only over that range.  Anything else leaves the range open and the
+  per-tile test does the skipping.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from dataclasses import dataclass
+from typing import Callable
+
+from flashgen import ir
+from flashgen.printer import print_variant
+
+LOG2E = 1.4426950408889634
+
+_TORCH_DTYPES = {
+    ir.DType.FP16: "torch.float16",
+    ir.DType.BF16: "torch.bfloat16",
+    ir.DType.FP32: "torch.float32",
+}
+_TL_DTYPES = {
+    ir.DType.FP16: "tl.float16",
+    ir.DType.BF16: "tl.bfloat16",
+    ir.DType.FP32: "tl.float32",
+}
+
+
+@dataclass(frozen=True)
+class LaunchConfig:
+    block_m: int
+    block_n: int
+    num_warps: int
+    num_stages: int
+
+
+@dataclass(frozen=True)
+class KernelModel:
+    """Everything the module template needs, already decided."""
+
+    name: str
+    spec_text: str
+    spec_hash: str
+    torch_dtype: str
+    tl_dtype: str
+    head_dim: int
+    head_dim_pad: int
+    default_scale: float
+    bottom_right: bool
+    rescale_threshold: float
+    ieee_dot: bool
+    # Score.  `score_kind` is "identity" (s), "additive" (s + bias) or
+    # "general" (any f(s)); `score_code` is the bias for "additive" and f(s)
+    # for "general".
+    score_kind: str
+    score_code: str
+    uses_alibi: bool
+    uses_positions: bool
+    # Mask.
+    mask_is_full: bool
+    mask_code: str
+    tile_lines: tuple[str, ...]
+    tile_full: str
+    tile_may: str
+    key_lo: str | None
+    key_hi: str | None
+    # Helpers the element code calls.
+    needs_floor_div: bool
+    needs_tanh: bool
+    gpu_config: LaunchConfig
+    cpu_config: LaunchConfig
+
+
+# --------------------------------------------------------------------------- #
+# Expression utilities
+# --------------------------------------------------------------------------- #
+
+_INT_OPS = {ir.BinOp.ADD, ir.BinOp.SUB, ir.BinOp.MUL, ir.BinOp.FLOORDIV, ir.BinOp.MOD}
+
+
+def _kind(e: ir.Expr) -> ir.Kind:
+    """Kind of a checked expression (the checker has rejected mixes)."""
+    if isinstance(e, ir.Num):
+        return ir.Kind.INT if isinstance(e.value, int) else ir.Kind.REAL
+    if isinstance(e, ir.Name):
+        if e.id in ir.INT_VARIABLES:
+            return ir.Kind.INT
+        if e.id in ir.NAMED_MASKS:
+            return ir.Kind.BOOL
+        return ir.Kind.REAL  # s, alibi
+    if isinstance(e, ir.Unary):
+        return ir.Kind.BOOL if e.op is ir.UnaryOp.NOT else _kind(e.operand)
+    if isinstance(e, ir.Binary):
+        if e.op in ir.COMPARISONS or e.op in (ir.BinOp.AND, ir.BinOp.OR):
+            return ir.Kind.BOOL
+        if e.op in _INT_OPS and _kind(e.left) is _kind(e.right) is ir.Kind.INT:
+            return ir.Kind.INT
+        return ir.Kind.REAL
+    if e.fn in ir.MASK_FUNCTIONS:
+        return ir.Kind.BOOL
+    if e.fn in ir.POLY_FUNCTIONS and all(_kind(a) is ir.Kind.INT for a in e.args):
+        return ir.Kind.INT
+    return ir.Kind.REAL
+
+
+def _mentions(e: ir.Expr, names: frozenset[str]) -> bool:
+    if isinstance(e, ir.Name):
+        return e.id in names
+    if isinstance(e, ir.Num):
+        return False
+    if isinstance(e, ir.Unary):
+        return _mentions(e.operand, names)
+    if isinstance(e, ir.Binary):
+        return _mentions(e.left, names) or _mentions(e.right, names)
+    return any(_mentions(a, names) for a in e.args)
+
+
+def _int_arg(e: ir.Expr) -> int:
+    assert isinstance(e, ir.Num) and isinstance(e.value, int), e
+    return e.value
+
+
+def _cmp(op: ir.BinOp, a: ir.Expr, b: ir.Expr) -> ir.Expr:
+    return ir.Binary(op, a, b)
+
+
+_Q, _K = ir.Name("q"), ir.Name("k")
+TRUE = ir.Name("full")
+
+
+def desugar_mask(e: ir.Expr) -> ir.Expr:
+    """Replace named masks by the comparisons that define them."""
+    if isinstance(e, ir.Name):
+        if e.id == "causal":
+            return _cmp(ir.BinOp.LE, _K, _Q)
+        return e
+    if isinstance(e, ir.Call) and e.fn in ir.MASK_FUNCTIONS:
+        vals = [_int_arg(a) for a in e.args]
+        if e.fn == "window":
+            left, right = vals[0], vals[1] if len(vals) > 1 else 0
+            return ir.Binary(
+                ir.BinOp.AND,
+                _cmp(ir.BinOp.GE, _K, ir.Binary(ir.BinOp.SUB, _Q, ir.Num(left))),
+                _cmp(ir.BinOp.LE, _K, ir.Binary(ir.BinOp.ADD, _Q, ir.Num(right))),
+            )
+        if e.fn == "prefix":
+            return _cmp(ir.BinOp.LT, _K, ir.Num(vals[0]))
+        c = ir.Num(vals[0])  # chunk
+        return _cmp(
+            ir.BinOp.EQ,
+            ir.Binary(ir.BinOp.FLOORDIV, _Q, c),
+            ir.Binary(ir.BinOp.FLOORDIV, _K, c),
+        )
+    if isinstance(e, ir.Unary):
+        return ir.Unary(e.op, desugar_mask(e.operand))
+    if isinstance(e, ir.Binary) and e.op in (ir.BinOp.AND, ir.BinOp.OR):
+        return ir.Binary(e.op, desugar_mask(e.left), desugar_mask(e.right))
+    return e
+
+
+_NEGATED = {
+    ir.BinOp.EQ: ir.BinOp.NE,
+    ir.BinOp.NE: ir.BinOp.EQ,
+    ir.BinOp.LT: ir.BinOp.GE,
+    ir.BinOp.GE: ir.BinOp.LT,
+    ir.BinOp.LE: ir.BinOp.GT,
+    ir.BinOp.GT: ir.BinOp.LE,
+}
+
+
+def negation_normal_form(e: ir.Expr, negate: bool = False) -> ir.Expr:
+    """Push `!` down to the comparisons of a desugared mask (De Morgan)."""
+    if isinstance(e, ir.Unary) and e.op is ir.UnaryOp.NOT:
+        return negation_normal_form(e.operand, not negate)
+    if isinstance(e, ir.Binary) and e.op in (ir.BinOp.AND, ir.BinOp.OR):
+        op = e.op
+        if negate:
+            op = ir.BinOp.OR if op is ir.BinOp.AND else ir.BinOp.AND
+        return ir.Binary(
+            op,
+            negation_normal_form(e.left, negate),
+            negation_normal_form(e.right, negate),
+        )
+    if negate and isinstance(e, ir.Binary) and e.op in _NEGATED:
+        return ir.Binary(_NEGATED[e.op], e.left, e.right)
+    if negate:
+        return ir.Unary(ir.UnaryOp.NOT, e)
+    return e
+
+
+# Affine forms: {variable name or "": coefficient}, "" holding the constant.
+Affine = dict[str, int]
+
+
+def affine(e: ir.Expr) -> Affine | None:
+    """sum(c_i * v_i) + c0 over q, k, h, H, or None if `e` is not affine."""
+    if isinstance(e, ir.Num) and isinstance(e.value, int):
+        return {"": e.value}
+    if isinstance(e, ir.Name) and e.id in ir.INT_VARIABLES:
+        return {e.id: 1}
+    if isinstance(e, ir.Unary) and e.op is ir.UnaryOp.NEG:
+        a = affine(e.operand)
+        return None if a is None else {v: -c for v, c in a.items()}
+    if isinstance(e, ir.Binary) and e.op in (ir.BinOp.ADD, ir.BinOp.SUB, ir.BinOp.MUL):
+        a, b = affine(e.left), affine(e.right)
+        if a is None or b is None:
+            return None
+        if e.op is ir.BinOp.MUL:
+            if set(a) <= {""}:
+                a, b = b, a
+            if not set(b) <= {""}:
+                return None
+            c = b.get("", 0)
+            return {v: x * c for v, x in a.items()}
+        sign = 1 if e.op is ir.BinOp.ADD else -1
+        out = dict(a)
+        for v, x in b.items():
+            out[v] = out.get(v, 0) + sign * x
+        return out
+    return None
+
+
+def _clean(a: Affine) -> Affine:
+    return {v: c for v, c in a.items() if c != 0}
+
+
+# --------------------------------------------------------------------------- #
+# Triton code for elements
+# --------------------------------------------------------------------------- #
+
+_ELEMENT_NAMES = {"q": "q_pos", "k": "k_pos", "h": "head", "H": "num_heads", "s": "s"}
+_CMP_SYMBOLS = {op: op.value for op in ir.COMPARISONS}
+_REAL_CALLS = {"exp": "tl.exp", "log": "tl.log", "sqrt": "tl.sqrt", "tanh": "_tanh"}
+
+
+def _float_literal(x: float) -> str:
+    return repr(float(x))
+
+
+class ElementCode:
+    """Translates checked expressions into Triton source for one tile."""
+
+    def __init__(self) -> None:
+        self.needs_floor_div = False
+        self.needs_tanh = False
+        self.uses_alibi = False
+
+    def real(self, e: ir.Expr) -> str:
+        """Code for `e` as a float32 value."""
+        if isinstance(e, ir.Num):
+            return _float_literal(e.value)
+        if _kind(e) is ir.Kind.INT:
+            return f"({self.expr(e)}).to(tl.float32)"
+        return self.expr(e)
+
+    def expr(self, e: ir.Expr) -> str:
+        if isinstance(e, ir.Num):
+            return str(e.value) if isinstance(e.value, int) else _float_literal(e.value)
+        if isinstance(e, ir.Name):
+            if e.id == ir.ALIBI:
+                self.uses_alibi = True
+                return "(-alibi_slope * tl.abs(q_pos - k_pos).to(tl.float32))"
+            if e.id == "full":
+                return "True"
+            return _ELEMENT_NAMES[e.id]
+        if isinstance(e, ir.Unary):
+            if e.op is ir.UnaryOp.NOT:
+                return _not(self.expr(e.operand))
+            return f"-({self.expr(e.operand)})"
+        if isinstance(e, ir.Binary):
+            return self._binary(e)
+        return self._call(e)
+
+    def _binary(self, e: ir.Binary) -> str:
+        op = e.op
+        if op in (ir.BinOp.AND, ir.BinOp.OR):
+            combine = _and if op is ir.BinOp.AND else _or
+            return combine(self.expr(e.left), self.expr(e.right))
+        if op in ir.COMPARISONS:
+            return f"({self.expr(e.left)}) {op.value} ({self.expr(e.right)})"
+        if op in (ir.BinOp.FLOORDIV, ir.BinOp.MOD):
+            self.needs_floor_div = True
+            fn = "_floor_div" if op is ir.BinOp.FLOORDIV else "_floor_mod"
+            return f"{fn}({self.expr(e.left)}, {_int_arg(e.right)})"
+        if _kind(e) is ir.Kind.INT:
+            return f"({self.expr(e.left)}) {op.value} ({self.expr(e.right)})"
+        return f"({self.real(e.left)}) {op.value} ({self.real(e.right)})"
+
+    def _call(self, e: ir.Call) -> str:
+        if e.fn == ir.SOFTCAP:
+            self.needs_tanh = True
+            cap = float(e.args[1].value)  # type: ignore[union-attr]
+            x = self.real(e.args[0])
+            return f"{_float_literal(cap)} * _tanh(({x}) * {_float_literal(1.0 / cap)})"
+        if e.fn in _REAL_CALLS:
+            self.needs_tanh |= e.fn == "tanh"
+            return f"{_REAL_CALLS[e.fn]}({self.real(e.args[0])})"
+        if e.fn == "abs":
+            return f"tl.abs({self.expr(e.args[0])})"
+        fn = "tl.minimum" if e.fn == "min" else "tl.maximum"
+        if _kind(e) is ir.Kind.INT:
+            return f"{fn}({self.expr(e.args[0])}, {self.expr(e.args[1])})"
+        return f"{fn}({self.real(e.args[0])}, {self.real(e.args[1])})"
+
+
+# --------------------------------------------------------------------------- #
+# Interval code for tiles
+# --------------------------------------------------------------------------- #
+
+# Scalar names the kernel defines for the current (query tile, key tile).
+_RANGES = {
+    "q": ("q_lo", "q_hi"),
+    "k": ("k_lo", "k_hi"),
+    "h": ("head", "head"),
+    "H": ("num_heads", "num_heads"),
+}
+
+
+def _linear(terms: list[tuple[int, str]], const: int) -> str:
+    """Readable code for sum(c * name) + const."""
+    parts: list[str] = []
+    for c, name in terms:
+        mag = abs(c)
+        term = name if mag == 1 else f"{mag} * {name}"
+        if not parts:
+            parts.append(term if c > 0 else f"-{term}")
+        else:
+            parts.append(f"+ {term}" if c > 0 else f"- {term}")
+    if const or not parts:
+        if not parts:
+            parts.append(str(const))
+        else:
+            parts.append(f"+ {const}" if const > 0 else f"- {-const}")
+    return " ".join(parts)
+
+
+def _affine_bound(a: Affine, upper: bool, ranges=_RANGES) -> str:
+    """Code for the max (upper) or min of an affine form over the ranges."""
+    terms = []
+    for v in sorted(x for x in a if x):
+        c = a[v]
+        lo, hi = ranges[v]
+        terms.append((c, hi if (c > 0) == upper else lo))
+    return _linear(terms, a.get("", 0))
+
+
+class TileCode:
+    """Emits scalar code for intervals and (must, may) pairs over a tile."""
+
+    def __init__(self) -> None:
+        self.lines: list[str] = []
+        self._n = 0
+
+    def _tmp(self, stem: str) -> str:
+        self._n += 1
+        return f"{stem}{self._n}"
+
+    def _assign(self, stem: str, lo: str, hi: str) -> tuple[str, str]:
+        name = self._tmp(stem)
+        self.lines.append(f"{name}_lo = {lo}")
+        self.lines.append(f"{name}_hi = {hi}")
+        return f"{name}_lo", f"{name}_hi"
+
+    def interval(self, e: ir.Expr) -> tuple[str, str]:
+        a = affine(e)
+        if a is not None:
+            a = _clean(a)
+            if set(a) <= {""}:
+                c = str(a.get("", 0))
+                return c, c
+            return _affine_bound(a, upper=False), _affine_bound(a, upper=True)
+        if isinstance(e, ir.Unary):  # negation of a non-affine expression
+            lo, hi = self.interval(e.operand)
+            return f"-({hi})", f"-({lo})"
+        if isinstance(e, ir.Binary):
+            return self._binary(e)
+        assert isinstance(e, ir.Call)
+        if e.fn == "abs":
+            lo, hi = self.interval(e.args[0])
+            return self._assign(
+                "abs",
+                f"tl.where({lo} >= 0, {lo}, tl.where({hi} <= 0, -({hi}), 0))",
+                f"tl.maximum(tl.abs({lo}), tl.abs({hi}))",
+            )
+        (alo, ahi), (blo, bhi) = self.interval(e.args[0]), self.interval(e.args[1])
+        fn = "tl.minimum" if e.fn == "min" else "tl.maximum"
+        return self._assign(e.fn, f"{fn}({alo}, {blo})", f"{fn}({ahi}, {bhi})")
+
+    def _binary(self, e: ir.Binary) -> tuple[str, str]:
+        if e.op is ir.BinOp.FLOORDIV:
+            lo, hi = self.interval(e.left)
+            c = _int_arg(e.right)
+            return self._assign(
+                "div", f"_floor_div({lo}, {c})", f"_floor_div({hi}, {c})"
+            )
+        if e.op is ir.BinOp.MOD:
+            lo, hi = self.interval(e.left)
+            c = _int_arg(e.right)
+            # Exact while the range does not wrap around a multiple of c.
+            name = self._tmp("mod")
+            self.lines.append(
+                f"{name}_wraps = (({hi}) - ({lo}) >= {c}) "
+                f"| (_floor_mod({lo}, {c}) > _floor_mod({hi}, {c}))"
+            )
+            self.lines.append(
+                f"{name}_lo = tl.where({name}_wraps, 0, _floor_mod({lo}, {c}))"
+            )
+            self.lines.append(
+                f"{name}_hi = tl.where({name}_wraps, {c - 1}, _floor_mod({hi}, {c}))"
+            )
+            return f"{name}_lo", f"{name}_hi"
+        (alo, ahi), (blo, bhi) = self.interval(e.left), self.interval(e.right)
+        if e.op is ir.BinOp.ADD:
+            return self._assign("add", f"{alo} + {blo}", f"{ahi} + {bhi}")
+        if e.op is ir.BinOp.SUB:
+            return self._assign("sub", f"{alo} - ({bhi})", f"{ahi} - ({blo})")
+        assert e.op is ir.BinOp.MUL
+        name = self._tmp("mul")
+        corners = [f"({x}) * ({y})" for x in (alo, ahi) for y in (blo, bhi)]
+        for i, c in enumerate(corners):
+            self.lines.append(f"{name}_{i} = {c}")
+        c = [f"{name}_{i}" for i in range(4)]
+        self.lines.append(
+            f"{name}_lo = tl.minimum(tl.minimum({c[0]}, {c[1]}), tl.minimum({c[2]}, {c[3]}))"
+        )
+        self.lines.append(
+            f"{name}_hi = tl.maximum(tl.maximum({c[0]}, {c[1]}), tl.maximum({c[2]}, {c[3]}))"
+        )
+        return f"{name}_lo", f"{name}_hi"
+
+    def truth(self, e: ir.Expr) -> tuple[str, str]:
+        """(must, may) code for a desugared boolean expression."""
+        if isinstance(e, ir.Name):  # full
+            return "True", "True"
+        if isinstance(e, ir.Unary):
+            must, may = self.truth(e.operand)
+            return self._bools(_not(may), _not(must))
+        assert isinstance(e, ir.Binary)
+        if e.op in (ir.BinOp.AND, ir.BinOp.OR):
+            (am, ay), (bm, by) = self.truth(e.left), self.truth(e.right)
+            combine = _and if e.op is ir.BinOp.AND else _or
+            return self._bools(combine(am, bm), combine(ay, by))
+        return self._compare(e)
+
+    def _bools(self, must: str, may: str) -> tuple[str, str]:
+        if must in _CONSTANTS and may in _CONSTANTS:
+            return must, may
+        name = self._tmp("m")
+        self.lines.append(f"{name}_must = {must}")
+        self.lines.append(f"{name}_may = {may}")
+        return f"{name}_must", f"{name}_may"
+
+    def _compare(self, e: ir.Binary) -> tuple[str, str]:
+        # Work on d = left - right, compared with 0.
+        d = affine(ir.Binary(ir.BinOp.SUB, e.left, e.right))
+        if d is not None:
+            d = _clean(d)
+            return self._affine_compare(e.op, d)
+        lo, hi = self.interval(ir.Binary(ir.BinOp.SUB, e.left, e.right))
+        return self._bools(*_compare_interval(e.op, lo, hi))
+
+    def _affine_compare(self, op: ir.BinOp, d: Affine) -> tuple[str, str]:
+        """Compare sum(c_i v_i) + c0 with 0, printed as `positive <= negative`."""
+        const = d.get("", 0)
+        variables = sorted(v for v in d if v)
+        if not variables:
+            ops = {ir.BinOp.LE: const <= 0, ir.BinOp.LT: const < 0,
+                   ir.BinOp.GE: const >= 0, ir.BinOp.GT: const > 0,
+                   ir.BinOp.EQ: const == 0, ir.BinOp.NE: const != 0}
+            value = str(ops[op])
+            return value, value
+
+        def side(upper: bool) -> tuple[str, str]:
+            # Bound of d: terms with c > 0 on the left, c < 0 on the right.
+            left, right = [], []
+            for v in variables:
+                c = d[v]
+                lo, hi = _RANGES[v]
+                name = hi if (c > 0) == upper else lo
+                (left if c > 0 else right).append((abs(c), name))
+            return (
+                _linear(left, max(const, 0)) if left or const > 0 else "0",
+                _linear(right, max(-const, 0)) if right or const < 0 else "0",
+            )
+
+        (hl, hr), (ll, lr) = side(True), side(False)
+        # d_hi is hl - hr, d_lo is ll - lr.
+        table = {
+            ir.BinOp.LE: (f"{hl} <= {hr}", f"{ll} <= {lr}"),
+            ir.BinOp.LT: (f"{hl} < {hr}", f"{ll} < {lr}"),
+            ir.BinOp.GE: (f"{ll} >= {lr}", f"{hl} >= {hr}"),
+            ir.BinOp.GT: (f"{ll} > {lr}", f"{hl} > {hr}"),
+            ir.BinOp.EQ: (
+                f"({hl} <= {hr}) & ({ll} >= {lr})",
+                f"({ll} <= {lr}) & ({hl} >= {hr})",
+            ),
+            ir.BinOp.NE: (
+                f"({ll} > {lr}) | ({hl} < {hr})",
+                f"~(({hl} <= {hr}) & ({ll} >= {lr}))",
+            ),
+        }
+        return self._bools(*table[op])
+
+
+_CONSTANTS = ("True", "False")
+
+
+def _not(a: str) -> str:
+    if a in _CONSTANTS:
+        return "False" if a == "True" else "True"
+    return f"~({a})"
+
+
+def _and(a: str, b: str) -> str:
+    if "False" in (a, b):
+        return "False"
+    if a == "True":
+        return b
+    return a if b == "True" else f"({a}) & ({b})"
+
+
+def _or(a: str, b: str) -> str:
+    if "True" in (a, b):
+        return "True"
+    if a == "False":
+        return b
+    return a if b == "False" else f"({a}) | ({b})"
+
+
+def _compare_interval(op: ir.BinOp, lo: str, hi: str) -> tuple[str, str]:
+    table = {
+        ir.BinOp.LE: (f"{hi} <= 0", f"{lo} <= 0"),
+        ir.BinOp.LT: (f"{hi} < 0", f"{lo} < 0"),
+        ir.BinOp.GE: (f"{lo} >= 0", f"{hi} >= 0"),
+        ir.BinOp.GT: (f"{lo} > 0", f"{hi} > 0"),
+        ir.BinOp.EQ: (f"({lo} == 0) & ({hi} == 0)", f"({lo} <= 0) & ({hi} >= 0)"),
+        ir.BinOp.NE: (f"({lo} > 0) | ({hi} < 0)", f"~(({lo} == 0) & ({hi} == 0))"),
+    }
+    return table[op]
+
+
+# --------------------------------------------------------------------------- #
+# Key bounds
+# --------------------------------------------------------------------------- #
+
+_Q_RANGES = {
+    "q": ("q_lo", "q_hi"),
+    "h": ("head", "head"),
+    "H": ("num_heads", "num_heads"),
+}
+Bounds = tuple["str | None", "str | None"]
+
+
+def key_bounds(e: ir.Expr) -> Bounds:
+    """Inclusive (lo, hi) key positions visible to some query of the tile.
+
+    `e` is a desugared mask in negation normal form.  None means unbounded.
+    The code refers to q_lo, q_hi, head and num_heads only.
+    """
+    if isinstance(e, ir.Binary) and e.op in (ir.BinOp.AND, ir.BinOp.OR):
+        (alo, ahi), (blo, bhi) = key_bounds(e.left), key_bounds(e.right)
+        if e.op is ir.BinOp.AND:
+            return _combine(alo, blo, "tl.maximum"), _combine(ahi, bhi, "tl.minimum")
+        lo = None if alo is None or blo is None else f"tl.minimum({alo}, {blo})"
+        hi = None if ahi is None or bhi is None else f"tl.maximum({ahi}, {bhi})"
+        return lo, hi
+    if isinstance(e, ir.Binary) and e.op in ir.COMPARISONS:
+        return _compare_bounds(e)
+    return None, None
+
+
+def _combine(a: str | None, b: str | None, fn: str) -> str | None:
+    if a is None:
+        return b
+    if b is None:
+        return a
+    return f"{fn}({a}, {b})"
+
+
+def _compare_bounds(e: ir.Binary) -> Bounds:
+    chunk = _chunk_bounds(e)
+    if chunk is not None:
+        return chunk
+    d = affine(ir.Binary(ir.BinOp.SUB, e.left, e.right))
+    if d is None:
+        return None, None
+    d = _clean(d)
+    ck = d.pop("k", 0)
+    if ck not in (1, -1):
+        return None, None
+    # ck * k + rest  op  0   <=>   k  op'  -ck * rest
+    rest = {v: -ck * c for v, c in d.items()}
+    op = e.op if ck == 1 else _FLIPPED[e.op]
+    lo, hi = _affine_bound(rest, False, _Q_RANGES), _affine_bound(rest, True, _Q_RANGES)
+    return {
+        ir.BinOp.LE: (None, hi),
+        ir.BinOp.LT: (None, f"{hi} - 1"),
+        ir.BinOp.GE: (lo, None),
+        ir.BinOp.GT: (f"{lo} + 1", None),
+        ir.BinOp.EQ: (lo, hi),
+        ir.BinOp.NE: (None, None),
+    }[op]
+
+
+_FLIPPED = {
+    ir.BinOp.LE: ir.BinOp.GE,
+    ir.BinOp.GE: ir.BinOp.LE,
+    ir.BinOp.LT: ir.BinOp.GT,
+    ir.BinOp.GT: ir.BinOp.LT,
+    ir.BinOp.EQ: ir.BinOp.EQ,
+    ir.BinOp.NE: ir.BinOp.NE,
+}
+
+
+def _chunk_bounds(e: ir.Binary) -> Bounds | None:
+    """`A div C == k div C` with A free of k: k lies in A's chunks."""
+    if e.op is not ir.BinOp.EQ:
+        return None
+    for a, b in ((e.left, e.right), (e.right, e.left)):
+        if (
+            isinstance(a, ir.Binary)
+            and a.op is ir.BinOp.FLOORDIV
+            and isinstance(b, ir.Binary)
+            and b.op is ir.BinOp.FLOORDIV
+            and b.left == _K
+            and a.right == b.right
+        ):
+            inner = affine(a.left)
+            if inner is None or _clean(inner).get("k"):
+                return None
+            inner = _clean(inner)
+            c = _int_arg(a.right)
+            lo = _affine_bound(inner, False, _Q_RANGES)
+            hi = _affine_bound(inner, True, _Q_RANGES)
+            return f"_floor_div({lo}, {c}) * {c}", f"_floor_div({hi}, {c}) * {c} + {c - 1}"
+    return None
+
+
+# --------------------------------------------------------------------------- #
+# Score
+# --------------------------------------------------------------------------- #
+
+_S = ir.Name("s")
+
+
+def _score_parts(score: ir.Expr) -> tuple[str, ir.Expr | None]:
+    """Classify the score: identity, s + bias, or general."""
+    if score == _S:
+        return "identity", None
+    if isinstance(score, ir.Binary) and score.op in (ir.BinOp.ADD, ir.BinOp.SUB):
+        s_names = frozenset({"s"})
+        if score.left == _S and not _mentions(score.right, s_names):
+            bias = score.right
+            if score.op is ir.BinOp.SUB:
+                bias = ir.Unary(ir.UnaryOp.NEG, bias)
+            return "additive", bias
+        if (
+            score.op is ir.BinOp.ADD
+            and score.right == _S
+            and not _mentions(score.left, s_names)
+        ):
+            return "additive", score.left
+    return "general", score
+
+
+# --------------------------------------------------------------------------- #
+# Launch configurations
+# --------------------------------------------------------------------------- #
+
+
+def _gpu_config(head_dim_pad: int, dtype: ir.DType) -> LaunchConfig:
+    """Block sizes that fit Hopper's 228 KB of shared memory per SM.
+
+    A starting point measured in the calibration run of ANCHORS.md (BLOCK_M
+    64-128, BLOCK_N 64); `flashgen tune` will replace these per head dim.
+    """
+    wide = dtype is ir.DType.FP32
+    if head_dim_pad <= 64:
+        return LaunchConfig(64, 32 if wide else 64, 4, 3)
+    if head_dim_pad <= 128:
+        return LaunchConfig(64, 32 if wide else 64, 4, 2 if wide else 3)
+    return LaunchConfig(64, 16 if wide else 32, 4 if wide else 8, 2)
+
+
+# The Triton interpreter runs each program instance in numpy: bigger tiles mean
+# fewer Python-level steps.
+_CPU_CONFIG = LaunchConfig(32, 32, 1, 1)
+
+
+# --------------------------------------------------------------------------- #
+# Entry point
+# --------------------------------------------------------------------------- #
+
+
+def spec_hash(spec_text: str) -> str:
+    return hashlib.sha256(spec_text.encode()).hexdigest()[:16]
+
+
+def lower(v: ir.Variant) -> KernelModel:
+    spec_text = print_variant(v)
+    head_dim_pad = max(16, 1 << (v.head_dim - 1).bit_length())
+
+    elements = ElementCode()
+    kind, score_expr = _score_parts(v.score)
+    if kind == "identity":
+        score_code = ""
+    elif kind == "additive":
+        score_code = elements.real(score_expr)
+    else:
+        score_code = elements.real(score_expr)
+
+    mask = negation_normal_form(desugar_mask(v.mask))
+    mask_code = elements.expr(mask)
+    mask_is_full = mask_code == "True"
+
+    tiles = TileCode()
+    if mask_is_full:
+        tile_full, tile_may = "True", "True"
+        key_lo = key_hi = None
+    else:
+        tile_full, tile_may = tiles.truth(mask)
+        key_lo, key_hi = key_bounds(mask)
+    needs_floor_div = elements.needs_floor_div or any(
+        "_floor_" in line for line in tiles.lines
+    ) or any("_floor_" in (b or "") for b in (key_lo, key_hi))
+
+    positions = frozenset({"q", "k"})
+    return KernelModel(
+        name=v.name,
+        spec_text=spec_text,
+        spec_hash=spec_hash(spec_text),
+        torch_dtype=_TORCH_DTYPES[v.dtype],
+        tl_dtype=_TL_DTYPES[v.dtype],
+        head_dim=v.head_dim,
+        head_dim_pad=head_dim_pad,
+        default_scale=v.scale if v.scale is not None else 1.0 / math.sqrt(v.head_dim),
+        bottom_right=v.align is ir.Align.BOTTOM_RIGHT,
+        rescale_threshold=float(v.rescale_threshold),
+        ieee_dot=v.dtype is ir.DType.FP32,
+        score_kind=kind,
+        score_code=score_code,
+        uses_alibi=elements.uses_alibi,
+        uses_positions=_mentions(v.score, positions) or elements.uses_alibi,
+        mask_is_full=mask_is_full,
+        mask_code=mask_code,
+        tile_lines=tuple(tiles.lines),
+        tile_full=tile_full,
+        tile_may=tile_may,
+        key_lo=key_lo,
+        key_hi=key_hi,
+        needs_floor_div=needs_floor_div,
+        needs_tanh=elements.needs_tanh,
+        gpu_config=_gpu_config(head_dim_pad, v.dtype),
+        cpu_config=_CPU_CONFIG,
+    )

@@ -1,0 +1,445 @@
+"""Dense reference attention: the correctness spec the kernels are tested against.
+
+In: a checked `ir.Variant` and dense torch tensors.  Out: the boolean mask, the
+scores, and the attention output with its log-sum-exp, computed the obvious way
+(materialize every (q, k) pair, softmax, matmul).
+
+This module reads only the IR and shares no code with the kernel generator, so
+a misreading of the language in one of them shows up as a test failure instead
+of cancelling out.  Integer parts of an expression (positions, head indices,
+`div`, `%`) are evaluated exactly in int64; real parts in the requested dtype.
+
+Shapes: q (B, H, Nq, D); k and v (B, Hkv, Nk, D) with Hkv dividing H, query head
+h reading kv head h // (H // Hkv).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+from flashgen import ir
+
+__all__ = [
+    "alibi_slopes",
+    "positions",
+    "mask_matrix",
+    "scores",
+    "attention_ref",
+]
+
+
+# --------------------------------------------------------------------------- #
+# Positions and ALiBi slopes
+# --------------------------------------------------------------------------- #
+
+
+def _slopes_power_of_two(n: int) -> list[float]:
+    return [2.0 ** (-8.0 * (i + 1) / n) for i in range(n)]
+
+
+def alibi_slopes(num_heads: int) -> torch.Tensor:
+    """ALiBi slopes for `num_heads` query heads, float64 of shape (num_heads,).
+
+    For a power of two H: slope_i = 2^(-8 (i + 1) / H).  Otherwise, with
+    n = 2^floor(log2 H): the n slopes for n heads, then slopes 0, 2, 4, ... of
+    the rule for 2n heads until H slopes in all (ALiBi paper code, HF BLOOM).
+    """
+    if num_heads < 1:
+        raise ValueError(f"num_heads must be positive, got {num_heads}")
+    n = 1 << (num_heads.bit_length() - 1)  # largest power of two <= num_heads
+    slopes = _slopes_power_of_two(n)
+    if n != num_heads:
+        slopes += _slopes_power_of_two(2 * n)[0::2][: num_heads - n]
+    return torch.tensor(slopes, dtype=torch.float64)
+
+
+def positions(
+    nq: int, nk: int, align: ir.Align, device: torch.device | str | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """int64 query positions (Nq,) and key positions (Nk,).
+
+    Key j sits at position j.  Query row i sits at i + Nk - Nq under
+    bottom-right alignment (the last query lines up with the last key, as in
+    KV-cache decoding) and at i under top-left alignment.
+    """
+    offset = {ir.Align.BOTTOM_RIGHT: nk - nq, ir.Align.TOP_LEFT: 0}[align]
+    q_pos = torch.arange(nq, dtype=torch.int64, device=device) + offset
+    k_pos = torch.arange(nk, dtype=torch.int64, device=device)
+    return q_pos, k_pos
+
+
+# --------------------------------------------------------------------------- #
+# Expression evaluator
+# --------------------------------------------------------------------------- #
+#
+# A value's kind is read off its tensor dtype: int64 = integer, bool = boolean,
+# floating = real (always `scope.real`).  Integers turn real only where the
+# language says so: `/`, the real functions, and mixing with a real operand.
+
+
+@dataclass(frozen=True)
+class _Scope:
+    q: torch.Tensor  # (Nq, 1) int64 query positions
+    k: torch.Tensor  # (1, Nk) int64 key positions
+    h: torch.Tensor  # (H, 1, 1) int64 query head index
+    H: torch.Tensor  # () int64 number of query heads
+    s: torch.Tensor | None  # scaled score (B, H, Nq, Nk); None inside masks
+    real: torch.dtype  # dtype of every real value
+
+
+def _is_int(x: torch.Tensor) -> bool:
+    return x.dtype == torch.int64
+
+
+def _is_bool(x: torch.Tensor) -> bool:
+    return x.dtype == torch.bool
+
+
+def _numeric(x: torch.Tensor, what: str) -> torch.Tensor:
+    if _is_bool(x):
+        raise ValueError(f"{what} needs a number, got a boolean")
+    return x
+
+
+def _boolean(x: torch.Tensor, what: str) -> torch.Tensor:
+    if not _is_bool(x):
+        raise ValueError(f"{what} needs a boolean, got a number")
+    return x
+
+
+def _to_real(x: torch.Tensor, scope: _Scope) -> torch.Tensor:
+    return _numeric(x, "a real operation").to(scope.real)
+
+
+def _unify(
+    a: torch.Tensor, b: torch.Tensor, scope: _Scope, what: str
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Both ints stay ints; otherwise both become reals of the scope's dtype."""
+    _numeric(a, what)
+    _numeric(b, what)
+    if _is_int(a) and _is_int(b):
+        return a, b
+    return _to_real(a, scope), _to_real(b, scope)
+
+
+def _floordiv(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    return torch.div(a, b, rounding_mode="floor")
+
+
+# Operators that keep an integer result for integer operands.
+_ARITHMETIC: dict[ir.BinOp, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] = {
+    ir.BinOp.ADD: torch.add,
+    ir.BinOp.SUB: torch.sub,
+    ir.BinOp.MUL: torch.mul,
+    ir.BinOp.FLOORDIV: _floordiv,
+    ir.BinOp.MOD: torch.remainder,  # floor modulo: sign of the divisor
+}
+_COMPARISONS: dict[ir.BinOp, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] = {
+    ir.BinOp.EQ: torch.eq,
+    ir.BinOp.NE: torch.ne,
+    ir.BinOp.LT: torch.lt,
+    ir.BinOp.LE: torch.le,
+    ir.BinOp.GT: torch.gt,
+    ir.BinOp.GE: torch.ge,
+}
+_LOGICAL: dict[ir.BinOp, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] = {
+    ir.BinOp.AND: torch.logical_and,
+    ir.BinOp.OR: torch.logical_or,
+}
+_REAL_FUNCTIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
+    "tanh": torch.tanh,
+    "exp": torch.exp,
+    "log": torch.log,
+    "sqrt": torch.sqrt,
+}
+_POLY_FUNCTIONS: dict[str, Callable[..., torch.Tensor]] = {
+    "abs": torch.abs,
+    "min": torch.minimum,
+    "max": torch.maximum,
+}
+
+
+def _alibi(scope: _Scope) -> torch.Tensor:
+    slopes = alibi_slopes(int(scope.H)).to(device=scope.h.device)[scope.h]
+    return -slopes.to(scope.real) * (scope.q - scope.k).abs().to(scope.real)
+
+
+def _score_variable(scope: _Scope) -> torch.Tensor:
+    if scope.s is None:
+        raise ValueError("`s` is only defined in a score expression")
+    return scope.s
+
+
+_NAMES: dict[str, Callable[[_Scope], torch.Tensor]] = {
+    "q": lambda sc: sc.q,
+    "k": lambda sc: sc.k,
+    "h": lambda sc: sc.h,
+    "H": lambda sc: sc.H,
+    ir.SCORE_VARIABLE: _score_variable,
+    ir.ALIBI: _alibi,
+    "full": lambda sc: torch.ones((), dtype=torch.bool, device=sc.q.device),
+    "causal": lambda sc: sc.k <= sc.q,
+}
+
+
+def _window(sc: _Scope, left: torch.Tensor, right: torch.Tensor | None = None):
+    # window(L) = window(L, 0): the L keys before the query and the query itself.
+    right = (
+        torch.zeros((), dtype=torch.int64, device=sc.q.device)
+        if right is None
+        else right
+    )
+    return (sc.q - left <= sc.k) & (sc.k <= sc.q + right)
+
+
+def _prefix(sc: _Scope, length: torch.Tensor) -> torch.Tensor:
+    return sc.k < length
+
+
+def _chunk(sc: _Scope, size: torch.Tensor) -> torch.Tensor:
+    return _floordiv(sc.q, size) == _floordiv(sc.k, size)
+
+
+_MASK_FUNCTIONS: dict[str, Callable[..., torch.Tensor]] = {
+    "window": _window,
+    "prefix": _prefix,
+    "chunk": _chunk,
+}
+
+
+def _check_arity(fn: str, args: tuple, lo: int, hi: int) -> None:
+    if not lo <= len(args) <= hi:
+        want = str(lo) if lo == hi else f"{lo} to {hi}"
+        raise ValueError(f"`{fn}` takes {want} arguments, got {len(args)}")
+
+
+def _call(node: ir.Call, scope: _Scope) -> torch.Tensor:
+    fn = node.fn
+    args = [_evaluate(a, scope) for a in node.args]
+    if fn in _MASK_FUNCTIONS:
+        _check_arity(fn, node.args, *ir.MASK_FUNCTIONS[fn])
+        return _MASK_FUNCTIONS[fn](scope, *(_numeric(a, fn) for a in args))
+    if fn in _REAL_FUNCTIONS:
+        _check_arity(fn, node.args, 1, 1)
+        return _REAL_FUNCTIONS[fn](_to_real(args[0], scope))
+    if fn in _POLY_FUNCTIONS:
+        arity = ir.POLY_FUNCTIONS[fn]
+        _check_arity(fn, node.args, arity, arity)
+        if arity == 2:
+            args = list(_unify(args[0], args[1], scope, fn))
+        return _POLY_FUNCTIONS[fn](*(_numeric(a, fn) for a in args))
+    if fn == ir.SOFTCAP:
+        _check_arity(fn, node.args, 2, 2)
+        x, cap = (_to_real(a, scope) for a in args)
+        return cap * torch.tanh(x / cap)
+    raise ValueError(f"unknown function `{fn}`")
+
+
+def _binary(node: ir.Binary, scope: _Scope) -> torch.Tensor:
+    left = _evaluate(node.left, scope)
+    right = _evaluate(node.right, scope)
+    op = node.op
+    if op in _LOGICAL:
+        return _LOGICAL[op](_boolean(left, op.value), _boolean(right, op.value))
+    if op in _COMPARISONS:
+        return _COMPARISONS[op](*_unify(left, right, scope, op.value))
+    if op in _ARITHMETIC:
+        return _ARITHMETIC[op](*_unify(left, right, scope, op.value))
+    if op is ir.BinOp.DIV:  # true division: always real
+        return _to_real(left, scope) / _to_real(right, scope)
+    raise ValueError(f"unknown binary operator {op!r}")
+
+
+def _unary(node: ir.Unary, scope: _Scope) -> torch.Tensor:
+    operand = _evaluate(node.operand, scope)
+    if node.op is ir.UnaryOp.NEG:
+        return -_numeric(operand, "unary -")
+    if node.op is ir.UnaryOp.NOT:
+        return torch.logical_not(_boolean(operand, "!"))
+    raise ValueError(f"unknown unary operator {node.op!r}")
+
+
+def _num(node: ir.Num, scope: _Scope) -> torch.Tensor:
+    value = node.value
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError(f"bad literal {value!r}")
+    dtype = torch.int64 if isinstance(value, int) else scope.real
+    return torch.tensor(value, dtype=dtype, device=scope.q.device)
+
+
+def _name(node: ir.Name, scope: _Scope) -> torch.Tensor:
+    if node.id not in _NAMES:
+        raise ValueError(f"unknown name `{node.id}`")
+    return _NAMES[node.id](scope)
+
+
+_NODES: dict[type, Callable[[object, _Scope], torch.Tensor]] = {
+    ir.Num: _num,
+    ir.Name: _name,
+    ir.Call: _call,
+    ir.Unary: _unary,
+    ir.Binary: _binary,
+}
+
+
+def _evaluate(node: ir.Expr, scope: _Scope) -> torch.Tensor:
+    handler = _NODES.get(type(node))
+    if handler is None:
+        raise ValueError(f"not an expression node: {node!r}")
+    return handler(node, scope)
+
+
+def _scope(
+    nq: int,
+    nk: int,
+    num_heads: int,
+    align: ir.Align,
+    *,
+    s: torch.Tensor | None,
+    real: torch.dtype,
+    device: torch.device | str | None,
+) -> _Scope:
+    q_pos, k_pos = positions(nq, nk, align, device=device)
+    return _Scope(
+        q=q_pos[:, None],
+        k=k_pos[None, :],
+        h=torch.arange(num_heads, dtype=torch.int64, device=device)[:, None, None],
+        H=torch.tensor(num_heads, dtype=torch.int64, device=device),
+        s=s,
+        real=real,
+    )
+
+
+# --------------------------------------------------------------------------- #
+# Mask, scores, attention
+# --------------------------------------------------------------------------- #
+
+
+def mask_matrix(
+    variant: ir.Variant,
+    nq: int,
+    nk: int,
+    num_heads: int,
+    device: torch.device | str | None = None,
+) -> torch.Tensor:
+    """Boolean (num_heads, Nq, Nk): True where query i may see key j.
+
+    Real sub-expressions of a mask are evaluated in float64 whatever the
+    variant's dtype: the mask is exact by definition.
+    """
+    scope = _scope(
+        nq, nk, num_heads, variant.align, s=None, real=torch.float64, device=device
+    )
+    visible = _evaluate(variant.mask, scope)
+    if not _is_bool(visible):
+        raise ValueError("the mask expression must be boolean")
+    return visible.expand(num_heads, nq, nk).clone()
+
+
+def _check_shapes(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor | None) -> None:
+    if q.dim() != 4 or k.dim() != 4:
+        raise ValueError("q and k must be 4-D (B, H, N, D)")
+    batch, heads, _, dim = q.shape
+    kv_batch, kv_heads, nk, kv_dim = k.shape
+    if kv_batch != batch or kv_dim != dim:
+        raise ValueError(f"q {tuple(q.shape)} and k {tuple(k.shape)} disagree")
+    if kv_heads < 1 or heads % kv_heads != 0:
+        raise ValueError(f"{kv_heads} kv heads do not divide {heads} query heads")
+    if v is not None and v.shape != k.shape:
+        raise ValueError(f"v {tuple(v.shape)} must have k's shape {tuple(k.shape)}")
+
+
+def _expand_kv(x: torch.Tensor, num_heads: int) -> torch.Tensor:
+    # GQA/MQA: query head h reads kv head h // (H // Hkv).
+    return x.repeat_interleave(num_heads // x.shape[1], dim=1)
+
+
+def _scores(
+    variant: ir.Variant,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    scale: float | None,
+    dtype: torch.dtype,
+) -> torch.Tensor:
+    if q.shape[-1] != variant.head_dim:
+        raise ValueError(
+            f"head dim {q.shape[-1]} of the inputs differs from the variant's "
+            f"head_dim = {variant.head_dim}"
+        )
+    if scale is None:
+        scale = variant.scale
+    if scale is None:
+        scale = 1.0 / math.sqrt(variant.head_dim)
+    _, num_heads, nq, _ = q.shape
+    nk = k.shape[2]
+    k = _expand_kv(k.to(dtype), num_heads)
+    s = (q.to(dtype) @ k.transpose(-2, -1)) * scale
+    scope = _scope(nq, nk, num_heads, variant.align, s=s, real=dtype, device=q.device)
+    scored = _evaluate(variant.score, scope)
+    if _is_bool(scored):
+        raise ValueError("the score expression must be a number")
+    return torch.broadcast_to(scored.to(dtype), s.shape)
+
+
+def scores(
+    variant: ir.Variant,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    scale: float | None = None,
+) -> torch.Tensor:
+    """float64 (B, H, Nq, Nk): the score expression applied to s = q k^T * scale.
+
+    `scale` defaults to the variant's, else 1/sqrt(head_dim).  The mask is not
+    applied.
+    """
+    _check_shapes(q, k, None)
+    return _scores(variant, q, k, scale, torch.float64)
+
+
+def attention_ref(
+    variant: ir.Variant,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    scale: float | None = None,
+    dtype: torch.dtype = torch.float64,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Dense attention of `variant`, every operation in `dtype`.
+
+    Returns o (B, H, Nq, D) in `dtype` and lse (B, H, Nq), the natural-log
+    log-sum-exp of the scores over visible keys, in `dtype` (float32 when
+    `dtype` is 16-bit).  A fully masked row gets o = 0 and lse = -inf, and
+    zero gradients; no NaN appears forward or backward.
+    """
+    _check_shapes(q, k, v)
+    _, num_heads, nq, _ = q.shape
+    nk = k.shape[2]
+    s = _scores(variant, q, k, scale, dtype)
+    visible = mask_matrix(variant, nq, nk, num_heads, device=q.device)
+    any_visible = visible.any(dim=-1, keepdim=True)
+
+    # Safe softmax.  The row max is only a shift (the result does not depend
+    # on it), so it is detached; an all-masked row uses 0 instead of -inf so
+    # that s - m never forms -inf - (-inf) = NaN.  Masked entries are zeroed
+    # through `where`, whose backward sends them no gradient.
+    neg_inf = torch.tensor(float("-inf"), dtype=dtype, device=q.device)
+    s = torch.where(visible, s, neg_inf)
+    if nk == 0:
+        row_max = torch.zeros_like(s[..., :1])
+    else:
+        row_max = s.detach().amax(dim=-1, keepdim=True)
+        row_max = torch.where(any_visible, row_max, torch.zeros_like(row_max))
+    p = torch.where(visible, torch.exp(s - row_max), torch.zeros_like(s))
+    row_sum = p.sum(dim=-1, keepdim=True)
+    safe_sum = torch.where(row_sum > 0, row_sum, torch.ones_like(row_sum))
+    o = (p / safe_sum) @ _expand_kv(v.to(dtype), num_heads)
+
+    lse_dtype = torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
+    lse = row_max.to(lse_dtype) + torch.log(safe_sum.to(lse_dtype))
+    lse = torch.where(row_sum > 0, lse, torch.full_like(lse, float("-inf")))
+    return o, lse.squeeze(-1)

@@ -1,0 +1,42 @@
+"""Test-wide setup: where kernels run and where generated modules are cached.
+
+Without a CUDA GPU the Triton kernels run on the CPU interpreter.  `triton.jit`
+decides between compiling and interpreting when a kernel is defined, that is
+when a generated module is imported, so TRITON_INTERPRET is set here, before
+any test module imports triton.  Tests marked `gpu` are skipped without CUDA.
+
+Modules that `flashgen.load` builds go to a per-session temporary cache, never
+to the user's ~/.cache/flashgen.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+HAS_CUDA = torch.cuda.is_available()
+
+if not HAS_CUDA:
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+
+def pytest_collection_modifyitems(config, items):
+    if HAS_CUDA:
+        return
+    skip_gpu = pytest.mark.skip(reason="needs a CUDA GPU")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip_gpu)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _flashgen_cache_dir(tmp_path_factory):
+    old = os.environ.get("FLASHGEN_CACHE_DIR")
+    os.environ["FLASHGEN_CACHE_DIR"] = str(tmp_path_factory.mktemp("flashgen-cache"))
+    yield
+    if old is None:
+        os.environ.pop("FLASHGEN_CACHE_DIR", None)
+    else:
+        os.environ["FLASHGEN_CACHE_DIR"] = old

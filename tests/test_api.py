@@ -1,0 +1,223 @@
+"""The Python API: specs as paths or text, the on-disk module cache, SpecError."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import flashgen
+from flashgen import api, diagnostics
+from flashgen.reference import attention_ref
+
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+
+TINY = """\
+attention tiny {
+    head_dim = 16
+    dtype = fp32
+    mask = causal
+}
+"""
+TWO_BLOCKS = """\
+attention first {
+    head_dim = 16
+    dtype = fp32
+}
+attention second {
+    head_dim = 32
+    dtype = fp16
+    mask = causal
+}
+"""
+BAD = """\
+attention broken {
+    head_dim = 100
+    dtype = fp32
+}
+"""
+
+
+@pytest.fixture
+def cache(tmp_path, monkeypatch):
+    """A fresh cache directory and an empty in-process memo."""
+    root = tmp_path / "cache"
+    monkeypatch.setenv("FLASHGEN_CACHE_DIR", str(root))
+    monkeypatch.setattr(api, "_MODULES", {})
+    return root
+
+
+def _age(path: Path) -> int:
+    """Move `path`'s mtime an hour back and return it (ns)."""
+    stat = path.stat()
+    old = stat.st_mtime_ns - 3600 * 10**9
+    os.utime(path, ns=(stat.st_atime_ns, old))
+    return old
+
+
+# --------------------------------------------------------------------------- #
+# Building sources
+# --------------------------------------------------------------------------- #
+
+
+def test_build_sources_from_text_path_and_pathlike(tmp_path):
+    spec = tmp_path / "tiny.attn"
+    spec.write_text(TINY)
+    from_text = api.build_sources([TINY])
+    assert list(from_text) == ["tiny"]
+    assert "@generated" in from_text["tiny"]
+    assert api.build_sources([str(spec)]) == from_text
+    assert api.build_sources([spec]) == from_text
+    assert api.build_sources(spec) == from_text  # a lone spec, not in a list
+    assert flashgen.build_source(TINY) == from_text["tiny"]
+
+
+def test_build_sources_keeps_block_order():
+    assert list(api.build_sources([TWO_BLOCKS])) == ["first", "second"]
+    assert list(api.build_sources([EXAMPLES / "full.attn", TINY])) == ["full", "tiny"]
+
+
+def test_build_source_picks_a_block_by_name():
+    assert "`second`" in api.build_source(TWO_BLOCKS, "second")
+    with pytest.raises(ValueError, match="2 attention blocks"):
+        api.build_source(TWO_BLOCKS)
+    with pytest.raises(ValueError, match="no attention block named 'third'"):
+        api.build_source(TWO_BLOCKS, "third")
+
+
+def test_bad_spec_raises_spec_error_with_every_diagnostic():
+    with pytest.raises(flashgen.SpecError) as info:
+        api.build_sources([BAD])
+    error = info.value
+    assert isinstance(error, diagnostics.SpecError)
+    assert [d.span.line for d in error.diagnostics] == [2]
+    assert str(error).startswith("<string>:2:16: error:")
+    assert "head_dim = 100" in str(error)
+
+
+def test_several_texts_are_told_apart_in_diagnostics():
+    with pytest.raises(flashgen.SpecError) as info:
+        api.build_sources([TINY, BAD])
+    assert str(info.value).startswith("<string 2>:2:16: error:")
+
+
+def test_duplicate_block_names_across_specs_are_an_error(tmp_path):
+    spec = tmp_path / "tiny.attn"
+    spec.write_text(TINY)
+    with pytest.raises(flashgen.SpecError, match="tiny"):
+        api.build_sources([spec, TINY])
+
+
+def test_missing_spec_file_raises_os_error(tmp_path):
+    with pytest.raises(FileNotFoundError):
+        api.build_sources([tmp_path / "missing.attn"])
+    with pytest.raises(FileNotFoundError):
+        api.build_sources([str(tmp_path / "missing.attn")])
+
+
+# --------------------------------------------------------------------------- #
+# Loading modules
+# --------------------------------------------------------------------------- #
+
+
+def test_load_writes_the_module_into_the_cache_layout(cache):
+    module = flashgen.load(TINY)
+    source = api.build_source(TINY)
+    digest = hashlib.sha256(source.encode()).hexdigest()[:16]
+    path = cache / flashgen.__version__ / digest / "tiny.py"
+    assert Path(module.__file__) == path
+    assert path.read_text() == source
+    assert module.__name__ == f"flashgen_generated.tiny_{digest}"
+    assert sys.modules[module.__name__] is module
+    assert [p.name for p in path.parent.iterdir()] == ["tiny.py"]  # no temp files
+
+
+def test_second_load_hits_the_cache(cache):
+    first = flashgen.load(TINY)
+    assert flashgen.load(TINY) is first  # in-process memo
+
+    path = Path(first.__file__)
+    old = _age(path)
+    api._MODULES.clear()  # as in a new process: only the disk cache is left
+    again = flashgen.load(TINY)
+    assert again is not first
+    assert again.__file__ == first.__file__
+    assert path.stat().st_mtime_ns == old  # found on disk, not rewritten
+
+
+def test_different_specs_give_different_modules(cache):
+    causal = flashgen.load(TINY)
+    full = flashgen.load(TINY.replace("mask = causal", "mask = full"))
+    assert full is not causal
+    assert full.__name__ != causal.__name__
+    assert Path(full.__file__).parent != Path(causal.__file__).parent
+    assert "mask = full" in full.SPEC and "mask = causal" in causal.SPEC
+
+
+def test_cache_dir_honours_the_environment(tmp_path, monkeypatch):
+    monkeypatch.setenv("FLASHGEN_CACHE_DIR", str(tmp_path / "a"))
+    assert api.cache_dir() == tmp_path / "a"
+    monkeypatch.delenv("FLASHGEN_CACHE_DIR")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert api.cache_dir() == tmp_path / "xdg" / "flashgen"
+    monkeypatch.delenv("XDG_CACHE_HOME")
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    assert api.cache_dir() == tmp_path / "home" / ".cache" / "flashgen"
+
+
+def test_load_all_and_load_by_name(cache):
+    modules = flashgen.load_all(TWO_BLOCKS)
+    assert list(modules) == ["first", "second"]
+    assert flashgen.load(TWO_BLOCKS, "second") is modules["second"]
+    assert modules["second"].HEAD_DIM == 32
+    with pytest.raises(ValueError, match="pass name="):
+        flashgen.load(TWO_BLOCKS)
+
+
+def test_load_from_a_path(cache):
+    module = flashgen.load(EXAMPLES / "bloom_alibi.attn")
+    assert module is flashgen.load(str(EXAMPLES / "bloom_alibi.attn"))
+    assert module.HEAD_DIM == 128
+
+
+def test_loaded_kernel_runs_and_matches_the_reference(cache):
+    # Triton reads kernel source from the module's file: this fails if the
+    # module was not imported from a real file.
+    module = flashgen.load(TINY)
+    (variant,), _ = api.check_sources({"<string>": TINY})
+    gen = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, 2, 19, 16, generator=gen) for _ in range(3))
+    o, lse = module.attention(q, k, v, return_lse=True)
+    ref_o, ref_lse = attention_ref(variant, q, k, v)
+    torch.testing.assert_close(o.double(), ref_o, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(lse.double(), ref_lse, atol=1e-5, rtol=1e-5)
+
+
+def test_load_variant_shares_the_cache_with_load(cache):
+    (variant,), _ = api.check_sources({"<string>": TINY})
+    assert api.load_variant(variant) is flashgen.load(TINY)
+
+
+def test_write_if_changed(tmp_path):
+    path = tmp_path / "sub" / "m.py"
+    assert api.write_if_changed(path, "x = 1\n")
+    old = _age(path)
+    assert not api.write_if_changed(path, "x = 1\n")
+    assert path.stat().st_mtime_ns == old
+    assert api.write_if_changed(path, "x = 2\n")
+    assert path.read_text() == "x = 2\n"
+    assert [p.name for p in path.parent.iterdir()] == ["m.py"]
+
+
+def test_public_names():
+    assert flashgen.__version__ == "0.1.0"
+    assert flashgen.load is api.load
+    assert flashgen.load_all is api.load_all
+    assert flashgen.build_sources is api.build_sources
+    assert flashgen.SpecError is diagnostics.SpecError
+    with pytest.raises(AttributeError):
+        flashgen.no_such_name  # noqa: B018

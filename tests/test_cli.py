@@ -1,0 +1,288 @@
+"""The `flashgen` command: exit codes, output, and what it writes."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import flashgen
+from flashgen import cli, verify
+
+REPO = Path(__file__).resolve().parent.parent
+EXAMPLES = sorted((REPO / "examples").glob("*.attn"))
+
+TINY = """\
+# a small spec
+attention tiny {
+    head_dim = 16
+    dtype = fp32
+    mask = causal
+}
+"""
+BAD = """\
+attention broken {
+    head_dim = 16
+    dtype = bf17
+    mask = window(-3)
+}
+"""
+
+
+def run(capsys, *argv: str) -> tuple[int, str, str]:
+    code = cli.main([str(a) for a in argv])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+@pytest.fixture
+def specs(tmp_path):
+    """tiny.attn and bad.attn in a temporary directory."""
+    (tmp_path / "tiny.attn").write_text(TINY)
+    (tmp_path / "bad.attn").write_text(BAD)
+    return tmp_path
+
+
+def _age(path: Path) -> int:
+    stat = path.stat()
+    old = stat.st_mtime_ns - 3600 * 10**9
+    os.utime(path, ns=(stat.st_atime_ns, old))
+    return old
+
+
+# --------------------------------------------------------------------------- #
+# check
+# --------------------------------------------------------------------------- #
+
+
+def test_check_examples_ok(capsys):
+    assert len(EXAMPLES) >= 9
+    code, out, err = run(capsys, "check", *EXAMPLES)
+    assert (code, err) == (0, "")
+    assert out == f"ok: {len(EXAMPLES)} attention blocks in {len(EXAMPLES)} files\n"
+
+
+def test_check_singular(capsys, specs):
+    assert run(capsys, "check", specs / "tiny.attn") == (
+        0,
+        "ok: 1 attention block in 1 file\n",
+        "",
+    )
+
+
+def test_check_reports_every_problem_of_every_file(capsys, specs):
+    (specs / "bad2.attn").write_text("attention x {\n    head_dim = 16\n}\n")
+    code, out, err = run(capsys, "check", specs / "bad.attn", specs / "bad2.attn")
+    assert (code, out) == (1, "")
+    assert f"{specs / 'bad.attn'}:3:13: error: unknown dtype 'bf17'" in err
+    assert f"{specs / 'bad.attn'}:4:19: error: window size" in err
+    assert f"{specs / 'bad2.attn'}:" in err
+    assert "    dtype = bf17\n" in err and "^^^^" in err
+
+
+def test_unreadable_files_get_one_line_each(capsys, specs):
+    code, out, err = run(capsys, "check", specs / "tiny.attn", "missing.attn", specs)
+    assert (code, out) == (2, "")
+    assert err.splitlines() == [
+        "flashgen: error: cannot read 'missing.attn': No such file or directory",
+        f"flashgen: error: cannot read '{specs}': Is a directory",
+    ]
+
+
+def test_not_utf8(capsys, specs):
+    (specs / "latin1.attn").write_bytes(b"# caf\xe9\n")
+    code, _, err = run(capsys, "check", specs / "latin1.attn")
+    assert code == 2
+    assert err == f"flashgen: error: cannot read '{specs / 'latin1.attn'}': not UTF-8 text (byte 5)\n"
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [[], ["frobnicate"], ["check"], ["verify", "x.attn", "--examples", "0"]],
+)
+def test_usage_errors_exit_2(capsys, argv):
+    code, out, err = run(capsys, *argv)
+    assert code == 2
+    assert "usage: flashgen" in err
+
+
+def test_version_and_help(capsys):
+    assert run(capsys, "--version") == (0, f"flashgen {flashgen.__version__}\n", "")
+    code, out, _ = run(capsys, "build", "--help")
+    assert code == 0 and "--check" in out
+
+
+def test_no_traceback_for_a_bad_spec_in_a_real_process(specs):
+    # Import the same flashgen as this test does, whether installed or not.
+    env = dict(os.environ, PYTHONPATH=str(Path(flashgen.__file__).parent.parent))
+    result = subprocess.run(
+        [sys.executable, "-m", "flashgen", "check", "bad.attn"],
+        cwd=specs,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 1
+    assert "Traceback" not in result.stderr
+    assert "bad.attn:3:13: error:" in result.stderr
+    assert result.stdout == ""
+
+
+# --------------------------------------------------------------------------- #
+# build
+# --------------------------------------------------------------------------- #
+
+
+def test_build_writes_one_module_per_block_and_is_idempotent(capsys, tmp_path):
+    out_dir = tmp_path / "out"
+    code, out, err = run(capsys, "build", *EXAMPLES, "-o", out_dir)
+    assert (code, err) == (0, "")
+    names = sorted(p.stem for p in EXAMPLES)
+    assert sorted(p.stem for p in out_dir.glob("*.py")) == names
+    assert out.splitlines() == [f"wrote {out_dir / n}.py" for n in names]
+    assert (out_dir / "full.py").read_text() == flashgen.build_source(REPO / "examples/full.attn")
+
+    mtimes = {p: _age(p) for p in out_dir.glob("*.py")}
+    code, out, _ = run(capsys, "build", *EXAMPLES, "-o", out_dir)
+    assert code == 0
+    assert out.splitlines() == [f"unchanged {out_dir / n}.py" for n in names]
+    assert {p: p.stat().st_mtime_ns for p in out_dir.glob("*.py")} == mtimes
+
+
+def test_build_rewrites_only_what_changed(capsys, specs):
+    (specs / "full.attn").write_text("attention full {\n head_dim = 16\n dtype = fp32\n}\n")
+    out_dir = specs / "out"
+    run(capsys, "build", specs / "tiny.attn", specs / "full.attn", "-o", out_dir)
+    (specs / "tiny.attn").write_text(TINY.replace("causal", "window(4)"))
+    code, out, _ = run(capsys, "build", specs / "tiny.attn", specs / "full.attn", "-o", out_dir)
+    assert code == 0
+    assert out.splitlines() == [f"wrote {out_dir / 'tiny.py'}", f"unchanged {out_dir / 'full.py'}"]
+    assert "window(4)" in (out_dir / "tiny.py").read_text()
+
+
+def test_build_writes_nothing_when_any_spec_is_bad(capsys, specs):
+    out_dir = specs / "out"
+    code, out, err = run(capsys, "build", specs / "tiny.attn", specs / "bad.attn", "-o", out_dir)
+    assert (code, out) == (1, "")
+    assert "error: unknown dtype 'bf17'" in err
+    assert not out_dir.exists()
+
+
+def test_build_with_specs_needs_an_output_directory(capsys, specs):
+    code, _, err = run(capsys, "build", specs / "tiny.attn")
+    assert code == 2
+    assert err == "flashgen: error: build: -o DIR is required when SPECs are given\n"
+
+
+def test_build_reports_an_unwritable_output(capsys, specs):
+    (specs / "file").write_text("")
+    code, out, err = run(capsys, "build", specs / "tiny.attn", "-o", specs / "file")
+    assert code == 1
+    assert err.startswith("flashgen: error: cannot write")
+    assert "Traceback" not in err
+
+
+@pytest.fixture
+def repo_copy(tmp_path, monkeypatch):
+    """A copy of examples/ and generated/, with generated/ rebuilt, as cwd."""
+    shutil.copytree(REPO / "examples", tmp_path / "examples")
+    if (REPO / "generated").is_dir():
+        shutil.copytree(REPO / "generated", tmp_path / "generated")
+    monkeypatch.chdir(tmp_path)
+    assert cli.main(["build"]) == 0
+    return tmp_path
+
+
+def test_build_check_passes_when_current(capsys, repo_copy):
+    capsys.readouterr()
+    code, out, err = run(capsys, "build", "--check")
+    assert (code, err) == (0, "")
+    assert out == f"ok: {len(EXAMPLES)} modules in generated/ up to date\n"
+
+
+def test_build_check_lists_every_out_of_date_module(capsys, repo_copy):
+    generated = repo_copy / "generated"
+    (generated / "full.py").write_text((generated / "full.py").read_text() + "# edited\n")
+    (generated / "custom.py").unlink()
+    shutil.copy(generated / "prefix_lm.py", generated / "old_block.py")
+    (generated / "__init__.py").write_text("")  # not @generated: not stale
+    mtime = _age(generated / "full.py")
+    capsys.readouterr()
+
+    code, out, err = run(capsys, "build", "--check")
+    assert code == 1
+    assert out.splitlines() == [
+        "missing: generated/custom.py",
+        "different: generated/full.py",
+        "stale: generated/old_block.py (no attention block 'old_block' in the specs)",
+    ]
+    assert "3 modules out of date" in err
+    assert (generated / "full.py").stat().st_mtime_ns == mtime  # --check writes nothing
+    assert not (generated / "custom.py").exists()
+
+
+def test_build_check_sees_a_removed_spec(capsys, repo_copy):
+    (repo_copy / "examples" / "full.attn").unlink()
+    capsys.readouterr()
+    code, out, _ = run(capsys, "build", "--check")
+    assert code == 1
+    assert out == "stale: generated/full.py (no attention block 'full' in the specs)\n"
+
+
+def test_build_without_specs_needs_examples(capsys, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    code, _, err = run(capsys, "build", "--check")
+    assert code == 2
+    assert "no SPEC given and no examples/*.attn here" in err
+
+
+# --------------------------------------------------------------------------- #
+# verify
+# --------------------------------------------------------------------------- #
+
+
+def test_verify_runs_the_kernels(capsys, specs):
+    code, out, err = run(capsys, "verify", specs / "tiny.attn", "--examples", "2", "--seed", "3")
+    assert code == 0, out + err
+    assert out.startswith("verify tiny\n")
+    assert out.rstrip().endswith("2 passed, 0 failed")
+
+
+def test_verify_exit_code_follows_the_reports(capsys, specs, monkeypatch):
+    calls = []
+
+    def fake_verify(variant, **options):
+        calls.append((variant.name, options))
+        ok = variant.name != "second"
+        return verify.Report(variant.name, (_result(ok),))
+
+    monkeypatch.setattr(verify, "verify", fake_verify)
+    (specs / "two.attn").write_text(
+        TINY + TINY.replace("tiny", "second").replace("# a small spec\n", "")
+    )
+    code, out, _ = run(capsys, "verify", specs / "two.attn", "--examples", "5")
+    assert code == 1
+    assert [name for name, _ in calls] == ["tiny", "second"]
+    assert calls[0][1] == {"device": "cpu", "examples": 5}
+    assert "FAIL" in out
+
+    calls.clear()
+    code, _, _ = run(capsys, "verify", specs / "two.attn", "--name", "tiny")
+    assert code == 0
+    assert calls == [("tiny", {"device": "cpu"})]
+
+    code, _, err = run(capsys, "verify", specs / "two.attn", "--name", "third")
+    assert code == 2
+    assert "no attention block named 'third' (blocks: tiny, second)" in err
+
+
+def _result(ok: bool) -> verify.CaseResult:
+    check = verify.Check("o", error=0.0 if ok else 1.0, ordinary_error=0.0, bound=0.5, finite=True)
+    shape = verify.Shape(1, 1, 1, 1, 1)
+    return verify.CaseResult(shape, torch.float32, (check,))

@@ -1,0 +1,86 @@
+"""GPU property tests: fp16 and bf16, sequence lengths up to 2048.
+
+Marked `gpu`: skipped without CUDA.  Same tolerance rule as the CPU tests
+(`flashgen.verify.tolerance`).  With FLASHGEN_GPU_SUMMARY=path set, every
+case's errors are appended to that file as a table for the record.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import random
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from flashgen import ir
+from flashgen.check import check
+from flashgen.parse import parse
+from flashgen.verify import Shape
+from kernel_utils import assert_ok, run_case
+from strategies import variants
+
+pytestmark = pytest.mark.gpu
+
+ROOT = Path(__file__).resolve().parent.parent
+EXAMPLES = sorted((ROOT / "examples").glob("*.attn"))
+LENGTHS = (1, 3, 17, 113, 203, 239, 799, 1023, 1024, 2048)
+
+
+def _record(variant: ir.Variant, result) -> None:
+    path = os.environ.get("FLASHGEN_GPU_SUMMARY")
+    if not path:
+        return
+    with open(path, "a") as f:
+        for c in result.checks:
+            f.write(
+                f"{variant.name:<16} {variant.dtype.value:<5} {str(result.shape):<36} "
+                f"{c.what:<4} {c.error:9.2e} {c.ordinary_error:9.2e} {c.bound:9.2e} "
+                f"{'ok' if c.ok else 'FAIL'}\n"
+            )
+
+
+def _examples():
+    for path in EXAMPLES:
+        spec, diags = parse(path.read_text(), str(path))
+        assert not diags
+        checked, diags = check([spec])
+        assert not diags
+        yield from checked
+
+
+@pytest.mark.parametrize("variant", list(_examples()), ids=lambda v: v.name)
+@pytest.mark.parametrize("dtype", [ir.DType.FP16, ir.DType.BF16])
+def test_examples_on_gpu(variant, dtype):
+    variant = dataclasses.replace(variant, dtype=dtype)
+    rng = random.Random(variant.name)
+    shapes = [Shape(2, 4, 2, 2048, 2048), Shape(1, 4, 1, 1023, 2048), Shape(1, 2, 2, 2048, 799)]
+    shapes += [Shape(1, 2, 1, rng.choice(LENGTHS), rng.choice(LENGTHS)) for _ in range(3)]
+    for i, shape in enumerate(shapes):
+        result = run_case(variant, shape, seed=i, device="cuda")
+        _record(variant, result)
+        assert_ok(result)
+
+
+@settings(
+    max_examples=int(os.environ.get("FLASHGEN_GPU_EXAMPLES", "40")),
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
+@given(
+    variant=variants(dtypes=(ir.DType.FP16, ir.DType.BF16), head_dims=(24, 40, 64, 80, 96, 128, 192, 256)),
+    kv_heads=st.integers(1, 2),
+    group=st.sampled_from((1, 2)),
+    n_queries=st.sampled_from(LENGTHS),
+    n_keys=st.sampled_from(LENGTHS),
+    magnitude=st.sampled_from((1.0, 5.0)),
+    seed=st.integers(0, 2**16),
+)
+def test_random_specs_on_gpu(variant, kv_heads, group, n_queries, n_keys, magnitude, seed):
+    shape = Shape(2, kv_heads * group, kv_heads, n_queries, n_keys)
+    result = run_case(variant, shape, seed=seed, device="cuda", magnitude=magnitude)
+    _record(variant, result)
+    assert_ok(result)

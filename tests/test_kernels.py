@@ -1,0 +1,259 @@
+"""Generated forward kernels against the float64 dense reference (CPU interpreter).
+
+Every check goes through `flashgen.verify.tolerance`: FlashAttention's rule,
+kernel error at most 2x that of a dense same-dtype implementation plus a
+floor of a few ulps.  Shapes stay small because the Triton interpreter runs
+each program instance in numpy.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from flashgen import ir
+from flashgen.check import check
+from flashgen.parse import parse
+from flashgen.verify import Shape
+from kernel_utils import DEVICE, assert_ok, build, run_case, with_dtype
+from strategies import variants
+
+ROOT = Path(__file__).resolve().parent.parent
+EXAMPLES = sorted((ROOT / "examples").glob("*.attn"))
+BLOCKS = [(16, 16), (16, 32), (32, 16), (32, 32), (64, 32)]
+
+
+def _variants_of(path: Path) -> tuple[ir.Variant, ...]:
+    spec, diags = parse(path.read_text(), str(path))
+    assert not diags
+    checked, diags = check([spec])
+    assert not diags
+    return checked
+
+
+def _cpu_dtype(variant: ir.Variant) -> ir.Variant:
+    # The interpreter multiplies bf16 bit patterns, not values: test bf16
+    # specs' mask and score code in fp16 here and in bf16 on the GPU.
+    if variant.dtype is ir.DType.BF16:
+        return with_dtype(variant, ir.DType.FP16)
+    return variant
+
+
+def _small(variant: ir.Variant) -> ir.Variant:
+    """Shrink windows/chunks/prefixes so that small shapes cross their edges."""
+
+    def shrink(e: ir.Expr) -> ir.Expr:
+        if isinstance(e, ir.Call) and e.fn in ir.MASK_FUNCTIONS:
+            return ir.Call(e.fn, tuple(ir.Num(min(a.value, 5 + a.value % 37)) for a in e.args))
+        if isinstance(e, ir.Binary):
+            return ir.Binary(e.op, shrink(e.left), shrink(e.right))
+        if isinstance(e, ir.Unary):
+            return ir.Unary(e.op, shrink(e.operand))
+        return e
+
+    return dataclasses.replace(variant, mask=shrink(variant.mask))
+
+
+@pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.stem)
+@pytest.mark.parametrize(
+    "shape",
+    [
+        Shape(1, 2, 1, 113, 113),
+        Shape(2, 2, 2, 17, 203),
+        Shape(1, 3, 1, 127, 33),
+        Shape(1, 1, 1, 1, 65),
+    ],
+    ids=str,
+)
+def test_examples(path, shape):
+    for variant in _variants_of(path):
+        for v in (_cpu_dtype(variant), _small(_cpu_dtype(variant))):
+            assert_ok(run_case(v, shape, seed=shape.n_keys))
+
+
+@settings(
+    max_examples=60,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
+@given(
+    variant=variants(),
+    batch=st.integers(1, 2),
+    kv_heads=st.integers(1, 2),
+    group=st.sampled_from((1, 2)),
+    n_queries=st.sampled_from((1, 2, 5, 17, 31, 47, 64, 97, 113, 160)),
+    n_keys=st.sampled_from((1, 3, 16, 29, 33, 61, 64, 101, 127, 203)),
+    blocks=st.sampled_from(BLOCKS),
+    seed=st.integers(0, 2**16),
+)
+def test_random_specs(variant, batch, kv_heads, group, n_queries, n_keys, blocks, seed):
+    shape = Shape(batch, kv_heads * group, kv_heads, n_queries, n_keys)
+    block_m, block_n = blocks
+    assert_ok(run_case(variant, shape, seed=seed, block_m=block_m, block_n=block_n))
+
+
+def _variant(mask="causal", score=None, dtype=ir.DType.FP32, **kw) -> ir.Variant:
+    text = f"attention t {{ head_dim = {kw.pop('head_dim', 32)}; dtype = {dtype.value}; mask = {mask}"
+    if score:
+        text += f"; score = {score}"
+    for key, value in kw.items():
+        text += f"; {key} = {value}"
+    spec, diags = parse(text + " }")
+    assert not diags, diags
+    (variant,), diags = check([spec])
+    assert not diags, diags
+    return variant
+
+
+@pytest.mark.parametrize("dtype", [ir.DType.FP32, ir.DType.FP16])
+@pytest.mark.parametrize(
+    "mask,shape",
+    [
+        # Bottom-right with Nq > Nk: the first Nq - Nk rows see nothing.
+        ("causal", Shape(1, 2, 1, 77, 20)),
+        # Top-left prefix(0)-like: rows that see nothing in the middle.
+        ("window(3) & q % 10 > 4", Shape(1, 1, 1, 50, 50)),
+        # Whole heads masked.
+        ("h % 2 == 1 & causal", Shape(2, 4, 2, 33, 40)),
+        ("!full", Shape(1, 1, 1, 20, 20)),
+    ],
+)
+def test_fully_masked_rows(mask, shape, dtype):
+    variant = _variant(mask, dtype=dtype)
+    module = build(variant)
+    q = torch.randn(shape.batch, shape.heads, shape.n_queries, 32, device=DEVICE)
+    q = q.to(variant_dtype(variant))
+    k = torch.randn(shape.batch, shape.kv_heads, shape.n_keys, 32, device=DEVICE)
+    k = k.to(q.dtype)
+    v = torch.randn_like(k)
+    o, lse = module.attention(q, k, v, return_lse=True)
+    assert not torch.isnan(o).any() and not torch.isnan(lse).any()
+    from flashgen.reference import mask_matrix
+
+    sees_nothing = ~mask_matrix(variant, shape.n_queries, shape.n_keys, shape.heads).any(-1)
+    o, lse = o.cpu(), lse.cpu()
+    assert sees_nothing.any(), "the case must contain fully masked rows"
+    rows = sees_nothing.expand(shape.batch, -1, -1)
+    assert torch.all(o[rows] == 0)
+    assert torch.all(lse[rows] == float("-inf"))
+    assert_ok(run_case(variant, shape, seed=1, block_m=16, block_n=16))
+
+
+def variant_dtype(variant: ir.Variant) -> torch.dtype:
+    return {ir.DType.FP32: torch.float32, ir.DType.FP16: torch.float16}[variant.dtype]
+
+
+@pytest.mark.parametrize("n_queries,n_keys", [(1, 1), (1, 97), (97, 1), (1, 2), (2, 1)])
+@pytest.mark.parametrize("mask", ["full", "causal", "window(4, 2)"])
+@pytest.mark.parametrize("align", ["bottom_right", "top_left"])
+def test_single_query_or_key(n_queries, n_keys, mask, align):
+    variant = _variant(mask, dtype=ir.DType.FP16, align=align)
+    assert_ok(run_case(variant, Shape(2, 2, 1, n_queries, n_keys), seed=n_keys))
+
+
+@pytest.mark.parametrize("threshold", [0.0, 8.0])
+@pytest.mark.parametrize("dtype", [ir.DType.FP32, ir.DType.FP16])
+@pytest.mark.parametrize("score", [None, "softcap(s, 30.0)", "s + alibi"])
+def test_large_scores(threshold, dtype, score):
+    """Scale 10 and inputs x5: scores in the thousands, no overflow, no NaN."""
+    variant = _variant(
+        "causal", score=score, dtype=dtype, rescale_threshold=threshold, scale=10.0
+    )
+    result = run_case(
+        variant, Shape(1, 2, 2, 67, 90), seed=3, magnitude=5.0, block_m=16, block_n=16
+    )
+    assert_ok(result)
+
+
+def test_rescale_threshold_changes_only_rounding():
+    base = _variant("causal", score="softcap(s, 20.0)", head_dim=40)
+    lazy = dataclasses.replace(base, rescale_threshold=8.0)
+    q, k, v = (torch.randn(1, 2, 150, 40, device=DEVICE) * 3 for _ in range(3))
+    o0, lse0 = build(base).forward(q, k, v, block_m=16, block_n=16)
+    o1, lse1 = build(lazy).forward(q, k, v, block_m=16, block_n=16)
+    torch.testing.assert_close(o0, o1, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(lse0, lse1, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("kv_heads", [1, 2, 4])
+def test_gqa_and_mqa_read_the_right_kv_head(kv_heads):
+    variant = _variant("causal", score="s + alibi", dtype=ir.DType.FP16)
+    assert_ok(run_case(variant, Shape(2, 4, kv_heads, 45, 70), seed=kv_heads))
+
+
+def test_any_strides():
+    variant = _variant("causal & window(20)", dtype=ir.DType.FP32, head_dim=40)
+    module = build(variant)
+    # (B, N, H, D) memory layout viewed as (B, H, N, D), and a sliced tensor.
+    q = torch.randn(2, 37, 3, 40, device=DEVICE).transpose(1, 2)
+    k = torch.randn(2, 3, 80, 50, device=DEVICE)[..., 5:45]
+    v = torch.randn(2, 90, 3, 40, device=DEVICE).transpose(1, 2)[:, :, :80]
+    o = module.attention(q, k, v)
+    o_ref = module.attention(q.contiguous(), k.contiguous(), v.contiguous())
+    torch.testing.assert_close(o, o_ref, rtol=0, atol=0)
+    from flashgen.reference import attention_ref
+
+    ref, _ = attention_ref(variant, q.double(), k.double(), v.double())
+    torch.testing.assert_close(o.double(), ref, rtol=1e-4, atol=1e-5)
+
+
+def test_empty_inputs():
+    module = build(_variant("causal"))
+    q = torch.randn(1, 2, 0, 32, device=DEVICE)
+    o, lse = module.attention(q, q, q, return_lse=True)
+    assert o.shape == (1, 2, 0, 32) and lse.shape == (1, 2, 0)
+    k = torch.randn(1, 2, 0, 32, device=DEVICE)
+    q = torch.randn(1, 2, 5, 32, device=DEVICE)
+    o, lse = module.attention(q, k, k, return_lse=True)
+    assert torch.all(o == 0) and torch.all(lse == float("-inf"))
+
+
+def test_explicit_scale_overrides_spec():
+    variant = _variant("causal", scale=0.5)
+    assert_ok(run_case(variant, Shape(1, 1, 1, 30, 30), scale=0.05))
+    assert build(variant).DEFAULT_SCALE == 0.5
+
+
+@pytest.mark.parametrize(
+    "q,k,v,error,match",
+    [
+        ("f64", "ok", "ok", TypeError, "q has dtype torch.float64"),
+        ("ok", "ok", "list", TypeError, "v must be a torch.Tensor"),
+        ("3d", "ok", "ok", ValueError, "q must have 4 dimensions"),
+        ("ok", "d16", "d16", ValueError, "k has head_dim 16"),
+        ("ok", "short", "ok", ValueError, "k and v must have the same shape"),
+        ("ok", "3heads", "3heads", ValueError, "k has 3 heads"),
+        ("ok", "batch3", "batch3", ValueError, "k has batch size 3"),
+    ],
+)
+def test_bad_inputs_get_named_errors(q, k, v, error, match):
+    module = build(_variant("causal"))
+    shapes = {
+        "ok": (2, 4, 8, 32),
+        "3d": (4, 8, 32),
+        "d16": (2, 4, 8, 16),
+        "short": (2, 4, 7, 32),
+        "3heads": (2, 3, 8, 32),
+        "batch3": (3, 4, 8, 32),
+    }
+    make = {name: (lambda s=s: torch.randn(*s, device=DEVICE)) for name, s in shapes.items()}
+    make["f64"] = lambda: torch.randn(2, 4, 8, 32, dtype=torch.float64, device=DEVICE)
+    make["list"] = lambda: [1, 2]
+    with pytest.raises(error, match=match):
+        module.attention(make[q](), make[k](), make[v]())
+
+
+def test_bad_scale_and_blocks():
+    module = build(_variant("causal"))
+    x = torch.randn(1, 1, 8, 32, device=DEVICE)
+    with pytest.raises(TypeError, match="scale"):
+        module.attention(x, x, x, scale="0.1")
+    with pytest.raises(ValueError, match="scale must be finite"):
+        module.attention(x, x, x, scale=float("nan"))
+    with pytest.raises(ValueError, match="block_m"):
+        module.forward(x, x, x, block_m=24)

@@ -1,0 +1,166 @@
+"""The mask analysis in `lower`: tile classification and key bounds.
+
+The scalar code that `lower` emits for a tile is executed here with numpy
+standing in for `tl`, over random rectangles of (query, key) positions, and
+compared with the dense reference's mask.  Soundness is the property that
+matters (a tile called full must be fully visible, a tile called empty must
+have no visible pair, every visible key must lie inside the key bounds);
+exactness is checked for the named masks, where the kernels rely on it for
+speed.
+"""
+
+from __future__ import annotations
+
+import types
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from flashgen import ir, lower
+from flashgen.reference import mask_matrix
+from strategies import masks
+
+_TL = types.SimpleNamespace(
+    where=np.where, minimum=np.minimum, maximum=np.maximum, abs=np.abs
+)
+
+
+def _namespace(q_lo, q_hi, k_lo, k_hi, head, num_heads):
+    i = np.int64
+    return {
+        "tl": _TL,
+        "_floor_div": lambda a, b: np.floor_divide(a, b),
+        "_floor_mod": lambda a, b: np.mod(a, b),
+        "q_lo": i(q_lo),
+        "q_hi": i(q_hi),
+        "k_lo": i(k_lo),
+        "k_hi": i(k_hi),
+        "head": i(head),
+        "num_heads": i(num_heads),
+        "True": np.bool_(True),
+        "False": np.bool_(False),
+    }
+
+
+def _analyse(mask: ir.Expr):
+    nnf = lower.negation_normal_form(lower.desugar_mask(mask))
+    tiles = lower.TileCode()
+    must, may = tiles.truth(nnf)
+    return tiles.lines, must, may, lower.key_bounds(nnf)
+
+
+def _run(lines, must, may, bounds, env):
+    # Test-only evaluation of the analysis' own output with numpy as `tl`.
+    for line in lines:
+        exec(line, env)
+    lo = None if bounds[0] is None else eval(bounds[0], env)
+    hi = None if bounds[1] is None else eval(bounds[1], env)
+    return bool(eval(must, env)), bool(eval(may, env)), lo, hi
+
+
+def _visible(mask, n_queries, n_keys, num_heads):
+    """Dense mask with query positions n_keys - n_queries ... n_keys - 1."""
+    variant = ir.Variant("t", 16, ir.DType.FP32, mask=mask)
+    return mask_matrix(variant, n_queries, n_keys, num_heads).numpy()
+
+
+N_QUERIES, N_KEYS = 260, 200  # query positions -60 .. 199
+
+
+@st.composite
+def rectangles(draw):
+    qa = draw(st.integers(0, N_QUERIES - 1))
+    qb = draw(st.integers(qa, min(N_QUERIES - 1, qa + draw(st.sampled_from((0, 7, 31, 63))))))
+    ka = draw(st.integers(0, N_KEYS - 1))
+    kb = draw(st.integers(ka, min(N_KEYS - 1, ka + draw(st.sampled_from((0, 7, 31, 63))))))
+    num_heads = draw(st.integers(1, 4))
+    return qa, qb, ka, kb, draw(st.integers(0, num_heads - 1)), num_heads
+
+
+@settings(max_examples=300, deadline=None)
+@given(mask=masks(), rects=st.lists(rectangles(), min_size=1, max_size=6))
+def test_tile_classification_is_sound(mask, rects):
+    lines, must, may, bounds = _analyse(mask)
+    dense = {}
+    offset = N_KEYS - N_QUERIES
+    for qa, qb, ka, kb, head, num_heads in rects:
+        if num_heads not in dense:
+            dense[num_heads] = _visible(mask, N_QUERIES, N_KEYS, num_heads)
+        block = dense[num_heads][head, qa : qb + 1, ka : kb + 1]
+        env = _namespace(qa + offset, qb + offset, ka, kb, head, num_heads)
+        is_full, maybe, lo, hi = _run(lines, must, may, bounds, env)
+        if is_full:
+            assert block.all(), "tile classified full has a masked pair"
+        if not maybe:
+            assert not block.any(), "tile classified empty has a visible pair"
+        cols = np.nonzero(block.any(axis=0))[0] + ka
+        if cols.size and lo is not None:
+            assert cols.min() >= lo, "visible key below the key bound"
+        if cols.size and hi is not None:
+            assert cols.max() <= hi, "visible key above the key bound"
+
+
+def _named(text_mask):
+    n, c, b = ir.Name, ir.Call, ir.Binary
+    return {
+        "causal": n("causal"),
+        "window": c("window", (ir.Num(37),)),
+        "window2": c("window", (ir.Num(20), ir.Num(9))),
+        "prefix": c("prefix", (ir.Num(45),)),
+        "chunk": c("chunk", (ir.Num(24),)),
+        "causal_window": b(ir.BinOp.AND, n("causal"), c("window", (ir.Num(50),))),
+        "causal_prefix": b(ir.BinOp.OR, n("causal"), c("prefix", (ir.Num(30),))),
+    }[text_mask]
+
+
+@pytest.mark.parametrize(
+    "name",
+    ["causal", "window", "window2", "prefix", "chunk", "causal_window", "causal_prefix"],
+)
+@pytest.mark.parametrize("block", [16, 32])
+def test_named_masks_classify_exactly(name, block):
+    """Aligned tiles of the named masks: full and empty are never missed."""
+    mask = _named(name)
+    lines, must, may, bounds = _analyse(mask)
+    dense = _visible(mask, N_QUERIES, N_KEYS, 1)[0]
+    offset = N_KEYS - N_QUERIES
+    for qa in range(0, N_QUERIES, block):
+        qb = min(qa + block, N_QUERIES) - 1
+        for ka in range(0, N_KEYS, block):
+            kb = min(ka + block, N_KEYS) - 1
+            tile = dense[qa : qb + 1, ka : kb + 1]
+            env = _namespace(qa + offset, qb + offset, ka, kb, 0, 1)
+            is_full, maybe, lo, hi = _run(lines, must, may, bounds, env)
+            assert is_full == bool(tile.all()), (qa, ka)
+            assert maybe == bool(tile.any()), (qa, ka)
+
+
+@pytest.mark.parametrize(
+    "name,expected",
+    [
+        ("causal", (False, True)),
+        ("window", (True, True)),
+        ("window2", (True, True)),
+        ("prefix", (False, True)),
+        ("chunk", (True, True)),
+        ("causal_window", (True, True)),
+    ],
+)
+def test_key_bounds_found_for_affine_masks(name, expected):
+    _, _, _, (lo, hi) = _analyse(_named(name))
+    assert (lo is not None, hi is not None) == expected
+
+
+def test_affine_normal_form():
+    q, k = ir.Name("q"), ir.Name("k")
+    e = ir.Binary(
+        ir.BinOp.SUB,
+        ir.Binary(ir.BinOp.MUL, ir.Num(3), q),
+        ir.Binary(ir.BinOp.ADD, k, ir.Binary(ir.BinOp.SUB, q, ir.Num(4))),
+    )
+    assert lower._clean(lower.affine(e)) == {"q": 2, "k": -1, "": 4}
+    assert lower.affine(ir.Binary(ir.BinOp.MUL, q, k)) is None
+    assert lower.affine(ir.Binary(ir.BinOp.MOD, q, ir.Num(2))) is None
