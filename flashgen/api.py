@@ -141,8 +141,7 @@ def _pick(names: Mapping[str, object], name: str | None) -> str:
         )
     if name not in names:
         raise ValueError(
-            f"no attention block named {name!r}; the spec defines: "
-            + (", ".join(names) or "none")
+            f"no attention block named {name!r}; the spec defines: " + (", ".join(names) or "none")
         )
     return name
 

@@ -24,8 +24,8 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from flashgen import __version__, api
-from flashgen.diagnostics import SpecError, render_all
+from flashgen import __version__, api, ir
+from flashgen.diagnostics import Diagnostic, SpecError, render_all
 from flashgen.emit import render_module
 
 EXAMPLES_GLOB = "examples/*.attn"
@@ -228,7 +228,7 @@ def _read(paths: Sequence[str]) -> dict[str, str]:
     return sources
 
 
-def _check_sources(sources: dict[str, str]):
+def _check_sources(sources: dict[str, str]) -> tuple[tuple[ir.Variant, ...], list[Diagnostic]]:
     """Variants of all blocks; warnings go to stderr, errors raise SpecError."""
     variants, warnings = api.check_sources(sources)
     if warnings:

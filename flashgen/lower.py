@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from flashgen import ir
-from flashgen.printer import print_variant
+from flashgen.printer import print_expr, print_variant
 
 LOG2E = 1.4426950408889634
 
@@ -161,10 +161,11 @@ def desugar_mask(e: ir.Expr) -> ir.Expr:
         vals = [_int_arg(a) for a in e.args]
         if e.fn == "window":
             left, right = vals[0], vals[1] if len(vals) > 1 else 0
+            upper = ir.Binary(ir.BinOp.ADD, _Q, ir.Num(right)) if right else _Q
             return ir.Binary(
                 ir.BinOp.AND,
                 _cmp(ir.BinOp.GE, _K, ir.Binary(ir.BinOp.SUB, _Q, ir.Num(left))),
-                _cmp(ir.BinOp.LE, _K, ir.Binary(ir.BinOp.ADD, _Q, ir.Num(right))),
+                _cmp(ir.BinOp.LE, _K, upper),
             )
         if e.fn == "prefix":
             return _cmp(ir.BinOp.LT, _K, ir.Num(vals[0]))
@@ -177,8 +178,26 @@ def desugar_mask(e: ir.Expr) -> ir.Expr:
     if isinstance(e, ir.Unary):
         return ir.Unary(e.op, desugar_mask(e.operand))
     if isinstance(e, ir.Binary) and e.op in (ir.BinOp.AND, ir.BinOp.OR):
-        return ir.Binary(e.op, desugar_mask(e.left), desugar_mask(e.right))
+        return _dedupe(ir.Binary(e.op, desugar_mask(e.left), desugar_mask(e.right)))
     return e
+
+
+def _dedupe(e: ir.Binary) -> ir.Expr:
+    """Drop repeated operands of an & or | chain (`causal & window(L)`)."""
+
+    def operands(x: ir.Expr) -> list[ir.Expr]:
+        if isinstance(x, ir.Binary) and x.op is e.op:
+            return operands(x.left) + operands(x.right)
+        return [x]
+
+    unique: list[ir.Expr] = []
+    for x in operands(e):
+        if x not in unique:
+            unique.append(x)
+    out = unique[0]
+    for x in unique[1:]:
+        out = ir.Binary(e.op, out, x)
+    return out
 
 
 _NEGATED = {
@@ -260,6 +279,17 @@ def _float_literal(x: float) -> str:
     return repr(float(x))
 
 
+def _atom(code: str, e: ir.Expr) -> str:
+    """Parenthesise `code`, the translation of `e`, unless it is atomic."""
+    if isinstance(e, ir.Name) and e.id == ir.ALIBI:
+        return f"({code})"
+    if isinstance(e, (ir.Name, ir.Call)) or (isinstance(e, ir.Num) and e.value >= 0):
+        return code
+    if isinstance(e, ir.Binary) and e.op in (ir.BinOp.FLOORDIV, ir.BinOp.MOD):
+        return code  # emitted as a call
+    return f"({code})"
+
+
 class ElementCode:
     """Translates checked expressions into Triton source for one tile."""
 
@@ -282,7 +312,7 @@ class ElementCode:
         if isinstance(e, ir.Name):
             if e.id == ir.ALIBI:
                 self.uses_alibi = True
-                return "(-alibi_slope * tl.abs(q_pos - k_pos).to(tl.float32))"
+                return "-alibi_slope * tl.abs(q_pos - k_pos).to(tl.float32)"
             if e.id == "full":
                 return "True"
             return _ELEMENT_NAMES[e.id]
@@ -299,15 +329,21 @@ class ElementCode:
         if op in (ir.BinOp.AND, ir.BinOp.OR):
             combine = _and if op is ir.BinOp.AND else _or
             return combine(self.expr(e.left), self.expr(e.right))
-        if op in ir.COMPARISONS:
-            return f"({self.expr(e.left)}) {op.value} ({self.expr(e.right)})"
         if op in (ir.BinOp.FLOORDIV, ir.BinOp.MOD):
             self.needs_floor_div = True
             fn = "_floor_div" if op is ir.BinOp.FLOORDIV else "_floor_mod"
             return f"{fn}({self.expr(e.left)}, {_int_arg(e.right)})"
-        if _kind(e) is ir.Kind.INT:
-            return f"({self.expr(e.left)}) {op.value} ({self.expr(e.right)})"
-        return f"({self.real(e.left)}) {op.value} ({self.real(e.right)})"
+        if op in ir.COMPARISONS or _kind(e) is ir.Kind.INT:
+            left = _atom(self.expr(e.left), e.left)
+            right = _atom(self.expr(e.right), e.right)
+        else:
+            left, right = self._real_operand(e.left), self._real_operand(e.right)
+        return f"{left} {op.value} {right}"
+
+    def _real_operand(self, e: ir.Expr) -> str:
+        if _kind(e) is ir.Kind.INT and not isinstance(e, ir.Num):
+            return self.real(e)  # `(...).to(tl.float32)` is atomic
+        return _atom(self.real(e), e)
 
     def _call(self, e: ir.Call) -> str:
         if e.fn == ir.SOFTCAP:
@@ -373,6 +409,7 @@ class TileCode:
     def __init__(self) -> None:
         self.lines: list[str] = []
         self._n = 0
+        self._truths: dict[ir.Expr, tuple[str, str]] = {}
 
     def _tmp(self, stem: str) -> str:
         self._n += 1
@@ -453,6 +490,11 @@ class TileCode:
 
     def truth(self, e: ir.Expr) -> tuple[str, str]:
         """(must, may) code for a desugared boolean expression."""
+        if e not in self._truths:  # `causal & window(L)` tests k <= q twice
+            self._truths[e] = self._truth(e)
+        return self._truths[e]
+
+    def _truth(self, e: ir.Expr) -> tuple[str, str]:
         if isinstance(e, ir.Name):  # full
             return "True", "True"
         if isinstance(e, ir.Unary):
@@ -474,6 +516,7 @@ class TileCode:
         return f"{name}_must", f"{name}_may"
 
     def _compare(self, e: ir.Binary) -> tuple[str, str]:
+        self.lines.append(f"# {print_expr(e)}")
         # Work on d = left - right, compared with 0.
         d = affine(ir.Binary(ir.BinOp.SUB, e.left, e.right))
         if d is not None:
@@ -584,8 +627,8 @@ def key_bounds(e: ir.Expr) -> Bounds:
         (alo, ahi), (blo, bhi) = key_bounds(e.left), key_bounds(e.right)
         if e.op is ir.BinOp.AND:
             return _combine(alo, blo, "tl.maximum"), _combine(ahi, bhi, "tl.minimum")
-        lo = None if alo is None or blo is None else f"tl.minimum({alo}, {blo})"
-        hi = None if ahi is None or bhi is None else f"tl.maximum({ahi}, {bhi})"
+        lo = None if alo is None or blo is None else _combine(alo, blo, "tl.minimum")
+        hi = None if ahi is None or bhi is None else _combine(ahi, bhi, "tl.maximum")
         return lo, hi
     if isinstance(e, ir.Binary) and e.op in ir.COMPARISONS:
         return _compare_bounds(e)
@@ -593,7 +636,7 @@ def key_bounds(e: ir.Expr) -> Bounds:
 
 
 def _combine(a: str | None, b: str | None, fn: str) -> str | None:
-    if a is None:
+    if a is None or a == b:
         return b
     if b is None:
         return a

@@ -98,7 +98,9 @@ def test_not_utf8(capsys, specs):
     (specs / "latin1.attn").write_bytes(b"# caf\xe9\n")
     code, _, err = run(capsys, "check", specs / "latin1.attn")
     assert code == 2
-    assert err == f"flashgen: error: cannot read '{specs / 'latin1.attn'}': not UTF-8 text (byte 5)\n"
+    assert (
+        err == f"flashgen: error: cannot read '{specs / 'latin1.attn'}': not UTF-8 text (byte 5)\n"
+    )
 
 
 @pytest.mark.parametrize(

@@ -67,6 +67,9 @@ def _small(variant: ir.Variant) -> ir.Variant:
         Shape(2, 2, 2, 17, 203),
         Shape(1, 3, 1, 127, 33),
         Shape(1, 1, 1, 1, 65),
+        # Diagonal 1 and 15 positions off the 16-wide tiles.
+        Shape(1, 1, 1, 113, 130),
+        Shape(1, 2, 2, 61, 46),
     ],
     ids=str,
 )
@@ -74,6 +77,7 @@ def test_examples(path, shape):
     for variant in _variants_of(path):
         for v in (_cpu_dtype(variant), _small(_cpu_dtype(variant))):
             assert_ok(run_case(v, shape, seed=shape.n_keys))
+            assert_ok(run_case(v, shape, seed=shape.n_keys, block_m=16, block_n=16))
 
 
 @settings(
@@ -167,6 +171,18 @@ def test_large_scores(threshold, dtype, score):
     result = run_case(
         variant, Shape(1, 2, 2, 67, 90), seed=3, magnitude=5.0, block_m=16, block_n=16
     )
+    assert_ok(result)
+
+
+@pytest.mark.parametrize("threshold", [4.0, 8.0, 15.0])
+def test_rescale_threshold_bounds_p_in_fp16(threshold):
+    """Scores that climb along the keys move the row max by ~4.6 log2 units
+    per 16-key tile.  The reference max must follow within the threshold, or
+    p = 2^(s - m) overflows fp16 in the P @ V product."""
+    variant = _variant(
+        "causal", score="s + 0.2 * k", dtype=ir.DType.FP16, rescale_threshold=threshold
+    )
+    result = run_case(variant, Shape(1, 1, 1, 40, 300), seed=5, block_m=16, block_n=16)
     assert_ok(result)
 
 

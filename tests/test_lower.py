@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 
 from flashgen import ir, lower
 from flashgen.reference import mask_matrix
-from strategies import masks
+from strategies import masks, variants
 
 _TL = types.SimpleNamespace(
     where=np.where, minimum=np.minimum, maximum=np.maximum, abs=np.abs
@@ -74,8 +74,17 @@ N_QUERIES, N_KEYS = 260, 200  # query positions -60 .. 199
 def rectangles(draw):
     qa = draw(st.integers(0, N_QUERIES - 1))
     qb = draw(st.integers(qa, min(N_QUERIES - 1, qa + draw(st.sampled_from((0, 7, 31, 63))))))
-    ka = draw(st.integers(0, N_KEYS - 1))
-    kb = draw(st.integers(ka, min(N_KEYS - 1, ka + draw(st.sampled_from((0, 7, 31, 63))))))
+    offset = N_KEYS - N_QUERIES
+    if draw(st.booleans()):
+        # Key tiles whose corners sit within a few positions of the diagonal
+        # and of window edges, where off-by-one classifications show.
+        edge = draw(st.sampled_from((0, 0, 5, -5, 12, -12)))
+        kb = qa + offset + edge + draw(st.integers(-3, 3))
+        kb = min(max(kb, 0), N_KEYS - 1)
+        ka = max(0, kb - draw(st.sampled_from((0, 3, 15, 31))))
+    else:
+        ka = draw(st.integers(0, N_KEYS - 1))
+        kb = draw(st.integers(ka, min(N_KEYS - 1, ka + draw(st.sampled_from((0, 7, 31, 63))))))
     num_heads = draw(st.integers(1, 4))
     return qa, qb, ka, kb, draw(st.integers(0, num_heads - 1)), num_heads
 
@@ -120,17 +129,24 @@ def _named(text_mask):
     "name",
     ["causal", "window", "window2", "prefix", "chunk", "causal_window", "causal_prefix"],
 )
-@pytest.mark.parametrize("block", [16, 32])
-def test_named_masks_classify_exactly(name, block):
-    """Aligned tiles of the named masks: full and empty are never missed."""
+@pytest.mark.parametrize(
+    "block_m,block_n,n_queries",
+    [(16, 16, n) for n in range(200, 216)] + [(32, 16, 260), (16, 64, 231)],
+)
+def test_named_masks_classify_exactly(name, block_m, block_n, n_queries):
+    """Tiles of the named masks: tiles that are full or empty are recognised.
+
+    Nq = 200 ... 215 against Nk = 200 shifts the diagonal through every
+    offset relative to 16-wide tiles (bottom-right alignment).
+    """
     mask = _named(name)
     lines, must, may, bounds = _analyse(mask)
-    dense = _visible(mask, N_QUERIES, N_KEYS, 1)[0]
-    offset = N_KEYS - N_QUERIES
-    for qa in range(0, N_QUERIES, block):
-        qb = min(qa + block, N_QUERIES) - 1
-        for ka in range(0, N_KEYS, block):
-            kb = min(ka + block, N_KEYS) - 1
+    dense = _visible(mask, n_queries, N_KEYS, 1)[0]
+    offset = N_KEYS - n_queries
+    for qa in range(0, n_queries, block_m):
+        qb = min(qa + block_m, n_queries) - 1
+        for ka in range(0, N_KEYS, block_n):
+            kb = min(ka + block_n, N_KEYS) - 1
             tile = dense[qa : qb + 1, ka : kb + 1]
             env = _namespace(qa + offset, qb + offset, ka, kb, 0, 1)
             is_full, maybe, lo, hi = _run(lines, must, may, bounds, env)
@@ -164,3 +180,75 @@ def test_affine_normal_form():
     assert lower._clean(lower.affine(e)) == {"q": 2, "k": -1, "": 4}
     assert lower.affine(ir.Binary(ir.BinOp.MUL, q, k)) is None
     assert lower.affine(ir.Binary(ir.BinOp.MOD, q, ir.Num(2))) is None
+
+
+# --------------------------------------------------------------------------- #
+# Element code: the Triton expressions for scores and masks
+# --------------------------------------------------------------------------- #
+
+_TL_ELEMENT = types.SimpleNamespace(
+    abs=np.abs,
+    exp=np.exp,
+    log=np.log,
+    sqrt=np.sqrt,
+    minimum=np.minimum,
+    maximum=np.maximum,
+    float32="float64",
+)
+
+
+def _eval_element(code: str, s, q_pos, k_pos, head, num_heads, alibi_slope):
+    # Test-only evaluation of emitted element code with numpy as `tl`: the
+    # only Triton-specific method it uses is `.to(dtype)`.
+    code = code.replace(".to(tl.float32)", ".astype('float64')")
+    env = {
+        "tl": _TL_ELEMENT,
+        "_tanh": np.tanh,
+        "_floor_div": np.floor_divide,
+        "_floor_mod": np.mod,
+        "s": s,
+        "q_pos": q_pos,
+        "k_pos": k_pos,
+        "head": np.int64(head),
+        "num_heads": np.int64(num_heads),
+        "alibi_slope": alibi_slope,
+        "True": np.bool_(True),
+        "False": np.bool_(False),
+    }
+    return np.broadcast_to(eval(code, env), np.broadcast_shapes(q_pos.shape, k_pos.shape))
+
+
+@settings(max_examples=150, deadline=None)
+@given(variant=variants(), n_queries=st.integers(1, 40), n_keys=st.integers(1, 40))
+def test_element_code_matches_reference(variant, n_queries, n_keys):
+    """Operator precedence, int/real conversion and functions, per element."""
+    from flashgen.reference import alibi_slopes, positions, scores
+
+    heads = 3
+    gen = torch.Generator().manual_seed(n_queries * 100 + n_keys)
+    q = torch.randn(1, heads, n_queries, variant.head_dim, generator=gen, dtype=torch.float64)
+    k = torch.randn(1, heads, n_keys, variant.head_dim, generator=gen, dtype=torch.float64)
+    raw = scores(ir.Variant("raw", variant.head_dim, variant.dtype, scale=variant.scale), q, k)
+    expected_scores = scores(variant, q, k).numpy()
+    expected_mask = mask_matrix(variant, n_queries, n_keys, heads).numpy()
+    q_pos, k_pos = (p.numpy() for p in positions(n_queries, n_keys, variant.align))
+    q_pos, k_pos = q_pos[:, None], k_pos[None, :]
+    slopes = alibi_slopes(heads).numpy()
+
+    elements = lower.ElementCode()
+    kind, expr = lower._score_parts(variant.score)
+    score_code = None if kind == "identity" else elements.real(expr)
+    mask = lower.negation_normal_form(lower.desugar_mask(variant.mask))
+    mask_code = elements.expr(mask)
+    for h in range(heads):
+        s = raw[0, h].numpy()
+        args = (q_pos, k_pos, h, heads, slopes[h])
+        if kind == "identity":
+            got = s
+        elif kind == "additive":
+            got = s + _eval_element(score_code, s, *args)
+        else:
+            got = _eval_element(score_code, s, *args)
+        np.testing.assert_allclose(got, expected_scores[0, h], rtol=1e-12, atol=1e-12)
+        visible = _eval_element(mask_code, s, *args)
+        np.testing.assert_array_equal(visible, expected_mask[h])
