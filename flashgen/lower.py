@@ -32,7 +32,7 @@ import math
 from dataclasses import dataclass
 from typing import Callable
 
-from flashgen import ir
+from flashgen import grad, ir
 from flashgen.printer import print_expr, print_variant
 
 LOG2E = 1.4426950408889634
@@ -77,6 +77,8 @@ class KernelModel:
     # for "general".
     score_kind: str
     score_code: str
+    # d score / d s for "general" scores (None when it is the constant 1).
+    score_grad_code: str | None
     uses_alibi: bool
     uses_positions: bool
     # Mask.
@@ -87,11 +89,15 @@ class KernelModel:
     tile_may: str
     key_lo: str | None
     key_hi: str | None
+    # Query positions that can see a key tile (bounds the backward's dK/dV loop).
+    query_lo: str | None
+    query_hi: str | None
     # Helpers the element code calls.
     needs_floor_div: bool
     needs_tanh: bool
     gpu_config: LaunchConfig
     cpu_config: LaunchConfig
+    gpu_bwd_config: LaunchConfig
 
 
 # --------------------------------------------------------------------------- #
@@ -121,6 +127,8 @@ def _kind(e: ir.Expr) -> ir.Kind:
         return ir.Kind.REAL
     if e.fn in ir.MASK_FUNCTIONS:
         return ir.Kind.BOOL
+    if e.fn in (grad.SIGN, grad.SELECT):
+        return ir.Kind.REAL
     if e.fn in ir.POLY_FUNCTIONS and all(_kind(a) is ir.Kind.INT for a in e.args):
         return ir.Kind.INT
     return ir.Kind.REAL
@@ -346,6 +354,12 @@ class ElementCode:
         return _atom(self.real(e), e)
 
     def _call(self, e: ir.Call) -> str:
+        if e.fn == grad.SIGN:
+            x = self.real(e.args[0])
+            return f"tl.where({x} > 0, 1.0, tl.where({x} < 0, -1.0, 0.0))"
+        if e.fn == grad.SELECT:
+            cond, a, b = e.args
+            return f"tl.where({self.expr(cond)}, {self.real(a)}, {self.real(b)})"
         if e.fn == ir.SOFTCAP:
             self.needs_tanh = True
             cap = float(e.args[1].value)  # type: ignore[union-attr]
@@ -609,12 +623,13 @@ def _compare_interval(op: ir.BinOp, lo: str, hi: str) -> tuple[str, str]:
 # Key bounds
 # --------------------------------------------------------------------------- #
 
-_Q_RANGES = {
-    "q": ("q_lo", "q_hi"),
-    "h": ("head", "head"),
-    "H": ("num_heads", "num_heads"),
-}
 Bounds = tuple["str | None", "str | None"]
+
+# For bounding one position variable, the ranges of the others over the tile.
+_OTHER_RANGES = {
+    "k": {"q": ("q_lo", "q_hi"), "h": ("head", "head"), "H": ("num_heads", "num_heads")},
+    "q": {"k": ("k_lo", "k_hi"), "h": ("head", "head"), "H": ("num_heads", "num_heads")},
+}
 
 
 def key_bounds(e: ir.Expr) -> Bounds:
@@ -623,15 +638,25 @@ def key_bounds(e: ir.Expr) -> Bounds:
     `e` is a desugared mask in negation normal form.  None means unbounded.
     The code refers to q_lo, q_hi, head and num_heads only.
     """
+    return position_bounds(e, "k")
+
+
+def query_bounds(e: ir.Expr) -> Bounds:
+    """Inclusive (lo, hi) query positions that see some key of the tile."""
+    return position_bounds(e, "q")
+
+
+def position_bounds(e: ir.Expr, var: str) -> Bounds:
+    """Bounds on `var` ("q" or "k") implied by `e`, given the other's tile."""
     if isinstance(e, ir.Binary) and e.op in (ir.BinOp.AND, ir.BinOp.OR):
-        (alo, ahi), (blo, bhi) = key_bounds(e.left), key_bounds(e.right)
+        (alo, ahi), (blo, bhi) = position_bounds(e.left, var), position_bounds(e.right, var)
         if e.op is ir.BinOp.AND:
             return _combine(alo, blo, "tl.maximum"), _combine(ahi, bhi, "tl.minimum")
         lo = None if alo is None or blo is None else _combine(alo, blo, "tl.minimum")
         hi = None if ahi is None or bhi is None else _combine(ahi, bhi, "tl.maximum")
         return lo, hi
     if isinstance(e, ir.Binary) and e.op in ir.COMPARISONS:
-        return _compare_bounds(e)
+        return _compare_bounds(e, var)
     return None, None
 
 
@@ -643,21 +668,22 @@ def _combine(a: str | None, b: str | None, fn: str) -> str | None:
     return f"{fn}({a}, {b})"
 
 
-def _compare_bounds(e: ir.Binary) -> Bounds:
-    chunk = _chunk_bounds(e)
+def _compare_bounds(e: ir.Binary, var: str) -> Bounds:
+    chunk = _chunk_bounds(e, var)
     if chunk is not None:
         return chunk
     d = affine(ir.Binary(ir.BinOp.SUB, e.left, e.right))
     if d is None:
         return None, None
     d = _clean(d)
-    ck = d.pop("k", 0)
-    if ck not in (1, -1):
+    coeff = d.pop(var, 0)
+    if coeff not in (1, -1):
         return None, None
-    # ck * k + rest  op  0   <=>   k  op'  -ck * rest
-    rest = {v: -ck * c for v, c in d.items()}
-    op = e.op if ck == 1 else _FLIPPED[e.op]
-    lo, hi = _affine_bound(rest, False, _Q_RANGES), _affine_bound(rest, True, _Q_RANGES)
+    # coeff * var + rest  op  0   <=>   var  op'  -coeff * rest
+    rest = {v: -coeff * c for v, c in d.items()}
+    op = e.op if coeff == 1 else _FLIPPED[e.op]
+    ranges = _OTHER_RANGES[var]
+    lo, hi = _affine_bound(rest, False, ranges), _affine_bound(rest, True, ranges)
     return {
         ir.BinOp.LE: (None, hi),
         ir.BinOp.LT: (None, f"{hi} - 1"),
@@ -678,26 +704,28 @@ _FLIPPED = {
 }
 
 
-def _chunk_bounds(e: ir.Binary) -> Bounds | None:
-    """`A div C == k div C` with A free of k: k lies in A's chunks."""
+def _chunk_bounds(e: ir.Binary, var: str) -> Bounds | None:
+    """`A div C == var div C` with A free of var: var lies in A's chunks."""
     if e.op is not ir.BinOp.EQ:
         return None
+    target = ir.Name(var)
     for a, b in ((e.left, e.right), (e.right, e.left)):
         if (
             isinstance(a, ir.Binary)
             and a.op is ir.BinOp.FLOORDIV
             and isinstance(b, ir.Binary)
             and b.op is ir.BinOp.FLOORDIV
-            and b.left == _K
+            and b.left == target
             and a.right == b.right
         ):
             inner = affine(a.left)
-            if inner is None or _clean(inner).get("k"):
+            if inner is None or _clean(inner).get(var):
                 return None
             inner = _clean(inner)
             c = _int_arg(a.right)
-            lo = _affine_bound(inner, False, _Q_RANGES)
-            hi = _affine_bound(inner, True, _Q_RANGES)
+            ranges = _OTHER_RANGES[var]
+            lo = _affine_bound(inner, False, ranges)
+            hi = _affine_bound(inner, True, ranges)
             return f"_floor_div({lo}, {c}) * {c}", f"_floor_div({hi}, {c}) * {c} + {c - 1}"
     return None
 
@@ -748,6 +776,17 @@ def _gpu_config(head_dim_pad: int, dtype: ir.DType) -> LaunchConfig:
     return LaunchConfig(64, 16 if wide else 32, 4 if wide else 8, 2)
 
 
+def _gpu_bwd_config(head_dim_pad: int, dtype: ir.DType) -> LaunchConfig:
+    """Backward tiles.  The dK/dV kernel keeps two BLOCK_N x HEAD_DIM fp32
+    accumulators in registers, so wide heads get narrower key tiles."""
+    wide = dtype is ir.DType.FP32
+    if head_dim_pad <= 64:
+        return LaunchConfig(64, 64, 4, 2)
+    if head_dim_pad <= 128:
+        return LaunchConfig(32 if wide else 64, 32 if wide else 64, 4 if wide else 8, 2)
+    return LaunchConfig(16 if wide else 32, 16 if wide else 32, 8, 1 if wide else 2)
+
+
 # The Triton interpreter runs each program instance in numpy: bigger tiles mean
 # fewer Python-level steps.
 _CPU_CONFIG = LaunchConfig(32, 32, 1, 1)
@@ -768,12 +807,12 @@ def lower(v: ir.Variant) -> KernelModel:
 
     elements = ElementCode()
     kind, score_expr = _score_parts(v.score)
-    if kind == "identity":
-        score_code = ""
-    elif kind == "additive":
-        score_code = elements.real(score_expr)
-    else:
-        score_code = elements.real(score_expr)
+    score_code = "" if kind == "identity" else elements.real(score_expr)
+    score_grad_code = None
+    if kind == "general":
+        derivative = grad.derivative(score_expr)
+        if derivative != grad.ONE:
+            score_grad_code = elements.real(derivative)
 
     mask = negation_normal_form(desugar_mask(v.mask))
     mask_code = elements.expr(mask)
@@ -782,13 +821,15 @@ def lower(v: ir.Variant) -> KernelModel:
     tiles = TileCode()
     if mask_is_full:
         tile_full, tile_may = "True", "True"
-        key_lo = key_hi = None
+        key_lo = key_hi = query_lo = query_hi = None
     else:
         tile_full, tile_may = tiles.truth(mask)
         key_lo, key_hi = key_bounds(mask)
+        query_lo, query_hi = query_bounds(mask)
+    scalar_code = [*tiles.lines, key_lo, key_hi, query_lo, query_hi]
     needs_floor_div = elements.needs_floor_div or any(
-        "_floor_" in line for line in tiles.lines
-    ) or any("_floor_" in (b or "") for b in (key_lo, key_hi))
+        "_floor_" in (line or "") for line in scalar_code
+    )
 
     positions = frozenset({"q", "k"})
     return KernelModel(
@@ -805,6 +846,7 @@ def lower(v: ir.Variant) -> KernelModel:
         ieee_dot=v.dtype is ir.DType.FP32,
         score_kind=kind,
         score_code=score_code,
+        score_grad_code=score_grad_code,
         uses_alibi=elements.uses_alibi,
         uses_positions=_mentions(v.score, positions) or elements.uses_alibi,
         mask_is_full=mask_is_full,
@@ -814,8 +856,11 @@ def lower(v: ir.Variant) -> KernelModel:
         tile_may=tile_may,
         key_lo=key_lo,
         key_hi=key_hi,
+        query_lo=query_lo,
+        query_hi=query_hi,
         needs_floor_div=needs_floor_div,
         needs_tanh=elements.needs_tanh,
         gpu_config=_gpu_config(head_dim_pad, v.dtype),
         cpu_config=_CPU_CONFIG,
+        gpu_bwd_config=_gpu_bwd_config(head_dim_pad, v.dtype),
     )

@@ -43,7 +43,7 @@ _TORCH_DTYPES = {
 }
 
 OUTPUT_FACTOR = 2.0
-GRADIENT_FACTOR = 3.0
+GRADIENT_FACTOR = 3.0  # softmax backward amplifies rounding more
 # Units in the last place allowed on top of the factor (see module docstring).
 FLOOR_ULPS = 4.0
 SCORE_ULPS = 4.0
@@ -165,6 +165,58 @@ def check_forward(
     return CaseResult(shape, q.dtype, checks)
 
 
+def check_backward(
+    variant: ir.Variant,
+    module: ModuleType,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    scale: float | None = None,
+    generator: torch.Generator | None = None,
+    with_lse: bool = True,
+) -> CaseResult:
+    """Gradients through `module.attention` against float64 autograd of the
+    reference, with the 3x rule.  The loss weights o by a random dO and, when
+    `with_lse`, the finite log-sum-exps by a random dlse."""
+    device = q.device
+    o_shape = q.shape
+    do = torch.randn(o_shape, generator=generator).to(device=device, dtype=q.dtype)
+    dlse = torch.randn(o_shape[:3], generator=generator).to(device)
+    if not with_lse:
+        dlse = torch.zeros_like(dlse)
+
+    def grads(fn, dtype):
+        inputs = [x.detach().to(dtype).requires_grad_() for x in (q, k, v)]
+        o, lse = fn(*inputs)
+        weights = torch.where(torch.isfinite(lse), dlse.to(lse.dtype), 0.0)
+        lse = torch.where(torch.isfinite(lse), lse, 0.0)
+        loss = (o * do.to(o.dtype)).sum() + (lse * weights).sum()
+        loss.backward()
+        return [x.grad for x in inputs]
+
+    kernel = grads(lambda a, b, c: module.attention(a, b, c, scale=scale, return_lse=True), q.dtype)
+    ref = grads(lambda a, b, c: attention_ref(variant, a, b, c, scale=scale), torch.float64)
+    ordinary = grads(
+        lambda a, b, c: attention_ref(variant, a, b, c, scale=scale, dtype=q.dtype), q.dtype
+    )
+    s_max = max_visible_score(variant, q, k, scale)
+    checks = tuple(
+        tolerance(
+            g.cpu(),
+            r.cpu(),
+            o.cpu(),
+            q.dtype,
+            what=name,
+            factor=GRADIENT_FACTOR,
+            score_noise=s_max * r.abs().max().item() if r.numel() else 0.0,
+        )
+        for name, g, r, o in zip(("dq", "dk", "dv"), kernel, ref, ordinary)
+    )
+    shape = Shape(q.shape[0], q.shape[1], k.shape[1], q.shape[2], k.shape[2])
+    return CaseResult(shape, q.dtype, checks)
+
+
 def max_visible_score(
     variant: ir.Variant, q: torch.Tensor, k: torch.Tensor, scale: float | None
 ) -> float:
@@ -250,6 +302,7 @@ def verify(
     seed: int = 0,
     max_len: int | None = None,
     module: ModuleType | None = None,
+    gradients: bool = True,
 ) -> Report:
     """Property-test one variant's kernels against the dense reference.
 
@@ -278,4 +331,6 @@ def verify(
     for shape in random_shapes(rng, examples, max_len):
         q, k, v = random_inputs(shape, variant.head_dim, dtype, device, generator=generator)
         results.append(check_forward(variant, module, q, k, v))
+        if gradients:
+            results.append(check_backward(variant, module, q, k, v, generator=generator))
     return Report(variant.name, tuple(results), note)

@@ -34,7 +34,71 @@ DEFAULT_SCALE = 0.125
 
 # (BLOCK_M, BLOCK_N, num_warps, num_stages)
 GPU_CONFIG = (64, 64, 4, 3)
+GPU_BWD_CONFIG = (64, 64, 4, 2)
 INTERPRETER_CONFIG = (32, 32, 1, 1)
+
+
+@triton.jit
+def _load_rows(
+    ptr,
+    rows,
+    n_rows,
+    stride_row,
+    stride_d,
+    HEAD_DIM: tl.constexpr,
+    HEAD_DIM_PAD: tl.constexpr,
+    CHECK_ROWS: tl.constexpr,
+):
+    """Load a (len(rows), HEAD_DIM_PAD) tile; rows past n_rows read as zeros."""
+    offs_d = tl.arange(0, HEAD_DIM_PAD)
+    ptrs = ptr + rows[:, None] * stride_row + offs_d[None, :] * stride_d
+    if CHECK_ROWS:
+        tile = tl.load(ptrs, mask=rows[:, None] < n_rows, other=0.0)
+    else:
+        tile = tl.load(ptrs)
+    return tile
+
+
+@triton.jit
+def _store_rows(
+    ptr,
+    rows,
+    n_rows,
+    stride_row,
+    stride_d,
+    tile,
+    HEAD_DIM: tl.constexpr,
+    HEAD_DIM_PAD: tl.constexpr,
+):
+    offs_d = tl.arange(0, HEAD_DIM_PAD)
+    ptrs = ptr + rows[:, None] * stride_row + offs_d[None, :] * stride_d
+    mask = (rows[:, None] < n_rows) & (offs_d[None, :] < HEAD_DIM)
+    tl.store(ptrs, tile.to(ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _scores_log2(
+    qk,
+    q_pos,
+    k_pos,
+    n_keys,
+    head,
+    num_heads,
+    alibi_slope,
+    sm_scale,
+    MASKED: tl.constexpr,
+):
+    """Score modifier and mask on a tile of q.k products, in log2 units.
+
+    Masked pairs (and keys past n_keys) get -inf.  Tiles known to be fully
+    visible skip the mask (MASKED=False).
+    """
+    # log2(e) is folded into the scale, so exp2 of these scores computes exp.
+    s2 = qk * (sm_scale * 1.4426950408889634)
+    if MASKED:
+        visible = (k_pos < n_keys) & ((k_pos <= q_pos) | (k_pos < 256))
+        s2 = tl.where(visible, s2, float("-inf"))
+    return s2
 
 
 @triton.jit
@@ -61,25 +125,23 @@ def _attn_fwd_tile(
     BLOCK_N: tl.constexpr,
     MASKED: tl.constexpr,
 ):
-    """One key tile of the online softmax.  MASKED tiles evaluate the mask."""
+    """One key tile of the online softmax."""
     offs_n = start_n + tl.arange(0, BLOCK_N)
-    offs_d = tl.arange(0, HEAD_DIM_PAD)
-    k_pos = offs_n[None, :]
-    k_ptrs = k_base + offs_n[:, None] * stride_kn + offs_d[None, :] * stride_kd
-    v_ptrs = v_base + offs_n[:, None] * stride_vn + offs_d[None, :] * stride_vd
-    if MASKED:
-        # Keys past the end read as zeros and are masked below.
-        kv_mask = offs_n[:, None] < n_keys
-        k = tl.load(k_ptrs, mask=kv_mask, other=0.0)
-    else:
-        k = tl.load(k_ptrs)
+    k = _load_rows(
+        k_base, offs_n, n_keys, stride_kn, stride_kd, HEAD_DIM, HEAD_DIM_PAD, MASKED
+    )
     qk = tl.dot(q, tl.trans(k))
-    # Scores in log2 units: log2(e) is folded into the scale, so exp2 below
-    # computes exp.
-    s2 = qk * (sm_scale * 1.4426950408889634)
-    if MASKED:
-        visible = (k_pos < n_keys) & ((k_pos <= q_pos) | (k_pos < 256))
-        s2 = tl.where(visible, s2, float("-inf"))
+    s2 = _scores_log2(
+        qk,
+        q_pos,
+        offs_n[None, :],
+        n_keys,
+        head,
+        num_heads,
+        alibi_slope,
+        sm_scale,
+        MASKED,
+    )
     m_blk = tl.max(s2, 1)
     m_new = tl.maximum(m_i, m_blk)
     if MASKED:
@@ -91,10 +153,9 @@ def _attn_fwd_tile(
     alpha = tl.math.exp2(m_i - m_ref)
     p = tl.math.exp2(s2 - m_ref[:, None])
     l_i = l_i * alpha + tl.sum(p, 1)
-    if MASKED:
-        v = tl.load(v_ptrs, mask=kv_mask, other=0.0)
-    else:
-        v = tl.load(v_ptrs)
+    v = _load_rows(
+        v_base, offs_n, n_keys, stride_vn, stride_vd, HEAD_DIM, HEAD_DIM_PAD, MASKED
+    )
     acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
     return acc, l_i, m_new
 
@@ -140,19 +201,16 @@ def _attn_fwd(
     head = batch_head % num_heads
     kv_head = head // kv_group
     offs_m = start_m + tl.arange(0, BLOCK_M)
-    offs_d = tl.arange(0, HEAD_DIM_PAD)
     q_base = q_ptr + batch.to(tl.int64) * stride_qb + head.to(tl.int64) * stride_qh
     k_base = k_ptr + batch.to(tl.int64) * stride_kb + kv_head.to(tl.int64) * stride_kh
     v_base = v_ptr + batch.to(tl.int64) * stride_vb + kv_head.to(tl.int64) * stride_vh
-    row_mask = (offs_m[:, None] < n_queries) & (offs_d[None, :] < HEAD_DIM)
-    q = tl.load(
-        q_base + offs_m[:, None] * stride_qm + offs_d[None, :] * stride_qd,
-        mask=row_mask,
-        other=0.0,
+    q = _load_rows(
+        q_base, offs_m, n_queries, stride_qm, stride_qd, HEAD_DIM, HEAD_DIM_PAD, True
     )
 
     # Bottom-right alignment: query row i sits at position i + n_keys - n_queries.
     q_offset = n_keys - n_queries
+
     q_pos = (offs_m + q_offset)[:, None]
     q_lo = start_m + q_offset
     q_hi = tl.minimum(start_m + BLOCK_M, n_queries) - 1 + q_offset
@@ -165,6 +223,7 @@ def _attn_fwd(
     # Keys that any query of this tile can see (from the mask's affine bounds).
     lo = 0
     hi = tl.minimum(tl.maximum(q_hi, 256 - 1) + 1, n_keys)
+
     for start_n in range(lo, hi, BLOCK_N):
         k_lo = start_n
         k_hi = tl.minimum(start_n + BLOCK_N, n_keys) - 1
@@ -179,7 +238,7 @@ def _attn_fwd(
         m2_may = k_lo < 256
         m3_must = (m1_must) | (m2_must)
         m3_may = (m1_may) | (m2_may)
-        if (m3_must) & (start_n + BLOCK_N <= n_keys):
+        if (m3_must) & (k_hi == start_n + BLOCK_N - 1):
             acc, l_i, m_i = _attn_fwd_tile(
                 acc,
                 l_i,
@@ -230,12 +289,16 @@ def _attn_fwd(
 
     # Rows that saw no visible key have l = 0: they output 0 and lse = -inf.
     l_safe = tl.where(l_i == 0.0, 1.0, l_i)
-    o = acc / l_safe[:, None]
     o_base = o_ptr + batch.to(tl.int64) * stride_ob + head.to(tl.int64) * stride_oh
-    tl.store(
-        o_base + offs_m[:, None] * stride_om + offs_d[None, :] * stride_od,
-        o.to(o_ptr.dtype.element_ty),
-        mask=row_mask,
+    _store_rows(
+        o_base,
+        offs_m,
+        n_queries,
+        stride_om,
+        stride_od,
+        acc / l_safe[:, None],
+        HEAD_DIM,
+        HEAD_DIM_PAD,
     )
     # The kernel works in log2 units; the log-sum-exp is returned in natural log.
     lse = tl.where(
@@ -245,6 +308,497 @@ def _attn_fwd(
         lse_ptr + batch_head.to(tl.int64) * n_queries + offs_m,
         lse,
         mask=offs_m < n_queries,
+    )
+
+
+@triton.jit
+def _attn_bwd_preprocess(
+    o_ptr,
+    do_ptr,
+    dlse_ptr,
+    delta_ptr,
+    stride_ob,
+    stride_oh,
+    stride_om,
+    stride_od,
+    stride_dob,
+    stride_doh,
+    stride_dom,
+    stride_dod,
+    num_heads,
+    n_queries,
+    HEAD_DIM: tl.constexpr,
+    HEAD_DIM_PAD: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    HAS_DLSE: tl.constexpr,
+):
+    """delta = rowsum(dO * O) - dlse: the softmax backward's row term.
+
+    (A gradient dlse flowing into the log-sum-exp adds p * dlse to dS, which
+    is the same as subtracting it from delta.)
+    """
+    start_m = tl.program_id(0) * BLOCK_M
+    batch_head = tl.program_id(1)
+    batch = batch_head // num_heads
+    head = batch_head % num_heads
+    offs_m = start_m + tl.arange(0, BLOCK_M)
+    o_base = o_ptr + batch.to(tl.int64) * stride_ob + head.to(tl.int64) * stride_oh
+    do_base = do_ptr + batch.to(tl.int64) * stride_dob + head.to(tl.int64) * stride_doh
+    o = _load_rows(
+        o_base, offs_m, n_queries, stride_om, stride_od, HEAD_DIM, HEAD_DIM_PAD, True
+    )
+    do = _load_rows(
+        do_base, offs_m, n_queries, stride_dom, stride_dod, HEAD_DIM, HEAD_DIM_PAD, True
+    )
+    delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), 1)
+    row = batch_head.to(tl.int64) * n_queries + offs_m
+    if HAS_DLSE:
+        delta -= tl.load(dlse_ptr + row, mask=offs_m < n_queries, other=0.0)
+    tl.store(delta_ptr + row, delta, mask=offs_m < n_queries)
+
+
+@triton.jit
+def _attn_probs(
+    qk,
+    lse,
+    q_pos,
+    k_pos,
+    n_keys,
+    head,
+    num_heads,
+    alibi_slope,
+    sm_scale,
+    MASKED: tl.constexpr,
+):
+    """Recompute P = exp(score - lse) for a tile from the saved log-sum-exp."""
+    s2 = _scores_log2(
+        qk, q_pos, k_pos, n_keys, head, num_heads, alibi_slope, sm_scale, MASKED
+    )
+    # Rows that see no key (lse = -inf) and padding rows (lse = +inf) get p = 0.
+    lse2 = tl.where(lse == float("-inf"), float("inf"), lse * 1.4426950408889634)
+    return tl.math.exp2(s2 - lse2[:, None])
+
+
+@triton.jit
+def _attn_bwd_dkdv_tile(
+    dk,
+    dv,
+    k,
+    v,
+    q_base,
+    do_base,
+    lse_base,
+    delta_base,
+    stride_qm,
+    stride_qd,
+    stride_dom,
+    stride_dod,
+    start_m,
+    n_queries,
+    q_offset,
+    k_pos,
+    n_keys,
+    head,
+    num_heads,
+    alibi_slope,
+    sm_scale,
+    HEAD_DIM: tl.constexpr,
+    HEAD_DIM_PAD: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    MASKED: tl.constexpr,
+):
+    """Accumulate one query tile's contribution to a key tile's dK and dV."""
+    offs_m = start_m + tl.arange(0, BLOCK_M)
+    q = _load_rows(
+        q_base, offs_m, n_queries, stride_qm, stride_qd, HEAD_DIM, HEAD_DIM_PAD, True
+    )
+    do = _load_rows(
+        do_base, offs_m, n_queries, stride_dom, stride_dod, HEAD_DIM, HEAD_DIM_PAD, True
+    )
+    lse = tl.load(lse_base + offs_m, mask=offs_m < n_queries, other=float("inf"))
+    delta = tl.load(delta_base + offs_m, mask=offs_m < n_queries, other=0.0)
+    q_pos = (offs_m + q_offset)[:, None]
+    qk = tl.dot(q, tl.trans(k))
+    p = _attn_probs(
+        qk, lse, q_pos, k_pos, n_keys, head, num_heads, alibi_slope, sm_scale, MASKED
+    )
+    dv += tl.dot(tl.trans(p.to(do.dtype)), do)
+    dp = tl.dot(do, tl.trans(v))
+    ds = p * (dp - delta[:, None])
+    dk += tl.dot(tl.trans(ds.to(q.dtype)), q)
+    return dk, dv
+
+
+@triton.jit
+def _attn_bwd_dkdv(
+    q_ptr,
+    k_ptr,
+    v_ptr,
+    do_ptr,
+    lse_ptr,
+    delta_ptr,
+    dk_ptr,
+    dv_ptr,
+    alibi_slopes_ptr,
+    stride_qb,
+    stride_qh,
+    stride_qm,
+    stride_qd,
+    stride_kb,
+    stride_kh,
+    stride_kn,
+    stride_kd,
+    stride_vb,
+    stride_vh,
+    stride_vn,
+    stride_vd,
+    stride_dob,
+    stride_doh,
+    stride_dom,
+    stride_dod,
+    stride_dkb,
+    stride_dkh,
+    stride_dkn,
+    stride_dkd,
+    stride_dvb,
+    stride_dvh,
+    stride_dvn,
+    stride_dvd,
+    num_heads,
+    kv_group,
+    n_queries,
+    n_keys,
+    sm_scale,
+    HEAD_DIM: tl.constexpr,
+    HEAD_DIM_PAD: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
+    """Grid: (key tiles, batch * kv heads).  dK and dV of one key tile.
+
+    With GQA/MQA the program loops over the query heads that share its kv
+    head, so their contributions are summed in registers, without atomics.
+    """
+    start_n = tl.program_id(0) * BLOCK_N
+    batch_kv_head = tl.program_id(1)
+    num_kv_heads = num_heads // kv_group
+    batch = batch_kv_head // num_kv_heads
+    kv_head = batch_kv_head % num_kv_heads
+    offs_n = start_n + tl.arange(0, BLOCK_N)
+    k_base = k_ptr + batch.to(tl.int64) * stride_kb + kv_head.to(tl.int64) * stride_kh
+    v_base = v_ptr + batch.to(tl.int64) * stride_vb + kv_head.to(tl.int64) * stride_vh
+    k = _load_rows(
+        k_base, offs_n, n_keys, stride_kn, stride_kd, HEAD_DIM, HEAD_DIM_PAD, True
+    )
+    v = _load_rows(
+        v_base, offs_n, n_keys, stride_vn, stride_vd, HEAD_DIM, HEAD_DIM_PAD, True
+    )
+    k_pos = offs_n[None, :]
+    k_lo = start_n
+    k_hi = tl.minimum(start_n + BLOCK_N, n_keys) - 1
+    # Bottom-right alignment: query row i sits at position i + n_keys - n_queries.
+    q_offset = n_keys - n_queries
+
+    dk = tl.zeros([BLOCK_N, HEAD_DIM_PAD], tl.float32)
+    dv = tl.zeros([BLOCK_N, HEAD_DIM_PAD], tl.float32)
+    for group_head in range(0, kv_group):
+        head = kv_head * kv_group + group_head
+        batch_head = batch * num_heads + head
+        q_base = q_ptr + batch.to(tl.int64) * stride_qb + head.to(tl.int64) * stride_qh
+        do_base = (
+            do_ptr + batch.to(tl.int64) * stride_dob + head.to(tl.int64) * stride_doh
+        )
+        lse_base = lse_ptr + batch_head.to(tl.int64) * n_queries
+        delta_base = delta_ptr + batch_head.to(tl.int64) * n_queries
+        alibi_slope = 0.0
+        row_lo = 0
+        row_hi = n_queries
+        for start_m in range(row_lo, row_hi, BLOCK_M):
+            q_lo = start_m + q_offset
+            q_hi = tl.minimum(start_m + BLOCK_M, n_queries) - 1 + q_offset
+            # Classify the tile by interval analysis of the mask over
+            # [q_lo, q_hi] x [k_lo, k_hi]: *_must holds for every pair in the
+            # tile, *_may for at least one.
+            # k <= q
+            m1_must = k_hi <= q_lo
+            m1_may = k_lo <= q_hi
+            # k < 256
+            m2_must = k_hi < 256
+            m2_may = k_lo < 256
+            m3_must = (m1_must) | (m2_must)
+            m3_may = (m1_may) | (m2_may)
+            if (m3_must) & (k_hi == start_n + BLOCK_N - 1):
+                dk, dv = _attn_bwd_dkdv_tile(
+                    dk,
+                    dv,
+                    k,
+                    v,
+                    q_base,
+                    do_base,
+                    lse_base,
+                    delta_base,
+                    stride_qm,
+                    stride_qd,
+                    stride_dom,
+                    stride_dod,
+                    start_m,
+                    n_queries,
+                    q_offset,
+                    k_pos,
+                    n_keys,
+                    head,
+                    num_heads,
+                    alibi_slope,
+                    sm_scale,
+                    HEAD_DIM,
+                    HEAD_DIM_PAD,
+                    BLOCK_M,
+                    MASKED=False,
+                )
+            elif m3_may:
+                dk, dv = _attn_bwd_dkdv_tile(
+                    dk,
+                    dv,
+                    k,
+                    v,
+                    q_base,
+                    do_base,
+                    lse_base,
+                    delta_base,
+                    stride_qm,
+                    stride_qd,
+                    stride_dom,
+                    stride_dod,
+                    start_m,
+                    n_queries,
+                    q_offset,
+                    k_pos,
+                    n_keys,
+                    head,
+                    num_heads,
+                    alibi_slope,
+                    sm_scale,
+                    HEAD_DIM,
+                    HEAD_DIM_PAD,
+                    BLOCK_M,
+                    MASKED=True,
+                )
+
+    dk_base = (
+        dk_ptr + batch.to(tl.int64) * stride_dkb + kv_head.to(tl.int64) * stride_dkh
+    )
+    dv_base = (
+        dv_ptr + batch.to(tl.int64) * stride_dvb + kv_head.to(tl.int64) * stride_dvh
+    )
+    _store_rows(
+        dk_base,
+        offs_n,
+        n_keys,
+        stride_dkn,
+        stride_dkd,
+        dk * sm_scale,
+        HEAD_DIM,
+        HEAD_DIM_PAD,
+    )
+    _store_rows(
+        dv_base, offs_n, n_keys, stride_dvn, stride_dvd, dv, HEAD_DIM, HEAD_DIM_PAD
+    )
+
+
+@triton.jit
+def _attn_bwd_dq_tile(
+    dq,
+    q,
+    do,
+    lse,
+    delta,
+    q_pos,
+    k_base,
+    v_base,
+    stride_kn,
+    stride_kd,
+    stride_vn,
+    stride_vd,
+    start_n,
+    n_keys,
+    head,
+    num_heads,
+    alibi_slope,
+    sm_scale,
+    HEAD_DIM: tl.constexpr,
+    HEAD_DIM_PAD: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    MASKED: tl.constexpr,
+):
+    """Accumulate one key tile's contribution to a query tile's dQ."""
+    offs_n = start_n + tl.arange(0, BLOCK_N)
+    k = _load_rows(
+        k_base, offs_n, n_keys, stride_kn, stride_kd, HEAD_DIM, HEAD_DIM_PAD, MASKED
+    )
+    v = _load_rows(
+        v_base, offs_n, n_keys, stride_vn, stride_vd, HEAD_DIM, HEAD_DIM_PAD, MASKED
+    )
+    k_pos = offs_n[None, :]
+    qk = tl.dot(q, tl.trans(k))
+    p = _attn_probs(
+        qk, lse, q_pos, k_pos, n_keys, head, num_heads, alibi_slope, sm_scale, MASKED
+    )
+    dp = tl.dot(do, tl.trans(v))
+    ds = p * (dp - delta[:, None])
+    dq += tl.dot(ds.to(k.dtype), k)
+    return dq
+
+
+@triton.jit
+def _attn_bwd_dq(
+    q_ptr,
+    k_ptr,
+    v_ptr,
+    do_ptr,
+    lse_ptr,
+    delta_ptr,
+    dq_ptr,
+    alibi_slopes_ptr,
+    stride_qb,
+    stride_qh,
+    stride_qm,
+    stride_qd,
+    stride_kb,
+    stride_kh,
+    stride_kn,
+    stride_kd,
+    stride_vb,
+    stride_vh,
+    stride_vn,
+    stride_vd,
+    stride_dob,
+    stride_doh,
+    stride_dom,
+    stride_dod,
+    stride_dqb,
+    stride_dqh,
+    stride_dqm,
+    stride_dqd,
+    num_heads,
+    kv_group,
+    n_queries,
+    n_keys,
+    sm_scale,
+    HEAD_DIM: tl.constexpr,
+    HEAD_DIM_PAD: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
+    """Grid: (query tiles, batch * heads).  dQ of one query tile."""
+    start_m = tl.program_id(0) * BLOCK_M
+    batch_head = tl.program_id(1)
+    batch = batch_head // num_heads
+    head = batch_head % num_heads
+    kv_head = head // kv_group
+    offs_m = start_m + tl.arange(0, BLOCK_M)
+    q_base = q_ptr + batch.to(tl.int64) * stride_qb + head.to(tl.int64) * stride_qh
+    do_base = do_ptr + batch.to(tl.int64) * stride_dob + head.to(tl.int64) * stride_doh
+    k_base = k_ptr + batch.to(tl.int64) * stride_kb + kv_head.to(tl.int64) * stride_kh
+    v_base = v_ptr + batch.to(tl.int64) * stride_vb + kv_head.to(tl.int64) * stride_vh
+    q = _load_rows(
+        q_base, offs_m, n_queries, stride_qm, stride_qd, HEAD_DIM, HEAD_DIM_PAD, True
+    )
+    do = _load_rows(
+        do_base, offs_m, n_queries, stride_dom, stride_dod, HEAD_DIM, HEAD_DIM_PAD, True
+    )
+    row = batch_head.to(tl.int64) * n_queries + offs_m
+    lse = tl.load(lse_ptr + row, mask=offs_m < n_queries, other=float("inf"))
+    delta = tl.load(delta_ptr + row, mask=offs_m < n_queries, other=0.0)
+
+    # Bottom-right alignment: query row i sits at position i + n_keys - n_queries.
+    q_offset = n_keys - n_queries
+
+    q_pos = (offs_m + q_offset)[:, None]
+    q_lo = start_m + q_offset
+    q_hi = tl.minimum(start_m + BLOCK_M, n_queries) - 1 + q_offset
+    alibi_slope = 0.0
+
+    dq = tl.zeros([BLOCK_M, HEAD_DIM_PAD], tl.float32)
+
+    # Keys that any query of this tile can see (from the mask's affine bounds).
+    lo = 0
+    hi = tl.minimum(tl.maximum(q_hi, 256 - 1) + 1, n_keys)
+
+    for start_n in range(lo, hi, BLOCK_N):
+        k_lo = start_n
+        k_hi = tl.minimum(start_n + BLOCK_N, n_keys) - 1
+        # Classify the tile by interval analysis of the mask over
+        # [q_lo, q_hi] x [k_lo, k_hi]: *_must holds for every pair in the
+        # tile, *_may for at least one.
+        # k <= q
+        m1_must = k_hi <= q_lo
+        m1_may = k_lo <= q_hi
+        # k < 256
+        m2_must = k_hi < 256
+        m2_may = k_lo < 256
+        m3_must = (m1_must) | (m2_must)
+        m3_may = (m1_may) | (m2_may)
+        if (m3_must) & (k_hi == start_n + BLOCK_N - 1):
+            dq = _attn_bwd_dq_tile(
+                dq,
+                q,
+                do,
+                lse,
+                delta,
+                q_pos,
+                k_base,
+                v_base,
+                stride_kn,
+                stride_kd,
+                stride_vn,
+                stride_vd,
+                start_n,
+                n_keys,
+                head,
+                num_heads,
+                alibi_slope,
+                sm_scale,
+                HEAD_DIM,
+                HEAD_DIM_PAD,
+                BLOCK_N,
+                MASKED=False,
+            )
+        elif m3_may:
+            dq = _attn_bwd_dq_tile(
+                dq,
+                q,
+                do,
+                lse,
+                delta,
+                q_pos,
+                k_base,
+                v_base,
+                stride_kn,
+                stride_kd,
+                stride_vn,
+                stride_vd,
+                start_n,
+                n_keys,
+                head,
+                num_heads,
+                alibi_slope,
+                sm_scale,
+                HEAD_DIM,
+                HEAD_DIM_PAD,
+                BLOCK_N,
+                MASKED=True,
+            )
+
+    dq_base = dq_ptr + batch.to(tl.int64) * stride_dqb + head.to(tl.int64) * stride_dqh
+    _store_rows(
+        dq_base,
+        offs_m,
+        n_queries,
+        stride_dqm,
+        stride_dqd,
+        dq * sm_scale,
+        HEAD_DIM,
+        HEAD_DIM_PAD,
     )
 
 
@@ -306,6 +860,34 @@ def _check_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         )
 
 
+def _resolve_scale(scale) -> float:
+    if scale is None:
+        return DEFAULT_SCALE
+    if isinstance(scale, bool) or not isinstance(scale, (int, float)):
+        raise TypeError(f"scale must be a float or None, got {type(scale).__name__}")
+    if not math.isfinite(scale):
+        raise ValueError(f"scale must be finite, got {scale}")
+    return float(scale)
+
+
+def _launch_config(
+    device: torch.device, backward: bool = False
+) -> tuple[int, int, int, int]:
+    if device.type != "cuda":
+        return INTERPRETER_CONFIG
+    return GPU_BWD_CONFIG if backward else GPU_CONFIG
+
+
+def _check_blocks(block_m: int, block_n: int) -> None:
+    for name, block in (("block_m", block_m), ("block_n", block_n)):
+        if block < 16 or block & (block - 1):
+            raise ValueError(f"{name} must be a power of two >= 16, got {block}")
+
+
+def _alibi_or_placeholder(num_heads: int, like: torch.Tensor) -> torch.Tensor:
+    return like  # this variant has no ALiBi term; the kernels never read it
+
+
 def forward(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -317,26 +899,17 @@ def forward(
     num_warps: int | None = None,
     num_stages: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Forward pass with an explicit launch configuration.
+    """Forward pass with an explicit launch configuration (no autograd).
 
     q: (B, H, Nq, HEAD_DIM); k, v: (B, Hkv, Nk, HEAD_DIM), any strides, Hkv
     dividing H.  Returns o (B, H, Nq, HEAD_DIM) in DTYPE and the log-sum-exp
-    (B, H, Nq) in float32, natural log.  Block sizes must be powers of two
-    (at least 16).
+    (B, H, Nq) in float32, natural log.  Block sizes are powers of two >= 16.
     """
     _check_inputs(q, k, v)
-    if scale is None:
-        scale = DEFAULT_SCALE
-    elif isinstance(scale, bool) or not isinstance(scale, (int, float)):
-        raise TypeError(f"scale must be a float or None, got {type(scale).__name__}")
-    elif not math.isfinite(scale):
-        raise ValueError(f"scale must be finite, got {scale}")
-    default = INTERPRETER_CONFIG if q.device.type != "cuda" else GPU_CONFIG
-    block_m = block_m or default[0]
-    block_n = block_n or default[1]
-    for name, block in (("block_m", block_m), ("block_n", block_n)):
-        if block < 16 or block & (block - 1):
-            raise ValueError(f"{name} must be a power of two >= 16, got {block}")
+    scale = _resolve_scale(scale)
+    default = _launch_config(q.device)
+    block_m, block_n = block_m or default[0], block_n or default[1]
+    _check_blocks(block_m, block_n)
     batch, num_heads, n_queries, _ = q.shape
     n_keys = k.shape[2]
     o = torch.empty(q.shape, dtype=q.dtype, device=q.device)
@@ -345,7 +918,6 @@ def forward(
     )
     if o.numel() == 0:
         return o, lse.fill_(float("-inf"))
-    alibi_slopes = lse  # unused by this variant
     grid = (triton.cdiv(n_queries, block_m), batch * num_heads)
     _attn_fwd[grid](
         q,
@@ -353,7 +925,7 @@ def forward(
         v,
         o,
         lse,
-        alibi_slopes,
+        _alibi_or_placeholder(num_heads, lse),
         *q.stride(),
         *k.stride(),
         *v.stride(),
@@ -362,7 +934,7 @@ def forward(
         num_heads // k.shape[1],
         n_queries,
         n_keys,
-        float(scale),
+        scale,
         HEAD_DIM=HEAD_DIM,
         HEAD_DIM_PAD=64,
         BLOCK_M=block_m,
@@ -373,6 +945,136 @@ def forward(
     return o, lse
 
 
+def backward(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    o: torch.Tensor,
+    lse: torch.Tensor,
+    do: torch.Tensor | None,
+    dlse: torch.Tensor | None = None,
+    scale: float | None = None,
+    *,
+    block_m: int | None = None,
+    block_n: int | None = None,
+    num_warps: int | None = None,
+    num_stages: int | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Gradients (dq, dk, dv) from the forward's o and log-sum-exp.
+
+    Recomputes the scores tile by tile (FlashAttention-2): nothing of size
+    Nq x Nk is stored.  `do` is the gradient of o and `dlse` that of the
+    log-sum-exp; either may be None (zero).
+    """
+    _check_inputs(q, k, v)
+    scale = _resolve_scale(scale)
+    default = _launch_config(q.device, backward=True)
+    block_m, block_n = block_m or default[0], block_n or default[1]
+    _check_blocks(block_m, block_n)
+    num_warps, num_stages = num_warps or default[2], num_stages or default[3]
+    batch, num_heads, n_queries, _ = q.shape
+    kv_heads, n_keys = k.shape[1], k.shape[2]
+    dq = torch.zeros(q.shape, dtype=q.dtype, device=q.device)
+    dk = torch.zeros(k.shape, dtype=k.dtype, device=k.device)
+    dv = torch.zeros(v.shape, dtype=v.dtype, device=v.device)
+    if q.numel() == 0 or k.numel() == 0 or (do is None and dlse is None):
+        return dq, dk, dv
+    if do is None:
+        do = torch.zeros_like(o)
+    if dlse is not None:
+        dlse = dlse.to(torch.float32).contiguous()
+    delta = torch.empty_like(lse)
+    alibi_slopes = _alibi_or_placeholder(num_heads, lse)
+    grid = (triton.cdiv(n_queries, block_m), batch * num_heads)
+    _attn_bwd_preprocess[grid](
+        o,
+        do,
+        delta if dlse is None else dlse,
+        delta,
+        *o.stride(),
+        *do.stride(),
+        num_heads,
+        n_queries,
+        HEAD_DIM=HEAD_DIM,
+        HEAD_DIM_PAD=64,
+        BLOCK_M=block_m,
+        HAS_DLSE=dlse is not None,
+    )
+    _attn_bwd_dkdv[(triton.cdiv(n_keys, block_n), batch * kv_heads)](
+        q,
+        k,
+        v,
+        do,
+        lse,
+        delta,
+        dk,
+        dv,
+        alibi_slopes,
+        *q.stride(),
+        *k.stride(),
+        *v.stride(),
+        *do.stride(),
+        *dk.stride(),
+        *dv.stride(),
+        num_heads,
+        num_heads // kv_heads,
+        n_queries,
+        n_keys,
+        scale,
+        HEAD_DIM=HEAD_DIM,
+        HEAD_DIM_PAD=64,
+        BLOCK_M=block_m,
+        BLOCK_N=block_n,
+        num_warps=num_warps,
+        num_stages=num_stages,
+    )
+    _attn_bwd_dq[grid](
+        q,
+        k,
+        v,
+        do,
+        lse,
+        delta,
+        dq,
+        alibi_slopes,
+        *q.stride(),
+        *k.stride(),
+        *v.stride(),
+        *do.stride(),
+        *dq.stride(),
+        num_heads,
+        num_heads // kv_heads,
+        n_queries,
+        n_keys,
+        scale,
+        HEAD_DIM=HEAD_DIM,
+        HEAD_DIM_PAD=64,
+        BLOCK_M=block_m,
+        BLOCK_N=block_n,
+        num_warps=num_warps,
+        num_stages=num_stages,
+    )
+    return dq, dk, dv
+
+
+class _Attention(torch.autograd.Function):
+    """Saves q, k, v, o and the log-sum-exp: nothing of size Nq x Nk."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, scale):
+        o, lse = forward(q, k, v, scale)
+        ctx.save_for_backward(q, k, v, o, lse)
+        ctx.scale = scale
+        ctx.set_materialize_grads(False)
+        return o, lse
+
+    @staticmethod
+    def backward(ctx, do, dlse):
+        q, k, v, o, lse = ctx.saved_tensors
+        dq, dk, dv = backward(q, k, v, o, lse, do, dlse, ctx.scale)
+        return dq, dk, dv, None
+
+
 def attention(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -381,7 +1083,7 @@ def attention(
     scale: float | None = None,
     return_lse: bool = False,
 ):
-    """Attention of the `prefix_lm` variant.
+    """Attention of the `prefix_lm` variant, differentiable in q, k and v.
 
     q: (B, H, Nq, 64); k, v: (B, Hkv, Nk, 64), Hkv dividing H;
     all torch.bfloat16.  Returns o (B, H, Nq, 64), and with
@@ -389,5 +1091,6 @@ def attention(
     (-inf for rows that see no key).  scale=None uses the spec's scale
     (0.125).
     """
-    o, lse = forward(q, k, v, scale)
+    _check_inputs(q, k, v)
+    o, lse = _Attention.apply(q, k, v, _resolve_scale(scale))
     return (o, lse) if return_lse else o

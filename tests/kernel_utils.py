@@ -14,7 +14,7 @@ import torch
 
 from flashgen import ir
 from flashgen.emit import render_module
-from flashgen.verify import Shape, check_forward, random_inputs, torch_dtype
+from flashgen.verify import Shape, check_backward, check_forward, random_inputs, torch_dtype
 
 # Kernels run on the GPU when there is one, else under the Triton interpreter.
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -60,6 +60,32 @@ def run_case(
         magnitude=magnitude,
     )
     return check_forward(variant, module, q, k, v, scale=scale, **launch)
+
+
+def run_grad_case(
+    variant: ir.Variant,
+    shape: Shape,
+    *,
+    seed: int = 0,
+    device: str = DEVICE,
+    magnitude: float = 1.0,
+    scale: float | None = None,
+    with_lse: bool = True,
+):
+    """Random inputs of `shape`; judges dq, dk, dv (CaseResult)."""
+    module = build(variant)
+    generator = torch.Generator().manual_seed(seed)
+    q, k, v = random_inputs(
+        shape,
+        variant.head_dim,
+        torch_dtype(variant.dtype),
+        device,
+        generator=generator,
+        magnitude=magnitude,
+    )
+    return check_backward(
+        variant, module, q, k, v, scale=scale, generator=generator, with_lse=with_lse
+    )
 
 
 def assert_ok(result) -> None:

@@ -20,7 +20,7 @@ from flashgen import ir
 from flashgen.check import check
 from flashgen.parse import parse
 from flashgen.verify import Shape
-from kernel_utils import assert_ok, run_case
+from kernel_utils import assert_ok, run_case, run_grad_case
 from strategies import variants
 
 pytestmark = pytest.mark.gpu
@@ -82,5 +82,37 @@ def test_examples_on_gpu(variant, dtype):
 def test_random_specs_on_gpu(variant, kv_heads, group, n_queries, n_keys, magnitude, seed):
     shape = Shape(2, kv_heads * group, kv_heads, n_queries, n_keys)
     result = run_case(variant, shape, seed=seed, device="cuda", magnitude=magnitude)
+    _record(variant, result)
+    assert_ok(result)
+
+
+@pytest.mark.parametrize("variant", list(_examples()), ids=lambda v: v.name)
+@pytest.mark.parametrize("dtype", [ir.DType.FP16, ir.DType.BF16])
+def test_example_gradients_on_gpu(variant, dtype):
+    variant = dataclasses.replace(variant, dtype=dtype)
+    shapes = [Shape(1, 4, 2, 2048, 2048), Shape(1, 2, 1, 1023, 2048), Shape(1, 2, 2, 2048, 799)]
+    for i, shape in enumerate(shapes):
+        result = run_grad_case(variant, shape, seed=i, device="cuda")
+        _record(variant, result)
+        assert_ok(result)
+
+
+@settings(
+    max_examples=int(os.environ.get("FLASHGEN_GPU_EXAMPLES", "40")) // 2,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
+@given(
+    variant=variants(dtypes=(ir.DType.FP16, ir.DType.BF16), head_dims=(24, 40, 64, 80, 96, 128, 192, 256)),
+    kv_heads=st.integers(1, 2),
+    group=st.sampled_from((1, 2)),
+    n_queries=st.sampled_from(LENGTHS),
+    n_keys=st.sampled_from(LENGTHS),
+    magnitude=st.sampled_from((1.0, 5.0)),
+    seed=st.integers(0, 2**16),
+)
+def test_random_spec_gradients_on_gpu(variant, kv_heads, group, n_queries, n_keys, magnitude, seed):
+    shape = Shape(1, kv_heads * group, kv_heads, n_queries, n_keys)
+    result = run_grad_case(variant, shape, seed=seed, device="cuda", magnitude=magnitude)
     _record(variant, result)
     assert_ok(result)

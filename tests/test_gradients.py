@@ -1,0 +1,192 @@
+"""Generated backward kernels against float64 autograd through the reference.
+
+FlashAttention's rule for gradients: the kernel's max error at most 3x that
+of a dense same-dtype PyTorch computation, plus the floor in
+`flashgen.verify.tolerance`.  The loss weights both o and the log-sum-exp,
+so the dlse path is checked too.  (torch.autograd.gradcheck does not apply:
+the kernels accumulate in fp32 whatever the dtype, so finite differences in
+float64 would measure fp32 rounding.)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from flashgen import ir
+from flashgen.check import check
+from flashgen.parse import parse
+from flashgen.verify import Shape
+from kernel_utils import DEVICE, assert_ok, build, run_grad_case, with_dtype
+from strategies import variants
+
+ROOT = Path(__file__).resolve().parent.parent
+EXAMPLES = sorted((ROOT / "examples").glob("*.attn"))
+
+
+def _variant(mask="causal", score=None, dtype=ir.DType.FP32, head_dim=32, **kw):
+    text = f"attention t {{ head_dim = {head_dim}; dtype = {dtype.value}; mask = {mask}"
+    if score:
+        text += f"; score = {score}"
+    for key, value in kw.items():
+        text += f"; {key} = {value}"
+    spec, diags = parse(text + " }")
+    assert not diags, diags
+    (variant,), diags = check([spec])
+    assert not diags, diags
+    return variant
+
+
+def _examples():
+    for path in EXAMPLES:
+        spec, _ = parse(path.read_text(), str(path))
+        variants_, _ = check([spec])
+        for v in variants_:
+            # The interpreter has no bf16 dot product: bf16 specs run as fp16
+            # here and as bf16 on the GPU.
+            yield with_dtype(v, ir.DType.FP16) if v.dtype is ir.DType.BF16 else v
+
+
+def _small(variant):
+    def shrink(e):
+        if isinstance(e, ir.Call) and e.fn in ir.MASK_FUNCTIONS:
+            return ir.Call(e.fn, tuple(ir.Num(min(a.value, 5 + a.value % 37)) for a in e.args))
+        if isinstance(e, ir.Binary):
+            return ir.Binary(e.op, shrink(e.left), shrink(e.right))
+        if isinstance(e, ir.Unary):
+            return ir.Unary(e.op, shrink(e.operand))
+        return e
+
+    return dataclasses.replace(variant, mask=shrink(variant.mask))
+
+
+@pytest.mark.parametrize("variant", [_small(v) for v in _examples()], ids=lambda v: v.name)
+@pytest.mark.parametrize(
+    "shape",
+    [Shape(1, 2, 1, 77, 77), Shape(2, 2, 2, 30, 95), Shape(1, 4, 2, 95, 30)],
+    ids=str,
+)
+def test_example_gradients(variant, shape):
+    assert_ok(run_grad_case(variant, shape, seed=shape.n_queries))
+
+
+@settings(
+    max_examples=30,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
+@given(
+    variant=variants(),
+    kv_heads=st.integers(1, 2),
+    group=st.sampled_from((1, 2)),
+    n_queries=st.sampled_from((1, 2, 17, 31, 64, 97)),
+    n_keys=st.sampled_from((1, 3, 16, 33, 61, 101)),
+    seed=st.integers(0, 2**16),
+)
+def test_random_spec_gradients(variant, kv_heads, group, n_queries, n_keys, seed):
+    shape = Shape(1, kv_heads * group, kv_heads, n_queries, n_keys)
+    assert_ok(run_grad_case(variant, shape, seed=seed))
+
+
+@pytest.mark.parametrize("kv_heads", [1, 2, 4])
+def test_gqa_and_mqa_sum_over_the_group(kv_heads):
+    variant = _variant("causal & window(9)", score="s + alibi", dtype=ir.DType.FP16)
+    assert_ok(run_grad_case(variant, Shape(2, 4, kv_heads, 45, 60), seed=kv_heads))
+
+
+@pytest.mark.parametrize("mask", ["causal", "h % 2 == 1 & causal", "!full"])
+def test_fully_masked_rows_have_zero_gradients(mask):
+    variant = _variant(mask, score="softcap(s, 10.0)")
+    module = build(variant)
+    q, k, v = (
+        torch.randn(1, 2, n, 32, device=DEVICE).requires_grad_() for n in (70, 20, 20)
+    )
+    o, lse = module.attention(q, k, v, return_lse=True)
+    (o.sum() + torch.where(torch.isfinite(lse), lse, 0.0).sum()).backward()
+    for grad in (q.grad, k.grad, v.grad):
+        assert torch.isfinite(grad).all()
+    dead = ~torch.isfinite(lse)
+    assert dead.any()
+    assert torch.all(q.grad[dead] == 0)
+    assert_ok(run_grad_case(variant, Shape(1, 2, 1, 70, 20), seed=2))
+
+
+@pytest.mark.parametrize("n_keys", [1, 2, 5, 17])
+@pytest.mark.parametrize("dtype", [ir.DType.FP32, ir.DType.FP16])
+@pytest.mark.parametrize("score", [None, "s + 0.2 * k", "softcap(s, 30.0)"])
+def test_short_keys_large_inputs_give_finite_gradients(n_keys, dtype, score):
+    """Inputs x5 and few keys: out-of-range keys are never read as data."""
+    variant = _variant("full", score=score, dtype=dtype)
+    result = run_grad_case(variant, Shape(1, 2, 1, 40, n_keys), seed=n_keys, magnitude=5.0)
+    assert all(check.finite for check in result.checks)
+    assert_ok(result)
+
+
+def test_rescale_threshold_changes_gradients_by_rounding_only():
+    base = _variant("causal", score="softcap(s, 20.0)", head_dim=40)
+    lazy = dataclasses.replace(base, rescale_threshold=8.0)
+    gen = torch.Generator().manual_seed(0)
+    q, k, v, do = (torch.randn(1, 2, 150, 40, generator=gen).to(DEVICE) * 3 for _ in range(4))
+    grads = []
+    for variant in (base, lazy):
+        inputs = [x.clone().requires_grad_() for x in (q, k, v)]
+        build(variant).attention(*inputs).backward(do)
+        grads.append([x.grad for x in inputs])
+    for a, b in zip(*grads):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+    assert_ok(run_grad_case(lazy, Shape(1, 2, 2, 150, 150), seed=1, magnitude=3.0))
+
+
+def test_backward_block_sizes_agree():
+    variant = _variant("causal | prefix(5)", score="s - 0.01 * abs(q - k)", dtype=ir.DType.FP32)
+    module = build(variant)
+    gen = torch.Generator().manual_seed(3)
+    q, k, v, do = (torch.randn(1, 2, 70, 32, generator=gen).to(DEVICE) for _ in range(4))
+    o, lse = module.forward(q, k, v)
+    first = module.backward(q, k, v, o, lse, do, block_m=16, block_n=16)
+    for block_m, block_n in [(32, 16), (16, 64), (64, 32)]:
+        again = module.backward(q, k, v, o, lse, do, block_m=block_m, block_n=block_n)
+        for a, b in zip(first, again):
+            torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+
+
+def test_no_grad_inference_and_lse_only_gradients():
+    variant = _variant("causal")
+    module = build(variant)
+    q, k, v = (torch.randn(1, 1, 20, 32, device=DEVICE) for _ in range(3))
+    with torch.no_grad():
+        assert module.attention(q, k, v).requires_grad is False
+    q.requires_grad_()
+    _, lse = module.attention(q, k, v, return_lse=True)
+    lse.sum().backward()  # only the log-sum-exp feeds the loss
+    qd = q.detach().double().requires_grad_()
+    from flashgen.reference import attention_ref
+
+    attention_ref(variant, qd, k.double(), v.double())[1].sum().backward()
+    torch.testing.assert_close(q.grad.double(), qd.grad, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize(
+    "score",
+    [
+        "softcap(s, 2.0)",
+        "tanh(s) * 3.0",
+        "exp(-abs(s))",
+        "log(1.0 + abs(s))",
+        "sqrt(abs(s)) + s",
+        "min(s, 0.3)",
+        "max(s, -0.2) - 0.5 * s",
+        "0.1 * s * s",
+        "s / (1.0 + 0.01 * abs(q - k))",
+        "s * (1.0 + 0.1 * h)",
+    ],
+)
+def test_score_derivatives(score):
+    """Each rule of the symbolic derivative, in fp32 where errors are small."""
+    variant = _variant("causal", score=score, dtype=ir.DType.FP32)
+    assert_ok(run_grad_case(variant, Shape(1, 2, 1, 33, 47), seed=7, magnitude=2.0))
