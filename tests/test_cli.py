@@ -253,7 +253,9 @@ def test_verify_runs_the_kernels(capsys, specs):
     code, out, err = run(capsys, "verify", specs / "tiny.attn", "--examples", "2", "--seed", "3")
     assert code == 0, out + err
     assert out.startswith("verify tiny\n")
-    assert out.rstrip().endswith("2 passed, 0 failed")
+    # Two shapes, each checked forward (o, lse) and backward (dq, dk, dv).
+    assert out.rstrip().endswith("ok: 4 of 4 cases within tolerance")
+    assert " dq " in out and " lse " in out
 
 
 def test_verify_exit_code_follows_the_reports(capsys, specs, monkeypatch):
