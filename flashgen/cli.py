@@ -97,7 +97,57 @@ def _parser() -> argparse.ArgumentParser:
     verify.add_argument("--seed", type=int, metavar="S")
     verify.add_argument("--name", help="verify only this block")
     verify.set_defaults(run=_verify)
+
+    bench = commands.add_parser(
+        "bench",
+        help="time the kernels against FlexAttention and SDPA (CUDA)",
+        description="Forward and forward+backward TFLOP/s of each block's kernels, of "
+        "FlexAttention running the same variant, and of SDPA where expressible, in one "
+        "process on the same inputs.",
+    )
+    bench.add_argument("specs", nargs="+", metavar="SPEC", help=".attn file")
+    bench.add_argument(
+        "--seqlens", type=_positive, nargs="+", default=[1024, 2048, 4096, 8192, 16384], metavar="N"
+    )
+    bench.add_argument("--batch", type=_positive, help="default: 16384 tokens / N")
+    bench.add_argument("--heads", type=_positive, default=16)
+    bench.add_argument(
+        "--head-dim", type=_positive, nargs="+", metavar="D", help="override the specs' head dims"
+    )
+    bench.add_argument("--json", metavar="PATH", help="write every measurement as JSON")
+    bench.add_argument("--plot", metavar="PNG", help="plot TFLOP/s against sequence length")
+    bench.add_argument("--name", help="bench only this block")
+    bench.set_defaults(run=_bench)
     return parser
+
+
+def _bench(args: argparse.Namespace) -> int:
+    variants, _ = _check_sources(_read(args.specs))
+    if args.name is not None:
+        variants = [v for v in variants if v.name == args.name]
+        if not variants:
+            raise _UsageError(f"bench: no attention block named '{args.name}'")
+    import torch  # only here: the other commands stay light
+
+    if not torch.cuda.is_available():
+        raise _UsageError("bench: needs a CUDA GPU (torch sees none)")
+    from flashgen import bench
+
+    results = []
+    for head_dim in args.head_dim or [None]:
+        results += bench.bench(
+            variants,
+            seqlens=args.seqlens,
+            batch=args.batch,
+            heads=args.heads,
+            head_dim=head_dim,
+        )
+    print(bench.table(results))
+    if args.json:
+        Path(args.json).write_text(bench.to_json(results))
+    if args.plot:
+        bench.plot(results, args.plot)
+    return 0
 
 
 def _positive(text: str) -> int:

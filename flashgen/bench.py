@@ -1,0 +1,286 @@
+"""`flashgen bench`: generated kernels side by side with FlexAttention and SDPA.
+
+In: checked `Variant`s and a grid of shapes.  Out: `Measurement`s (one per
+variant, shape and system), printed as a table of TFLOP/s and ratios, written
+as JSON, and optionally plotted.  Every system runs in this one process on the
+same inputs; times are medians of `triton.testing.do_bench`.
+
+FLOPs count the mask's real density: 4·B·H·Nq·Nk·D·density for the forward and
+2.5 times that for the backward, whose time is (forward + backward) - forward.
+FlexAttention runs the same variant through the `score_mod` / `mask_mod` that
+`flashgen.flex` derives from the IR, compiled, with a block mask; SDPA's cuDNN
+and flash backends run where the variant is expressible there (plain scores,
+full or causal masks).  The outputs of FlexAttention and SDPA are compared with
+flashgen's, which cross-checks the semantics as well as the speed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import sys
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+import torch
+
+from flashgen import ir
+from flashgen.flex import flex_mods
+from flashgen.verify import torch_dtype
+
+BACKWARD_FLOP_FACTOR = 2.5
+# Max |o_system - o_flashgen| above which the table flags a disagreement: a few
+# bf16 ulps of outputs of order 1.
+AGREEMENT = 3e-2
+
+
+@dataclass(frozen=True)
+class Measurement:
+    variant: str
+    system: str
+    batch: int
+    heads: int
+    seqlen: int
+    head_dim: int
+    density: float
+    fwd_ms: float | None
+    bwd_ms: float | None
+    max_diff: float | None = None  # against flashgen's output
+    error: str = ""
+
+    def tflops(self, backward: bool = False) -> float | None:
+        ms = self.bwd_ms if backward else self.fwd_ms
+        if ms is None or ms <= 0:
+            return None
+        flops = 4 * self.batch * self.heads * self.seqlen**2 * self.head_dim * self.density
+        if backward:
+            flops *= BACKWARD_FLOP_FACTOR
+        return flops / (ms * 1e-3) / 1e12
+
+
+def density(variant: ir.Variant, n: int, heads: int, device) -> float:
+    """Fraction of visible (query, key) pairs, averaged over heads."""
+    mods = flex_mods(variant, n, n, heads, device=device)
+    if mods.mask_mod is None:
+        return 1.0
+    keys = torch.arange(n, device=device)[None, :]
+    visible = 0
+    for h in range(heads):
+        head = torch.tensor(h, device=device)
+        for start in range(0, n, 1024):
+            rows = torch.arange(start, min(start + 1024, n), device=device)[:, None]
+            mask = mods.mask_mod(None, head, rows, keys)  # 0-d when it ignores q, k
+            visible += int(torch.broadcast_to(mask, (rows.shape[0], n)).sum())
+    return visible / (heads * n * n)
+
+
+def _sdpa_expressible(variant: ir.Variant) -> bool | None:
+    """is_causal for SDPA, or None if SDPA cannot run this variant."""
+    if variant.score != ir.IDENTITY_SCORE:
+        return None
+    if variant.mask == ir.FULL:
+        return False
+    if variant.mask == ir.Name("causal"):
+        return True  # Nq == Nk here, so both alignments agree
+    return None
+
+
+class _Progress:
+    """A one-line progress bar on stderr."""
+
+    def __init__(self, total: int, stream=sys.stderr, width: int = 24) -> None:
+        self.total, self.done, self.stream, self.width = total, 0, stream, width
+
+    def show(self, label: str) -> None:
+        filled = self.width * self.done // max(self.total, 1)
+        bar = "#" * filled + "." * (self.width - filled)
+        self.stream.write(f"\r[{bar}] {self.done}/{self.total} {label:<60.60}")
+        self.stream.flush()
+
+    def step(self, label: str) -> None:
+        self.done += 1
+        self.show(label)
+        if self.done == self.total:
+            self.stream.write("\n")
+
+
+def _do_bench(fn: Callable[[], object]) -> float:
+    import triton.testing
+
+    return triton.testing.do_bench(fn, warmup=50, rep=200, return_mode="median")
+
+
+def bench(
+    variants: Sequence[ir.Variant],
+    *,
+    seqlens: Sequence[int] = (1024, 2048, 4096, 8192, 16384),
+    batch: int | None = None,
+    heads: int = 16,
+    head_dim: int | None = None,
+    device: str = "cuda",
+    timer: Callable[[Callable[[], object]], float] = _do_bench,
+    compile_flex: bool = True,
+    systems: Sequence[str] = ("flashgen", "flex", "sdpa-cudnn", "sdpa-flash"),
+    progress: bool = True,
+) -> list[Measurement]:
+    """Time every variant at every sequence length on every system.
+
+    `batch=None` keeps B·N at 16384 tokens (B = 16384 // N, at least 1), the
+    anchors' convention.  `head_dim` overrides the specs' head dims.
+    """
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+    from flashgen.api import load_variant
+
+    flex = torch.compile(flex_attention, dynamic=False) if compile_flex else flex_attention
+    sdpa_backends = {"sdpa-cudnn": SDPBackend.CUDNN_ATTENTION, "sdpa-flash": SDPBackend.FLASH_ATTENTION}
+    bar = _Progress(len(variants) * len(seqlens) * len(systems)) if progress else None
+    results: list[Measurement] = []
+    for variant in variants:
+        if head_dim is not None:
+            variant = dataclasses.replace(variant, head_dim=head_dim)
+        module = load_variant(variant)
+        dtype = torch_dtype(variant.dtype)
+        scale = variant.scale if variant.scale is not None else variant.head_dim**-0.5
+        for n in seqlens:
+            b = batch if batch is not None else max(1, 16384 // n)
+            shape = (b, heads, n, variant.head_dim)
+            gen = torch.Generator(device=device).manual_seed(n)
+            q, k, v, do = (
+                torch.randn(shape, device=device, dtype=dtype, generator=gen) for _ in range(4)
+            )
+            frac = density(variant, n, heads, device)
+            mods = flex_mods(variant, n, n, heads, device=device)
+            is_causal = _sdpa_expressible(variant)
+            reference = None
+            for system in systems:
+                label = f"{variant.name} N={n} {system}"
+                if bar:
+                    bar.show(label + ": compiling and timing")
+                if system == "flashgen":
+                    fn = lambda a, b_, c: module.attention(a, b_, c)  # noqa: E731
+                elif system == "flex":
+                    block_mask = (
+                        create_block_mask(mods.mask_mod, None, heads, n, n, device=device)
+                        if mods.mask_mod
+                        else None
+                    )
+
+                    def fn(a, b_, c, block_mask=block_mask):
+                        return flex(a, b_, c, score_mod=mods.score_mod, block_mask=block_mask, scale=scale)
+
+                elif is_causal is not None:
+                    backend = sdpa_backends[system]
+
+                    def fn(a, b_, c, backend=backend):
+                        with sdpa_kernel(backend):
+                            return torch.nn.functional.scaled_dot_product_attention(
+                                a, b_, c, is_causal=is_causal, scale=scale
+                            )
+
+                else:
+                    if bar:
+                        bar.step(label + ": not expressible")
+                    continue
+                results.append(
+                    _measure(variant.name, system, fn, q, k, v, do, frac, timer, reference)
+                )
+                if system == "flashgen" and not results[-1].error:
+                    reference = fn(q, k, v).detach()
+                if bar:
+                    bar.step(label)
+    return results
+
+
+def _measure(name, system, fn, q, k, v, do, frac, timer, reference) -> Measurement:
+    b, h, n, d = q.shape
+    base = dict(variant=name, system=system, batch=b, heads=h, seqlen=n, head_dim=d, density=frac)
+    inputs = [x.detach().requires_grad_() for x in (q, k, v)]
+    diff = fwd = bwd = None
+    error = ""
+    try:  # a system that cannot run a case is reported, not fatal
+        with torch.no_grad():
+            out = fn(q, k, v)
+        if reference is not None:
+            diff = (out.float() - reference.float()).abs().max().item()
+        fwd = timer(lambda: fn(*inputs))
+        both = timer(lambda: torch.autograd.grad(fn(*inputs), inputs, do))
+        bwd = max(both - fwd, 0.0)
+    except Exception as exc:
+        error = f"{type(exc).__name__}: {exc}"[:200]
+    return Measurement(**base, fwd_ms=fwd, bwd_ms=bwd, max_diff=diff, error=error)
+
+
+def table(results: Sequence[Measurement]) -> str:
+    """TFLOP/s per system and flashgen's ratio to FlexAttention and cuDNN."""
+    rows = {}
+    for r in results:
+        rows.setdefault((r.variant, r.head_dim, r.seqlen), {})[r.system] = r
+    systems = ["flashgen", "flex", "sdpa-cudnn", "sdpa-flash"]
+    header = f"{'variant':<16} {'d':>4} {'N':>6} " + " ".join(f"{s:>13}" for s in systems)
+    header += f" {'vs flex':>13} {'vs cudnn':>13}"
+    lines = ["TFLOP/s forward / backward", header, "-" * len(header)]
+
+    def cell(r: Measurement | None) -> str:
+        if r is None:
+            return f"{'-':>13}"
+        if r.error:
+            return f"{'error':>13}"
+        mark = "!" if r.max_diff is not None and r.max_diff > AGREEMENT else ""
+        return f"{r.tflops():6.0f}/{r.tflops(True):5.0f}{mark:1}"
+
+    def ratio(a: Measurement | None, b: Measurement | None) -> str:
+        if a is None or b is None or a.error or b.error:
+            return f"{'-':>13}"
+        return f"{a.tflops() / b.tflops():6.2f}/{a.tflops(True) / b.tflops(True):5.2f} "
+
+    for (name, d, n), by_system in rows.items():
+        ours = by_system.get("flashgen")
+        line = f"{name:<16} {d:>4} {n:>6} " + " ".join(cell(by_system.get(s)) for s in systems)
+        line += f" {ratio(ours, by_system.get('flex'))} {ratio(ours, by_system.get('sdpa-cudnn'))}"
+        lines.append(line)
+    if any(r.max_diff is not None and r.max_diff > AGREEMENT for r in results):
+        lines.append(f"! output differs from flashgen's by more than {AGREEMENT}")
+    for r in results:
+        if r.error:
+            lines.append(f"error: {r.variant} N={r.seqlen} {r.system}: {r.error}")
+    return "\n".join(lines)
+
+
+def to_json(results: Sequence[Measurement]) -> str:
+    rows = []
+    for r in results:
+        row = dataclasses.asdict(r)
+        row["fwd_tflops"], row["bwd_tflops"] = r.tflops(), r.tflops(True)
+        rows.append(row)
+    return json.dumps(rows, indent=2)
+
+
+def plot(results: Sequence[Measurement], path: str) -> None:
+    """TFLOP/s against sequence length, one panel per variant and pass."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = sorted({(r.variant, r.head_dim) for r in results})
+    fig, axes = plt.subplots(len(names), 2, figsize=(10, 3 * len(names)), squeeze=False)
+    for row, (name, d) in enumerate(names):
+        for col, backward in enumerate((False, True)):
+            ax = axes[row][col]
+            for system in sorted({r.system for r in results}):
+                points = [
+                    (r.seqlen, r.tflops(backward))
+                    for r in results
+                    if (r.variant, r.head_dim, r.system) == (name, d, system) and not r.error
+                ]
+                if points:
+                    ax.plot(*zip(*sorted(points)), marker="o", label=system)
+            ax.set_xscale("log", base=2)
+            ax.set_title(f"{name} d={d} {'backward' if backward else 'forward'}")
+            ax.set_xlabel("sequence length")
+            ax.set_ylabel("TFLOP/s")
+            ax.legend(fontsize="small")
+    fig.tight_layout()
+    fig.savefig(path)

@@ -1,0 +1,122 @@
+"""`flashgen bench` and the FlexAttention mods derived from the IR (CPU parts).
+
+The timings need a GPU; here the whole pipeline runs on tiny shapes with
+FlexAttention in eager mode and a stand-in timer, and the Flex translation of
+random specs is checked against the dense reference in float64.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import warnings
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from flashgen import bench, ir
+from flashgen.cli import main
+from flashgen.flex import flex_mods
+from flashgen.parse import parse
+from flashgen.check import check
+from flashgen.reference import attention_ref, mask_matrix
+from strategies import variants
+
+flex_attention = pytest.importorskip("torch.nn.attention.flex_attention")
+
+
+def _variant(text: str) -> ir.Variant:
+    spec, diags = parse(text)
+    assert not diags
+    (v,), diags = check([spec])
+    assert not diags
+    return v
+
+
+@settings(max_examples=60, deadline=None)
+@given(variant=variants(), n_queries=st.integers(1, 40), n_keys=st.integers(1, 40))
+def test_flex_mods_compute_the_reference_attention(variant, n_queries, n_keys):
+    heads = 3
+    gen = torch.Generator().manual_seed(n_queries * 64 + n_keys)
+    q = torch.randn(1, heads, n_queries, variant.head_dim, generator=gen, dtype=torch.float64)
+    k = torch.randn(1, heads, n_keys, variant.head_dim, generator=gen, dtype=torch.float64)
+    v = torch.randn(1, heads, n_keys, variant.head_dim, generator=gen, dtype=torch.float64)
+    mods = flex_mods(variant, n_queries, n_keys, heads, device="cpu")
+    block_mask = None
+    if mods.mask_mod is not None:
+        block_mask = flex_attention.create_block_mask(
+            mods.mask_mod, None, heads, n_queries, n_keys, device="cpu"
+        )
+    scale = variant.scale if variant.scale is not None else variant.head_dim**-0.5
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # eager flex_attention warns it is unfused
+        o = flex_attention.flex_attention(
+            q, k, v, score_mod=mods.score_mod, block_mask=block_mask, scale=scale
+        )
+    ref, _ = attention_ref(variant, q, k, v)
+    torch.testing.assert_close(o, ref, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize(
+    "mask", ["full", "causal", "causal & window(7)", "causal | prefix(5)", "h % 2 == 0"]
+)
+def test_density_counts_visible_pairs(mask):
+    variant = _variant(f"attention t {{ head_dim = 16; dtype = fp16; mask = {mask} }}")
+    expected = mask_matrix(variant, 50, 50, 4).double().mean().item()
+    assert bench.density(variant, 50, 4, "cpu") == pytest.approx(expected, abs=1e-12)
+
+
+def test_bench_pipeline_on_cpu(monkeypatch):
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    variant = _variant(
+        "attention tiny { head_dim = 16; dtype = fp32; mask = causal; score = s + alibi }"
+    )
+    def timer(fn):
+        fn()
+        return 2.0
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        results = bench.bench(
+            [variant],
+            seqlens=[32, 48],
+            batch=1,
+            heads=2,
+            device="cpu",
+            timer=timer,
+            compile_flex=False,
+            systems=("flashgen", "flex", "sdpa-cudnn"),
+            progress=False,
+        )
+    assert [(r.system, r.seqlen) for r in results] == [
+        ("flashgen", 32),
+        ("flex", 32),
+        ("flashgen", 48),
+        ("flex", 48),
+    ]  # SDPA cannot express ALiBi
+    ours, flex32 = results[0], results[1]
+    assert not ours.error and ours.fwd_ms == 2.0
+    # Outputs agree; FlexAttention has no CPU backward, which is reported.
+    assert flex32.max_diff is not None and flex32.max_diff < 1e-4
+    assert "backward" in flex32.error
+    ours = dataclasses.replace(ours, bwd_ms=1.0)
+    flex32 = dataclasses.replace(flex32, fwd_ms=2.0, bwd_ms=1.0, error="")
+    density = (32 * 33 / 2) / 32**2
+    assert flex32.density == pytest.approx(density)
+    assert flex32.tflops() == pytest.approx(4 * 2 * 32**2 * 16 * density / 2e-3 / 1e12)
+    assert flex32.tflops(backward=True) == pytest.approx(flex32.tflops() * 2.5 * 2)
+    text = bench.table([ours, flex32])
+    assert "tiny" in text and "vs flex" in text and "1.00/ 1.00" in text
+    rows = json.loads(bench.to_json([ours, flex32]))
+    assert rows[0]["system"] == "flashgen" and rows[0]["fwd_tflops"] > 0
+
+
+def test_bench_cli_needs_a_gpu(tmp_path, capsys):
+    if torch.cuda.is_available():
+        pytest.skip("has a GPU")
+    spec = tmp_path / "a.attn"
+    spec.write_text("attention a { head_dim = 16; dtype = fp16 }\n")
+    assert main(["bench", str(spec)]) == 2
+    assert "needs a CUDA GPU" in capsys.readouterr().err
