@@ -134,7 +134,10 @@ def bench(
     from flashgen.api import load_variant
 
     flex = torch.compile(flex_attention, dynamic=False) if compile_flex else flex_attention
-    sdpa_backends = {"sdpa-cudnn": SDPBackend.CUDNN_ATTENTION, "sdpa-flash": SDPBackend.FLASH_ATTENTION}
+    sdpa_backends = {
+        "sdpa-cudnn": SDPBackend.CUDNN_ATTENTION,
+        "sdpa-flash": SDPBackend.FLASH_ATTENTION,
+    }
     bar = _Progress(len(variants) * len(seqlens) * len(systems)) if progress else None
     results: list[Measurement] = []
     for variant in variants:
@@ -168,7 +171,9 @@ def bench(
                     )
 
                     def fn(a, b_, c, block_mask=block_mask):
-                        return flex(a, b_, c, score_mod=mods.score_mod, block_mask=block_mask, scale=scale)
+                        return flex(
+                            a, b_, c, score_mod=mods.score_mod, block_mask=block_mask, scale=scale
+                        )
 
                 elif is_causal is not None:
                     backend = sdpa_backends[system]

@@ -84,9 +84,7 @@ def check(
         for block in spec.blocks:
             report = _Reporter(spec.path)
             variant = _check_block(block, report)
-            _check_unique_name(
-                block, spec.path, first_by_name, first_by_folded_name, report
-            )
+            _check_unique_name(block, spec.path, first_by_name, first_by_folded_name, report)
             file_diagnostics += report.diagnostics
             if variant is not None and not report.diagnostics:
                 variants.append(variant)
@@ -131,9 +129,7 @@ def _check_unique_name(
     first = first_by_name.get(block.name)
     if first is not None:
         first_path, first_block = first
-        where = (
-            f"{first_path}:{first_block.name_span.line}:{first_block.name_span.column}"
-        )
+        where = f"{first_path}:{first_block.name_span.line}:{first_block.name_span.column}"
         report(
             block.name_span,
             f"duplicate block name '{block.name}'",
@@ -145,9 +141,7 @@ def _check_unique_name(
     first = first_by_folded_name.get(folded)
     if first is not None:
         first_path, first_block = first
-        where = (
-            f"{first_path}:{first_block.name_span.line}:{first_block.name_span.column}"
-        )
+        where = f"{first_path}:{first_block.name_span.line}:{first_block.name_span.column}"
         report(
             block.name_span,
             f"block name '{block.name}' differs from '{first_block.name}' only in case",
@@ -223,21 +217,17 @@ def _check_block_name(block: ir.Block, report: _Reporter) -> None:
     if len(name) > _BLOCK_NAME_MAX:
         report(
             block.name_span,
-            f"block name is {len(name)} characters long; "
-            f"the limit is {_BLOCK_NAME_MAX}",
+            f"block name is {len(name)} characters long; " f"the limit is {_BLOCK_NAME_MAX}",
         )
 
 
 def _check_head_dim(value: ir.Expr, report: _Reporter) -> int | None:
     rule = f"`head_dim` must be {_SETTING_RULES['head_dim']}"
-    head_dim = _Constants(report).integer(
-        value, "`head_dim` must be an integer constant"
-    )
+    head_dim = _Constants(report).integer(value, "`head_dim` must be an integer constant")
     if head_dim is None:
         return None
     if not (
-        ir.HEAD_DIM_MIN <= head_dim <= ir.HEAD_DIM_MAX
-        and head_dim % ir.HEAD_DIM_MULTIPLE == 0
+        ir.HEAD_DIM_MIN <= head_dim <= ir.HEAD_DIM_MAX and head_dim % ir.HEAD_DIM_MULTIPLE == 0
     ):
         step = ir.HEAD_DIM_MULTIPLE
         below = min(max(head_dim // step * step, ir.HEAD_DIM_MIN), ir.HEAD_DIM_MAX)
@@ -255,9 +245,7 @@ def _check_dtype(value: ir.Expr, report: _Reporter) -> ir.DType | None:
         return None
     if value.id not in _DTYPES:
         alias = _DTYPE_ALIASES.get(value.id)
-        hint = (
-            f"; did you mean '{alias}'?" if alias else _did_you_mean(value.id, _DTYPES)
-        )
+        hint = f"; did you mean '{alias}'?" if alias else _did_you_mean(value.id, _DTYPES)
         report(
             value.span,
             f"unknown dtype '{value.id}'{hint}",
@@ -401,9 +389,7 @@ class _Constants:
                 a, b = self._eval(left), self._eval(right)
                 if op in (ir.BinOp.FLOORDIV, ir.BinOp.MOD):
                     if not (isinstance(a, int) and isinstance(b, int)):
-                        raise _NotConstant(
-                            e.span, f"`{op.value}` needs integer operands"
-                        )
+                        raise _NotConstant(e.span, f"`{op.value}` needs integer operands")
                     if b <= 0:
                         raise _NotConstant(
                             right.span,
@@ -418,11 +404,7 @@ class _Constants:
                 values = [self._eval(a) for a in args]
                 result = {"abs": abs, "min": min, "max": max}[fn](*values)
                 # Like the kinds: one real argument makes the result real.
-                return (
-                    float(result)
-                    if any(isinstance(v, float) for v in values)
-                    else result
-                )
+                return float(result) if any(isinstance(v, float) for v in values) else result
         raise _NotConstant(e.span, f"`{print_expr(e)}` is not a constant")
 
 
@@ -513,9 +495,7 @@ class _Expressions:
                 return None
             return e, Kind.BOOL
         if name in _ALL_FUNCTIONS:
-            self.report(
-                e.span, f"`{name}` is a function; call it with arguments: {name}(...)"
-            )
+            self.report(e.span, f"`{name}` is a function; call it with arguments: {name}(...)")
             return None
         candidates = _MASK_NAMES if self.in_mask else _SCORE_NAMES
         self.report(e.span, f"unknown name '{name}'{_did_you_mean(name, candidates)}")
@@ -531,17 +511,11 @@ class _Expressions:
             return self._softcap(e)
         if fn in ir.REAL_FUNCTIONS or fn in ir.POLY_FUNCTIONS:
             return self._math_function(e)
-        if (
-            fn in ir.INT_VARIABLES
-            or fn in ir.NAMED_MASKS
-            or fn in (ir.SCORE_VARIABLE, ir.ALIBI)
-        ):
+        if fn in ir.INT_VARIABLES or fn in ir.NAMED_MASKS or fn in (ir.SCORE_VARIABLE, ir.ALIBI):
             self.report(e.span, f"`{fn}` is not a function")
         else:
             candidates = _MASK_FUNCTIONS if self.in_mask else _SCORE_FUNCTIONS
-            self.report(
-                e.span, f"unknown function '{fn}'{_did_you_mean(fn, candidates)}"
-            )
+            self.report(e.span, f"unknown function '{fn}'{_did_you_mean(fn, candidates)}")
         self._check_all(e.args)
         return None
 
@@ -635,9 +609,7 @@ class _Expressions:
                 )
                 self._check_all((e.left, e.right))
                 return None
-            left, right = self._boolean(e.left, op.value), self._boolean(
-                e.right, op.value
-            )
+            left, right = self._boolean(e.left, op.value), self._boolean(e.right, op.value)
             if left is None or right is None:
                 return None
             return replace(e, left=left, right=right), Kind.BOOL
@@ -646,9 +618,7 @@ class _Expressions:
                 self.report(e.span, "comparisons are only allowed in the mask")
                 self._check_all((e.left, e.right))
                 return None
-            left, right = self._numeric(e.left, op.value), self._numeric(
-                e.right, op.value
-            )
+            left, right = self._numeric(e.left, op.value), self._numeric(e.right, op.value)
             if left is None or right is None:
                 return None
             return replace(e, left=left[0], right=right[0]), Kind.BOOL

@@ -49,9 +49,7 @@ def render(diag: Diagnostic, source: str | None) -> str:
     if span.line <= 0:
         lines = [f"{diag.path}: {diag.severity}: {diag.message}"]
     else:
-        lines = [
-            f"{diag.path}:{span.line}:{span.column}: {diag.severity}: {diag.message}"
-        ]
+        lines = [f"{diag.path}:{span.line}:{span.column}: {diag.severity}: {diag.message}"]
         excerpt = _excerpt(span, source)
         if excerpt is not None:
             lines.extend(excerpt)
@@ -72,9 +70,7 @@ class SpecError(Exception):
     message can show the offending lines.  `str(error)` is the rendered text.
     """
 
-    def __init__(
-        self, diagnostics: Iterable[Diagnostic], sources: Mapping[str, str]
-    ) -> None:
+    def __init__(self, diagnostics: Iterable[Diagnostic], sources: Mapping[str, str]) -> None:
         self.diagnostics = tuple(diagnostics)
         self.sources = dict(sources)
         super().__init__(render_all(self.diagnostics, self.sources).rstrip("\n"))

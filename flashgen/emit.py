@@ -46,10 +46,14 @@ def _environment() -> jinja2.Environment:
 def render_module(variant: ir.Variant) -> str:
     """Full, black-formatted source of the module for one attention block."""
     model = lower(variant)
-    source = _environment().get_template("attention.py.j2").render(
-        m=model,
-        version=__version__,
-        spec_lines=model.spec_text.rstrip("\n").splitlines(),
-        spec_literal=repr(model.spec_text),
+    source = (
+        _environment()
+        .get_template("attention.py.j2")
+        .render(
+            m=model,
+            version=__version__,
+            spec_lines=model.spec_text.rstrip("\n").splitlines(),
+            spec_literal=repr(model.spec_text),
+        )
     )
     return black.format_str(source, mode=_BLACK_MODE)

@@ -131,19 +131,16 @@ def flex_mods(
         real = score.dtype if score is not None else torch.float32
         return {"q": q_idx + offset, "k": kv_idx, "h": h, "H": num_heads, "s": score, "real": real}
 
-    score_mod = None
-    if variant.score != ir.IDENTITY_SCORE:
+    def score_mod(score, b, h, q_idx, kv_idx):
+        return evaluate(variant.score, env(h, q_idx, kv_idx, score)) + torch.zeros_like(score)
 
-        def score_mod(score, b, h, q_idx, kv_idx):
-            return evaluate(variant.score, env(h, q_idx, kv_idx, score)) + torch.zeros_like(score)
+    def mask_mod(b, h, q_idx, kv_idx):
+        visible = evaluate(variant.mask, env(h, q_idx, kv_idx))
+        if not torch.is_tensor(visible):  # a constant mask such as `0 <= 10`
+            visible = torch.full_like(kv_idx, bool(visible), dtype=torch.bool)
+        return visible
 
-    mask_mod = None
-    if variant.mask != ir.FULL:
-
-        def mask_mod(b, h, q_idx, kv_idx):
-            visible = evaluate(variant.mask, env(h, q_idx, kv_idx))
-            if not torch.is_tensor(visible):  # a constant mask such as `0 <= 10`
-                visible = torch.full_like(kv_idx, bool(visible), dtype=torch.bool)
-            return visible
-
-    return FlexMods(score_mod, mask_mod)
+    return FlexMods(
+        score_mod if variant.score != ir.IDENTITY_SCORE else None,
+        mask_mod if variant.mask != ir.FULL else None,
+    )

@@ -67,9 +67,7 @@ class BinOp(enum.Enum):
     MOD = "%"
 
 
-COMPARISONS = frozenset(
-    {BinOp.EQ, BinOp.NE, BinOp.LT, BinOp.LE, BinOp.GT, BinOp.GE}
-)
+COMPARISONS = frozenset({BinOp.EQ, BinOp.NE, BinOp.LT, BinOp.LE, BinOp.GT, BinOp.GE})
 
 
 @dataclass(frozen=True)

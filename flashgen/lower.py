@@ -30,7 +30,6 @@ from __future__ import annotations
 import hashlib
 import math
 from dataclasses import dataclass
-from typing import Callable
 
 from flashgen import grad, ir
 from flashgen.printer import print_expr, print_variant
@@ -464,9 +463,7 @@ class TileCode:
         if e.op is ir.BinOp.FLOORDIV:
             lo, hi = self.interval(e.left)
             c = _int_arg(e.right)
-            return self._assign(
-                "div", f"_floor_div({lo}, {c})", f"_floor_div({hi}, {c})"
-            )
+            return self._assign("div", f"_floor_div({lo}, {c})", f"_floor_div({hi}, {c})")
         if e.op is ir.BinOp.MOD:
             lo, hi = self.interval(e.left)
             c = _int_arg(e.right)
@@ -476,12 +473,8 @@ class TileCode:
                 f"{name}_wraps = (({hi}) - ({lo}) >= {c}) "
                 f"| (_floor_mod({lo}, {c}) > _floor_mod({hi}, {c}))"
             )
-            self.lines.append(
-                f"{name}_lo = tl.where({name}_wraps, 0, _floor_mod({lo}, {c}))"
-            )
-            self.lines.append(
-                f"{name}_hi = tl.where({name}_wraps, {c - 1}, _floor_mod({hi}, {c}))"
-            )
+            self.lines.append(f"{name}_lo = tl.where({name}_wraps, 0, _floor_mod({lo}, {c}))")
+            self.lines.append(f"{name}_hi = tl.where({name}_wraps, {c - 1}, _floor_mod({hi}, {c}))")
             return f"{name}_lo", f"{name}_hi"
         (alo, ahi), (blo, bhi) = self.interval(e.left), self.interval(e.right)
         if e.op is ir.BinOp.ADD:
@@ -544,9 +537,14 @@ class TileCode:
         const = d.get("", 0)
         variables = sorted(v for v in d if v)
         if not variables:
-            ops = {ir.BinOp.LE: const <= 0, ir.BinOp.LT: const < 0,
-                   ir.BinOp.GE: const >= 0, ir.BinOp.GT: const > 0,
-                   ir.BinOp.EQ: const == 0, ir.BinOp.NE: const != 0}
+            ops = {
+                ir.BinOp.LE: const <= 0,
+                ir.BinOp.LT: const < 0,
+                ir.BinOp.GE: const >= 0,
+                ir.BinOp.GT: const > 0,
+                ir.BinOp.EQ: const == 0,
+                ir.BinOp.NE: const != 0,
+            }
             value = str(ops[op])
             return value, value
 
@@ -748,11 +746,7 @@ def _score_parts(score: ir.Expr) -> tuple[str, ir.Expr | None]:
             if score.op is ir.BinOp.SUB:
                 bias = ir.Unary(ir.UnaryOp.NEG, bias)
             return "additive", bias
-        if (
-            score.op is ir.BinOp.ADD
-            and score.right == _S
-            and not _mentions(score.left, s_names)
-        ):
+        if score.op is ir.BinOp.ADD and score.right == _S and not _mentions(score.left, s_names):
             return "additive", score.left
     return "general", score
 

@@ -36,16 +36,12 @@ from flashgen.diagnostics import Diagnostic
 __all__ = ["parse"]
 
 
-def parse(
-    text: str, path: str = "<string>"
-) -> tuple[ir.SpecFile | None, list[Diagnostic]]:
+def parse(text: str, path: str = "<string>") -> tuple[ir.SpecFile | None, list[Diagnostic]]:
     """Parse one `.attn` file.  See the module docstring for the contract."""
     parser = _Recovering(text, path)
     tree = parser.run()
     if tree is None and not parser.diagnostics:  # recovery gave up; never silently
-        parser.diagnostics.append(
-            Diagnostic(path, ir.Span(1, 1, 1, 1), "cannot parse this file")
-        )
+        parser.diagnostics.append(Diagnostic(path, ir.Span(1, 1, 1, 1), "cannot parse this file"))
     if parser.diagnostics:
         return None, parser.diagnostics
     builder = _ToIR(path)
@@ -126,9 +122,7 @@ class _ToIR(Transformer):
     def spec_file(self, meta, *blocks: ir.Block) -> tuple[ir.Block, ...]:
         return blocks
 
-    def block(
-        self, meta, keyword: Token, name: Token, *settings: ir.Setting
-    ) -> ir.Block:
+    def block(self, meta, keyword: Token, name: Token, *settings: ir.Setting) -> ir.Block:
         return ir.Block(
             name=str(name),
             settings=settings,
@@ -137,9 +131,7 @@ class _ToIR(Transformer):
         )
 
     def setting(self, meta, key: Token, value: ir.Expr) -> ir.Setting:
-        return ir.Setting(
-            key=str(key), value=value, span=_span(meta), key_span=_span(key)
-        )
+        return ir.Setting(key=str(key), value=value, span=_span(meta), key_span=_span(key))
 
     def binary(self, meta, left: ir.Expr, op: Token, right: ir.Expr) -> ir.Binary:
         return ir.Binary(_BINARY_OPS[op.type], left, right, span=_span(meta))
@@ -347,9 +339,7 @@ class _Recovering:
     def _end_token(self) -> Token:
         line = self.text.count("\n") + 1
         column = len(self.text) - (self.text.rfind("\n") + 1) + 1
-        return Token(
-            "$END", "", len(self.text), line, column, line, column, len(self.text)
-        )
+        return Token("$END", "", len(self.text), line, column, line, column, len(self.text))
 
     # -- errors ------------------------------------------------------------- #
 
@@ -409,9 +399,7 @@ class _Recovering:
         if found == "EQUAL" and "EQ" in accepts:
             return "unexpected '='; use '==' to compare"
         if found in _COMPARISON_TERMINALS and "PLUS" in accepts and "EQ" not in accepts:
-            return (
-                "comparisons do not chain: write `a < b & b < c` instead of `a < b < c`"
-            )
+            return "comparisons do not chain: write `a < b & b < c` instead of `a < b < c`"
         if found == "RPAR" and not self.open_parens:
             return "unmatched ')'"
         if (

@@ -54,9 +54,7 @@ def print_variant(v: ir.Variant) -> str:
         "rescale_threshold": _real(float(v.rescale_threshold)),
     }
     lines = [f"attention {v.name} {{"]
-    lines += [
-        f"    {key} = {values[key]}" for key in ir.SETTINGS if values[key] is not None
-    ]
+    lines += [f"    {key} = {values[key]}" for key in ir.SETTINGS if values[key] is not None]
     lines.append("}")
     return "\n".join(lines) + "\n"
 
@@ -95,9 +93,7 @@ def _unparenthesized(e: ir.Expr) -> tuple[str, int]:
             # Left-associative: the left operand may sit at the same level,
             # the right one must bind tighter.  Comparisons do not associate.
             left_context = precedence + 1 if precedence == _COMPARE else precedence
-            text = (
-                f"{_expr(left, left_context)} {op.value} {_expr(right, precedence + 1)}"
-            )
+            text = f"{_expr(left, left_context)} {op.value} {_expr(right, precedence + 1)}"
             return text, precedence
     raise TypeError(f"not an ir expression: {e!r}")
 

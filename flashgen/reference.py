@@ -188,11 +188,7 @@ _NAMES: dict[str, Callable[[_Scope], torch.Tensor]] = {
 
 def _window(sc: _Scope, left: torch.Tensor, right: torch.Tensor | None = None):
     # window(L) = window(L, 0): the L keys before the query and the query itself.
-    right = (
-        torch.zeros((), dtype=torch.int64, device=sc.q.device)
-        if right is None
-        else right
-    )
+    right = torch.zeros((), dtype=torch.int64, device=sc.q.device) if right is None else right
     return (sc.q - left <= sc.k) & (sc.k <= sc.q + right)
 
 
@@ -331,9 +327,7 @@ def mask_matrix(
     Real sub-expressions of a mask are evaluated in float64 whatever the
     variant's dtype: the mask is exact by definition.
     """
-    scope = _scope(
-        nq, nk, num_heads, variant.align, s=None, real=torch.float64, device=device
-    )
+    scope = _scope(nq, nk, num_heads, variant.align, s=None, real=torch.float64, device=device)
     visible = _evaluate(variant.mask, scope)
     if not _is_bool(visible):
         raise ValueError("the mask expression must be boolean")

@@ -153,20 +153,14 @@ def check_forward(
 ) -> CaseResult:
     """Run the module's forward on (q, k, v) and judge o and lse."""
     o, lse = module.forward(q, k, v, scale, **launch)
-    ref_o, ref_lse = attention_ref(
-        variant, q.double(), k.double(), v.double(), scale=scale
-    )
+    ref_o, ref_lse = attention_ref(variant, q.double(), k.double(), v.double(), scale=scale)
     ord_o, ord_lse = attention_ref(variant, q, k, v, scale=scale, dtype=q.dtype)
     shape = Shape(q.shape[0], q.shape[1], k.shape[1], q.shape[2], k.shape[2])
     s_max = max_visible_score(variant, q, k, scale)
     v_max = v.abs().max().item() if v.numel() else 0.0
     checks = (
-        tolerance(
-            o.cpu(), ref_o.cpu(), ord_o.cpu(), q.dtype, what="o", score_noise=s_max * v_max
-        ),
-        tolerance(
-            lse.cpu(), ref_lse.cpu(), ord_lse.cpu(), q.dtype, what="lse", score_noise=s_max
-        ),
+        tolerance(o.cpu(), ref_o.cpu(), ord_o.cpu(), q.dtype, what="o", score_noise=s_max * v_max),
+        tolerance(lse.cpu(), ref_lse.cpu(), ord_lse.cpu(), q.dtype, what="lse", score_noise=s_max),
     )
     return CaseResult(shape, q.dtype, checks)
 

@@ -99,3 +99,64 @@ def assert_ok(result) -> None:
 
 def with_dtype(variant: ir.Variant, dtype: ir.DType) -> ir.Variant:
     return dataclasses.replace(variant, dtype=dtype)
+
+
+def make_variant(
+    mask: str = "causal",
+    score: str | None = None,
+    dtype=ir.DType.FP32,
+    head_dim: int = 32,
+    **settings,
+) -> ir.Variant:
+    """A checked Variant named `t` from spec fragments, through the real parser."""
+    from flashgen.check import check
+    from flashgen.parse import parse
+
+    text = f"attention t {{ head_dim = {head_dim}; dtype = {dtype.value}; mask = {mask}"
+    if score:
+        text += f"; score = {score}"
+    for key, value in settings.items():
+        text += f"; {key} = {value}"
+    spec, diags = parse(text + " }")
+    assert not diags, diags
+    (variant,), diags = check([spec])
+    assert not diags, diags
+    return variant
+
+
+def example_variants() -> list[ir.Variant]:
+    """Every block of examples/*.attn."""
+    from flashgen.check import check
+    from flashgen.parse import parse
+
+    variants = []
+    for path in sorted((Path(__file__).resolve().parent.parent / "examples").glob("*.attn")):
+        spec, diags = parse(path.read_text(), str(path))
+        assert not diags
+        checked, diags = check([spec])
+        assert not diags
+        variants += checked
+    return variants
+
+
+def shrink_masks(variant: ir.Variant) -> ir.Variant:
+    """Shrink windows/chunks/prefixes so that small shapes cross their edges."""
+
+    def shrink(e: ir.Expr) -> ir.Expr:
+        if isinstance(e, ir.Call) and e.fn in ir.MASK_FUNCTIONS:
+            return ir.Call(e.fn, tuple(ir.Num(min(a.value, 5 + a.value % 37)) for a in e.args))
+        if isinstance(e, ir.Binary):
+            return ir.Binary(e.op, shrink(e.left), shrink(e.right))
+        if isinstance(e, ir.Unary):
+            return ir.Unary(e.op, shrink(e.operand))
+        return e
+
+    return dataclasses.replace(variant, mask=shrink(variant.mask))
+
+
+def interpretable(variant: ir.Variant) -> ir.Variant:
+    """bf16 specs as fp16 on the CPU: the interpreter multiplies bf16 bit
+    patterns, not values.  Their bf16 runs happen on the GPU."""
+    if DEVICE == "cpu" and variant.dtype is ir.DType.BF16:
+        return with_dtype(variant, ir.DType.FP16)
+    return variant

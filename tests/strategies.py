@@ -91,9 +91,7 @@ def _comparisons(draw) -> ir.Expr:
         m = Num(draw(st.integers(1, 16)))
         return _bin(BinOp.EQ, _bin(BinOp.FLOORDIV, Q, m), _bin(BinOp.FLOORDIV, K, m))
     if choice == 4:  # abs(q - k) < w
-        return _bin(
-            BinOp.LT, Call("abs", (_q_minus_k(),)), Num(draw(st.integers(1, 50)))
-        )
+        return _bin(BinOp.LT, Call("abs", (_q_minus_k(),)), Num(draw(st.integers(1, 50))))
     if choice == 5:  # max(q, k) > t
         return _bin(BinOp.GT, Call("max", (Q, K)), Num(draw(st.integers(0, 50))))
     op = draw(st.sampled_from(sorted(ir.COMPARISONS, key=lambda o: o.value)))
@@ -150,9 +148,7 @@ def _score_bases(draw) -> ir.Expr:
     if choice == 4:
         return _bin(BinOp.ADD, S, _bin(BinOp.MUL, Num(draw(_reals(1, 100))), H_INDEX))
     # s / (1.0 + c * abs(q - k)): shrinks.
-    denominator = _bin(
-        BinOp.ADD, Num(1.0), _bin(BinOp.MUL, Num(draw(_reals(1, 10))), distance)
-    )
+    denominator = _bin(BinOp.ADD, Num(1.0), _bin(BinOp.MUL, Num(draw(_reals(1, 10))), distance))
     return _bin(BinOp.DIV, S, denominator)
 
 

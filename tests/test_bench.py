@@ -73,6 +73,7 @@ def test_bench_pipeline_on_cpu(monkeypatch):
     variant = _variant(
         "attention tiny { head_dim = 16; dtype = fp32; mask = causal; score = s + alibi }"
     )
+
     def timer(fn):
         fn()
         return 2.0

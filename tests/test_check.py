@@ -267,15 +267,11 @@ def test_setting_rules(setting, message):
 
 def test_rescale_threshold_bounds_are_inclusive():
     assert variant("rescale_threshold = 0").rescale_threshold == 0.0
-    assert (
-        variant("rescale_threshold = 15").rescale_threshold == ir.RESCALE_THRESHOLD_MAX
-    )
+    assert variant("rescale_threshold = 15").rescale_threshold == ir.RESCALE_THRESHOLD_MAX
 
 
 def test_duplicate_setting_points_at_the_second():
-    (v,) = check(
-        [spec("attention v {\n head_dim = 64\n dtype = fp16\n head_dim = 64\n}")]
-    )[1]
+    (v,) = check([spec("attention v {\n head_dim = 64\n dtype = fp16\n head_dim = 64\n}")])[1]
     assert v.span.line == 4
     assert v.note == "first set at line 2, column 2"
 
@@ -302,16 +298,12 @@ def test_missing_required_settings_point_at_the_name():
     ],
 )
 def test_block_name_rules(name, message):
-    _, diagnostics = check(
-        [spec(f"attention {name} {{ head_dim = 64; dtype = fp16 }}")]
-    )
+    _, diagnostics = check([spec(f"attention {name} {{ head_dim = 64; dtype = fp16 }}")])
     assert [d.message for d in diagnostics] == [message]
 
 
 def test_block_name_of_64_characters_is_fine():
-    variants, diagnostics = check(
-        [spec(f"attention {'a' * 64} {{ head_dim = 64; dtype = fp16 }}")]
-    )
+    variants, diagnostics = check([spec(f"attention {'a' * 64} {{ head_dim = 64; dtype = fp16 }}")])
     assert diagnostics == [] and len(variants) == 1
 
 
@@ -336,9 +328,7 @@ def test_duplicate_block_names_across_files():
 
 
 def test_block_names_differing_only_in_case_collide():
-    _, diagnostics = check(
-        [spec(f"attention Causal {{ {GOOD} }}\nattention causal {{ {GOOD} }}")]
-    )
+    _, diagnostics = check([spec(f"attention Causal {{ {GOOD} }}\nattention causal {{ {GOOD} }}")])
     (d,) = diagnostics
     assert d.message == "block name 'causal' differs from 'Causal' only in case"
 

@@ -53,16 +53,12 @@ def test_snapshot(case):
 
 
 def _diag(line, column, end_line, end_column, message="bad", note=None):
-    return Diagnostic(
-        "x.attn", ir.Span(line, column, end_line, end_column), message, note=note
-    )
+    return Diagnostic("x.attn", ir.Span(line, column, end_line, end_column), message, note=note)
 
 
 def test_render_underlines_span_and_strips_indentation():
     source = "attention a {\n    mask = causal & window(-3)\n}\n"
-    out = render(
-        _diag(2, 21, 2, 31, "window size must be non-negative, got -3"), source
-    )
+    out = render(_diag(2, 21, 2, 31, "window size must be non-negative, got -3"), source)
     assert out == (
         "x.attn:2:21: error: window size must be non-negative, got -3\n"
         "    mask = causal & window(-3)\n"
@@ -87,9 +83,7 @@ def test_render_expands_tabs_consistently():
 
 def test_render_note_and_severity():
     d = Diagnostic("x.attn", ir.Span(1, 1, 1, 2), "odd", severity="warning", note="why")
-    assert (
-        render(d, "x\n") == "x.attn:1:1: warning: odd\n    x\n    ^\n    = note: why\n"
-    )
+    assert render(d, "x\n") == "x.attn:1:1: warning: odd\n    x\n    ^\n    = note: why\n"
 
 
 def test_render_without_source_or_span():

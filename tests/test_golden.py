@@ -42,9 +42,9 @@ def test_every_example_has_a_module_and_nothing_else():
 @pytest.mark.parametrize("variant", VARIANTS, ids=lambda v: v.name)
 def test_generated_module_is_current(variant):
     committed = (GENERATED / f"{variant.name}.py").read_text()
-    assert render_module(variant) == committed, (
-        f"generated/{variant.name}.py is stale: run `flashgen build` in the repository root"
-    )
+    assert (
+        render_module(variant) == committed
+    ), f"generated/{variant.name}.py is stale: run `flashgen build` in the repository root"
 
 
 @pytest.mark.parametrize("variant", VARIANTS, ids=lambda v: v.name)

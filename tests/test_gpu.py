@@ -10,23 +10,18 @@ from __future__ import annotations
 import dataclasses
 import os
 import random
-from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from flashgen import ir
-from flashgen.check import check
-from flashgen.parse import parse
 from flashgen.verify import Shape
-from kernel_utils import assert_ok, run_case, run_grad_case
+from kernel_utils import assert_ok, example_variants, run_case, run_grad_case
 from strategies import variants
 
 pytestmark = pytest.mark.gpu
 
-ROOT = Path(__file__).resolve().parent.parent
-EXAMPLES = sorted((ROOT / "examples").glob("*.attn"))
 LENGTHS = (1, 3, 17, 113, 203, 239, 799, 1023, 1024, 2048)
 
 
@@ -43,16 +38,7 @@ def _record(variant: ir.Variant, result) -> None:
             )
 
 
-def _examples():
-    for path in EXAMPLES:
-        spec, diags = parse(path.read_text(), str(path))
-        assert not diags
-        checked, diags = check([spec])
-        assert not diags
-        yield from checked
-
-
-@pytest.mark.parametrize("variant", list(_examples()), ids=lambda v: v.name)
+@pytest.mark.parametrize("variant", example_variants(), ids=lambda v: v.name)
 @pytest.mark.parametrize("dtype", [ir.DType.FP16, ir.DType.BF16])
 def test_examples_on_gpu(variant, dtype):
     variant = dataclasses.replace(variant, dtype=dtype)
@@ -71,7 +57,9 @@ def test_examples_on_gpu(variant, dtype):
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
 )
 @given(
-    variant=variants(dtypes=(ir.DType.FP16, ir.DType.BF16), head_dims=(24, 40, 64, 80, 96, 128, 192, 256)),
+    variant=variants(
+        dtypes=(ir.DType.FP16, ir.DType.BF16), head_dims=(24, 40, 64, 80, 96, 128, 192, 256)
+    ),
     kv_heads=st.integers(1, 2),
     group=st.sampled_from((1, 2)),
     n_queries=st.sampled_from(LENGTHS),
@@ -86,7 +74,7 @@ def test_random_specs_on_gpu(variant, kv_heads, group, n_queries, n_keys, magnit
     assert_ok(result)
 
 
-@pytest.mark.parametrize("variant", list(_examples()), ids=lambda v: v.name)
+@pytest.mark.parametrize("variant", example_variants(), ids=lambda v: v.name)
 @pytest.mark.parametrize("dtype", [ir.DType.FP16, ir.DType.BF16])
 def test_example_gradients_on_gpu(variant, dtype):
     variant = dataclasses.replace(variant, dtype=dtype)
@@ -103,7 +91,9 @@ def test_example_gradients_on_gpu(variant, dtype):
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
 )
 @given(
-    variant=variants(dtypes=(ir.DType.FP16, ir.DType.BF16), head_dims=(24, 40, 64, 80, 96, 128, 192, 256)),
+    variant=variants(
+        dtypes=(ir.DType.FP16, ir.DType.BF16), head_dims=(24, 40, 64, 80, 96, 128, 192, 256)
+    ),
     kv_heads=st.integers(1, 2),
     group=st.sampled_from((1, 2)),
     n_queries=st.sampled_from(LENGTHS),

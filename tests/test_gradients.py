@@ -11,7 +11,6 @@ float64 would measure fp32 rounding.)
 from __future__ import annotations
 
 import dataclasses
-from pathlib import Path
 
 import pytest
 import torch
@@ -19,53 +18,23 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from flashgen import ir
-from flashgen.check import check
-from flashgen.parse import parse
 from flashgen.verify import Shape
-from kernel_utils import DEVICE, assert_ok, build, run_grad_case, with_dtype
+from kernel_utils import (
+    DEVICE,
+    assert_ok,
+    build,
+    example_variants,
+    interpretable,
+    make_variant,
+    run_grad_case,
+    shrink_masks,
+)
 from strategies import variants
 
-ROOT = Path(__file__).resolve().parent.parent
-EXAMPLES = sorted((ROOT / "examples").glob("*.attn"))
 
-
-def _variant(mask="causal", score=None, dtype=ir.DType.FP32, head_dim=32, **kw):
-    text = f"attention t {{ head_dim = {head_dim}; dtype = {dtype.value}; mask = {mask}"
-    if score:
-        text += f"; score = {score}"
-    for key, value in kw.items():
-        text += f"; {key} = {value}"
-    spec, diags = parse(text + " }")
-    assert not diags, diags
-    (variant,), diags = check([spec])
-    assert not diags, diags
-    return variant
-
-
-def _examples():
-    for path in EXAMPLES:
-        spec, _ = parse(path.read_text(), str(path))
-        variants_, _ = check([spec])
-        for v in variants_:
-            # The interpreter has no bf16 dot product: bf16 specs run as fp16
-            # here and as bf16 on the GPU.
-            yield with_dtype(v, ir.DType.FP16) if v.dtype is ir.DType.BF16 else v
-
-
-def _small(variant):
-    def shrink(e):
-        if isinstance(e, ir.Call) and e.fn in ir.MASK_FUNCTIONS:
-            return ir.Call(e.fn, tuple(ir.Num(min(a.value, 5 + a.value % 37)) for a in e.args))
-        if isinstance(e, ir.Binary):
-            return ir.Binary(e.op, shrink(e.left), shrink(e.right))
-        if isinstance(e, ir.Unary):
-            return ir.Unary(e.op, shrink(e.operand))
-        return e
-
-    return dataclasses.replace(variant, mask=shrink(variant.mask))
-
-
-@pytest.mark.parametrize("variant", [_small(v) for v in _examples()], ids=lambda v: v.name)
+@pytest.mark.parametrize(
+    "variant", [shrink_masks(interpretable(v)) for v in example_variants()], ids=lambda v: v.name
+)
 @pytest.mark.parametrize(
     "shape",
     [Shape(1, 2, 1, 77, 77), Shape(2, 2, 2, 30, 95), Shape(1, 4, 2, 95, 30)],
@@ -95,17 +64,15 @@ def test_random_spec_gradients(variant, kv_heads, group, n_queries, n_keys, seed
 
 @pytest.mark.parametrize("kv_heads", [1, 2, 4])
 def test_gqa_and_mqa_sum_over_the_group(kv_heads):
-    variant = _variant("causal & window(9)", score="s + alibi", dtype=ir.DType.FP16)
+    variant = make_variant("causal & window(9)", score="s + alibi", dtype=ir.DType.FP16)
     assert_ok(run_grad_case(variant, Shape(2, 4, kv_heads, 45, 60), seed=kv_heads))
 
 
 @pytest.mark.parametrize("mask", ["causal", "h % 2 == 1 & causal", "!full"])
 def test_fully_masked_rows_have_zero_gradients(mask):
-    variant = _variant(mask, score="softcap(s, 10.0)")
+    variant = make_variant(mask, score="softcap(s, 10.0)")
     module = build(variant)
-    q, k, v = (
-        torch.randn(1, 2, n, 32, device=DEVICE).requires_grad_() for n in (70, 20, 20)
-    )
+    q, k, v = (torch.randn(1, 2, n, 32, device=DEVICE).requires_grad_() for n in (70, 20, 20))
     o, lse = module.attention(q, k, v, return_lse=True)
     (o.sum() + torch.where(torch.isfinite(lse), lse, 0.0).sum()).backward()
     for grad in (q.grad, k.grad, v.grad):
@@ -121,14 +88,14 @@ def test_fully_masked_rows_have_zero_gradients(mask):
 @pytest.mark.parametrize("score", [None, "s + 0.2 * k", "softcap(s, 30.0)"])
 def test_short_keys_large_inputs_give_finite_gradients(n_keys, dtype, score):
     """Inputs x5 and few keys: out-of-range keys are never read as data."""
-    variant = _variant("full", score=score, dtype=dtype)
+    variant = make_variant("full", score=score, dtype=dtype)
     result = run_grad_case(variant, Shape(1, 2, 1, 40, n_keys), seed=n_keys, magnitude=5.0)
     assert all(check.finite for check in result.checks)
     assert_ok(result)
 
 
 def test_rescale_threshold_changes_gradients_by_rounding_only():
-    base = _variant("causal", score="softcap(s, 20.0)", head_dim=40)
+    base = make_variant("causal", score="softcap(s, 20.0)", head_dim=40)
     lazy = dataclasses.replace(base, rescale_threshold=8.0)
     gen = torch.Generator().manual_seed(0)
     q, k, v, do = (torch.randn(1, 2, 150, 40, generator=gen).to(DEVICE) * 3 for _ in range(4))
@@ -143,7 +110,7 @@ def test_rescale_threshold_changes_gradients_by_rounding_only():
 
 
 def test_backward_block_sizes_agree():
-    variant = _variant("causal | prefix(5)", score="s - 0.01 * abs(q - k)", dtype=ir.DType.FP32)
+    variant = make_variant("causal | prefix(5)", score="s - 0.01 * abs(q - k)", dtype=ir.DType.FP32)
     module = build(variant)
     gen = torch.Generator().manual_seed(3)
     q, k, v, do = (torch.randn(1, 2, 70, 32, generator=gen).to(DEVICE) for _ in range(4))
@@ -156,7 +123,7 @@ def test_backward_block_sizes_agree():
 
 
 def test_no_grad_inference_and_lse_only_gradients():
-    variant = _variant("causal")
+    variant = make_variant("causal")
     module = build(variant)
     q, k, v = (torch.randn(1, 1, 20, 32, device=DEVICE) for _ in range(3))
     with torch.no_grad():
@@ -188,5 +155,5 @@ def test_no_grad_inference_and_lse_only_gradients():
 )
 def test_score_derivatives(score):
     """Each rule of the symbolic derivative, in fp32 where errors are small."""
-    variant = _variant("causal", score=score, dtype=ir.DType.FP32)
+    variant = make_variant("causal", score=score, dtype=ir.DType.FP32)
     assert_ok(run_grad_case(variant, Shape(1, 2, 1, 33, 47), seed=7, magnitude=2.0))

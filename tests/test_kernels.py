@@ -9,7 +9,6 @@ each program instance in numpy.
 from __future__ import annotations
 
 import dataclasses
-from pathlib import Path
 
 import pytest
 import torch
@@ -17,49 +16,23 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from flashgen import ir
-from flashgen.check import check
-from flashgen.parse import parse
 from flashgen.verify import Shape
-from kernel_utils import DEVICE, assert_ok, build, run_case, with_dtype
+from kernel_utils import (
+    DEVICE,
+    assert_ok,
+    build,
+    example_variants,
+    interpretable,
+    make_variant,
+    run_case,
+    shrink_masks,
+)
 from strategies import variants
 
-ROOT = Path(__file__).resolve().parent.parent
-EXAMPLES = sorted((ROOT / "examples").glob("*.attn"))
 BLOCKS = [(16, 16), (16, 32), (32, 16), (32, 32), (64, 32)]
 
 
-def _variants_of(path: Path) -> tuple[ir.Variant, ...]:
-    spec, diags = parse(path.read_text(), str(path))
-    assert not diags
-    checked, diags = check([spec])
-    assert not diags
-    return checked
-
-
-def _cpu_dtype(variant: ir.Variant) -> ir.Variant:
-    # The interpreter multiplies bf16 bit patterns, not values: test bf16
-    # specs' mask and score code in fp16 here and in bf16 on the GPU.
-    if variant.dtype is ir.DType.BF16:
-        return with_dtype(variant, ir.DType.FP16)
-    return variant
-
-
-def _small(variant: ir.Variant) -> ir.Variant:
-    """Shrink windows/chunks/prefixes so that small shapes cross their edges."""
-
-    def shrink(e: ir.Expr) -> ir.Expr:
-        if isinstance(e, ir.Call) and e.fn in ir.MASK_FUNCTIONS:
-            return ir.Call(e.fn, tuple(ir.Num(min(a.value, 5 + a.value % 37)) for a in e.args))
-        if isinstance(e, ir.Binary):
-            return ir.Binary(e.op, shrink(e.left), shrink(e.right))
-        if isinstance(e, ir.Unary):
-            return ir.Unary(e.op, shrink(e.operand))
-        return e
-
-    return dataclasses.replace(variant, mask=shrink(variant.mask))
-
-
-@pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.stem)
+@pytest.mark.parametrize("variant", example_variants(), ids=lambda v: v.name)
 @pytest.mark.parametrize(
     "shape",
     [
@@ -73,11 +46,11 @@ def _small(variant: ir.Variant) -> ir.Variant:
     ],
     ids=str,
 )
-def test_examples(path, shape):
-    for variant in _variants_of(path):
-        for v in (_cpu_dtype(variant), _small(_cpu_dtype(variant))):
-            assert_ok(run_case(v, shape, seed=shape.n_keys))
-            assert_ok(run_case(v, shape, seed=shape.n_keys, block_m=16, block_n=16))
+def test_examples(variant, shape):
+    variant = interpretable(variant)
+    for v in (variant, shrink_masks(variant)):
+        assert_ok(run_case(v, shape, seed=shape.n_keys))
+        assert_ok(run_case(v, shape, seed=shape.n_keys, block_m=16, block_n=16))
 
 
 @settings(
@@ -101,19 +74,6 @@ def test_random_specs(variant, batch, kv_heads, group, n_queries, n_keys, blocks
     assert_ok(run_case(variant, shape, seed=seed, block_m=block_m, block_n=block_n))
 
 
-def _variant(mask="causal", score=None, dtype=ir.DType.FP32, **kw) -> ir.Variant:
-    text = f"attention t {{ head_dim = {kw.pop('head_dim', 32)}; dtype = {dtype.value}; mask = {mask}"
-    if score:
-        text += f"; score = {score}"
-    for key, value in kw.items():
-        text += f"; {key} = {value}"
-    spec, diags = parse(text + " }")
-    assert not diags, diags
-    (variant,), diags = check([spec])
-    assert not diags, diags
-    return variant
-
-
 @pytest.mark.parametrize("dtype", [ir.DType.FP32, ir.DType.FP16])
 @pytest.mark.parametrize(
     "mask,shape",
@@ -128,7 +88,7 @@ def _variant(mask="causal", score=None, dtype=ir.DType.FP32, **kw) -> ir.Variant
     ],
 )
 def test_fully_masked_rows(mask, shape, dtype):
-    variant = _variant(mask, dtype=dtype)
+    variant = make_variant(mask, dtype=dtype)
     module = build(variant)
     q = torch.randn(shape.batch, shape.heads, shape.n_queries, 32, device=DEVICE)
     q = q.to(variant_dtype(variant))
@@ -156,7 +116,7 @@ def variant_dtype(variant: ir.Variant) -> torch.dtype:
 @pytest.mark.parametrize("mask", ["full", "causal", "window(4, 2)"])
 @pytest.mark.parametrize("align", ["bottom_right", "top_left"])
 def test_single_query_or_key(n_queries, n_keys, mask, align):
-    variant = _variant(mask, dtype=ir.DType.FP16, align=align)
+    variant = make_variant(mask, dtype=ir.DType.FP16, align=align)
     assert_ok(run_case(variant, Shape(2, 2, 1, n_queries, n_keys), seed=n_keys))
 
 
@@ -165,7 +125,7 @@ def test_single_query_or_key(n_queries, n_keys, mask, align):
 @pytest.mark.parametrize("score", [None, "softcap(s, 30.0)", "s + alibi"])
 def test_large_scores(threshold, dtype, score):
     """Scale 10 and inputs x5: scores in the thousands, no overflow, no NaN."""
-    variant = _variant(
+    variant = make_variant(
         "causal", score=score, dtype=dtype, rescale_threshold=threshold, scale=10.0
     )
     result = run_case(
@@ -179,7 +139,7 @@ def test_rescale_threshold_bounds_p_in_fp16(threshold):
     """Scores that climb along the keys move the row max by ~4.6 log2 units
     per 16-key tile.  The reference max must follow within the threshold, or
     p = 2^(s - m) overflows fp16 in the P @ V product."""
-    variant = _variant(
+    variant = make_variant(
         "causal", score="s + 0.2 * k", dtype=ir.DType.FP16, rescale_threshold=threshold
     )
     result = run_case(variant, Shape(1, 1, 1, 40, 300), seed=5, block_m=16, block_n=16)
@@ -187,7 +147,7 @@ def test_rescale_threshold_bounds_p_in_fp16(threshold):
 
 
 def test_rescale_threshold_changes_only_rounding():
-    base = _variant("causal", score="softcap(s, 20.0)", head_dim=40)
+    base = make_variant("causal", score="softcap(s, 20.0)", head_dim=40)
     lazy = dataclasses.replace(base, rescale_threshold=8.0)
     q, k, v = (torch.randn(1, 2, 150, 40, device=DEVICE) * 3 for _ in range(3))
     o0, lse0 = build(base).forward(q, k, v, block_m=16, block_n=16)
@@ -198,12 +158,12 @@ def test_rescale_threshold_changes_only_rounding():
 
 @pytest.mark.parametrize("kv_heads", [1, 2, 4])
 def test_gqa_and_mqa_read_the_right_kv_head(kv_heads):
-    variant = _variant("causal", score="s + alibi", dtype=ir.DType.FP16)
+    variant = make_variant("causal", score="s + alibi", dtype=ir.DType.FP16)
     assert_ok(run_case(variant, Shape(2, 4, kv_heads, 45, 70), seed=kv_heads))
 
 
 def test_any_strides():
-    variant = _variant("causal & window(20)", dtype=ir.DType.FP32, head_dim=40)
+    variant = make_variant("causal & window(20)", dtype=ir.DType.FP32, head_dim=40)
     module = build(variant)
     # (B, N, H, D) memory layout viewed as (B, H, N, D), and a sliced tensor.
     q = torch.randn(2, 37, 3, 40, device=DEVICE).transpose(1, 2)
@@ -219,7 +179,7 @@ def test_any_strides():
 
 
 def test_empty_inputs():
-    module = build(_variant("causal"))
+    module = build(make_variant("causal"))
     q = torch.randn(1, 2, 0, 32, device=DEVICE)
     o, lse = module.attention(q, q, q, return_lse=True)
     assert o.shape == (1, 2, 0, 32) and lse.shape == (1, 2, 0)
@@ -230,7 +190,7 @@ def test_empty_inputs():
 
 
 def test_explicit_scale_overrides_spec():
-    variant = _variant("causal", scale=0.5)
+    variant = make_variant("causal", scale=0.5)
     assert_ok(run_case(variant, Shape(1, 1, 1, 30, 30), scale=0.05))
     assert build(variant).DEFAULT_SCALE == 0.5
 
@@ -248,7 +208,7 @@ def test_explicit_scale_overrides_spec():
     ],
 )
 def test_bad_inputs_get_named_errors(q, k, v, error, match):
-    module = build(_variant("causal"))
+    module = build(make_variant("causal"))
     shapes = {
         "ok": (2, 4, 8, 32),
         "3d": (4, 8, 32),
@@ -265,7 +225,7 @@ def test_bad_inputs_get_named_errors(q, k, v, error, match):
 
 
 def test_bad_scale_and_blocks():
-    module = build(_variant("causal"))
+    module = build(make_variant("causal"))
     x = torch.randn(1, 1, 8, 32, device=DEVICE)
     with pytest.raises(TypeError, match="scale"):
         module.attention(x, x, x, scale="0.1")

@@ -23,9 +23,7 @@ from flashgen import ir, lower
 from flashgen.reference import mask_matrix
 from strategies import masks, variants
 
-_TL = types.SimpleNamespace(
-    where=np.where, minimum=np.minimum, maximum=np.maximum, abs=np.abs
-)
+_TL = types.SimpleNamespace(where=np.where, minimum=np.minimum, maximum=np.maximum, abs=np.abs)
 
 
 def _namespace(q_lo, q_hi, k_lo, k_hi, head, num_heads):

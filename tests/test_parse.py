@@ -79,9 +79,7 @@ def test_examples_parse():
         "score",
         "rescale_threshold",
     ]
-    assert gemma.settings[2].value == b(
-        BinOp.AND, Name("causal"), Call("window", (Num(4095),))
-    )
+    assert gemma.settings[2].value == b(BinOp.AND, Name("causal"), Call("window", (Num(4095),)))
     assert gemma.settings[3].value == Call("softcap", (s, Num(50.0)))
 
 
@@ -320,13 +318,9 @@ def test_unterminated_block_at_end_of_file():
     spec, diagnostics = parse("attention a {\n  x = 1\n", "u.attn")
     assert spec is None
     (d,) = diagnostics
-    assert (
-        d.message == "unterminated block 'a': expected '}' before the end of the file"
-    )
+    assert d.message == "unterminated block 'a': expected '}' before the end of the file"
     assert d.span == ir.Span(1, 1, 1, 12)
-    assert (
-        d.note == "the block starts at line 1; the file ends at line 2 without its '}'"
-    )
+    assert d.note == "the block starts at line 1; the file ends at line 2 without its '}'"
 
 
 def test_unterminated_block_with_incomplete_last_statement():
@@ -345,9 +339,7 @@ def test_missing_brace_before_next_block():
 
 
 def test_huge_integer_literal_is_a_diagnostic():
-    assert errors("attention a { x = " + "9" * 5000 + " }") == [
-        "integer literal is too large"
-    ]
+    assert errors("attention a { x = " + "9" * 5000 + " }") == ["integer literal is too large"]
 
 
 # --------------------------------------------------------------------------- #

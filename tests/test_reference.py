@@ -204,9 +204,7 @@ def test_floor_div_and_mod_on_negative_positions():
     # Nq = 10 > Nk = 3 under bottom-right: query positions -7 .. 2.
     q, k = name("q"), name("k")
     for c in (1, 2, 3, 5):
-        mod = bin_(
-            ir.BinOp.EQ, bin_(ir.BinOp.MOD, q, num(c)), bin_(ir.BinOp.MOD, k, num(c))
-        )
+        mod = bin_(ir.BinOp.EQ, bin_(ir.BinOp.MOD, q, num(c)), bin_(ir.BinOp.MOD, k, num(c)))
         div = bin_(ir.BinOp.LT, bin_(ir.BinOp.FLOORDIV, q, num(c)), k)
         chunk = call("chunk", num(c))
         assert torch.equal(
@@ -222,9 +220,7 @@ def test_floor_div_and_mod_on_negative_positions():
             loop_mask(lambda a, b, h, H: a // c == b // c, 10, 3, 1, BR),
         )
     # Spelled out: -7 div 3 = -3 and -7 % 3 = 2 (floor semantics, not C's -2 and -1).
-    first_row = lambda e: mask_matrix(variant(e), 10, 3, 1)[
-        0, 0, 0
-    ].item()  # noqa: E731
+    first_row = lambda e: mask_matrix(variant(e), 10, 3, 1)[0, 0, 0].item()  # noqa: E731
     assert first_row(bin_(ir.BinOp.EQ, bin_(ir.BinOp.FLOORDIV, q, num(3)), num(-3)))
     assert first_row(bin_(ir.BinOp.EQ, bin_(ir.BinOp.MOD, q, num(3)), num(2)))
 
@@ -261,9 +257,7 @@ def test_alibi_slopes_power_of_two_are_the_paper_values():
     s = alibi_slopes(8)
     assert s.dtype == torch.float64
     assert s.tolist() == [1 / 2, 1 / 4, 1 / 8, 1 / 16, 1 / 32, 1 / 64, 1 / 128, 1 / 256]
-    assert alibi_slopes(16).tolist() == pytest.approx(
-        [2 ** (-(i + 1) / 2) for i in range(16)]
-    )
+    assert alibi_slopes(16).tolist() == pytest.approx([2 ** (-(i + 1) / 2) for i in range(16)])
     assert alibi_slopes(1).tolist() == [1 / 256]
 
 
@@ -276,9 +270,7 @@ def test_alibi_slopes_non_power_of_two_by_hand():
     ]  # fmt: skip
     assert alibi_slopes(12).tolist() == pytest.approx(expected, rel=1e-15)
     # H = 6: n = 4 gives 2^-2, 2^-4, 2^-6, 2^-8; then the 8-head rule at i = 0, 2.
-    assert alibi_slopes(6).tolist() == pytest.approx(
-        [1 / 4, 1 / 16, 1 / 64, 1 / 256, 1 / 2, 1 / 8]
-    )
+    assert alibi_slopes(6).tolist() == pytest.approx([1 / 4, 1 / 16, 1 / 64, 1 / 256, 1 / 2, 1 / 8])
     with pytest.raises(ValueError):
         alibi_slopes(0)
 
@@ -288,9 +280,7 @@ def test_alibi_score_is_minus_slope_times_distance(align):
     nq, nk, heads = 5, 8, 12
     q, k, _ = rand_qkv(2, heads, 4, nq, nk, 16)
     plain = scores(variant(align=align), q, k)
-    got = scores(
-        variant(score=bin_(ir.BinOp.ADD, name("s"), name("alibi")), align=align), q, k
-    )
+    got = scores(variant(score=bin_(ir.BinOp.ADD, name("s"), name("alibi")), align=align), q, k)
     slopes = alibi_slopes(heads)
     offset = nk - nq if align is BR else 0
     want = plain.clone()
@@ -320,9 +310,7 @@ def test_softcap_matches_formula():
     q = q * 10  # push scores into tanh's saturating range
     plain = scores(variant(), q, k)
     capped = scores(variant(score=call("softcap", name("s"), num(5.0))), q, k)
-    torch.testing.assert_close(
-        capped, 5.0 * torch.tanh(plain / 5.0), rtol=0, atol=1e-14
-    )
+    torch.testing.assert_close(capped, 5.0 * torch.tanh(plain / 5.0), rtol=0, atol=1e-14)
     assert capped.abs().max() < 5.0 < plain.abs().max()
 
 
@@ -339,12 +327,8 @@ def test_custom_score_with_int_and_real_mixing():
     const = scores(variant(score=bin_(ir.BinOp.DIV, dist, num(2))), q, k)
     assert const.shape == (1, 2, 3, 6)
     torch.testing.assert_close(const, (d / 2).expand(1, 2, 3, 6))
-    exp_log = call(
-        "log", call("exp", call("sqrt", bin_(ir.BinOp.MUL, name("s"), name("s"))))
-    )
-    torch.testing.assert_close(
-        scores(variant(score=exp_log), q, k), scores(variant(), q, k).abs()
-    )
+    exp_log = call("log", call("exp", call("sqrt", bin_(ir.BinOp.MUL, name("s"), name("s")))))
+    torch.testing.assert_close(scores(variant(score=exp_log), q, k), scores(variant(), q, k).abs())
     torch.testing.assert_close(
         scores(variant(score=call("tanh", name("s"))), q, k),
         torch.tanh(scores(variant(), q, k)),
@@ -377,9 +361,7 @@ def test_full_attention_matches_sdpa(nq, nk):
 def test_top_left_causal_matches_sdpa_is_causal(nq, nk):
     q, k, v = rand_qkv(2, 2, 2, nq, nk, 16)
     o, _ = attention_ref(variant(CAUSAL, align=TL), q, k, v)
-    torch.testing.assert_close(
-        o, F.scaled_dot_product_attention(q, k, v, is_causal=True)
-    )
+    torch.testing.assert_close(o, F.scaled_dot_product_attention(q, k, v, is_causal=True))
 
 
 @pytest.mark.parametrize("nq,nk", [(5, 5), (3, 7), (1, 9), (13, 29)])
@@ -387,9 +369,7 @@ def test_bottom_right_causal_matches_sdpa_with_tril_mask(nq, nk):
     q, k, v = rand_qkv(1, 2, 2, nq, nk, 16)
     o, _ = attention_ref(variant(CAUSAL), q, k, v)
     tril = torch.ones(nq, nk, dtype=torch.bool).tril(nk - nq)
-    torch.testing.assert_close(
-        o, F.scaled_dot_product_attention(q, k, v, attn_mask=tril)
-    )
+    torch.testing.assert_close(o, F.scaled_dot_product_attention(q, k, v, attn_mask=tril))
 
 
 @pytest.mark.parametrize("heads,kv_heads", [(4, 4), (8, 2), (6, 1)])
@@ -534,11 +514,7 @@ def test_low_precision_dtypes(dtype, lse_dtype, tol):
     assert o.dtype == dtype and lse.dtype == lse_dtype
     torch.testing.assert_close(o.double(), o64, rtol=0, atol=tol)
     dead = lse64 == NEG_INF
-    assert (
-        dead.any()
-        and (lse[dead] == NEG_INF).all()
-        and (o[dead.expand_as(lse)] == 0).all()
-    )
+    assert dead.any() and (lse[dead] == NEG_INF).all() and (o[dead.expand_as(lse)] == 0).all()
     torch.testing.assert_close(lse[~dead].double(), lse64[~dead], rtol=0, atol=tol)
 
 
@@ -566,13 +542,9 @@ def test_low_precision_is_differentiable():
 )
 def test_window_and_chunk_property(nq, nk, left, right, c, top_left):
     align = TL if top_left else BR
-    win = mask_matrix(
-        variant(call("window", num(left), num(right)), align=align), nq, nk, 1
-    )
+    win = mask_matrix(variant(call("window", num(left), num(right)), align=align), nq, nk, 1)
     assert torch.equal(
         win, loop_mask(lambda q, k, h, H: q - left <= k <= q + right, nq, nk, 1, align)
     )
     chk = mask_matrix(variant(call("chunk", num(c)), align=align), nq, nk, 1)
-    assert torch.equal(
-        chk, loop_mask(lambda q, k, h, H: q // c == k // c, nq, nk, 1, align)
-    )
+    assert torch.equal(chk, loop_mask(lambda q, k, h, H: q // c == k // c, nq, nk, 1, align))
