@@ -34,6 +34,7 @@ from flashgen import __version__, ir
 from flashgen.check import check
 from flashgen.diagnostics import Diagnostic, SpecError
 from flashgen.emit import render_module
+from flashgen.tune import tuning_for
 from flashgen.parse import parse
 
 __all__ = [
@@ -120,7 +121,7 @@ def check_sources(
 def build_sources(specs: Spec | Sequence[Spec]) -> dict[str, str]:
     """Block name -> source of its generated module, for all blocks of `specs`."""
     variants, _ = check_sources(_read_specs(specs))
-    return {v.name: render_module(v) for v in variants}
+    return {v.name: render_module(v, tuning_for(v)) for v in variants}
 
 
 def build_source(spec: Spec, name: str | None = None) -> str:
@@ -165,7 +166,7 @@ def load_all(spec: Spec) -> dict[str, types.ModuleType]:
 
 def load_variant(variant: ir.Variant) -> types.ModuleType:
     """The generated module of an already checked variant."""
-    return _import(variant.name, render_module(variant))
+    return _import(variant.name, render_module(variant, tuning_for(variant)))
 
 
 def cache_dir() -> Path:

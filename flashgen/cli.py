@@ -27,6 +27,7 @@ from pathlib import Path
 from flashgen import __version__, api, ir
 from flashgen.diagnostics import Diagnostic, SpecError, render_all
 from flashgen.emit import render_module
+from flashgen.tune import TuningError, tuning_for, sidecar_path
 
 EXAMPLES_GLOB = "examples/*.attn"
 GENERATED_DIR = "generated"
@@ -54,6 +55,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     except SpecError as e:
         print(e, file=sys.stderr)
+        return 1
+    except TuningError as e:
+        print(f"flashgen: error: {e}", file=sys.stderr)
         return 1
     except OSError as e:  # writing output
         where = f" '{e.filename}'" if e.filename else ""
@@ -118,6 +122,20 @@ def _parser() -> argparse.ArgumentParser:
     bench.add_argument("--plot", metavar="PNG", help="plot TFLOP/s against sequence length")
     bench.add_argument("--name", help="bench only this block")
     bench.set_defaults(run=_bench)
+
+    tune = commands.add_parser(
+        "tune",
+        help="measure launch configs on this GPU and save them next to the spec (CUDA)",
+        description="Time candidate (BLOCK_M, BLOCK_N, num_warps, num_stages) for the "
+        "forward and the backward of each block and save the fastest in SPEC.tune.json; "
+        "`flashgen build` then freezes them into the module.",
+    )
+    tune.add_argument("specs", nargs="+", metavar="SPEC", help=".attn file")
+    tune.add_argument("--seqlens", type=_positive, nargs="+", default=[4096], metavar="N")
+    tune.add_argument("--batch", type=_positive, help="default: 16384 tokens / N")
+    tune.add_argument("--heads", type=_positive, default=16)
+    tune.add_argument("--name", help="tune only this block")
+    tune.set_defaults(run=_tune)
     return parser
 
 
@@ -147,6 +165,30 @@ def _bench(args: argparse.Namespace) -> int:
         Path(args.json).write_text(bench.to_json(results))
     if args.plot:
         bench.plot(results, args.plot)
+    return 0
+
+
+def _tune(args: argparse.Namespace) -> int:
+    variants, _ = _check_sources(_read(args.specs))
+    if args.name is not None:
+        variants = [v for v in variants if v.name == args.name]
+        if not variants:
+            raise _UsageError(f"tune: no attention block named '{args.name}'")
+    import torch
+
+    if not torch.cuda.is_available():
+        raise _UsageError("tune: needs a CUDA GPU (torch sees none)")
+    from flashgen import tune
+
+    for variant in variants:
+        best, _ = tune.tune(variant, seqlens=args.seqlens, batch=args.batch, heads=args.heads)
+        path = sidecar_path(variant.path)
+        tune.write_tuning(path, {variant.name: best})
+        print(
+            f"{variant.name}: forward {tune._as_list(best.forward)}, "
+            f"backward {tune._as_list(best.backward)} on {best.device} -> {path}"
+        )
+    print("run `flashgen build` to write these into the modules")
     return 0
 
 
@@ -181,7 +223,7 @@ def _build(args: argparse.Namespace) -> int:
             raise _UsageError(f"build: no SPEC given and no {EXAMPLES_GLOB} here")
     out = Path(args.out or GENERATED_DIR)
     variants, _ = _check_sources(_read(specs))
-    modules = {v.name: render_module(v) for v in variants}
+    modules = {v.name: render_module(v, tuning_for(v)) for v in variants}
     if args.check:
         return _compare(modules, out)
     for name, text in modules.items():

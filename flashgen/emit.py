@@ -15,7 +15,7 @@ import black
 import jinja2
 
 from flashgen import __version__, ir
-from flashgen.lower import lower
+from flashgen.lower import Tuning, lower
 
 _BLACK_MODE = black.Mode(
     target_versions={black.TargetVersion.PY310}, line_length=88, magic_trailing_comma=False
@@ -43,9 +43,12 @@ def _environment() -> jinja2.Environment:
     )
 
 
-def render_module(variant: ir.Variant) -> str:
-    """Full, black-formatted source of the module for one attention block."""
-    model = lower(variant)
+def render_module(variant: ir.Variant, tuning: Tuning | None = None) -> str:
+    """Full, black-formatted source of the module for one attention block.
+
+    `tuning` (from `flashgen tune`) replaces the default GPU launch configs.
+    """
+    model = lower(variant, tuning)
     source = (
         _environment()
         .get_template("attention.py.j2")

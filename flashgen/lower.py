@@ -57,6 +57,15 @@ class LaunchConfig:
 
 
 @dataclass(frozen=True)
+class Tuning:
+    """Launch configurations measured by `flashgen tune` on one GPU."""
+
+    device: str
+    forward: LaunchConfig
+    backward: LaunchConfig
+
+
+@dataclass(frozen=True)
 class KernelModel:
     """Everything the module template needs, already decided."""
 
@@ -97,6 +106,7 @@ class KernelModel:
     gpu_config: LaunchConfig
     cpu_config: LaunchConfig
     gpu_bwd_config: LaunchConfig
+    tuned_on: str | None  # GPU name when the configs come from `flashgen tune`
 
 
 # --------------------------------------------------------------------------- #
@@ -795,7 +805,7 @@ def spec_hash(spec_text: str) -> str:
     return hashlib.sha256(spec_text.encode()).hexdigest()[:16]
 
 
-def lower(v: ir.Variant) -> KernelModel:
+def lower(v: ir.Variant, tuning: Tuning | None = None) -> KernelModel:
     spec_text = print_variant(v)
     head_dim_pad = max(16, 1 << (v.head_dim - 1).bit_length())
 
@@ -854,7 +864,8 @@ def lower(v: ir.Variant) -> KernelModel:
         query_hi=query_hi,
         needs_floor_div=needs_floor_div,
         needs_tanh=elements.needs_tanh,
-        gpu_config=_gpu_config(head_dim_pad, v.dtype),
+        gpu_config=tuning.forward if tuning else _gpu_config(head_dim_pad, v.dtype),
         cpu_config=_CPU_CONFIG,
-        gpu_bwd_config=_gpu_bwd_config(head_dim_pad, v.dtype),
+        gpu_bwd_config=tuning.backward if tuning else _gpu_bwd_config(head_dim_pad, v.dtype),
+        tuned_on=tuning.device if tuning else None,
     )

@@ -14,6 +14,7 @@ import pytest
 
 from flashgen.check import check
 from flashgen.emit import render_module
+from flashgen.tune import tuning_for
 from flashgen.parse import parse
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -43,7 +44,7 @@ def test_every_example_has_a_module_and_nothing_else():
 def test_generated_module_is_current(variant):
     committed = (GENERATED / f"{variant.name}.py").read_text()
     assert (
-        render_module(variant) == committed
+        render_module(variant, tuning_for(variant)) == committed
     ), f"generated/{variant.name}.py is stale: run `flashgen build` in the repository root"
 
 

@@ -1,0 +1,198 @@
+"""`flashgen tune`: measure launch configurations on a GPU and freeze them.
+
+In: checked `Variant`s and a CUDA device.  Out: one `Tuning` per variant (the
+fastest forward and backward (BLOCK_M, BLOCK_N, num_warps, num_stages) among
+the candidates, by median time over the given sequence lengths), saved in a
+sidecar `SPEC.tune.json` next to the spec.  `flashgen build` and
+`flashgen.load` read the sidecar and write the configs into the generated
+module as plain constants, so a user's first call never autotunes.
+
+The sidecar is data from disk: it is validated field by field, and only
+integers and a GPU name of plain characters reach the generated module.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import re
+from pathlib import Path
+from typing import Callable, Sequence
+
+from flashgen import ir
+from flashgen.lower import LaunchConfig, Tuning
+
+SIDECAR_SUFFIX = ".tune.json"
+_DEVICE_NAME = re.compile(r"^[A-Za-z0-9 _.()+-]{1,64}$")
+
+# The space of the anchors' calibration kernel (24 forward configs), and a
+# backward space kept as small: each candidate costs a compilation (seconds).
+FORWARD_CANDIDATES = tuple(
+    LaunchConfig(m, n, w, s)
+    for m, n, w, s in itertools.product((64, 128), (32, 64, 128), (4, 8), (2, 3))
+)
+BACKWARD_CANDIDATES = tuple(
+    LaunchConfig(m, n, w, s)
+    for m, n, w, s in itertools.product((32, 64), (64, 128), (4, 8), (1, 2))
+)
+
+
+class TuningError(ValueError):
+    """A sidecar that does not hold valid tuning data."""
+
+
+def sidecar_path(spec_path: str | Path) -> Path:
+    path = Path(spec_path)
+    return path.with_name(path.stem + SIDECAR_SUFFIX)
+
+
+def read_tuning(path: str | Path) -> dict[str, Tuning]:
+    """Block name -> Tuning from a sidecar; {} if there is none."""
+    path = Path(path)
+    if not path.exists():
+        return {}
+    try:
+        data = json.loads(path.read_text())
+        blocks = data["blocks"]
+        return {name: _tuning(entry) for name, entry in blocks.items()}
+    except (ValueError, KeyError, TypeError) as e:
+        raise TuningError(f"{path}: not a valid tuning file ({e})") from None
+
+
+def tuning_for(variant: ir.Variant) -> Tuning | None:
+    """The sidecar's tuning of a variant read from a file, if any."""
+    if variant.path.startswith("<"):
+        return None
+    return read_tuning(sidecar_path(variant.path)).get(variant.name)
+
+
+def _config(values) -> LaunchConfig:
+    if not (isinstance(values, list) and len(values) == 4):
+        raise TypeError("a config is [BLOCK_M, BLOCK_N, num_warps, num_stages]")
+    if not all(isinstance(x, int) and not isinstance(x, bool) for x in values):
+        raise TypeError("config entries must be integers")
+    block_m, block_n, warps, stages = values
+    for block in (block_m, block_n):
+        if block < 16 or block > 256 or block & (block - 1):
+            raise ValueError(f"block size {block} is not a power of two in 16..256")
+    if warps not in (1, 2, 4, 8, 16) or not 1 <= stages <= 8:
+        raise ValueError(f"bad num_warps {warps} or num_stages {stages}")
+    return LaunchConfig(block_m, block_n, warps, stages)
+
+
+def _tuning(entry) -> Tuning:
+    device = entry["device"]
+    if not isinstance(device, str) or not _DEVICE_NAME.match(device):
+        raise ValueError(f"device name {device!r} has unexpected characters")
+    return Tuning(device, _config(entry["forward"]), _config(entry["backward"]))
+
+
+def write_tuning(path: str | Path, tunings: dict[str, Tuning]) -> None:
+    """Merge `tunings` into the sidecar at `path`."""
+    merged = read_tuning(path)
+    merged.update(tunings)
+    blocks = {
+        name: {
+            "device": t.device,
+            "forward": _as_list(t.forward),
+            "backward": _as_list(t.backward),
+        }
+        for name, t in sorted(merged.items())
+    }
+    Path(path).write_text(json.dumps({"blocks": blocks}, indent=2) + "\n")
+
+
+def _as_list(config: LaunchConfig) -> list[int]:
+    return [config.block_m, config.block_n, config.num_warps, config.num_stages]
+
+
+def _do_bench(fn: Callable[[], object]) -> float:
+    import triton.testing
+
+    return triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median")
+
+
+def tune(
+    variant: ir.Variant,
+    *,
+    seqlens: Sequence[int] = (4096,),
+    batch: int | None = None,
+    heads: int = 16,
+    device: str = "cuda",
+    timer: Callable[[Callable[[], object]], float] = _do_bench,
+    forward_candidates: Sequence[LaunchConfig] = FORWARD_CANDIDATES,
+    backward_candidates: Sequence[LaunchConfig] = BACKWARD_CANDIDATES,
+    device_name: str | None = None,
+) -> tuple[Tuning, dict[str, dict[LaunchConfig, float]]]:
+    """The fastest forward and backward configs, and every candidate's time.
+
+    A candidate that fails to compile or launch (too much shared memory, say)
+    is skipped.  `batch=None` keeps B·N at 16384 tokens.
+    """
+    import torch
+
+    from flashgen.api import load_variant
+    from flashgen.verify import torch_dtype
+
+    module = load_variant(variant)
+    dtype = torch_dtype(variant.dtype)
+    cases = []
+    for n in seqlens:
+        b = batch if batch is not None else max(1, 16384 // n)
+        gen = torch.Generator(device=device).manual_seed(n)
+        q, k, v, do = (
+            torch.randn(b, heads, n, variant.head_dim, device=device, dtype=dtype, generator=gen)
+            for _ in range(4)
+        )
+        o, lse = module.forward(q, k, v)
+        cases.append((q, k, v, do, o, lse))
+
+    def total(run) -> float | None:
+        try:
+            return sum(timer(lambda case=case: run(*case)) for case in cases)
+        except Exception:  # does not fit this GPU: not a candidate
+            return None
+
+    times: dict[str, dict[LaunchConfig, float]] = {"forward": {}, "backward": {}}
+    for c in forward_candidates:
+        t = total(
+            lambda q, k, v, do, o, lse, c=c: module.forward(
+                q,
+                k,
+                v,
+                block_m=c.block_m,
+                block_n=c.block_n,
+                num_warps=c.num_warps,
+                num_stages=c.num_stages,
+            )
+        )
+        if t is not None:
+            times["forward"][c] = t
+    for c in backward_candidates:
+        t = total(
+            lambda q, k, v, do, o, lse, c=c: module.backward(
+                q,
+                k,
+                v,
+                o,
+                lse,
+                do,
+                block_m=c.block_m,
+                block_n=c.block_n,
+                num_warps=c.num_warps,
+                num_stages=c.num_stages,
+            )
+        )
+        if t is not None:
+            times["backward"][c] = t
+    if not times["forward"] or not times["backward"]:
+        raise RuntimeError(f"{variant.name}: no candidate configuration ran")
+    if device_name is None:
+        device_name = torch.cuda.get_device_name() if device == "cuda" else "cpu"
+    device_name = re.sub(r"[^A-Za-z0-9 _.()+-]", "", device_name)[:64] or "unknown"
+    best = Tuning(
+        device_name,
+        min(times["forward"], key=times["forward"].get),
+        min(times["backward"], key=times["backward"].get),
+    )
+    return best, times

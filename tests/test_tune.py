@@ -1,0 +1,125 @@
+"""`flashgen tune`: candidate search, the sidecar file, and freezing into modules.
+
+The search runs here on tiny shapes under the interpreter with a stand-in timer
+(GPU timings are what the real command measures); the sidecar is validated as
+untrusted input.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from flashgen import tune
+from flashgen.api import check_sources
+from flashgen.emit import render_module
+from flashgen.lower import LaunchConfig, Tuning
+from flashgen.tune import TuningError, read_tuning, sidecar_path, tuning_for, write_tuning
+
+SPEC = "attention tiny { head_dim = 16; dtype = fp32; mask = causal }\n"
+
+
+@pytest.fixture
+def spec_file(tmp_path):
+    path = tmp_path / "tiny.attn"
+    path.write_text(SPEC)
+    return path
+
+
+def _variant(path):
+    variants, _ = check_sources({str(path): path.read_text()})
+    return variants[0]
+
+
+def test_search_picks_the_fastest_candidate(spec_file, monkeypatch):
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    variant = _variant(spec_file)
+    forward = [LaunchConfig(16, 16, 1, 1), LaunchConfig(32, 16, 1, 1)]
+    backward = [LaunchConfig(16, 32, 1, 1), LaunchConfig(32, 32, 1, 1)]
+    calls = []
+
+    def timer(fn):
+        fn()  # runs the kernels with the candidate's config
+        calls.append(fn)
+        return 1.0 / len(calls)  # each candidate looks faster than the last
+
+    best, times = tune.tune(
+        variant,
+        seqlens=[40],
+        batch=1,
+        heads=2,
+        device="cpu",
+        timer=timer,
+        forward_candidates=forward,
+        backward_candidates=backward,
+        device_name="Test GPU",
+    )
+    assert len(calls) == 4
+    assert best == Tuning("Test GPU", forward[1], backward[1])
+    assert set(times["forward"]) == set(forward) and set(times["backward"]) == set(backward)
+
+
+def test_candidates_that_fail_are_skipped(spec_file, monkeypatch):
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    variant = _variant(spec_file)
+    good, bad = LaunchConfig(16, 16, 1, 1), LaunchConfig(24, 16, 1, 1)  # 24: not a power of 2
+    best, times = tune.tune(
+        variant,
+        seqlens=[20],
+        batch=1,
+        heads=1,
+        device="cpu",
+        timer=lambda fn: (fn(), 1.0)[1],
+        forward_candidates=[bad, good],
+        backward_candidates=[good, bad],
+        device_name="Test GPU",
+    )
+    assert best.forward == good and best.backward == good
+    assert bad not in times["forward"]
+
+
+def test_sidecar_round_trip_and_freeze(spec_file):
+    variant = _variant(spec_file)
+    tuning = Tuning("NVIDIA H200", LaunchConfig(128, 64, 8, 4), LaunchConfig(64, 128, 8, 2))
+    write_tuning(sidecar_path(spec_file), {"tiny": tuning})
+    assert sidecar_path(spec_file).name == "tiny.tune.json"
+    assert read_tuning(sidecar_path(spec_file)) == {"tiny": tuning}
+    assert tuning_for(variant) == tuning
+    source = render_module(variant, tuning_for(variant))
+    assert "GPU_CONFIG = (128, 64, 8, 4)" in source
+    assert "GPU_BWD_CONFIG = (64, 128, 8, 2)" in source
+    assert "measured on NVIDIA H200 by `flashgen tune`" in source
+    assert tuning_for(_variant(spec_file)) is not None
+    assert render_module(variant) != source  # without the sidecar: defaults
+
+
+@pytest.mark.parametrize(
+    "entry",
+    [
+        {"device": "x\nimport os", "forward": [64, 64, 4, 2], "backward": [64, 64, 4, 2]},
+        {"device": "GPU", "forward": [64, 64, 4], "backward": [64, 64, 4, 2]},
+        {"device": "GPU", "forward": [64, 48, 4, 2], "backward": [64, 64, 4, 2]},
+        {"device": "GPU", "forward": ["64", 64, 4, 2], "backward": [64, 64, 4, 2]},
+        {"device": "GPU", "forward": [64, 64, 3, 2], "backward": [64, 64, 4, 2]},
+        {"device": "GPU", "forward": [64, 64, 4, 2]},
+    ],
+)
+def test_bad_sidecars_are_rejected(tmp_path, entry):
+    path = tmp_path / "x.tune.json"
+    path.write_text(json.dumps({"blocks": {"x": entry}}))
+    with pytest.raises(TuningError, match="not a valid tuning file"):
+        read_tuning(path)
+
+
+def test_cli_build_uses_the_sidecar(spec_file, tmp_path, capsys):
+    from flashgen.cli import main
+
+    tuning = Tuning("GPU", LaunchConfig(32, 32, 4, 2), LaunchConfig(32, 32, 4, 1))
+    write_tuning(sidecar_path(spec_file), {"tiny": tuning})
+    out = tmp_path / "out"
+    assert main(["build", str(spec_file), "-o", str(out)]) == 0
+    assert "GPU_CONFIG = (32, 32, 4, 2)" in (out / "tiny.py").read_text()
+    sidecar_path(spec_file).write_text("{ not json")
+    assert main(["build", str(spec_file), "-o", str(out)]) == 1
+    assert "not a valid tuning file" in capsys.readouterr().err
