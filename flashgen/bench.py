@@ -74,18 +74,6 @@ def density(variant: ir.Variant, n: int, heads: int, device) -> float:
     return visible / (heads * n * n)
 
 
-def _mentions_head(e: ir.Expr) -> bool:
-    if isinstance(e, ir.Name):
-        return e.id == "h"
-    if isinstance(e, ir.Num):
-        return False
-    if isinstance(e, ir.Unary):
-        return _mentions_head(e.operand)
-    if isinstance(e, ir.Binary):
-        return _mentions_head(e.left) or _mentions_head(e.right)
-    return any(_mentions_head(a) for a in e.args)
-
-
 def _sdpa_expressible(variant: ir.Variant) -> bool | None:
     """is_causal for SDPA, or None if SDPA cannot run this variant."""
     if variant.score != ir.IDENTITY_SCORE:
@@ -177,7 +165,7 @@ def bench(
                     fn = lambda a, b_, c: module.attention(a, b_, c)  # noqa: E731
                 elif system == "flex":
                     # One block mask for all heads unless the mask reads `h`.
-                    mask_heads = heads if _mentions_head(variant.mask) else None
+                    mask_heads = heads if ir.mentions(variant.mask, frozenset({"h"})) else None
                     block_mask = (
                         create_block_mask(mods.mask_mod, None, mask_heads, n, n, device=device)
                         if mods.mask_mod

@@ -185,8 +185,8 @@ def _tune(args: argparse.Namespace) -> int:
         path = sidecar_path(variant.path)
         tune.write_tuning(path, {variant.name: best})
         print(
-            f"{variant.name}: forward {tune._as_list(best.forward)}, "
-            f"backward {tune._as_list(best.backward)} on {best.device} -> {path}"
+            f"{variant.name}: forward {tune.as_list(best.forward)}, "
+            f"backward {tune.as_list(best.backward)} on {best.device} -> {path}"
         )
     print("run `flashgen build` to write these into the modules")
     return 0

@@ -22,6 +22,7 @@ import operator
 import torch
 
 from flashgen import ir
+from flashgen.reference import alibi_slopes
 
 # Python operators accept a tensor or a plain number on either side; on
 # tensors `//` and `%` round toward negative infinity, as the language does.
@@ -58,13 +59,6 @@ class FlexMods:
     mask_mod: Callable | None  # None when the mask is `full`
 
 
-def _alibi_slopes(num_heads: int, device) -> torch.Tensor:
-    n = 1 << (num_heads.bit_length() - 1)
-    slopes = [2.0 ** (-8.0 * (i + 1) / n) for i in range(n)]
-    slopes += [2.0 ** (-8.0 * (i + 1) / (2 * n)) for i in range(0, 2 * (num_heads - n), 2)]
-    return torch.tensor(slopes, dtype=torch.float32, device=device)
-
-
 def _is_real(x) -> bool:
     return isinstance(x, float) or (torch.is_tensor(x) and x.is_floating_point())
 
@@ -80,7 +74,7 @@ def flex_mods(
     variant: ir.Variant, n_queries: int, n_keys: int, num_heads: int, device="cuda"
 ) -> FlexMods:
     offset = n_keys - n_queries if variant.align is ir.Align.BOTTOM_RIGHT else 0
-    slopes = _alibi_slopes(num_heads, device)
+    slopes = alibi_slopes(num_heads).to(device=device, dtype=torch.float32)
 
     def evaluate(e: ir.Expr, env: dict):
         if isinstance(e, ir.Num):

@@ -113,15 +113,7 @@ def select(cond: ir.Expr, a: ir.Expr, b: ir.Expr) -> ir.Expr:
 
 
 def depends_on_s(e: ir.Expr) -> bool:
-    if isinstance(e, ir.Name):
-        return e.id == ir.SCORE_VARIABLE
-    if isinstance(e, ir.Num):
-        return False
-    if isinstance(e, ir.Unary):
-        return depends_on_s(e.operand)
-    if isinstance(e, ir.Binary):
-        return depends_on_s(e.left) or depends_on_s(e.right)
-    return any(depends_on_s(a) for a in e.args)
+    return ir.mentions(e, frozenset({ir.SCORE_VARIABLE}))
 
 
 def derivative(e: ir.Expr) -> ir.Expr:

@@ -111,6 +111,19 @@ class Binary:
 Expr = Union[Num, Name, Call, Unary, Binary]
 
 
+def mentions(e: Expr, names: frozenset[str]) -> bool:
+    """Whether `e` contains a bare name from `names`."""
+    if isinstance(e, Name):
+        return e.id in names
+    if isinstance(e, Num):
+        return False
+    if isinstance(e, Unary):
+        return mentions(e.operand, names)
+    if isinstance(e, Binary):
+        return mentions(e.left, names) or mentions(e.right, names)
+    return any(mentions(a, names) for a in e.args)
+
+
 # --------------------------------------------------------------------------- #
 # Syntax tree of a file
 # --------------------------------------------------------------------------- #

@@ -143,18 +143,6 @@ def _kind(e: ir.Expr) -> ir.Kind:
     return ir.Kind.REAL
 
 
-def _mentions(e: ir.Expr, names: frozenset[str]) -> bool:
-    if isinstance(e, ir.Name):
-        return e.id in names
-    if isinstance(e, ir.Num):
-        return False
-    if isinstance(e, ir.Unary):
-        return _mentions(e.operand, names)
-    if isinstance(e, ir.Binary):
-        return _mentions(e.left, names) or _mentions(e.right, names)
-    return any(_mentions(a, names) for a in e.args)
-
-
 def _int_arg(e: ir.Expr) -> int:
     assert isinstance(e, ir.Num) and isinstance(e.value, int), e
     return e.value
@@ -751,12 +739,12 @@ def _score_parts(score: ir.Expr) -> tuple[str, ir.Expr | None]:
         return "identity", None
     if isinstance(score, ir.Binary) and score.op in (ir.BinOp.ADD, ir.BinOp.SUB):
         s_names = frozenset({"s"})
-        if score.left == _S and not _mentions(score.right, s_names):
+        if score.left == _S and not ir.mentions(score.right, s_names):
             bias = score.right
             if score.op is ir.BinOp.SUB:
                 bias = ir.Unary(ir.UnaryOp.NEG, bias)
             return "additive", bias
-        if score.op is ir.BinOp.ADD and score.right == _S and not _mentions(score.left, s_names):
+        if score.op is ir.BinOp.ADD and score.right == _S and not ir.mentions(score.left, s_names):
             return "additive", score.left
     return "general", score
 
@@ -852,7 +840,7 @@ def lower(v: ir.Variant, tuning: Tuning | None = None) -> KernelModel:
         score_code=score_code,
         score_grad_code=score_grad_code,
         uses_alibi=elements.uses_alibi,
-        uses_positions=_mentions(v.score, positions) or elements.uses_alibi,
+        uses_positions=ir.mentions(v.score, positions) or elements.uses_alibi,
         mask_is_full=mask_is_full,
         mask_code=mask_code,
         tile_lines=tuple(tiles.lines),

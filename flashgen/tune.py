@@ -94,15 +94,15 @@ def write_tuning(path: str | Path, tunings: dict[str, Tuning]) -> None:
     blocks = {
         name: {
             "device": t.device,
-            "forward": _as_list(t.forward),
-            "backward": _as_list(t.backward),
+            "forward": as_list(t.forward),
+            "backward": as_list(t.backward),
         }
         for name, t in sorted(merged.items())
     }
     Path(path).write_text(json.dumps({"blocks": blocks}, indent=2) + "\n")
 
 
-def _as_list(config: LaunchConfig) -> list[int]:
+def as_list(config: LaunchConfig) -> list[int]:
     return [config.block_m, config.block_n, config.num_warps, config.num_stages]
 
 

@@ -16,7 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from flashgen import ir
-from flashgen.verify import Shape
+from flashgen.verify import Shape, torch_dtype
 from kernel_utils import (
     DEVICE,
     assert_ok,
@@ -91,7 +91,7 @@ def test_fully_masked_rows(mask, shape, dtype):
     variant = make_variant(mask, dtype=dtype)
     module = build(variant)
     q = torch.randn(shape.batch, shape.heads, shape.n_queries, 32, device=DEVICE)
-    q = q.to(variant_dtype(variant))
+    q = q.to(torch_dtype(variant.dtype))
     k = torch.randn(shape.batch, shape.kv_heads, shape.n_keys, 32, device=DEVICE)
     k = k.to(q.dtype)
     v = torch.randn_like(k)
@@ -106,10 +106,6 @@ def test_fully_masked_rows(mask, shape, dtype):
     assert torch.all(o[rows] == 0)
     assert torch.all(lse[rows] == float("-inf"))
     assert_ok(run_case(variant, shape, seed=1, block_m=16, block_n=16))
-
-
-def variant_dtype(variant: ir.Variant) -> torch.dtype:
-    return {ir.DType.FP32: torch.float32, ir.DType.FP16: torch.float16}[variant.dtype]
 
 
 @pytest.mark.parametrize("n_queries,n_keys", [(1, 1), (1, 97), (97, 1), (1, 2), (2, 1)])
