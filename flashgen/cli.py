@@ -121,6 +121,13 @@ def _parser() -> argparse.ArgumentParser:
     bench.add_argument("--json", metavar="PATH", help="write every measurement as JSON")
     bench.add_argument("--plot", metavar="PNG", help="plot TFLOP/s against sequence length")
     bench.add_argument("--name", help="bench only this block")
+    bench.add_argument(
+        "--systems",
+        nargs="+",
+        choices=SYSTEMS,
+        default=list(SYSTEMS),
+        help="what to time (default: all)",
+    )
     bench.set_defaults(run=_bench)
 
     tune = commands.add_parser(
@@ -137,6 +144,9 @@ def _parser() -> argparse.ArgumentParser:
     tune.add_argument("--name", help="tune only this block")
     tune.set_defaults(run=_tune)
     return parser
+
+
+SYSTEMS = ("flashgen", "flex", "sdpa-cudnn", "sdpa-flash")
 
 
 def _bench(args: argparse.Namespace) -> int:
@@ -159,6 +169,7 @@ def _bench(args: argparse.Namespace) -> int:
             batch=args.batch,
             heads=args.heads,
             head_dim=head_dim,
+            systems=args.systems,
         )
     print(bench.table(results))
     if args.json:

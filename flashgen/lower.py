@@ -18,6 +18,12 @@ Three pieces of analysis happen on the way:
   `must` means the tile needs no elementwise mask, `not may` that it is
   skipped without loading K or V.  See docs/MASKS.md.
 
+* **Interior.**  The same comparisons, read the other way, give the keys
+  that *every* query of a tile sees.  Key tiles inside that interval form one
+  contiguous run that the kernel walks in a loop with no mask and no branch,
+  which Triton can software-pipeline; only the tiles before and after it pay
+  for the elementwise mask and the per-tile test.
+
 * **Key bounds.**  Conjunctions of comparisons that bound `k` by an affine
   function of `q` (causal, windows), and `q div C == k div C` (chunks), give
   the range of key positions a query tile can see at all; the kernel's key
@@ -63,6 +69,9 @@ class Tuning:
     device: str
     forward: LaunchConfig
     backward: LaunchConfig
+    # What was measured: the configs apply only to this head dim and dtype.
+    head_dim: int | None = None
+    dtype: str | None = None
 
 
 @dataclass(frozen=True)
@@ -100,12 +109,26 @@ class KernelModel:
     # Query positions that can see a key tile (bounds the backward's dK/dV loop).
     query_lo: str | None
     query_hi: str | None
+    # Keys that every query of a query tile sees (and the converse): tiles
+    # wholly inside run in a branch-free loop without the elementwise mask.
+    # `*_interior` is False when the analysis finds no such interval; a side
+    # that is None is unbounded.
+    key_interior: bool
+    key_full_lo: str | None
+    key_full_hi: str | None
+    query_interior: bool
+    query_full_lo: str | None
+    query_full_hi: str | None
+    # Every tile inside the key (and query) bounds has a visible pair.
+    bounds_dense: bool
     # Helpers the element code calls.
     needs_floor_div: bool
     needs_tanh: bool
     gpu_config: LaunchConfig
     cpu_config: LaunchConfig
     gpu_bwd_config: LaunchConfig
+    gpu_tma: bool
+    gpu_bwd_tma: bool
     tuned_on: str | None  # GPU name when the configs come from `flashgen tune`
 
 
@@ -726,6 +749,138 @@ def _chunk_bounds(e: ir.Binary, var: str) -> Bounds | None:
     return None
 
 
+def full_bounds(e: ir.Expr, var: str) -> Bounds | None:
+    """Inclusive (lo, hi) positions of `var` visible to *every* position of
+    the other variable's tile, or None where no such interval is found.
+
+    `e` is a desugared mask in negation normal form; a side that is None is
+    unbounded.  Sound, not always tight: an `|` whose operands' intervals do
+    not touch keeps the first one.
+    """
+    if isinstance(e, ir.Name):  # full
+        return None, None
+    if isinstance(e, ir.Binary) and e.op is ir.BinOp.AND:
+        a, b = full_bounds(e.left, var), full_bounds(e.right, var)
+        if a is None or b is None:
+            return None
+        return _combine(a[0], b[0], "tl.maximum"), _combine(a[1], b[1], "tl.minimum")
+    if isinstance(e, ir.Binary) and e.op is ir.BinOp.OR:
+        a, b = full_bounds(e.left, var), full_bounds(e.right, var)
+        if a is None or b is None:
+            return a or b
+        return _union(a, b)
+    if isinstance(e, ir.Binary) and e.op in ir.COMPARISONS:
+        return _compare_full(e, var)
+    return None
+
+
+def is_band(e: ir.Expr) -> bool:
+    """Is `e` a non-empty band lo <= k - q <= hi (either side may be open)?
+
+    Every query of such a mask sees one interval of keys that slides with
+    it, so the keys a query tile sees form one interval, the one `key_bounds`
+    gives: every key tile in the bounds has a visible pair, and so does every
+    query tile in `query_bounds` for a key tile.  The kernel then needs no
+    per-tile emptiness test.
+    """
+    lo, hi = -math.inf, math.inf
+
+    def walk(x: ir.Expr) -> bool:
+        nonlocal lo, hi
+        if isinstance(x, ir.Binary) and x.op is ir.BinOp.AND:
+            return walk(x.left) and walk(x.right)
+        if not (isinstance(x, ir.Binary) and x.op in ir.COMPARISONS):
+            return False
+        d = affine(ir.Binary(ir.BinOp.SUB, x.left, x.right))
+        if d is None:
+            return False
+        d = _clean(d)
+        c = d.pop("", 0)
+        if d not in ({"k": 1, "q": -1}, {"k": -1, "q": 1}) or x.op is ir.BinOp.NE:
+            return False
+        # sign * (k - q) + c  op  0
+        sign = d["k"]
+        op = x.op if sign == 1 else _FLIPPED[x.op]
+        bound = -c * sign  # k - q  op  bound
+        if op in (ir.BinOp.LE, ir.BinOp.LT, ir.BinOp.EQ):
+            hi = min(hi, bound - (op is ir.BinOp.LT))
+        if op in (ir.BinOp.GE, ir.BinOp.GT, ir.BinOp.EQ):
+            lo = max(lo, bound + (op is ir.BinOp.GT))
+        return True
+
+    return walk(e) and lo <= hi
+
+
+def _union(a: Bounds, b: Bounds) -> Bounds:
+    """An interval inside the union of two: their hull where they touch."""
+    (alo, ahi), (blo, bhi) = a, b
+    if (alo is None) != (blo is None) or (ahi is None) != (bhi is None):
+        return a
+    touch = [f"({x} <= {y} + 1)" for x, y in ((alo, bhi), (blo, ahi)) if x and y]
+    if not touch:  # both reach -inf or both reach +inf: they overlap
+        return _combine(alo, blo, "tl.minimum"), _combine(ahi, bhi, "tl.maximum")
+    cond = " & ".join(touch)
+    lo = None if alo is None else f"tl.where({cond}, {_combine(alo, blo, 'tl.minimum')}, {alo})"
+    hi = None if ahi is None else f"tl.where({cond}, {_combine(ahi, bhi, 'tl.maximum')}, {ahi})"
+    return lo, hi
+
+
+def _compare_full(e: ir.Binary, var: str) -> Bounds | None:
+    chunk = _chunk_full(e, var)
+    if chunk is not None:
+        return chunk
+    d = affine(ir.Binary(ir.BinOp.SUB, e.left, e.right))
+    if d is None:
+        return None
+    d = _clean(d)
+    coeff = d.pop(var, 0)
+    if coeff not in (1, -1):
+        return None
+    # var op' rest must hold for every value of rest over the tile.
+    rest = {v: -coeff * c for v, c in d.items()}
+    op = e.op if coeff == 1 else _FLIPPED[e.op]
+    ranges = _OTHER_RANGES[var]
+    lo, hi = _affine_bound(rest, False, ranges), _affine_bound(rest, True, ranges)
+    return {
+        ir.BinOp.LE: (None, lo),
+        ir.BinOp.LT: (None, f"{lo} - 1"),
+        ir.BinOp.GE: (hi, None),
+        ir.BinOp.GT: (f"{hi} + 1", None),
+        ir.BinOp.EQ: (hi, lo),
+        ir.BinOp.NE: None,
+    }[op]
+
+
+def _chunk_full(e: ir.Binary, var: str) -> Bounds | None:
+    """`A div C == var div C`: when all of A lies in one chunk, that chunk.
+
+    From A's last chunk's start to its first chunk's end, which is empty when
+    A spans two chunks.
+    """
+    if e.op is not ir.BinOp.EQ:
+        return None
+    target = ir.Name(var)
+    for a, b in ((e.left, e.right), (e.right, e.left)):
+        if (
+            isinstance(a, ir.Binary)
+            and a.op is ir.BinOp.FLOORDIV
+            and isinstance(b, ir.Binary)
+            and b.op is ir.BinOp.FLOORDIV
+            and b.left == target
+            and a.right == b.right
+        ):
+            inner = affine(a.left)
+            if inner is None or _clean(inner).get(var):
+                return None
+            inner = _clean(inner)
+            c = _int_arg(a.right)
+            ranges = _OTHER_RANGES[var]
+            lo = _affine_bound(inner, False, ranges)
+            hi = _affine_bound(inner, True, ranges)
+            return f"_floor_div({hi}, {c}) * {c}", f"_floor_div({lo}, {c}) * {c} + {c - 1}"
+    return None
+
+
 # --------------------------------------------------------------------------- #
 # Score
 # --------------------------------------------------------------------------- #
@@ -754,18 +909,25 @@ def _score_parts(score: ir.Expr) -> tuple[str, ir.Expr | None]:
 # --------------------------------------------------------------------------- #
 
 
-def _gpu_config(head_dim_pad: int, dtype: ir.DType) -> LaunchConfig:
-    """Block sizes that fit Hopper's 228 KB of shared memory per SM.
+def _gpu_config(head_dim_pad: int, dtype: ir.DType, masked: bool) -> LaunchConfig:
+    """Forward block sizes that fit Hopper's 228 KB of shared memory per SM.
 
-    A starting point measured in the calibration run of ANCHORS.md (BLOCK_M
-    64-128, BLOCK_N 64); `flashgen tune` will replace these per head dim.
+    Measured on the H200 (BENCHMARKS.md, sweeps 2-3): without a mask, large
+    tiles win (128 x 64 at d64, 128 x 128 at d128); with a mask, 64 x 64 with
+    4 warps wins, as large tiles waste work on the boundary.  `flashgen tune`
+    replaces these per spec.
     """
-    wide = dtype is ir.DType.FP32
-    if head_dim_pad <= 64:
-        return LaunchConfig(64, 32 if wide else 64, 4, 3)
-    if head_dim_pad <= 128:
-        return LaunchConfig(64, 32 if wide else 64, 4, 2 if wide else 3)
-    return LaunchConfig(64, 16 if wide else 32, 4 if wide else 8, 2)
+    if dtype is ir.DType.FP32:
+        if head_dim_pad <= 64:
+            return LaunchConfig(64, 32, 4, 3)
+        if head_dim_pad <= 128:
+            return LaunchConfig(64, 32, 4, 2)
+        return LaunchConfig(64, 16, 4, 2)
+    if head_dim_pad > 128:
+        return LaunchConfig(64, 32, 8, 2)
+    if masked:
+        return LaunchConfig(64, 64, 4, 3)
+    return LaunchConfig(128, 64, 8, 3) if head_dim_pad <= 64 else LaunchConfig(128, 128, 8, 3)
 
 
 def _gpu_bwd_config(head_dim_pad: int, dtype: ir.DType) -> LaunchConfig:
@@ -773,10 +935,22 @@ def _gpu_bwd_config(head_dim_pad: int, dtype: ir.DType) -> LaunchConfig:
     accumulators in registers, so wide heads get narrower key tiles."""
     wide = dtype is ir.DType.FP32
     if head_dim_pad <= 64:
-        return LaunchConfig(64, 64, 4, 2)
+        return LaunchConfig(64, 64, 4, 2 if wide else 3)
     if head_dim_pad <= 128:
-        return LaunchConfig(32 if wide else 64, 32 if wide else 64, 4 if wide else 8, 2)
+        # Measured on the H200: 64 x 128 with 8 warps and TMA loads (see
+        # `_gpu_tma`), 336-396 TFLOP/s at d128.
+        return LaunchConfig(32, 32, 4, 2) if wide else LaunchConfig(64, 128, 8, 3)
     return LaunchConfig(16 if wide else 32, 16 if wide else 32, 8, 1 if wide else 2)
+
+
+def _gpu_tma(head_dim_pad: int, dtype: ir.DType) -> tuple[bool, bool]:
+    """Whether (forward, backward) load tiles through TMA descriptors by default.
+
+    Measured on the H200 (BENCHMARKS.md, sweep 3): TMA made the forward 2-10%
+    slower at d64 and no faster at d128, and the backward 4-6% faster at d128
+    and slightly slower at d64.
+    """
+    return False, head_dim_pad >= 128 and dtype is not ir.DType.FP32
 
 
 # The Triton interpreter runs each program instance in numpy: bigger tiles mean
@@ -814,11 +988,14 @@ def lower(v: ir.Variant, tuning: Tuning | None = None) -> KernelModel:
     if mask_is_full:
         tile_full, tile_may = "True", "True"
         key_lo = key_hi = query_lo = query_hi = None
+        key_full = query_full = (None, None)
     else:
         tile_full, tile_may = tiles.truth(mask)
         key_lo, key_hi = key_bounds(mask)
         query_lo, query_hi = query_bounds(mask)
-    scalar_code = [*tiles.lines, key_lo, key_hi, query_lo, query_hi]
+        key_full, query_full = full_bounds(mask, "k"), full_bounds(mask, "q")
+    scalar_code = [*tiles.lines, key_lo, key_hi, query_lo, query_hi, *(key_full or ())]
+    scalar_code += [*(query_full or ())]
     needs_floor_div = elements.needs_floor_div or any(
         "_floor_" in (line or "") for line in scalar_code
     )
@@ -850,10 +1027,21 @@ def lower(v: ir.Variant, tuning: Tuning | None = None) -> KernelModel:
         key_hi=key_hi,
         query_lo=query_lo,
         query_hi=query_hi,
+        bounds_dense=mask_is_full or is_band(mask),
+        key_interior=key_full is not None,
+        key_full_lo=key_full[0] if key_full else None,
+        key_full_hi=key_full[1] if key_full else None,
+        query_interior=query_full is not None,
+        query_full_lo=query_full[0] if query_full else None,
+        query_full_hi=query_full[1] if query_full else None,
         needs_floor_div=needs_floor_div,
         needs_tanh=elements.needs_tanh,
-        gpu_config=tuning.forward if tuning else _gpu_config(head_dim_pad, v.dtype),
+        gpu_config=(
+            tuning.forward if tuning else _gpu_config(head_dim_pad, v.dtype, not mask_is_full)
+        ),
         cpu_config=_CPU_CONFIG,
         gpu_bwd_config=tuning.backward if tuning else _gpu_bwd_config(head_dim_pad, v.dtype),
+        gpu_tma=_gpu_tma(head_dim_pad, v.dtype)[0],
+        gpu_bwd_tma=_gpu_tma(head_dim_pad, v.dtype)[1],
         tuned_on=tuning.device if tuning else None,
     )

@@ -60,10 +60,19 @@ def read_tuning(path: str | Path) -> dict[str, Tuning]:
 
 
 def tuning_for(variant: ir.Variant) -> Tuning | None:
-    """The sidecar's tuning of a variant read from a file, if any."""
+    """The sidecar's tuning of a variant read from a file, if any.
+
+    A tuning measured at another head dim or dtype (`flashgen bench
+    --head-dim` rebuilds a spec at other head dims) does not apply.
+    """
     if variant.path.startswith("<"):
         return None
-    return read_tuning(sidecar_path(variant.path)).get(variant.name)
+    tuning = read_tuning(sidecar_path(variant.path)).get(variant.name)
+    if tuning is None:
+        return None
+    if (tuning.head_dim, tuning.dtype) not in ((None, None), (variant.head_dim, variant.dtype.value)):
+        return None
+    return tuning
 
 
 def _config(values) -> LaunchConfig:
@@ -84,7 +93,12 @@ def _tuning(entry) -> Tuning:
     device = entry["device"]
     if not isinstance(device, str) or not _DEVICE_NAME.match(device):
         raise ValueError(f"device name {device!r} has unexpected characters")
-    return Tuning(device, _config(entry["forward"]), _config(entry["backward"]))
+    head_dim, dtype = entry.get("head_dim"), entry.get("dtype")
+    if head_dim is not None and (not isinstance(head_dim, int) or not 1 <= head_dim <= 1024):
+        raise ValueError(f"head_dim {head_dim!r} is not an integer in 1..1024")
+    if dtype is not None and dtype not in {d.value for d in ir.DType}:
+        raise ValueError(f"dtype {dtype!r} is not one of the spec dtypes")
+    return Tuning(device, _config(entry["forward"]), _config(entry["backward"]), head_dim, dtype)
 
 
 def write_tuning(path: str | Path, tunings: dict[str, Tuning]) -> None:
@@ -96,6 +110,8 @@ def write_tuning(path: str | Path, tunings: dict[str, Tuning]) -> None:
             "device": t.device,
             "forward": as_list(t.forward),
             "backward": as_list(t.backward),
+            "head_dim": t.head_dim,
+            "dtype": t.dtype,
         }
         for name, t in sorted(merged.items())
     }
@@ -194,5 +210,7 @@ def tune(
         device_name,
         min(times["forward"], key=times["forward"].get),
         min(times["backward"], key=times["backward"].get),
+        variant.head_dim,
+        variant.dtype.value,
     )
     return best, times

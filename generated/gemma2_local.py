@@ -27,6 +27,11 @@ import torch
 import triton
 import triton.language as tl
 
+try:  # Hopper's tensor memory accelerator (TMA), Triton >= 3.4
+    from triton.tools.tensor_descriptor import TensorDescriptor
+except ImportError:  # pragma: no cover
+    TensorDescriptor = None
+
 SPEC = "attention gemma2_local {\n    head_dim = 256\n    dtype = bf16\n    mask = causal & window(4095)\n    score = softcap(s, 50.0)\n    align = bottom_right\n    rescale_threshold = 8.0\n}\n"
 HEAD_DIM = 256
 DTYPE = torch.bfloat16
@@ -39,6 +44,10 @@ RESCALE_THRESHOLD = 8.0
 # (BLOCK_M, BLOCK_N, num_warps, num_stages)
 GPU_CONFIG = (64, 32, 8, 2)
 GPU_BWD_CONFIG = (32, 32, 8, 2)
+# Whether the forward and the backward load tiles through TMA descriptors by
+# default on sm90+ GPUs (measured; see flashgen's BENCHMARKS.md).
+GPU_TMA = False
+GPU_BWD_TMA = True
 INTERPRETER_CONFIG = (32, 32, 1, 1)
 
 
@@ -78,6 +87,38 @@ def _load_rows(
         tile = tl.load(ptrs, mask=rows[:, None] < n_rows, other=0.0)
     else:
         tile = tl.load(ptrs)
+    return tile
+
+
+@triton.jit
+def _load_block(
+    desc,
+    ptr,
+    batch,
+    head,
+    start,
+    n_rows,
+    stride_row,
+    stride_d,
+    BLOCK: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    HEAD_DIM_PAD: tl.constexpr,
+    CHECK_ROWS: tl.constexpr,
+    USE_TMA: tl.constexpr,
+):
+    """Rows start .. start + BLOCK - 1 of one (batch, head) of a (B, H, N, D) tensor.
+
+    With USE_TMA the tensor memory accelerator copies the block through a
+    descriptor; it reads rows past the end and the head-dim padding as zeros,
+    so no mask is computed.  Otherwise `ptr` is the head's base pointer.
+    """
+    if USE_TMA:
+        tile = desc.load([batch, head, start, 0]).reshape(BLOCK, HEAD_DIM_PAD)
+    else:
+        rows = start + tl.arange(0, BLOCK)
+        tile = _load_rows(
+            ptr, rows, n_rows, stride_row, stride_d, HEAD_DIM, HEAD_DIM_PAD, CHECK_ROWS
+        )
     return tile
 
 
@@ -138,12 +179,16 @@ def _attn_fwd_tile(
     m_i,
     q,
     q_pos,
+    k_desc,
+    v_desc,
     k_base,
     v_base,
     stride_kn,
     stride_kd,
     stride_vn,
     stride_vd,
+    batch,
+    kv_head,
     start_n,
     n_keys,
     head,
@@ -154,11 +199,24 @@ def _attn_fwd_tile(
     HEAD_DIM_PAD: tl.constexpr,
     BLOCK_N: tl.constexpr,
     MASKED: tl.constexpr,
+    USE_TMA: tl.constexpr,
 ):
     """One key tile of the online softmax."""
     offs_n = start_n + tl.arange(0, BLOCK_N)
-    k = _load_rows(
-        k_base, offs_n, n_keys, stride_kn, stride_kd, HEAD_DIM, HEAD_DIM_PAD, MASKED
+    k = _load_block(
+        k_desc,
+        k_base,
+        batch,
+        kv_head,
+        start_n,
+        n_keys,
+        stride_kn,
+        stride_kd,
+        BLOCK_N,
+        HEAD_DIM,
+        HEAD_DIM_PAD,
+        MASKED,
+        USE_TMA,
     )
     qk = tl.dot(q, tl.trans(k))
     s2 = _scores_log2(
@@ -183,10 +241,23 @@ def _attn_fwd_tile(
     alpha = tl.math.exp2(m_i - m_ref)
     p = tl.math.exp2(s2 - m_ref[:, None])
     l_i = l_i * alpha + tl.sum(p, 1)
-    v = _load_rows(
-        v_base, offs_n, n_keys, stride_vn, stride_vd, HEAD_DIM, HEAD_DIM_PAD, MASKED
+    v = _load_block(
+        v_desc,
+        v_base,
+        batch,
+        kv_head,
+        start_n,
+        n_keys,
+        stride_vn,
+        stride_vd,
+        BLOCK_N,
+        HEAD_DIM,
+        HEAD_DIM_PAD,
+        MASKED,
+        USE_TMA,
     )
-    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+    # The matrix unit accumulates into the rescaled acc directly.
+    acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None])
     return acc, l_i, m_new
 
 
@@ -198,6 +269,8 @@ def _attn_fwd(
     o_ptr,
     lse_ptr,
     alibi_slopes_ptr,
+    k_desc,
+    v_desc,
     stride_qb,
     stride_qh,
     stride_qm,
@@ -223,9 +296,14 @@ def _attn_fwd(
     HEAD_DIM_PAD: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
+    USE_TMA: tl.constexpr,
 ):
-    """Grid: (query tiles, batch * heads).  Writes o and the log-sum-exp."""
-    start_m = tl.program_id(0) * BLOCK_M
+    """Grid: (query tiles, batch * heads).  Writes o and the log-sum-exp.
+
+    Query tiles run last to first: under causal-like masks the last tiles
+    see the most keys, and starting them first shortens the tail.
+    """
+    start_m = (tl.num_programs(0) - 1 - tl.program_id(0)) * BLOCK_M
     batch_head = tl.program_id(1)
     batch = batch_head // num_heads
     head = batch_head % num_heads
@@ -254,68 +332,109 @@ def _attn_fwd(
     lo = tl.maximum(q_lo - 4095, 0) // BLOCK_N * BLOCK_N
     hi = tl.minimum(q_hi + 1, n_keys)
 
-    for start_n in range(lo, hi, BLOCK_N):
+    # Key tiles that every query of this tile sees whole run without the
+    # elementwise mask, in a loop with no branch; the tiles on either side
+    # of that interior are masked.
+    full_lo = tl.maximum(q_hi - 4095, 0)
+    full_hi = tl.minimum(q_lo, n_keys - 1)
+    # Split [lo, hi) at tile boundaries into masked tiles, the interior, masked tiles.
+    end = (hi + BLOCK_N - 1) // BLOCK_N * BLOCK_N
+    mid_lo = tl.minimum(
+        tl.maximum((full_lo + BLOCK_N - 1) // BLOCK_N * BLOCK_N, lo), end
+    )
+    mid_hi = tl.minimum(tl.maximum((full_hi + 1) // BLOCK_N * BLOCK_N, mid_lo), end)
+    for start_n in range(lo, mid_lo, BLOCK_N):
         k_lo = start_n
         k_hi = tl.minimum(start_n + BLOCK_N, n_keys) - 1
-        # Classify the tile by interval analysis of the mask over
-        # [q_lo, q_hi] x [k_lo, k_hi]: *_must holds for every pair in the
-        # tile, *_may for at least one.
-        # k <= q
-        m1_must = k_hi <= q_lo
-        m1_may = k_lo <= q_hi
-        # k >= q - 4095
-        m2_must = k_lo + 4095 >= q_hi
-        m2_may = k_hi + 4095 >= q_lo
-        m3_must = (m1_must) & (m2_must)
-        m3_may = (m1_may) & (m2_may)
-        if (m3_must) & (k_hi == start_n + BLOCK_N - 1):
-            acc, l_i, m_i = _attn_fwd_tile(
-                acc,
-                l_i,
-                m_i,
-                q,
-                q_pos,
-                k_base,
-                v_base,
-                stride_kn,
-                stride_kd,
-                stride_vn,
-                stride_vd,
-                start_n,
-                n_keys,
-                head,
-                num_heads,
-                alibi_slope,
-                sm_scale,
-                HEAD_DIM,
-                HEAD_DIM_PAD,
-                BLOCK_N,
-                MASKED=False,
-            )
-        elif m3_may:
-            acc, l_i, m_i = _attn_fwd_tile(
-                acc,
-                l_i,
-                m_i,
-                q,
-                q_pos,
-                k_base,
-                v_base,
-                stride_kn,
-                stride_kd,
-                stride_vn,
-                stride_vd,
-                start_n,
-                n_keys,
-                head,
-                num_heads,
-                alibi_slope,
-                sm_scale,
-                HEAD_DIM,
-                HEAD_DIM_PAD,
-                BLOCK_N,
-                MASKED=True,
-            )
+        acc, l_i, m_i = _attn_fwd_tile(
+            acc,
+            l_i,
+            m_i,
+            q,
+            q_pos,
+            k_desc,
+            v_desc,
+            k_base,
+            v_base,
+            stride_kn,
+            stride_kd,
+            stride_vn,
+            stride_vd,
+            batch,
+            kv_head,
+            start_n,
+            n_keys,
+            head,
+            num_heads,
+            alibi_slope,
+            sm_scale,
+            HEAD_DIM,
+            HEAD_DIM_PAD,
+            BLOCK_N,
+            True,
+            USE_TMA,
+        )
+
+    for start_n in range(mid_lo, mid_hi, BLOCK_N):
+        acc, l_i, m_i = _attn_fwd_tile(
+            acc,
+            l_i,
+            m_i,
+            q,
+            q_pos,
+            k_desc,
+            v_desc,
+            k_base,
+            v_base,
+            stride_kn,
+            stride_kd,
+            stride_vn,
+            stride_vd,
+            batch,
+            kv_head,
+            start_n,
+            n_keys,
+            head,
+            num_heads,
+            alibi_slope,
+            sm_scale,
+            HEAD_DIM,
+            HEAD_DIM_PAD,
+            BLOCK_N,
+            False,
+            USE_TMA,
+        )
+    for start_n in range(mid_hi, hi, BLOCK_N):
+        k_lo = start_n
+        k_hi = tl.minimum(start_n + BLOCK_N, n_keys) - 1
+        acc, l_i, m_i = _attn_fwd_tile(
+            acc,
+            l_i,
+            m_i,
+            q,
+            q_pos,
+            k_desc,
+            v_desc,
+            k_base,
+            v_base,
+            stride_kn,
+            stride_kd,
+            stride_vn,
+            stride_vd,
+            batch,
+            kv_head,
+            start_n,
+            n_keys,
+            head,
+            num_heads,
+            alibi_slope,
+            sm_scale,
+            HEAD_DIM,
+            HEAD_DIM_PAD,
+            BLOCK_N,
+            True,
+            USE_TMA,
+        )
 
     # Rows that saw no visible key have l = 0: they output 0 and lse = -inf.
     l_safe = tl.where(l_i == 0.0, 1.0, l_i)
@@ -400,13 +519,17 @@ def _attn_probs(
     sm_scale,
     MASKED: tl.constexpr,
 ):
-    """Recompute P = exp(score - lse) for a tile from the saved log-sum-exp."""
+    """Recompute P = exp(score - lse) for a tile from the saved log-sum-exp.
+
+    `lse` and the positions come shaped to broadcast against `qk`, which may
+    be a (queries x keys) tile or its transpose.
+    """
     s2 = _scores_log2(
         qk, q_pos, k_pos, n_keys, head, num_heads, alibi_slope, sm_scale, MASKED
     )
     # Rows that see no key (lse = -inf) and padding rows (lse = +inf) get p = 0.
     lse2 = tl.where(lse == float("-inf"), float("inf"), lse * 1.4426950408889634)
-    return tl.math.exp2(s2 - lse2[:, None])
+    return tl.math.exp2(s2 - lse2)
 
 
 @triton.jit
@@ -415,6 +538,8 @@ def _attn_bwd_dkdv_tile(
     dv,
     k,
     v,
+    q_desc,
+    do_desc,
     q_base,
     do_base,
     lse_base,
@@ -423,6 +548,7 @@ def _attn_bwd_dkdv_tile(
     stride_qd,
     stride_dom,
     stride_dod,
+    batch,
     start_m,
     n_queries,
     q_offset,
@@ -436,33 +562,76 @@ def _attn_bwd_dkdv_tile(
     HEAD_DIM_PAD: tl.constexpr,
     BLOCK_M: tl.constexpr,
     MASKED: tl.constexpr,
+    USE_TMA: tl.constexpr,
 ):
-    """Accumulate one query tile's contribution to a key tile's dK and dV."""
+    """Accumulate one query tile's contribution to a key tile's dK and dV.
+
+    Works on the transposed tile (keys x queries), so that every matrix
+    product takes its operands as they were loaded: P^T and dS^T are the left
+    operands of dV += P^T dO and dK += dS^T Q, with no transpose in registers.
+    """
     offs_m = start_m + tl.arange(0, BLOCK_M)
-    q = _load_rows(
-        q_base, offs_m, n_queries, stride_qm, stride_qd, HEAD_DIM, HEAD_DIM_PAD, True
+    q = _load_block(
+        q_desc,
+        q_base,
+        batch,
+        head,
+        start_m,
+        n_queries,
+        stride_qm,
+        stride_qd,
+        BLOCK_M,
+        HEAD_DIM,
+        HEAD_DIM_PAD,
+        MASKED,
+        USE_TMA,
     )
-    do = _load_rows(
-        do_base, offs_m, n_queries, stride_dom, stride_dod, HEAD_DIM, HEAD_DIM_PAD, True
+    do = _load_block(
+        do_desc,
+        do_base,
+        batch,
+        head,
+        start_m,
+        n_queries,
+        stride_dom,
+        stride_dod,
+        BLOCK_M,
+        HEAD_DIM,
+        HEAD_DIM_PAD,
+        MASKED,
+        USE_TMA,
     )
-    lse = tl.load(lse_base + offs_m, mask=offs_m < n_queries, other=float("inf"))
-    delta = tl.load(delta_base + offs_m, mask=offs_m < n_queries, other=0.0)
-    q_pos = (offs_m + q_offset)[:, None]
-    qk = tl.dot(q, tl.trans(k))
-    p = _attn_probs(
-        qk, lse, q_pos, k_pos, n_keys, head, num_heads, alibi_slope, sm_scale, MASKED
+    if MASKED:
+        lse = tl.load(lse_base + offs_m, mask=offs_m < n_queries, other=float("inf"))
+        delta = tl.load(delta_base + offs_m, mask=offs_m < n_queries, other=0.0)
+    else:
+        lse = tl.load(lse_base + offs_m)
+        delta = tl.load(delta_base + offs_m)
+    q_pos = (offs_m + q_offset)[None, :]
+    qk_t = tl.dot(k, tl.trans(q))
+    p_t = _attn_probs(
+        qk_t,
+        lse[None, :],
+        q_pos,
+        k_pos,
+        n_keys,
+        head,
+        num_heads,
+        alibi_slope,
+        sm_scale,
+        MASKED,
     )
-    dv += tl.dot(tl.trans(p.to(do.dtype)), do)
-    dp = tl.dot(do, tl.trans(v))
-    ds = p * (dp - delta[:, None])
+    dv = tl.dot(p_t.to(do.dtype), do, dv)
+    dp_t = tl.dot(v, tl.trans(do))
+    ds_t = p_t * (dp_t - delta[None, :])
     # Chain rule through the score modifier; pairs with p = 0 contribute
     # nothing even where the derivative is not finite.
-    ds = tl.where(
-        p == 0.0,
+    ds_t = tl.where(
+        p_t == 0.0,
         0.0,
-        ds * _score_grad(qk, q_pos, k_pos, head, num_heads, alibi_slope, sm_scale),
+        ds_t * _score_grad(qk_t, q_pos, k_pos, head, num_heads, alibi_slope, sm_scale),
     )
-    dk += tl.dot(tl.trans(ds.to(q.dtype)), q)
+    dk = tl.dot(ds_t.to(q.dtype), q, dk)
     return dk, dv
 
 
@@ -477,6 +646,8 @@ def _attn_bwd_dkdv(
     dk_ptr,
     dv_ptr,
     alibi_slopes_ptr,
+    q_desc,
+    do_desc,
     stride_qb,
     stride_qh,
     stride_qm,
@@ -510,6 +681,7 @@ def _attn_bwd_dkdv(
     HEAD_DIM_PAD: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
+    USE_TMA: tl.constexpr,
 ):
     """Grid: (key tiles, batch * kv heads).  dK and dV of one key tile.
 
@@ -530,7 +702,7 @@ def _attn_bwd_dkdv(
     v = _load_rows(
         v_base, offs_n, n_keys, stride_vn, stride_vd, HEAD_DIM, HEAD_DIM_PAD, True
     )
-    k_pos = offs_n[None, :]
+    k_pos = offs_n[:, None]
     k_lo = start_n
     k_hi = tl.minimum(start_n + BLOCK_N, n_keys) - 1
     # Bottom-right alignment: query row i sits at position i + n_keys - n_queries.
@@ -551,76 +723,118 @@ def _attn_bwd_dkdv(
         # Query rows that can see this key tile (from the mask's affine bounds).
         row_lo = tl.maximum(k_lo - q_offset, 0) // BLOCK_M * BLOCK_M
         row_hi = tl.minimum(k_hi + 4095 - q_offset + 1, n_queries)
-        for start_m in range(row_lo, row_hi, BLOCK_M):
+        # Query tiles that see every key of this tile (when the key tile is whole)
+        # run without the elementwise mask; the tiles on either side are masked.
+        full_lo = tl.maximum(k_hi - q_offset, 0)
+        full_hi = tl.minimum(k_lo + 4095 - q_offset, n_queries - 1)
+        full_hi = tl.where(k_hi == start_n + BLOCK_N - 1, full_hi, -1)
+        # Split [row_lo, row_hi) at tile boundaries into masked tiles, the interior, masked tiles.
+        end = (row_hi + BLOCK_M - 1) // BLOCK_M * BLOCK_M
+        mid_lo = tl.minimum(
+            tl.maximum((full_lo + BLOCK_M - 1) // BLOCK_M * BLOCK_M, row_lo), end
+        )
+        mid_hi = tl.minimum(tl.maximum((full_hi + 1) // BLOCK_M * BLOCK_M, mid_lo), end)
+        for start_m in range(row_lo, mid_lo, BLOCK_M):
             q_lo = start_m + q_offset
             q_hi = tl.minimum(start_m + BLOCK_M, n_queries) - 1 + q_offset
-            # Classify the tile by interval analysis of the mask over
-            # [q_lo, q_hi] x [k_lo, k_hi]: *_must holds for every pair in the
-            # tile, *_may for at least one.
-            # k <= q
-            m1_must = k_hi <= q_lo
-            m1_may = k_lo <= q_hi
-            # k >= q - 4095
-            m2_must = k_lo + 4095 >= q_hi
-            m2_may = k_hi + 4095 >= q_lo
-            m3_must = (m1_must) & (m2_must)
-            m3_may = (m1_may) & (m2_may)
-            if (m3_must) & (k_hi == start_n + BLOCK_N - 1):
-                dk, dv = _attn_bwd_dkdv_tile(
-                    dk,
-                    dv,
-                    k,
-                    v,
-                    q_base,
-                    do_base,
-                    lse_base,
-                    delta_base,
-                    stride_qm,
-                    stride_qd,
-                    stride_dom,
-                    stride_dod,
-                    start_m,
-                    n_queries,
-                    q_offset,
-                    k_pos,
-                    n_keys,
-                    head,
-                    num_heads,
-                    alibi_slope,
-                    sm_scale,
-                    HEAD_DIM,
-                    HEAD_DIM_PAD,
-                    BLOCK_M,
-                    MASKED=False,
-                )
-            elif m3_may:
-                dk, dv = _attn_bwd_dkdv_tile(
-                    dk,
-                    dv,
-                    k,
-                    v,
-                    q_base,
-                    do_base,
-                    lse_base,
-                    delta_base,
-                    stride_qm,
-                    stride_qd,
-                    stride_dom,
-                    stride_dod,
-                    start_m,
-                    n_queries,
-                    q_offset,
-                    k_pos,
-                    n_keys,
-                    head,
-                    num_heads,
-                    alibi_slope,
-                    sm_scale,
-                    HEAD_DIM,
-                    HEAD_DIM_PAD,
-                    BLOCK_M,
-                    MASKED=True,
-                )
+            dk, dv = _attn_bwd_dkdv_tile(
+                dk,
+                dv,
+                k,
+                v,
+                q_desc,
+                do_desc,
+                q_base,
+                do_base,
+                lse_base,
+                delta_base,
+                stride_qm,
+                stride_qd,
+                stride_dom,
+                stride_dod,
+                batch,
+                start_m,
+                n_queries,
+                q_offset,
+                k_pos,
+                n_keys,
+                head,
+                num_heads,
+                alibi_slope,
+                sm_scale,
+                HEAD_DIM,
+                HEAD_DIM_PAD,
+                BLOCK_M,
+                True,
+                USE_TMA,
+            )
+
+        for start_m in range(mid_lo, mid_hi, BLOCK_M):
+            dk, dv = _attn_bwd_dkdv_tile(
+                dk,
+                dv,
+                k,
+                v,
+                q_desc,
+                do_desc,
+                q_base,
+                do_base,
+                lse_base,
+                delta_base,
+                stride_qm,
+                stride_qd,
+                stride_dom,
+                stride_dod,
+                batch,
+                start_m,
+                n_queries,
+                q_offset,
+                k_pos,
+                n_keys,
+                head,
+                num_heads,
+                alibi_slope,
+                sm_scale,
+                HEAD_DIM,
+                HEAD_DIM_PAD,
+                BLOCK_M,
+                False,
+                USE_TMA,
+            )
+        for start_m in range(mid_hi, row_hi, BLOCK_M):
+            q_lo = start_m + q_offset
+            q_hi = tl.minimum(start_m + BLOCK_M, n_queries) - 1 + q_offset
+            dk, dv = _attn_bwd_dkdv_tile(
+                dk,
+                dv,
+                k,
+                v,
+                q_desc,
+                do_desc,
+                q_base,
+                do_base,
+                lse_base,
+                delta_base,
+                stride_qm,
+                stride_qd,
+                stride_dom,
+                stride_dod,
+                batch,
+                start_m,
+                n_queries,
+                q_offset,
+                k_pos,
+                n_keys,
+                head,
+                num_heads,
+                alibi_slope,
+                sm_scale,
+                HEAD_DIM,
+                HEAD_DIM_PAD,
+                BLOCK_M,
+                True,
+                USE_TMA,
+            )
 
     dk_base = (
         dk_ptr + batch.to(tl.int64) * stride_dkb + kv_head.to(tl.int64) * stride_dkh
@@ -651,12 +865,16 @@ def _attn_bwd_dq_tile(
     lse,
     delta,
     q_pos,
+    k_desc,
+    v_desc,
     k_base,
     v_base,
     stride_kn,
     stride_kd,
     stride_vn,
     stride_vd,
+    batch,
+    kv_head,
     start_n,
     n_keys,
     head,
@@ -667,19 +885,53 @@ def _attn_bwd_dq_tile(
     HEAD_DIM_PAD: tl.constexpr,
     BLOCK_N: tl.constexpr,
     MASKED: tl.constexpr,
+    USE_TMA: tl.constexpr,
 ):
     """Accumulate one key tile's contribution to a query tile's dQ."""
     offs_n = start_n + tl.arange(0, BLOCK_N)
-    k = _load_rows(
-        k_base, offs_n, n_keys, stride_kn, stride_kd, HEAD_DIM, HEAD_DIM_PAD, MASKED
+    k = _load_block(
+        k_desc,
+        k_base,
+        batch,
+        kv_head,
+        start_n,
+        n_keys,
+        stride_kn,
+        stride_kd,
+        BLOCK_N,
+        HEAD_DIM,
+        HEAD_DIM_PAD,
+        MASKED,
+        USE_TMA,
     )
-    v = _load_rows(
-        v_base, offs_n, n_keys, stride_vn, stride_vd, HEAD_DIM, HEAD_DIM_PAD, MASKED
+    v = _load_block(
+        v_desc,
+        v_base,
+        batch,
+        kv_head,
+        start_n,
+        n_keys,
+        stride_vn,
+        stride_vd,
+        BLOCK_N,
+        HEAD_DIM,
+        HEAD_DIM_PAD,
+        MASKED,
+        USE_TMA,
     )
     k_pos = offs_n[None, :]
     qk = tl.dot(q, tl.trans(k))
     p = _attn_probs(
-        qk, lse, q_pos, k_pos, n_keys, head, num_heads, alibi_slope, sm_scale, MASKED
+        qk,
+        lse[:, None],
+        q_pos,
+        k_pos,
+        n_keys,
+        head,
+        num_heads,
+        alibi_slope,
+        sm_scale,
+        MASKED,
     )
     dp = tl.dot(do, tl.trans(v))
     ds = p * (dp - delta[:, None])
@@ -688,7 +940,7 @@ def _attn_bwd_dq_tile(
         0.0,
         ds * _score_grad(qk, q_pos, k_pos, head, num_heads, alibi_slope, sm_scale),
     )
-    dq += tl.dot(ds.to(k.dtype), k)
+    dq = tl.dot(ds.to(k.dtype), k, dq)
     return dq
 
 
@@ -702,6 +954,8 @@ def _attn_bwd_dq(
     delta_ptr,
     dq_ptr,
     alibi_slopes_ptr,
+    k_desc,
+    v_desc,
     stride_qb,
     stride_qh,
     stride_qm,
@@ -731,9 +985,10 @@ def _attn_bwd_dq(
     HEAD_DIM_PAD: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
+    USE_TMA: tl.constexpr,
 ):
-    """Grid: (query tiles, batch * heads).  dQ of one query tile."""
-    start_m = tl.program_id(0) * BLOCK_M
+    """Grid: (query tiles, batch * heads).  dQ of one query tile, last tile first."""
+    start_m = (tl.num_programs(0) - 1 - tl.program_id(0)) * BLOCK_M
     batch_head = tl.program_id(1)
     batch = batch_head // num_heads
     head = batch_head % num_heads
@@ -767,70 +1022,112 @@ def _attn_bwd_dq(
     lo = tl.maximum(q_lo - 4095, 0) // BLOCK_N * BLOCK_N
     hi = tl.minimum(q_hi + 1, n_keys)
 
-    for start_n in range(lo, hi, BLOCK_N):
+    # Key tiles that every query of this tile sees whole run without the
+    # elementwise mask, in a loop with no branch; the tiles on either side
+    # of that interior are masked.
+    full_lo = tl.maximum(q_hi - 4095, 0)
+    full_hi = tl.minimum(q_lo, n_keys - 1)
+    # Split [lo, hi) at tile boundaries into masked tiles, the interior, masked tiles.
+    end = (hi + BLOCK_N - 1) // BLOCK_N * BLOCK_N
+    mid_lo = tl.minimum(
+        tl.maximum((full_lo + BLOCK_N - 1) // BLOCK_N * BLOCK_N, lo), end
+    )
+    mid_hi = tl.minimum(tl.maximum((full_hi + 1) // BLOCK_N * BLOCK_N, mid_lo), end)
+    for start_n in range(lo, mid_lo, BLOCK_N):
         k_lo = start_n
         k_hi = tl.minimum(start_n + BLOCK_N, n_keys) - 1
-        # Classify the tile by interval analysis of the mask over
-        # [q_lo, q_hi] x [k_lo, k_hi]: *_must holds for every pair in the
-        # tile, *_may for at least one.
-        # k <= q
-        m1_must = k_hi <= q_lo
-        m1_may = k_lo <= q_hi
-        # k >= q - 4095
-        m2_must = k_lo + 4095 >= q_hi
-        m2_may = k_hi + 4095 >= q_lo
-        m3_must = (m1_must) & (m2_must)
-        m3_may = (m1_may) & (m2_may)
-        if (m3_must) & (k_hi == start_n + BLOCK_N - 1):
-            dq = _attn_bwd_dq_tile(
-                dq,
-                q,
-                do,
-                lse,
-                delta,
-                q_pos,
-                k_base,
-                v_base,
-                stride_kn,
-                stride_kd,
-                stride_vn,
-                stride_vd,
-                start_n,
-                n_keys,
-                head,
-                num_heads,
-                alibi_slope,
-                sm_scale,
-                HEAD_DIM,
-                HEAD_DIM_PAD,
-                BLOCK_N,
-                MASKED=False,
-            )
-        elif m3_may:
-            dq = _attn_bwd_dq_tile(
-                dq,
-                q,
-                do,
-                lse,
-                delta,
-                q_pos,
-                k_base,
-                v_base,
-                stride_kn,
-                stride_kd,
-                stride_vn,
-                stride_vd,
-                start_n,
-                n_keys,
-                head,
-                num_heads,
-                alibi_slope,
-                sm_scale,
-                HEAD_DIM,
-                HEAD_DIM_PAD,
-                BLOCK_N,
-                MASKED=True,
-            )
+        dq = _attn_bwd_dq_tile(
+            dq,
+            q,
+            do,
+            lse,
+            delta,
+            q_pos,
+            k_desc,
+            v_desc,
+            k_base,
+            v_base,
+            stride_kn,
+            stride_kd,
+            stride_vn,
+            stride_vd,
+            batch,
+            kv_head,
+            start_n,
+            n_keys,
+            head,
+            num_heads,
+            alibi_slope,
+            sm_scale,
+            HEAD_DIM,
+            HEAD_DIM_PAD,
+            BLOCK_N,
+            True,
+            USE_TMA,
+        )
+
+    for start_n in range(mid_lo, mid_hi, BLOCK_N):
+        dq = _attn_bwd_dq_tile(
+            dq,
+            q,
+            do,
+            lse,
+            delta,
+            q_pos,
+            k_desc,
+            v_desc,
+            k_base,
+            v_base,
+            stride_kn,
+            stride_kd,
+            stride_vn,
+            stride_vd,
+            batch,
+            kv_head,
+            start_n,
+            n_keys,
+            head,
+            num_heads,
+            alibi_slope,
+            sm_scale,
+            HEAD_DIM,
+            HEAD_DIM_PAD,
+            BLOCK_N,
+            False,
+            USE_TMA,
+        )
+    for start_n in range(mid_hi, hi, BLOCK_N):
+        k_lo = start_n
+        k_hi = tl.minimum(start_n + BLOCK_N, n_keys) - 1
+        dq = _attn_bwd_dq_tile(
+            dq,
+            q,
+            do,
+            lse,
+            delta,
+            q_pos,
+            k_desc,
+            v_desc,
+            k_base,
+            v_base,
+            stride_kn,
+            stride_kd,
+            stride_vn,
+            stride_vd,
+            batch,
+            kv_head,
+            start_n,
+            n_keys,
+            head,
+            num_heads,
+            alibi_slope,
+            sm_scale,
+            HEAD_DIM,
+            HEAD_DIM_PAD,
+            BLOCK_N,
+            True,
+            USE_TMA,
+        )
 
     dq_base = dq_ptr + batch.to(tl.int64) * stride_dqb + head.to(tl.int64) * stride_dqh
     _store_rows(
@@ -921,6 +1218,46 @@ def _launch_config(
     return GPU_BWD_CONFIG if backward else GPU_CONFIG
 
 
+def _tma_supported(*tensors: torch.Tensor) -> bool:
+    """TMA needs sm90+, 16-byte aligned bases and strides, contiguous rows."""
+    if TensorDescriptor is None:
+        return False
+    device = tensors[0].device
+    if device.type == "cuda":
+        if torch.cuda.get_device_capability(device)[0] < 9:
+            return False
+    elif not _interpreting():
+        return False
+    for x in tensors:
+        if x.stride(-1) != 1 or x.data_ptr() % 16 != 0:
+            return False
+        if any(s <= 0 or s * x.element_size() % 16 != 0 for s in x.stride()[:-1]):
+            return False
+    return True
+
+
+def _use_tma(tma: bool | None, default: bool, *tensors: torch.Tensor) -> bool:
+    if tma is None:  # automatic: the measured default, where the GPU has TMA
+        return default and tensors[0].device.type == "cuda" and _tma_supported(*tensors)
+    if tma and not _tma_supported(*tensors):
+        raise ValueError(
+            "tma=True needs an sm90+ GPU (or the interpreter), a last dimension with "
+            "stride 1, and 16-byte aligned data and strides"
+        )
+    return bool(tma)
+
+
+def _descriptors(use_tma: bool, block: int, *tensors: torch.Tensor) -> list:
+    """TMA descriptors for (1, 1, block, HEAD_DIM_PAD) blocks, or the tensors
+    themselves when the kernel loads through pointers (and ignores these)."""
+    if not use_tma:
+        return list(tensors)
+    return [
+        TensorDescriptor(x, list(x.shape), list(x.stride()), [1, 1, block, 256])
+        for x in tensors
+    ]
+
+
 def _check_blocks(block_m: int, block_n: int) -> None:
     for name, block in (("block_m", block_m), ("block_n", block_n)):
         if block < 16 or block & (block - 1):
@@ -941,12 +1278,15 @@ def forward(
     block_n: int | None = None,
     num_warps: int | None = None,
     num_stages: int | None = None,
+    tma: bool | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Forward pass with an explicit launch configuration (no autograd).
 
     q: (B, H, Nq, HEAD_DIM); k, v: (B, Hkv, Nk, HEAD_DIM), any strides, Hkv
     dividing H.  Returns o (B, H, Nq, HEAD_DIM) in DTYPE and the log-sum-exp
     (B, H, Nq) in float32, natural log.  Block sizes are powers of two >= 16.
+    tma=True loads key tiles through TMA descriptors (sm90+, 16-byte aligned
+    strides), False through pointers, None as GPU_TMA says where possible.
     """
     _check_inputs(q, k, v)
     scale = _resolve_scale(scale)
@@ -961,6 +1301,7 @@ def forward(
     )
     if o.numel() == 0:
         return o, lse.fill_(float("-inf"))
+    use_tma = n_keys > 0 and _use_tma(tma, GPU_TMA, k, v)
     grid = (triton.cdiv(n_queries, block_m), batch * num_heads)
     _attn_fwd[grid](
         q,
@@ -969,6 +1310,7 @@ def forward(
         o,
         lse,
         _alibi_or_placeholder(num_heads, lse),
+        *_descriptors(use_tma, block_n, k, v),
         *q.stride(),
         *k.stride(),
         *v.stride(),
@@ -982,6 +1324,7 @@ def forward(
         HEAD_DIM_PAD=256,
         BLOCK_M=block_m,
         BLOCK_N=block_n,
+        USE_TMA=use_tma,
         num_warps=num_warps or default[2],
         num_stages=num_stages or default[3],
     )
@@ -1002,12 +1345,16 @@ def backward(
     block_n: int | None = None,
     num_warps: int | None = None,
     num_stages: int | None = None,
+    tma: bool | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Gradients (dq, dk, dv) from the forward's o and log-sum-exp.
 
     Recomputes the scores tile by tile (FlashAttention-2): nothing of size
     Nq x Nk is stored.  `do` is the gradient of o and `dlse` that of the
-    log-sum-exp; either may be None (zero).
+    log-sum-exp; either may be None (zero).  block_m and block_n are the
+    query and key tiles of the dK/dV kernel; the dQ kernel uses the
+    transposed shape (block_n queries, block_m keys).  tma as in forward(),
+    with GPU_BWD_TMA as the default.
     """
     _check_inputs(q, k, v)
     scale = _resolve_scale(scale)
@@ -1024,6 +1371,8 @@ def backward(
         return dq, dk, dv
     if do is None:
         do = torch.zeros_like(o)
+    if do.stride(-1) != 1 or 0 in do.stride():  # e.g. the expanded gradient of a sum()
+        do = do.contiguous()
     if dlse is not None:
         dlse = dlse.to(torch.float32).contiguous()
     delta = torch.empty_like(lse)
@@ -1043,6 +1392,7 @@ def backward(
         BLOCK_M=block_m,
         HAS_DLSE=dlse is not None,
     )
+    use_tma = _use_tma(tma, GPU_BWD_TMA, q, k, v, do)
     _attn_bwd_dkdv[(triton.cdiv(n_keys, block_n), batch * kv_heads)](
         q,
         k,
@@ -1053,6 +1403,7 @@ def backward(
         dk,
         dv,
         alibi_slopes,
+        *_descriptors(use_tma, block_m, q, do),
         *q.stride(),
         *k.stride(),
         *v.stride(),
@@ -1068,10 +1419,14 @@ def backward(
         HEAD_DIM_PAD=256,
         BLOCK_M=block_m,
         BLOCK_N=block_n,
+        USE_TMA=use_tma,
         num_warps=num_warps,
         num_stages=num_stages,
     )
-    _attn_bwd_dq[grid](
+    # The dQ kernel takes the transposed tile shape: it holds BLOCK_N query
+    # rows and walks keys BLOCK_M at a time (small inner tiles, large outer
+    # tiles, for both kernels).
+    _attn_bwd_dq[(triton.cdiv(n_queries, block_n), batch * num_heads)](
         q,
         k,
         v,
@@ -1080,6 +1435,7 @@ def backward(
         delta,
         dq,
         alibi_slopes,
+        *_descriptors(use_tma, block_m, k, v),
         *q.stride(),
         *k.stride(),
         *v.stride(),
@@ -1092,8 +1448,9 @@ def backward(
         scale,
         HEAD_DIM=HEAD_DIM,
         HEAD_DIM_PAD=256,
-        BLOCK_M=block_m,
-        BLOCK_N=block_n,
+        BLOCK_M=block_n,
+        BLOCK_N=block_m,
+        USE_TMA=use_tma,
         num_warps=num_warps,
         num_stages=num_stages,
     )

@@ -5,16 +5,7 @@
 #
 #   bash scripts/gpu_check.sh [pytest args...]
 set -uo pipefail
-OUT=${OUT:-/tmp/flashgen-gpu}
-mkdir -p "$OUT"
-if ! python3 -c "import lark, black" 2>/dev/null; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir \
-    --upgrade --target /tmp/site .whl/*.whl || exit 1
-  export PYTHONPATH=/tmp/site
-fi
-export PYTHONPATH=${PYTHONPATH:+$PYTHONPATH:}$PWD
-export PYTHONUNBUFFERED=1
-nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv
+source "$(dirname "$0")/gpu_env.sh"
 python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"
 export FLASHGEN_GPU_SUMMARY="$OUT/gpu_summary.txt"
 : > "$FLASHGEN_GPU_SUMMARY"

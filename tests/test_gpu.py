@@ -46,9 +46,11 @@ def test_examples_on_gpu(variant, dtype):
     shapes = [Shape(2, 4, 2, 2048, 2048), Shape(1, 4, 1, 1023, 2048), Shape(1, 2, 2, 2048, 799)]
     shapes += [Shape(1, 2, 1, rng.choice(LENGTHS), rng.choice(LENGTHS)) for _ in range(3)]
     for i, shape in enumerate(shapes):
-        result = run_case(variant, shape, seed=i, device="cuda")
-        _record(variant, result)
-        assert_ok(result)
+        # Automatic (TMA on sm90+), and the pointer path on two shapes.
+        for tma in (None, False) if i < 2 else (None,):
+            result = run_case(variant, shape, seed=i, device="cuda", tma=tma)
+            _record(variant, result)
+            assert_ok(result)
 
 
 @settings(
@@ -86,7 +88,7 @@ def test_example_gradients_on_gpu(variant, dtype):
 
 
 @settings(
-    max_examples=int(os.environ.get("FLASHGEN_GPU_EXAMPLES", "40")) // 2,
+    max_examples=max(1, int(os.environ.get("FLASHGEN_GPU_EXAMPLES", "40")) // 2),
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
 )

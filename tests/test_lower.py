@@ -250,3 +250,91 @@ def test_element_code_matches_reference(variant, n_queries, n_keys):
         np.testing.assert_allclose(got, expected_scores[0, h], rtol=1e-12, atol=1e-12)
         visible = _eval_element(mask_code, s, *args)
         np.testing.assert_array_equal(visible, expected_mask[h])
+
+
+def _full_interval(mask: ir.Expr, var: str, env: dict, n: int):
+    """The interior the analysis claims, as a boolean vector over 0 .. n-1."""
+    nnf = lower.negation_normal_form(lower.desugar_mask(mask))
+    bounds = lower.full_bounds(nnf, var)
+    if bounds is None:
+        return None
+    lo = 0 if bounds[0] is None else int(eval(bounds[0], env))  # test-only, analysis output
+    hi = n - 1 if bounds[1] is None else int(eval(bounds[1], env))
+    claimed = np.zeros(n, dtype=bool)
+    claimed[max(lo, 0) : max(min(hi, n - 1) + 1, 0)] = True
+    return claimed
+
+
+@settings(max_examples=300, deadline=None)
+@given(mask=masks(), rects=st.lists(rectangles(), min_size=1, max_size=6))
+def test_interior_is_sound(mask, rects):
+    """Keys claimed visible to every query of a tile are (and vice versa)."""
+    dense = {}
+    offset = N_KEYS - N_QUERIES
+    for qa, qb, ka, kb, head, num_heads in rects:
+        if num_heads not in dense:
+            dense[num_heads] = _visible(mask, N_QUERIES, N_KEYS, num_heads)
+        visible = dense[num_heads][head]
+        env = _namespace(qa + offset, qb + offset, ka, kb, head, num_heads)
+        keys = _full_interval(mask, "k", env, N_KEYS)
+        if keys is not None:
+            seen_by_all = visible[qa : qb + 1].all(axis=0)
+            assert not (keys & ~seen_by_all).any(), "interior key hidden from a query"
+        # Query positions: row r sits at position r + offset.
+        rows = _full_interval(mask, "q", env, N_KEYS)
+        if rows is not None:
+            see_all = visible[:, ka : kb + 1].all(axis=1)
+            positions = np.zeros(N_KEYS, dtype=bool)
+            positions[max(offset, 0) :] = see_all[max(-offset, 0) :]
+            assert not (rows & ~positions).any(), "interior query misses a key"
+
+
+@pytest.mark.parametrize(
+    "name", ["causal", "window", "window2", "prefix", "chunk", "causal_window", "causal_prefix"]
+)
+@pytest.mark.parametrize("block", [1, 16, 33])
+def test_named_masks_have_exact_interior(name, block):
+    """For the named masks the interior is every key all queries of the tile see."""
+    mask = _named(name)
+    visible = _visible(mask, N_QUERIES, N_KEYS, 1)[0]
+    offset = N_KEYS - N_QUERIES
+    for qa in range(0, N_QUERIES, block):
+        qb = min(qa + block, N_QUERIES) - 1
+        env = _namespace(qa + offset, qb + offset, 0, 0, 0, 1)
+        keys = _full_interval(mask, "k", env, N_KEYS)
+        assert keys is not None
+        np.testing.assert_array_equal(keys, visible[qa : qb + 1].all(axis=0), err_msg=str(qa))
+
+
+@settings(max_examples=300, deadline=None)
+@given(mask=masks(), block=st.sampled_from((1, 8, 16, 32)))
+def test_band_masks_have_no_empty_tiles_in_bounds(mask, block):
+    """`is_band` lets the kernels drop the per-tile emptiness test inside the
+    key bounds: every key tile there must have a visible pair."""
+    nnf = lower.negation_normal_form(lower.desugar_mask(mask))
+    if not lower.is_band(nnf):
+        return
+    visible = _visible(mask, N_QUERIES, N_KEYS, 1)[0]
+    offset = N_KEYS - N_QUERIES
+    lo_code, hi_code = lower.key_bounds(nnf)
+    for qa in range(0, N_QUERIES, block):
+        qb = min(qa + block, N_QUERIES) - 1
+        env = _namespace(qa + offset, qb + offset, 0, 0, 0, 1)
+        lo = 0 if lo_code is None else max(int(eval(lo_code, env)), 0) // block * block
+        hi = N_KEYS if hi_code is None else min(int(eval(hi_code, env)) + 1, N_KEYS)
+        for ka in range(lo, hi, block):
+            assert visible[qa : qb + 1, ka : ka + block].any(), (qa, ka)
+
+
+def test_band_recognition():
+    n, c = ir.Name, ir.Call
+    band = [n("causal"), c("window", (ir.Num(5), ir.Num(2))), _named("causal_window")]
+    not_band = [_named("causal_prefix"), _named("chunk"), _named("prefix")]
+    empty = ir.Binary(
+        ir.BinOp.AND,
+        ir.Binary(ir.BinOp.GE, ir.Name("k"), ir.Binary(ir.BinOp.ADD, ir.Name("q"), ir.Num(3))),
+        n("causal"),
+    )
+    for mask, expected in [(m, True) for m in band] + [(m, False) for m in not_band + [empty]]:
+        nnf = lower.negation_normal_form(lower.desugar_mask(mask))
+        assert lower.is_band(nnf) is expected, mask

@@ -7,11 +7,12 @@ untrusted input.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
 
-from flashgen import tune
+from flashgen import ir, tune
 from flashgen.api import check_sources
 from flashgen.emit import render_module
 from flashgen.lower import LaunchConfig, Tuning
@@ -56,7 +57,9 @@ def test_search_picks_the_fastest_candidate(spec_file, monkeypatch):
         device_name="Test GPU",
     )
     assert len(calls) == 4
-    assert best == Tuning("Test GPU", forward[1], backward[1])
+    assert best == Tuning(
+        "Test GPU", forward[1], backward[1], variant.head_dim, variant.dtype.value
+    )
     assert set(times["forward"]) == set(forward) and set(times["backward"]) == set(backward)
 
 
@@ -103,6 +106,8 @@ def test_sidecar_round_trip_and_freeze(spec_file):
         {"device": "GPU", "forward": ["64", 64, 4, 2], "backward": [64, 64, 4, 2]},
         {"device": "GPU", "forward": [64, 64, 3, 2], "backward": [64, 64, 4, 2]},
         {"device": "GPU", "forward": [64, 64, 4, 2]},
+        {"device": "GPU", "forward": [64, 64, 4, 2], "backward": [64, 64, 4, 2], "head_dim": "64"},
+        {"device": "GPU", "forward": [64, 64, 4, 2], "backward": [64, 64, 4, 2], "dtype": "fp8"},
     ],
 )
 def test_bad_sidecars_are_rejected(tmp_path, entry):
@@ -123,3 +128,18 @@ def test_cli_build_uses_the_sidecar(spec_file, tmp_path, capsys):
     sidecar_path(spec_file).write_text("{ not json")
     assert main(["build", str(spec_file), "-o", str(out)]) == 1
     assert "not a valid tuning file" in capsys.readouterr().err
+
+
+def test_tuning_applies_only_to_its_head_dim_and_dtype(spec_file):
+    """`flashgen bench --head-dim` rebuilds a spec at other head dims: the
+    configs measured for the spec's own head dim must not follow it there."""
+    variant = _variant(spec_file)
+    tuning = Tuning(
+        "GPU", LaunchConfig(128, 64, 8, 4), LaunchConfig(64, 128, 8, 2),
+        variant.head_dim, variant.dtype.value,
+    )
+    write_tuning(sidecar_path(spec_file), {"tiny": tuning})
+    assert tuning_for(variant) == tuning
+    assert tuning_for(dataclasses.replace(variant, head_dim=variant.head_dim * 2)) is None
+    other = ir.DType.FP16 if variant.dtype is not ir.DType.FP16 else ir.DType.BF16
+    assert tuning_for(dataclasses.replace(variant, dtype=other)) is None
