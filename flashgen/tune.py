@@ -33,7 +33,7 @@ FORWARD_CANDIDATES = tuple(
 )
 BACKWARD_CANDIDATES = tuple(
     LaunchConfig(m, n, w, s)
-    for m, n, w, s in itertools.product((32, 64), (64, 128), (4, 8), (1, 2))
+    for m, n, w, s in itertools.product((32, 64), (64, 128), (4, 8), (2, 3))
 )
 
 
