@@ -723,8 +723,9 @@ _FLIPPED = {
 }
 
 
-def _chunk_bounds(e: ir.Binary, var: str) -> Bounds | None:
-    """`A div C == var div C` with A free of var: var lies in A's chunks."""
+def _chunk_range(e: ir.Binary, var: str) -> tuple[str, str, int] | None:
+    """For `A div C == var div C` with A affine and free of var: the code of
+    A's min and max over the other variable's tile, and C."""
     if e.op is not ir.BinOp.EQ:
         return None
     target = ir.Name(var)
@@ -741,12 +742,20 @@ def _chunk_bounds(e: ir.Binary, var: str) -> Bounds | None:
             if inner is None or _clean(inner).get(var):
                 return None
             inner = _clean(inner)
-            c = _int_arg(a.right)
             ranges = _OTHER_RANGES[var]
             lo = _affine_bound(inner, False, ranges)
             hi = _affine_bound(inner, True, ranges)
-            return f"_floor_div({lo}, {c}) * {c}", f"_floor_div({hi}, {c}) * {c} + {c - 1}"
+            return lo, hi, _int_arg(a.right)
     return None
+
+
+def _chunk_bounds(e: ir.Binary, var: str) -> Bounds | None:
+    """`A div C == var div C`: var lies in A's chunks."""
+    match = _chunk_range(e, var)
+    if match is None:
+        return None
+    lo, hi, c = match
+    return f"_floor_div({lo}, {c}) * {c}", f"_floor_div({hi}, {c}) * {c} + {c - 1}"
 
 
 def full_bounds(e: ir.Expr, var: str) -> Bounds | None:
@@ -857,28 +866,11 @@ def _chunk_full(e: ir.Binary, var: str) -> Bounds | None:
     From A's last chunk's start to its first chunk's end, which is empty when
     A spans two chunks.
     """
-    if e.op is not ir.BinOp.EQ:
+    match = _chunk_range(e, var)
+    if match is None:
         return None
-    target = ir.Name(var)
-    for a, b in ((e.left, e.right), (e.right, e.left)):
-        if (
-            isinstance(a, ir.Binary)
-            and a.op is ir.BinOp.FLOORDIV
-            and isinstance(b, ir.Binary)
-            and b.op is ir.BinOp.FLOORDIV
-            and b.left == target
-            and a.right == b.right
-        ):
-            inner = affine(a.left)
-            if inner is None or _clean(inner).get(var):
-                return None
-            inner = _clean(inner)
-            c = _int_arg(a.right)
-            ranges = _OTHER_RANGES[var]
-            lo = _affine_bound(inner, False, ranges)
-            hi = _affine_bound(inner, True, ranges)
-            return f"_floor_div({hi}, {c}) * {c}", f"_floor_div({lo}, {c}) * {c} + {c - 1}"
-    return None
+    lo, hi, c = match
+    return f"_floor_div({hi}, {c}) * {c}", f"_floor_div({lo}, {c}) * {c} + {c - 1}"
 
 
 # --------------------------------------------------------------------------- #

@@ -70,7 +70,10 @@ def tuning_for(variant: ir.Variant) -> Tuning | None:
     tuning = read_tuning(sidecar_path(variant.path)).get(variant.name)
     if tuning is None:
         return None
-    if (tuning.head_dim, tuning.dtype) not in ((None, None), (variant.head_dim, variant.dtype.value)):
+    if (tuning.head_dim, tuning.dtype) not in (
+        (None, None),
+        (variant.head_dim, variant.dtype.value),
+    ):
         return None
     return tuning
 

@@ -92,7 +92,13 @@ def run(path: str, head_dim: int, n: int, batch: int, heads: int) -> dict:
     o_ref, lse_ref = module.forward(q, k, v)
     result["forward"] = {}
     for c, tma in FORWARD:
-        args = dict(block_m=c.block_m, block_n=c.block_n, num_warps=c.num_warps, num_stages=c.num_stages, tma=tma)
+        args = dict(
+            block_m=c.block_m,
+            block_n=c.block_n,
+            num_warps=c.num_warps,
+            num_stages=c.num_stages,
+            tma=tma,
+        )
         try:
             o, _ = module.forward(q, k, v, **args)
             diff = (o.float() - o_ref.float()).abs().max().item()
@@ -102,7 +108,13 @@ def run(path: str, head_dim: int, n: int, batch: int, heads: int) -> dict:
             result["forward"][_key(c, tma)] = (None, str(e)[:80])
     result["backward"] = {}
     for c, tma in BACKWARD:
-        args = dict(block_m=c.block_m, block_n=c.block_n, num_warps=c.num_warps, num_stages=c.num_stages, tma=tma)
+        args = dict(
+            block_m=c.block_m,
+            block_n=c.block_n,
+            num_warps=c.num_warps,
+            num_stages=c.num_stages,
+            tma=tma,
+        )
         try:
             dq, dk, dv = module.backward(q, k, v, o_ref, lse_ref, do, **args)
             t = ms(lambda: module.backward(q, k, v, o_ref, lse_ref, do, **args))
@@ -113,7 +125,11 @@ def run(path: str, head_dim: int, n: int, batch: int, heads: int) -> dict:
         except Exception as e:  # noqa: BLE001
             result["backward"][_key(c, tma)] = (None, str(e)[:80])
     others = bench.bench(
-        [variant], seqlens=[n], batch=batch, heads=heads, systems=("flex", "sdpa-cudnn"),
+        [variant],
+        seqlens=[n],
+        batch=batch,
+        heads=heads,
+        systems=("flex", "sdpa-cudnn"),
         progress=False,
     )
     result["others"] = {
@@ -124,7 +140,9 @@ def run(path: str, head_dim: int, n: int, batch: int, heads: int) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--specs", nargs="+", default=["examples/full.attn", "examples/plain_causal.attn"])
+    parser.add_argument(
+        "--specs", nargs="+", default=["examples/full.attn", "examples/plain_causal.attn"]
+    )
     parser.add_argument("--head-dims", nargs="+", type=int, default=[64, 128])
     parser.add_argument("--seqlen", type=int, default=4096)
     parser.add_argument("--heads", type=int, default=16)
@@ -140,10 +158,14 @@ def main() -> None:
     out = os.environ.get("OUT", "/tmp")
     with open(os.path.join(out, "sweep.json"), "w") as f:
         json.dump(results, f, indent=1)
-    print(f"\n# {time.time() - start:.0f} s; TFLOP/s (fwd best config | bwd best config | flex fwd/bwd | cudnn fwd/bwd)")
+    print(
+        f"\n# {time.time() - start:.0f} s; TFLOP/s (fwd best config | bwd best config | flex fwd/bwd | cudnn fwd/bwd)"
+    )
     for r in results:
         fwd = max((x for x in r["forward"].items() if x[1][0]), key=lambda x: x[1][0], default=None)
-        bwd = max((x for x in r["backward"].items() if x[1][0]), key=lambda x: x[1][0], default=None)
+        bwd = max(
+            (x for x in r["backward"].items() if x[1][0]), key=lambda x: x[1][0], default=None
+        )
         o = r["others"]
         flex, cudnn = o.get("flex", (None, None, "")), o.get("sdpa-cudnn", (None, None, ""))
         f = lambda x: "-" if x is None else f"{x:.0f}"  # noqa: E731

@@ -135,8 +135,11 @@ def test_tuning_applies_only_to_its_head_dim_and_dtype(spec_file):
     configs measured for the spec's own head dim must not follow it there."""
     variant = _variant(spec_file)
     tuning = Tuning(
-        "GPU", LaunchConfig(128, 64, 8, 4), LaunchConfig(64, 128, 8, 2),
-        variant.head_dim, variant.dtype.value,
+        "GPU",
+        LaunchConfig(128, 64, 8, 4),
+        LaunchConfig(64, 128, 8, 2),
+        variant.head_dim,
+        variant.dtype.value,
     )
     write_tuning(sidecar_path(spec_file), {"tiny": tuning})
     assert tuning_for(variant) == tuning
