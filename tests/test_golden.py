@@ -78,3 +78,62 @@ def test_module_spec_reads_back_as_the_same_variant(variant):
 def test_emit_is_deterministic():
     for variant in VARIANTS[:3]:
         assert render_module(variant) == render_module(variant)
+
+
+def _loops(source: str, kernel: str) -> dict[tuple[str, str], ast.For]:
+    """The kernel's `for x in range(a, b, ...)` loops, keyed by (a, b)."""
+    (fn,) = [
+        n
+        for n in ast.walk(ast.parse(source))
+        if isinstance(n, ast.FunctionDef) and n.name == kernel
+    ]
+    loops = {}
+    for node in ast.walk(fn):
+        if isinstance(node, ast.For) and isinstance(node.iter, ast.Call):
+            args = node.iter.args
+            if getattr(node.iter.func, "id", "") == "range" and len(args) == 3:
+                loops[(ast.unparse(args[0]), ast.unparse(args[1]))] = node
+    return loops
+
+
+def _has_branch(loop: ast.For) -> bool:
+    return any(isinstance(n, ast.If) for n in ast.walk(loop))
+
+
+_INTERIOR = {
+    # example: (has an interior loop, masked loops need the per-tile test)
+    "bloom_alibi": (True, False),
+    "custom": (False, True),
+    "encoder_band": (True, False),
+    "full": (True, False),
+    "gemma2_local": (True, False),
+    "llama4_local": (True, True),
+    "mistral_sliding": (True, False),
+    "plain_causal": (True, False),
+    "prefix_lm": (True, True),
+}
+
+
+@pytest.mark.parametrize("variant", _variants(), ids=lambda v: v.name)
+def test_kernels_keep_a_branch_free_interior_loop(variant):
+    """The speed of the kernels rests on this structure (docs/MASKS.md, step
+    4): the bulk of the tiles run in a loop with no branch and no elementwise
+    mask, so that Triton pipelines its loads.  A change that loses it shows up
+    here before it shows up in a benchmark."""
+    interior, tested = _INTERIOR[variant.name]
+    source = render_module(variant, tuning_for(variant))
+    for kernel, (lo, hi) in [
+        ("_attn_fwd", ("lo", "hi")),
+        ("_attn_bwd_dq", ("lo", "hi")),
+        ("_attn_bwd_dkdv", ("row_lo", "row_hi")),
+    ]:
+        loops = _loops(source, kernel)
+        if not interior:
+            assert _has_branch(loops[(lo, hi)]) and ("mid_lo", "mid_hi") not in loops
+            continue
+        middle = loops[("mid_lo", "mid_hi")]
+        assert not _has_branch(middle)
+        (call,) = [n for s in middle.body for n in ast.walk(s) if isinstance(n, ast.Call)]
+        assert ast.unparse(call.args[-2]) == "False", "interior tiles must be unmasked"
+        for edge in ((lo, "mid_lo"), ("mid_hi", hi)):
+            assert _has_branch(loops[edge]) == tested, (kernel, edge)
