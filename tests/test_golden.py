@@ -114,7 +114,7 @@ _INTERIOR = {
 }
 
 
-@pytest.mark.parametrize("variant", _variants(), ids=lambda v: v.name)
+@pytest.mark.parametrize("variant", list(_variants()), ids=lambda v: v.name)
 def test_kernels_keep_a_branch_free_interior_loop(variant):
     """The speed of the kernels rests on this structure (docs/MASKS.md, step
     4): the bulk of the tiles run in a loop with no branch and no elementwise
