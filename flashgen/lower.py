@@ -788,9 +788,12 @@ def is_band(e: ir.Expr) -> bool:
 
     Every query of such a mask sees one interval of keys that slides with
     it, so the keys a query tile sees form one interval, the one `key_bounds`
-    gives: every key tile in the bounds has a visible pair, and so does every
-    query tile in `query_bounds` for a key tile.  The kernel then needs no
-    per-tile emptiness test.
+    gives (clipped to the keys that exist): when it is not empty, every key
+    tile that meets it has a visible pair, and so does every query tile that
+    meets `query_bounds` for a key tile.  The kernel then needs no per-tile
+    emptiness test.  (When it is empty, the loop may still run the one tile
+    below the rounded-down bound, masked, which costs time but not
+    correctness.)
     """
     lo, hi = -math.inf, math.inf
 

@@ -4,6 +4,7 @@ Without a CUDA GPU the Triton kernels run on the CPU interpreter.  `triton.jit`
 decides between compiling and interpreting when a kernel is defined, that is
 when a generated module is imported, so TRITON_INTERPRET is set here, before
 any test module imports triton.  Tests marked `gpu` are skipped without CUDA.
+Hypothesis runs derandomized unless a profile is chosen (see below).
 
 Modules that `flashgen.load` builds go to a per-session temporary cache, never
 to the user's ~/.cache/flashgen.
@@ -15,8 +16,16 @@ import os
 
 import pytest
 import torch
+from hypothesis import settings
 
 HAS_CUDA = torch.cuda.is_available()
+
+# Property tests draw the same examples on every run, so a red CI is a real
+# regression and not a new random draw.  To explore with fresh random
+# examples, run with FLASHGEN_HYPOTHESIS=explore.
+settings.register_profile("deterministic", derandomize=True, print_blob=True)
+settings.register_profile("explore", derandomize=False, print_blob=True)
+settings.load_profile(os.environ.get("FLASHGEN_HYPOTHESIS", "deterministic"))
 
 if not HAS_CUDA:
     os.environ.setdefault("TRITON_INTERPRET", "1")
