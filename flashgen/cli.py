@@ -196,8 +196,9 @@ def _tune(args: argparse.Namespace) -> int:
         path = sidecar_path(variant.path)
         tune.write_tuning(path, {variant.name: best})
         print(
-            f"{variant.name}: forward {tune.as_list(best.forward)}, "
-            f"backward {tune.as_list(best.backward)} on {best.device} -> {path}"
+            f"{variant.name}: forward {tune.as_list(best.forward)} (tma {best.forward_tma}), "
+            f"backward {tune.as_list(best.backward)} (tma {best.backward_tma}) "
+            f"on {best.device} -> {path}"
         )
     print("run `flashgen build` to write these into the modules")
     return 0

@@ -72,6 +72,9 @@ class Tuning:
     # What was measured: the configs apply only to this head dim and dtype.
     head_dim: int | None = None
     dtype: str | None = None
+    # Whether TMA loads were faster (None: not measured, keep the default).
+    forward_tma: bool | None = None
+    backward_tma: bool | None = None
 
 
 @dataclass(frozen=True)
@@ -958,6 +961,10 @@ _CPU_CONFIG = LaunchConfig(32, 32, 1, 1)
 # --------------------------------------------------------------------------- #
 
 
+def _pick(measured: bool | None, default: bool) -> bool:
+    return default if measured is None else measured
+
+
 def spec_hash(spec_text: str) -> str:
     return hashlib.sha256(spec_text.encode()).hexdigest()[:16]
 
@@ -1036,7 +1043,9 @@ def lower(v: ir.Variant, tuning: Tuning | None = None) -> KernelModel:
         ),
         cpu_config=_CPU_CONFIG,
         gpu_bwd_config=tuning.backward if tuning else _gpu_bwd_config(head_dim_pad, v.dtype),
-        gpu_tma=_gpu_tma(head_dim_pad, v.dtype)[0],
-        gpu_bwd_tma=_gpu_tma(head_dim_pad, v.dtype)[1],
+        gpu_tma=_pick(tuning.forward_tma if tuning else None, _gpu_tma(head_dim_pad, v.dtype)[0]),
+        gpu_bwd_tma=_pick(
+            tuning.backward_tma if tuning else None, _gpu_tma(head_dim_pad, v.dtype)[1]
+        ),
         tuned_on=tuning.device if tuning else None,
     )

@@ -101,7 +101,12 @@ def _tuning(entry) -> Tuning:
         raise ValueError(f"head_dim {head_dim!r} is not an integer in 1..1024")
     if dtype is not None and dtype not in {d.value for d in ir.DType}:
         raise ValueError(f"dtype {dtype!r} is not one of the spec dtypes")
-    return Tuning(device, _config(entry["forward"]), _config(entry["backward"]), head_dim, dtype)
+    tma = [entry.get("forward_tma"), entry.get("backward_tma")]
+    if any(x is not None and not isinstance(x, bool) for x in tma):
+        raise ValueError(f"forward_tma / backward_tma must be true, false or null, got {tma}")
+    return Tuning(
+        device, _config(entry["forward"]), _config(entry["backward"]), head_dim, dtype, *tma
+    )
 
 
 def write_tuning(path: str | Path, tunings: dict[str, Tuning]) -> None:
@@ -115,6 +120,8 @@ def write_tuning(path: str | Path, tunings: dict[str, Tuning]) -> None:
             "backward": as_list(t.backward),
             "head_dim": t.head_dim,
             "dtype": t.dtype,
+            "forward_tma": t.forward_tma,
+            "backward_tma": t.backward_tma,
         }
         for name, t in sorted(merged.items())
     }
@@ -172,48 +179,54 @@ def tune(
         except Exception:  # does not fit this GPU: not a candidate
             return None
 
+    def launch(c: LaunchConfig, tma: bool | None) -> dict:
+        return dict(
+            block_m=c.block_m,
+            block_n=c.block_n,
+            num_warps=c.num_warps,
+            num_stages=c.num_stages,
+            tma=tma,
+        )
+
+    def time_forward(c: LaunchConfig, tma: bool | None = None) -> float | None:
+        return total(lambda q, k, v, do, o, lse: module.forward(q, k, v, **launch(c, tma)))
+
+    def time_backward(c: LaunchConfig, tma: bool | None = None) -> float | None:
+        return total(
+            lambda q, k, v, do, o, lse: module.backward(q, k, v, o, lse, do, **launch(c, tma))
+        )
+
     times: dict[str, dict[LaunchConfig, float]] = {"forward": {}, "backward": {}}
     for c in forward_candidates:
-        t = total(
-            lambda q, k, v, do, o, lse, c=c: module.forward(
-                q,
-                k,
-                v,
-                block_m=c.block_m,
-                block_n=c.block_n,
-                num_warps=c.num_warps,
-                num_stages=c.num_stages,
-            )
-        )
-        if t is not None:
+        if (t := time_forward(c)) is not None:
             times["forward"][c] = t
     for c in backward_candidates:
-        t = total(
-            lambda q, k, v, do, o, lse, c=c: module.backward(
-                q,
-                k,
-                v,
-                o,
-                lse,
-                do,
-                block_m=c.block_m,
-                block_n=c.block_n,
-                num_warps=c.num_warps,
-                num_stages=c.num_stages,
-            )
-        )
-        if t is not None:
+        if (t := time_backward(c)) is not None:
             times["backward"][c] = t
     if not times["forward"] or not times["backward"]:
         raise RuntimeError(f"{variant.name}: no candidate configuration ran")
     if device_name is None:
         device_name = torch.cuda.get_device_name() if device == "cuda" else "cpu"
     device_name = re.sub(r"[^A-Za-z0-9 _.()+-]", "", device_name)[:64] or "unknown"
+    forward = min(times["forward"], key=times["forward"].get)
+    backward = min(times["backward"], key=times["backward"].get)
+    # Then TMA on and off at the chosen configs (one compilation each).
     best = Tuning(
         device_name,
-        min(times["forward"], key=times["forward"].get),
-        min(times["backward"], key=times["backward"].get),
+        forward,
+        backward,
         variant.head_dim,
         variant.dtype.value,
+        _faster_tma(lambda tma: time_forward(forward, tma)),
+        _faster_tma(lambda tma: time_backward(backward, tma)),
     )
     return best, times
+
+
+def _faster_tma(time: Callable[[bool], float | None]) -> bool | None:
+    """True or False, whichever times faster; None if either cannot run
+    (no TMA on this GPU): the module keeps its default."""
+    on, off = time(True), time(False)
+    if on is None or off is None:
+        return None
+    return on < off

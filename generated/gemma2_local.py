@@ -45,7 +45,7 @@ RESCALE_THRESHOLD = 8.0
 GPU_CONFIG = (64, 32, 8, 2)
 GPU_BWD_CONFIG = (32, 32, 8, 2)
 # Whether the forward and the backward load tiles through TMA descriptors by
-# default on sm90+ GPUs (measured; see flashgen's BENCHMARKS.md).
+# default on sm90+ GPUs (measured: flashgen's defaults, or `flashgen tune`).
 GPU_TMA = False
 GPU_BWD_TMA = True
 INTERPRETER_CONFIG = (32, 32, 1, 1)

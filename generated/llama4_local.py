@@ -41,7 +41,7 @@ DEFAULT_SCALE = 0.08838834764831843
 GPU_CONFIG = (64, 64, 4, 3)
 GPU_BWD_CONFIG = (64, 128, 8, 3)
 # Whether the forward and the backward load tiles through TMA descriptors by
-# default on sm90+ GPUs (measured; see flashgen's BENCHMARKS.md).
+# default on sm90+ GPUs (measured: flashgen's defaults, or `flashgen tune`).
 GPU_TMA = False
 GPU_BWD_TMA = True
 INTERPRETER_CONFIG = (32, 32, 1, 1)

@@ -33,7 +33,8 @@ def _variant(path):
     return variants[0]
 
 
-def test_search_picks_the_fastest_candidate(spec_file, monkeypatch):
+@pytest.mark.parametrize("later_is_faster", [True, False])
+def test_search_picks_the_fastest_candidate(spec_file, monkeypatch, later_is_faster):
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     variant = _variant(spec_file)
     forward = [LaunchConfig(16, 16, 1, 1), LaunchConfig(32, 16, 1, 1)]
@@ -43,7 +44,8 @@ def test_search_picks_the_fastest_candidate(spec_file, monkeypatch):
     def timer(fn):
         fn()  # runs the kernels with the candidate's config
         calls.append(fn)
-        return 1.0 / len(calls)  # each candidate looks faster than the last
+        # Each candidate looks faster (or slower) than the one before.
+        return 1.0 / len(calls) if later_is_faster else float(len(calls))
 
     best, times = tune.tune(
         variant,
@@ -56,11 +58,16 @@ def test_search_picks_the_fastest_candidate(spec_file, monkeypatch):
         backward_candidates=backward,
         device_name="Test GPU",
     )
-    assert len(calls) == 4
+    # 2 + 2 candidates, then TMA on and off (in that order) for each pass.
+    assert len(calls) == 8
+    pick = 1 if later_is_faster else 0
+    tma = not later_is_faster
     assert best == Tuning(
-        "Test GPU", forward[1], backward[1], variant.head_dim, variant.dtype.value
+        "Test GPU", forward[pick], backward[pick], variant.head_dim, variant.dtype.value, tma, tma
     )
     assert set(times["forward"]) == set(forward) and set(times["backward"]) == set(backward)
+    source = render_module(variant, best)
+    assert f"GPU_TMA = {tma}" in source and f"GPU_BWD_TMA = {tma}" in source
 
 
 def test_candidates_that_fail_are_skipped(spec_file, monkeypatch):
@@ -108,6 +115,7 @@ def test_sidecar_round_trip_and_freeze(spec_file):
         {"device": "GPU", "forward": [64, 64, 4, 2]},
         {"device": "GPU", "forward": [64, 64, 4, 2], "backward": [64, 64, 4, 2], "head_dim": "64"},
         {"device": "GPU", "forward": [64, 64, 4, 2], "backward": [64, 64, 4, 2], "dtype": "fp8"},
+        {"device": "GPU", "forward": [64, 64, 4, 2], "backward": [64, 64, 4, 2], "forward_tma": 1},
     ],
 )
 def test_bad_sidecars_are_rejected(tmp_path, entry):
