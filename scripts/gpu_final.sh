@@ -22,3 +22,20 @@ for spec in examples/*.attn; do
     2>"$OUT/bench_$name.stderr" > "$OUT/bench_$name.txt"
   echo "bench $name: exit $?"
 done
+# The device returns at most a few files: merge the per-spec outputs.
+python3 - "$OUT" <<'PY'
+import glob, json, os, sys
+out = sys.argv[1]
+rows = []
+for path in sorted(glob.glob(os.path.join(out, "bench_*.json"))):
+    rows += json.load(open(path))
+json.dump(rows, open(os.path.join(out, "bench.json"), "w"), indent=1)
+for ext, merged in ((".txt", "bench.txt"), (".stderr", "bench.stderr")):
+    with open(os.path.join(out, merged), "w") as f:
+        for path in sorted(glob.glob(os.path.join(out, "bench_*" + ext))):
+            f.write(open(path).read())
+            os.remove(path)
+for path in glob.glob(os.path.join(out, "bench_*.json")):
+    os.remove(path)
+PY
+cat "$OUT/bench.txt"
