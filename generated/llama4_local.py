@@ -285,7 +285,7 @@ def _attn_fwd(
     """Grid: (query tiles, batch * heads).  Writes o and the log-sum-exp.
 
     Query tiles run last to first: under causal-like masks the last tiles
-    see the most keys, and starting them first shortens the tail.
+    see the most keys, and they start first.
     """
     start_m = (tl.num_programs(0) - 1 - tl.program_id(0)) * BLOCK_M
     batch_head = tl.program_id(1)
