@@ -149,16 +149,23 @@ def _parser() -> argparse.ArgumentParser:
 SYSTEMS = ("flashgen", "flex", "sdpa-cudnn", "sdpa-flash")
 
 
-def _bench(args: argparse.Namespace) -> int:
+def _gpu_variants(args: argparse.Namespace, command: str) -> list[ir.Variant]:
+    """The checked blocks of args.specs (only args.name, if given), on a
+    machine that has a CUDA GPU."""
     variants, _ = _check_sources(_read(args.specs))
     if args.name is not None:
         variants = [v for v in variants if v.name == args.name]
         if not variants:
-            raise _UsageError(f"bench: no attention block named '{args.name}'")
+            raise _UsageError(f"{command}: no attention block named '{args.name}'")
     import torch  # only here: the other commands stay light
 
     if not torch.cuda.is_available():
-        raise _UsageError("bench: needs a CUDA GPU (torch sees none)")
+        raise _UsageError(f"{command}: needs a CUDA GPU (torch sees none)")
+    return variants
+
+
+def _bench(args: argparse.Namespace) -> int:
+    variants = _gpu_variants(args, "bench")
     from flashgen import bench
 
     results = []
@@ -180,15 +187,7 @@ def _bench(args: argparse.Namespace) -> int:
 
 
 def _tune(args: argparse.Namespace) -> int:
-    variants, _ = _check_sources(_read(args.specs))
-    if args.name is not None:
-        variants = [v for v in variants if v.name == args.name]
-        if not variants:
-            raise _UsageError(f"tune: no attention block named '{args.name}'")
-    import torch
-
-    if not torch.cuda.is_available():
-        raise _UsageError("tune: needs a CUDA GPU (torch sees none)")
+    variants = _gpu_variants(args, "tune")
     from flashgen import tune
 
     for variant in variants:

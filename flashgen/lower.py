@@ -61,6 +61,15 @@ class LaunchConfig:
     num_warps: int
     num_stages: int
 
+    def kwargs(self) -> dict[str, int]:
+        """Keyword arguments of a generated module's forward() and backward()."""
+        return dict(
+            block_m=self.block_m,
+            block_n=self.block_n,
+            num_warps=self.num_warps,
+            num_stages=self.num_stages,
+        )
+
 
 @dataclass(frozen=True)
 class Tuning:
@@ -694,18 +703,10 @@ def _compare_bounds(e: ir.Binary, var: str) -> Bounds:
     chunk = _chunk_bounds(e, var)
     if chunk is not None:
         return chunk
-    d = affine(ir.Binary(ir.BinOp.SUB, e.left, e.right))
-    if d is None:
+    isolated = _isolate(e, var)
+    if isolated is None:
         return None, None
-    d = _clean(d)
-    coeff = d.pop(var, 0)
-    if coeff not in (1, -1):
-        return None, None
-    # coeff * var + rest  op  0   <=>   var  op'  -coeff * rest
-    rest = {v: -coeff * c for v, c in d.items()}
-    op = e.op if coeff == 1 else _FLIPPED[e.op]
-    ranges = _OTHER_RANGES[var]
-    lo, hi = _affine_bound(rest, False, ranges), _affine_bound(rest, True, ranges)
+    op, lo, hi = isolated
     return {
         ir.BinOp.LE: (None, hi),
         ir.BinOp.LT: (None, f"{hi} - 1"),
@@ -714,6 +715,23 @@ def _compare_bounds(e: ir.Binary, var: str) -> Bounds:
         ir.BinOp.EQ: (lo, hi),
         ir.BinOp.NE: (None, None),
     }[op]
+
+
+def _isolate(e: ir.Binary, var: str) -> tuple[ir.BinOp, str, str] | None:
+    """Read an affine comparison as `var op rest`, with var's coefficient ±1:
+    op and the code of rest's min and max over the other variable's tile."""
+    d = affine(ir.Binary(ir.BinOp.SUB, e.left, e.right))
+    if d is None:
+        return None
+    d = _clean(d)
+    coeff = d.pop(var, 0)
+    if coeff not in (1, -1):
+        return None
+    # coeff * var + rest  op  0   <=>   var  op'  -coeff * rest
+    rest = {v: -coeff * c for v, c in d.items()}
+    op = e.op if coeff == 1 else _FLIPPED[e.op]
+    ranges = _OTHER_RANGES[var]
+    return op, _affine_bound(rest, False, ranges), _affine_bound(rest, True, ranges)
 
 
 _FLIPPED = {
@@ -844,18 +862,11 @@ def _compare_full(e: ir.Binary, var: str) -> Bounds | None:
     chunk = _chunk_full(e, var)
     if chunk is not None:
         return chunk
-    d = affine(ir.Binary(ir.BinOp.SUB, e.left, e.right))
-    if d is None:
+    isolated = _isolate(e, var)
+    if isolated is None:
         return None
-    d = _clean(d)
-    coeff = d.pop(var, 0)
-    if coeff not in (1, -1):
-        return None
-    # var op' rest must hold for every value of rest over the tile.
-    rest = {v: -coeff * c for v, c in d.items()}
-    op = e.op if coeff == 1 else _FLIPPED[e.op]
-    ranges = _OTHER_RANGES[var]
-    lo, hi = _affine_bound(rest, False, ranges), _affine_bound(rest, True, ranges)
+    # var op rest must hold for every value of rest over the tile.
+    op, lo, hi = isolated
     return {
         ir.BinOp.LE: (None, lo),
         ir.BinOp.LT: (None, f"{lo} - 1"),
@@ -1003,6 +1014,7 @@ def lower(v: ir.Variant, tuning: Tuning | None = None) -> KernelModel:
     )
 
     positions = frozenset({"q", "k"})
+    default_tma = _gpu_tma(head_dim_pad, v.dtype)
     return KernelModel(
         name=v.name,
         spec_text=spec_text,
@@ -1043,9 +1055,7 @@ def lower(v: ir.Variant, tuning: Tuning | None = None) -> KernelModel:
         ),
         cpu_config=_CPU_CONFIG,
         gpu_bwd_config=tuning.backward if tuning else _gpu_bwd_config(head_dim_pad, v.dtype),
-        gpu_tma=_pick(tuning.forward_tma if tuning else None, _gpu_tma(head_dim_pad, v.dtype)[0]),
-        gpu_bwd_tma=_pick(
-            tuning.backward_tma if tuning else None, _gpu_tma(head_dim_pad, v.dtype)[1]
-        ),
+        gpu_tma=_pick(tuning.forward_tma if tuning else None, default_tma[0]),
+        gpu_bwd_tma=_pick(tuning.backward_tma if tuning else None, default_tma[1]),
         tuned_on=tuning.device if tuning else None,
     )

@@ -179,21 +179,12 @@ def tune(
         except Exception:  # does not fit this GPU: not a candidate
             return None
 
-    def launch(c: LaunchConfig, tma: bool | None) -> dict:
-        return dict(
-            block_m=c.block_m,
-            block_n=c.block_n,
-            num_warps=c.num_warps,
-            num_stages=c.num_stages,
-            tma=tma,
-        )
-
     def time_forward(c: LaunchConfig, tma: bool | None = None) -> float | None:
-        return total(lambda q, k, v, do, o, lse: module.forward(q, k, v, **launch(c, tma)))
+        return total(lambda q, k, v, do, o, lse: module.forward(q, k, v, **c.kwargs(), tma=tma))
 
     def time_backward(c: LaunchConfig, tma: bool | None = None) -> float | None:
         return total(
-            lambda q, k, v, do, o, lse: module.backward(q, k, v, o, lse, do, **launch(c, tma))
+            lambda q, k, v, do, o, lse: module.backward(q, k, v, o, lse, do, **c.kwargs(), tma=tma)
         )
 
     times: dict[str, dict[LaunchConfig, float]] = {"forward": {}, "backward": {}}

@@ -92,13 +92,7 @@ def run(path: str, head_dim: int, n: int, batch: int, heads: int) -> dict:
     o_ref, lse_ref = module.forward(q, k, v)
     result["forward"] = {}
     for c, tma in FORWARD:
-        args = dict(
-            block_m=c.block_m,
-            block_n=c.block_n,
-            num_warps=c.num_warps,
-            num_stages=c.num_stages,
-            tma=tma,
-        )
+        args = dict(c.kwargs(), tma=tma)
         try:
             o, _ = module.forward(q, k, v, **args)
             diff = (o.float() - o_ref.float()).abs().max().item()
@@ -108,13 +102,7 @@ def run(path: str, head_dim: int, n: int, batch: int, heads: int) -> dict:
             result["forward"][_key(c, tma)] = (None, str(e)[:80])
     result["backward"] = {}
     for c, tma in BACKWARD:
-        args = dict(
-            block_m=c.block_m,
-            block_n=c.block_n,
-            num_warps=c.num_warps,
-            num_stages=c.num_stages,
-            tma=tma,
-        )
+        args = dict(c.kwargs(), tma=tma)
         try:
             dq, dk, dv = module.backward(q, k, v, o_ref, lse_ref, do, **args)
             t = ms(lambda: module.backward(q, k, v, o_ref, lse_ref, do, **args))

@@ -49,17 +49,8 @@ def run_case(
     **launch: int,
 ):
     """Random inputs of `shape`; returns the verify CaseResult."""
-    module = build(variant)
-    generator = torch.Generator().manual_seed(seed)
-    q, k, v = random_inputs(
-        shape,
-        variant.head_dim,
-        torch_dtype(variant.dtype),
-        device,
-        generator=generator,
-        magnitude=magnitude,
-    )
-    return check_forward(variant, module, q, k, v, scale=scale, **launch)
+    q, k, v, _ = _inputs(variant, shape, seed, device, magnitude)
+    return check_forward(variant, build(variant), q, k, v, scale=scale, **launch)
 
 
 def run_grad_case(
@@ -73,7 +64,14 @@ def run_grad_case(
     with_lse: bool = True,
 ):
     """Random inputs of `shape`; judges dq, dk, dv (CaseResult)."""
-    module = build(variant)
+    q, k, v, generator = _inputs(variant, shape, seed, device, magnitude)
+    return check_backward(
+        variant, build(variant), q, k, v, scale=scale, generator=generator, with_lse=with_lse
+    )
+
+
+def _inputs(variant: ir.Variant, shape: Shape, seed: int, device: str, magnitude: float):
+    """q, k, v from a generator seeded with `seed`, and that generator."""
     generator = torch.Generator().manual_seed(seed)
     q, k, v = random_inputs(
         shape,
@@ -83,9 +81,7 @@ def run_grad_case(
         generator=generator,
         magnitude=magnitude,
     )
-    return check_backward(
-        variant, module, q, k, v, scale=scale, generator=generator, with_lse=with_lse
-    )
+    return q, k, v, generator
 
 
 def assert_ok(result) -> None:
