@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+import re
 from dataclasses import dataclass
 
 from flashgen import grad, ir
@@ -102,12 +103,13 @@ class KernelModel:
     rescale_threshold: float
     ieee_dot: bool
     # Score.  `score_kind` is "identity" (s), "additive" (s + bias) or
-    # "general" (any f(s)); `score_code` is the bias for "additive" and f(s)
-    # for "general".
+    # "general" (any f(s)); `score_log2_code` is log2(e) times the bias for
+    # "additive" and log2(e) times f(s) for "general".
     score_kind: str
-    score_code: str
+    score_log2_code: str
     # d score / d s for "general" scores (None when it is the constant 1).
     score_grad_code: str | None
+    score_grad_uses_s: bool
     uses_alibi: bool
     uses_positions: bool
     # Mask.
@@ -333,10 +335,41 @@ def _atom(code: str, e: ir.Expr) -> str:
 class ElementCode:
     """Translates checked expressions into Triton source for one tile."""
 
-    def __init__(self) -> None:
+    def __init__(self, keys_before_queries: bool = False) -> None:
         self.needs_floor_div = False
         self.needs_tanh = False
         self.uses_alibi = False
+        # Score code may assume k <= q: the mask hides every other pair (see
+        # `keys_before_queries`).  Then |q - k| is q - k, one operation less.
+        self.keys_before_queries = keys_before_queries
+
+    def scaled(self, e: ir.Expr, c: float) -> str:
+        """Code for c * e as a float32 value, with c folded into a constant
+        factor of e where there is one (`50.0 * _tanh(...)` times log2(e) is
+        `72.13... * _tanh(...)`): one multiplication per element less."""
+        if isinstance(e, ir.Unary) and e.op is ir.UnaryOp.NEG:
+            return self.scaled(e.operand, -c)
+        if isinstance(e, ir.Num):
+            return _float_literal(c * e.value)
+        if isinstance(e, ir.Binary) and e.op is ir.BinOp.MUL:
+            for factor, rest in ((e.left, e.right), (e.right, e.left)):
+                if isinstance(factor, ir.Num):
+                    return self.scaled(rest, c * factor.value)
+        if isinstance(e, ir.Name) and e.id == ir.ALIBI:
+            return self._alibi(c)
+        if isinstance(e, ir.Call) and e.fn == ir.SOFTCAP:
+            self.needs_tanh = True
+            cap = float(e.args[1].value)  # type: ignore[union-attr]
+            x = self.real(e.args[0])
+            return f"{_float_literal(c * cap)} * _tanh(({x}) * {_float_literal(1.0 / cap)})"
+        return f"{_float_literal(c)} * {self._real_operand(e)}"
+
+    def _alibi(self, c: float) -> str:
+        """c * alibi, alibi = -slope * |q - k|, with c * slope computed once."""
+        self.uses_alibi = True
+        if self.keys_before_queries:
+            return f"(alibi_slope * {_float_literal(c)}) * (k_pos - q_pos).to(tl.float32)"
+        return f"(alibi_slope * {_float_literal(-c)}) * tl.abs(q_pos - k_pos).to(tl.float32)"
 
     def real(self, e: ir.Expr) -> str:
         """Code for `e` as a float32 value."""
@@ -352,6 +385,8 @@ class ElementCode:
         if isinstance(e, ir.Name):
             if e.id == ir.ALIBI:
                 self.uses_alibi = True
+                if self.keys_before_queries:
+                    return "alibi_slope * (k_pos - q_pos).to(tl.float32)"
                 return "-alibi_slope * tl.abs(q_pos - k_pos).to(tl.float32)"
             if e.id == "full":
                 return "True"
@@ -401,11 +436,41 @@ class ElementCode:
             self.needs_tanh |= e.fn == "tanh"
             return f"{_REAL_CALLS[e.fn]}({self.real(e.args[0])})"
         if e.fn == "abs":
+            if self.keys_before_queries and _clean(affine(e.args[0]) or {}) in _Q_MINUS_K:
+                return "(q_pos - k_pos)"
             return f"tl.abs({self.expr(e.args[0])})"
         fn = "tl.minimum" if e.fn == "min" else "tl.maximum"
         if _kind(e) is ir.Kind.INT:
             return f"{fn}({self.expr(e.args[0])}, {self.expr(e.args[1])})"
         return f"{fn}({self.real(e.args[0])}, {self.real(e.args[1])})"
+
+
+_Q_MINUS_K = ({"q": 1, "k": -1}, {"q": -1, "k": 1})
+
+
+def keys_before_queries(mask: ir.Expr) -> bool:
+    """Does the (desugared, NNF) mask hide every pair with k > q?
+
+    True when an `&` chain holds a comparison that bounds k - q by 0 or
+    less (causal, causal windows), or both sides of an `|` do.
+    """
+    if isinstance(mask, ir.Binary) and mask.op is ir.BinOp.AND:
+        return keys_before_queries(mask.left) or keys_before_queries(mask.right)
+    if isinstance(mask, ir.Binary) and mask.op is ir.BinOp.OR:
+        return keys_before_queries(mask.left) and keys_before_queries(mask.right)
+    if not _is_comparison(mask):
+        return False
+    d = affine(ir.Binary(ir.BinOp.SUB, mask.left, mask.right))
+    if d is None:
+        return False
+    d = _clean(d)
+    c = d.pop("", 0)
+    if d not in _Q_MINUS_K:
+        return False
+    # sign * (k - q) + c  op  0   <=>   k - q  op'  -sign * c
+    sign = d["k"]
+    op, bound = (mask.op if sign == 1 else _FLIPPED[mask.op]), -sign * c
+    return (op in (ir.BinOp.LE, ir.BinOp.EQ) and bound <= 0) or (op is ir.BinOp.LT and bound <= 1)
 
 
 # --------------------------------------------------------------------------- #
@@ -570,15 +635,7 @@ class TileCode:
         const = d.get("", 0)
         variables = sorted(v for v in d if v)
         if not variables:
-            ops = {
-                ir.BinOp.LE: const <= 0,
-                ir.BinOp.LT: const < 0,
-                ir.BinOp.GE: const >= 0,
-                ir.BinOp.GT: const > 0,
-                ir.BinOp.EQ: const == 0,
-                ir.BinOp.NE: const != 0,
-            }
-            value = str(ops[op])
+            value = str(_CONSTANT_TRUTH[op](const))
             return value, value
 
         def side(upper: bool) -> tuple[str, str]:
@@ -614,6 +671,14 @@ class TileCode:
 
 
 _CONSTANTS = ("True", "False")
+_CONSTANT_TRUTH = {
+    ir.BinOp.LE: lambda c: c <= 0,
+    ir.BinOp.LT: lambda c: c < 0,
+    ir.BinOp.GE: lambda c: c >= 0,
+    ir.BinOp.GT: lambda c: c > 0,
+    ir.BinOp.EQ: lambda c: c == 0,
+    ir.BinOp.NE: lambda c: c != 0,
+}
 
 
 def _not(a: str) -> str:
@@ -687,8 +752,41 @@ def position_bounds(e: ir.Expr, var: str) -> Bounds:
         hi = None if ahi is None or bhi is None else _combine(ahi, bhi, "tl.maximum")
         return lo, hi
     if isinstance(e, ir.Binary) and e.op in ir.COMPARISONS:
+        free = _free_truth(e, var)
+        if free is not None:
+            return _all_or_none(free[1])
         return _compare_bounds(e, var)
     return None, None
+
+
+# Conditional bounds use a position no tile reaches, for "unbounded" and
+# "empty" alike: (-FAR, FAR) holds every position and (FAR, -FAR) none.
+_FAR = "(1 << 30)"
+
+
+def _all_or_none(cond: str) -> Bounds:
+    """Every position where `cond` holds, none where it does not."""
+    if cond == "True":
+        return None, None
+    if cond == "False":
+        return _FAR, f"-{_FAR}"
+    return f"tl.where({cond}, -{_FAR}, {_FAR})", f"tl.where({cond}, {_FAR}, -{_FAR})"
+
+
+def _free_truth(e: ir.Binary, var: str) -> tuple[str, str] | None:
+    """(must, may) over the other variable's tile of an affine comparison
+    that does not mention `var` (`k < P` when bounding queries), or None."""
+    d = affine(ir.Binary(ir.BinOp.SUB, e.left, e.right))
+    if d is None:
+        return None
+    d = _clean(d)
+    if var in d:
+        return None
+    if set(d) <= {""}:
+        value = str(_CONSTANT_TRUTH[e.op](d.get("", 0)))
+        return value, value
+    ranges = _OTHER_RANGES[var]
+    return _compare_interval(e.op, _affine_bound(d, False, ranges), _affine_bound(d, True, ranges))
 
 
 def _combine(a: str | None, b: str | None, fn: str) -> str | None:
@@ -795,13 +893,32 @@ def full_bounds(e: ir.Expr, var: str) -> Bounds | None:
             return None
         return _combine(a[0], b[0], "tl.maximum"), _combine(a[1], b[1], "tl.minimum")
     if isinstance(e, ir.Binary) and e.op is ir.BinOp.OR:
+        for one, other in ((e.left, e.right), (e.right, e.left)):
+            free = _free_truth(one, var) if _is_comparison(one) else None
+            if free is not None:
+                # Everything where `one` holds for the whole tile, else other's.
+                rest = full_bounds(other, var)
+                if rest is None or free[0] in _CONSTANTS:
+                    return _all_or_none(free[0])
+                lo, hi = rest
+                return (
+                    None if lo is None else f"tl.where({free[0]}, -{_FAR}, {lo})",
+                    None if hi is None else f"tl.where({free[0]}, {_FAR}, {hi})",
+                )
         a, b = full_bounds(e.left, var), full_bounds(e.right, var)
         if a is None or b is None:
             return a or b
         return _union(a, b)
-    if isinstance(e, ir.Binary) and e.op in ir.COMPARISONS:
+    if _is_comparison(e):
+        free = _free_truth(e, var)
+        if free is not None:
+            return _all_or_none(free[0])
         return _compare_full(e, var)
     return None
+
+
+def _is_comparison(e: ir.Expr) -> bool:
+    return isinstance(e, ir.Binary) and e.op in ir.COMPARISONS
 
 
 def is_band(e: ir.Expr) -> bool:
@@ -842,6 +959,72 @@ def is_band(e: ir.Expr) -> bool:
         return True
 
     return walk(e) and lo <= hi
+
+
+def edges_dense(e: ir.Expr) -> bool:
+    """Does every tile inside the bounds have a visible pair?
+
+    True for bands (`is_band`) and for the masks `_diagonal_rows` accepts.
+    The kernels then run the masked tiles on either side of the interior
+    without a per-tile emptiness test, a branch that measured 7% of the
+    forward and 14% of the backward of causal & chunk on an H200.
+    """
+    return is_band(e) or _diagonal_rows(e) is not None
+
+
+def _diagonal_rows(e: ir.Expr) -> bool | None:
+    """For masks whose rows are intervals through the diagonal: whether the
+    intervals reach key 0 (no lower bound on k); None for other masks.
+
+    Accepted: `k - q op c` true at k = q, `q div C == k div C`, their `&`
+    and `|`, and `X | k < P` where X's rows reach key 0 (causal | prefix).
+    Every query q then sees an interval of keys that contains q, with ends
+    that never decrease as q grows, and by symmetry every key k is seen by
+    an interval of queries that contains k.  Intervals of consecutive
+    positions touch, so the keys a query tile sees form one interval and
+    the affine bounds, evaluated at the tile's ends, are that interval:
+    every key tile that meets it has a visible pair, and likewise for query
+    tiles of a key tile.
+    """
+    if isinstance(e, ir.Binary) and e.op in (ir.BinOp.AND, ir.BinOp.OR):
+        a, b = _diagonal_rows(e.left), _diagonal_rows(e.right)
+        if e.op is ir.BinOp.OR:
+            for x, y, other in ((a, b, e.right), (b, a, e.left)):
+                if x and y is None and _prefix_atom(other):
+                    return True
+        if a is None or b is None:
+            return None
+        return (a and b) if e.op is ir.BinOp.AND else (a or b)
+    if not _is_comparison(e):
+        return None
+    if _chunk_range(e, "k") is not None and {e.left.left, e.right.left} == {_Q, _K}:
+        return False
+    d = affine(ir.Binary(ir.BinOp.SUB, e.left, e.right))
+    if d is None or e.op is ir.BinOp.NE:
+        return None
+    d = _clean(d)
+    c = d.pop("", 0)
+    if d not in ({"k": 1, "q": -1}, {"k": -1, "q": 1}) or not _CONSTANT_TRUTH[e.op](c):
+        return None
+    # sign * (k - q) + c  op  0: the rows are open below when op bounds k above.
+    op = e.op if d["k"] == 1 else _FLIPPED[e.op]
+    return op in (ir.BinOp.LE, ir.BinOp.LT)
+
+
+def _prefix_atom(e: ir.Expr) -> bool:
+    """`k < P` or `k <= P` (any constant P): keys 0 .. P-1 for every query."""
+    if not _is_comparison(e):
+        return False
+    d = affine(ir.Binary(ir.BinOp.SUB, e.left, e.right))
+    if d is None:
+        return False
+    d = _clean(d)
+    d.pop("", None)
+    if d == {"k": 1}:
+        return e.op in (ir.BinOp.LE, ir.BinOp.LT)
+    if d == {"k": -1}:
+        return e.op in (ir.BinOp.GE, ir.BinOp.GT)
+    return False
 
 
 def _union(a: Bounds, b: Bounds) -> Bounds:
@@ -895,6 +1078,34 @@ def _chunk_full(e: ir.Binary, var: str) -> Bounds | None:
 # --------------------------------------------------------------------------- #
 
 _S = ir.Name("s")
+
+
+def score_code(score: ir.Expr, elements: ElementCode) -> tuple[str, str, str | None]:
+    """The score's kind, its code in log2 units (see KernelModel) and the
+    code of d score / d s for general scores (None when it is 1)."""
+    kind, expr = _score_parts(score)
+    if kind == "identity":
+        return kind, "", None
+    log2_code = elements.scaled(expr, LOG2E)
+    grad_code = None
+    if (
+        kind == "general"
+        and isinstance(expr, ir.Call)
+        and expr.fn == ir.SOFTCAP
+        and expr.args[0] == _S
+    ):
+        # d/ds c tanh(s / c) = 1 - tanh(s / c)^2, and tanh(s / c) is the
+        # score (s2 / log2(e)) over c: no second tanh in the backward.
+        t = f"(s2 * {_float_literal(math.log(2) / float(expr.args[1].value))})"
+        grad_code = f"1.0 - {t} * {t}"
+    elif kind == "general":
+        derivative = grad.derivative(expr)
+        if derivative != grad.ONE:
+            grad_code = elements.real(derivative)
+    return kind, log2_code, grad_code
+
+
+LOG2E = 1.4426950408889634
 
 
 def _score_parts(score: ir.Expr) -> tuple[str, ir.Expr | None]:
@@ -984,18 +1195,12 @@ def lower(v: ir.Variant, tuning: Tuning | None = None) -> KernelModel:
     spec_text = print_variant(v)
     head_dim_pad = max(16, 1 << (v.head_dim - 1).bit_length())
 
-    elements = ElementCode()
-    kind, score_expr = _score_parts(v.score)
-    score_code = "" if kind == "identity" else elements.real(score_expr)
-    score_grad_code = None
-    if kind == "general":
-        derivative = grad.derivative(score_expr)
-        if derivative != grad.ONE:
-            score_grad_code = elements.real(derivative)
-
     mask = negation_normal_form(desugar_mask(v.mask))
+    elements = ElementCode()
     mask_code = elements.expr(mask)
     mask_is_full = mask_code == "True"
+    scores = ElementCode(keys_before_queries(mask))
+    kind, score_log2_code, score_grad_code = score_code(v.score, scores)
 
     tiles = TileCode()
     if mask_is_full:
@@ -1009,8 +1214,10 @@ def lower(v: ir.Variant, tuning: Tuning | None = None) -> KernelModel:
         key_full, query_full = full_bounds(mask, "k"), full_bounds(mask, "q")
     scalar_code = [*tiles.lines, key_lo, key_hi, query_lo, query_hi, *(key_full or ())]
     scalar_code += [*(query_full or ())]
-    needs_floor_div = elements.needs_floor_div or any(
-        "_floor_" in (line or "") for line in scalar_code
+    needs_floor_div = (
+        elements.needs_floor_div
+        or scores.needs_floor_div
+        or any("_floor_" in (line or "") for line in scalar_code)
     )
 
     positions = frozenset({"q", "k"})
@@ -1028,10 +1235,11 @@ def lower(v: ir.Variant, tuning: Tuning | None = None) -> KernelModel:
         rescale_threshold=float(v.rescale_threshold),
         ieee_dot=v.dtype is ir.DType.FP32,
         score_kind=kind,
-        score_code=score_code,
+        score_log2_code=score_log2_code,
         score_grad_code=score_grad_code,
-        uses_alibi=elements.uses_alibi,
-        uses_positions=ir.mentions(v.score, positions) or elements.uses_alibi,
+        score_grad_uses_s=bool(score_grad_code and re.search(r"\bs\b", score_grad_code)),
+        uses_alibi=scores.uses_alibi,
+        uses_positions=ir.mentions(v.score, positions) or scores.uses_alibi,
         mask_is_full=mask_is_full,
         mask_code=mask_code,
         tile_lines=tuple(tiles.lines),
@@ -1041,7 +1249,7 @@ def lower(v: ir.Variant, tuning: Tuning | None = None) -> KernelModel:
         key_hi=key_hi,
         query_lo=query_lo,
         query_hi=query_hi,
-        bounds_dense=mask_is_full or is_band(mask),
+        bounds_dense=mask_is_full or edges_dense(mask),
         key_interior=key_full is not None,
         key_full_lo=key_full[0] if key_full else None,
         key_full_hi=key_full[1] if key_full else None,
@@ -1049,7 +1257,7 @@ def lower(v: ir.Variant, tuning: Tuning | None = None) -> KernelModel:
         query_full_lo=query_full[0] if query_full else None,
         query_full_hi=query_full[1] if query_full else None,
         needs_floor_div=needs_floor_div,
-        needs_tanh=elements.needs_tanh,
+        needs_tanh=scores.needs_tanh,
         gpu_config=(
             tuning.forward if tuning else _gpu_config(head_dim_pad, v.dtype, not mask_is_full)
         ),

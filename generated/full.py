@@ -488,7 +488,8 @@ def _attn_probs(
     sm_scale,
     MASKED: tl.constexpr,
 ):
-    """Recompute P = exp(score - lse) for a tile from the saved log-sum-exp.
+    """Recompute P = exp(score - lse) for a tile from the saved log-sum-exp;
+    also the scores (log2 units), from which some derivatives are cheaper.
 
     `lse` and the positions come shaped to broadcast against `qk`, which may
     be a (queries x keys) tile or its transpose.
@@ -498,7 +499,7 @@ def _attn_probs(
     )
     # Rows that see no key (lse = -inf) and padding rows (lse = +inf) get p = 0.
     lse2 = tl.where(lse == float("-inf"), float("inf"), lse * 1.4426950408889634)
-    return tl.math.exp2(s2 - lse2)
+    return tl.math.exp2(s2 - lse2), s2
 
 
 @triton.jit
@@ -578,7 +579,7 @@ def _attn_bwd_dkdv_tile(
         delta = tl.load(delta_base + offs_m)
     q_pos = (offs_m + q_offset)[None, :]
     qk_t = tl.dot(k, tl.trans(q))
-    p_t = _attn_probs(
+    p_t, s2_t = _attn_probs(
         qk_t,
         lse[None, :],
         q_pos,
@@ -882,7 +883,7 @@ def _attn_bwd_dq_tile(
     )
     k_pos = offs_n[None, :]
     qk = tl.dot(q, tl.trans(k))
-    p = _attn_probs(
+    p, s2 = _attn_probs(
         qk,
         lse[:, None],
         q_pos,
@@ -1319,11 +1320,15 @@ def backward(
     num_warps, num_stages = num_warps or default[2], num_stages or default[3]
     batch, num_heads, n_queries, _ = q.shape
     kv_heads, n_keys = k.shape[1], k.shape[2]
-    dq = torch.zeros(q.shape, dtype=q.dtype, device=q.device)
-    dk = torch.zeros(k.shape, dtype=k.dtype, device=k.device)
-    dv = torch.zeros(v.shape, dtype=v.dtype, device=v.device)
     if q.numel() == 0 or k.numel() == 0 or (do is None and dlse is None):
-        return dq, dk, dv
+        return tuple(
+            torch.zeros(x.shape, dtype=x.dtype, device=x.device) for x in (q, k, v)
+        )
+    # The kernels write every row of every gradient (rows that see no key
+    # get zeros), so nothing is cleared first.
+    dq = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    dk = torch.empty(k.shape, dtype=k.dtype, device=k.device)
+    dv = torch.empty(v.shape, dtype=v.dtype, device=v.device)
     if do is None:
         do = torch.zeros_like(o)
     if do.stride(-1) != 1 or 0 in do.stride():  # e.g. the expanded gradient of a sum()

@@ -157,8 +157,9 @@ def _scores_log2(
     visible skip the mask (MASKED=False).
     """
     s = qk * sm_scale
-    # The score modifier, then log2(e) so that exp2 computes exp.
-    s2 = (50.0 * _tanh((s) * 0.02)) * 1.4426950408889634
+    # The score modifier times log2(e) (folded into a constant factor where
+    # it has one), so that exp2 computes exp.
+    s2 = 72.13475204444816 * _tanh((s) * 0.02)
     if MASKED:
         visible = (k_pos < n_keys) & ((k_pos <= q_pos) & (k_pos >= (q_pos - 4095)))
         s2 = tl.where(visible, s2, float("-inf"))
@@ -166,10 +167,10 @@ def _scores_log2(
 
 
 @triton.jit
-def _score_grad(qk, q_pos, k_pos, head, num_heads, alibi_slope, sm_scale):
-    """d score / d s of the score modifier, derived from the spec."""
-    s = qk * sm_scale
-    return 1.0 - (_tanh(s / 50.0) * _tanh(s / 50.0))
+def _score_grad(qk, s2, q_pos, k_pos, head, num_heads, alibi_slope, sm_scale):
+    """d score / d s of the score modifier, derived from the spec; s2 is the
+    score in log2 units."""
+    return 1.0 - (s2 * 0.013862943611198907) * (s2 * 0.013862943611198907)
 
 
 @triton.jit
@@ -519,7 +520,8 @@ def _attn_probs(
     sm_scale,
     MASKED: tl.constexpr,
 ):
-    """Recompute P = exp(score - lse) for a tile from the saved log-sum-exp.
+    """Recompute P = exp(score - lse) for a tile from the saved log-sum-exp;
+    also the scores (log2 units), from which some derivatives are cheaper.
 
     `lse` and the positions come shaped to broadcast against `qk`, which may
     be a (queries x keys) tile or its transpose.
@@ -529,7 +531,7 @@ def _attn_probs(
     )
     # Rows that see no key (lse = -inf) and padding rows (lse = +inf) get p = 0.
     lse2 = tl.where(lse == float("-inf"), float("inf"), lse * 1.4426950408889634)
-    return tl.math.exp2(s2 - lse2)
+    return tl.math.exp2(s2 - lse2), s2
 
 
 @triton.jit
@@ -609,7 +611,7 @@ def _attn_bwd_dkdv_tile(
         delta = tl.load(delta_base + offs_m)
     q_pos = (offs_m + q_offset)[None, :]
     qk_t = tl.dot(k, tl.trans(q))
-    p_t = _attn_probs(
+    p_t, s2_t = _attn_probs(
         qk_t,
         lse[None, :],
         q_pos,
@@ -629,7 +631,8 @@ def _attn_bwd_dkdv_tile(
     ds_t = tl.where(
         p_t == 0.0,
         0.0,
-        ds_t * _score_grad(qk_t, q_pos, k_pos, head, num_heads, alibi_slope, sm_scale),
+        ds_t
+        * _score_grad(qk_t, s2_t, q_pos, k_pos, head, num_heads, alibi_slope, sm_scale),
     )
     dk = tl.dot(ds_t.to(q.dtype), q, dk)
     return dk, dv
@@ -921,7 +924,7 @@ def _attn_bwd_dq_tile(
     )
     k_pos = offs_n[None, :]
     qk = tl.dot(q, tl.trans(k))
-    p = _attn_probs(
+    p, s2 = _attn_probs(
         qk,
         lse[:, None],
         q_pos,
@@ -938,7 +941,7 @@ def _attn_bwd_dq_tile(
     ds = tl.where(
         p == 0.0,
         0.0,
-        ds * _score_grad(qk, q_pos, k_pos, head, num_heads, alibi_slope, sm_scale),
+        ds * _score_grad(qk, s2, q_pos, k_pos, head, num_heads, alibi_slope, sm_scale),
     )
     dq = tl.dot(ds.to(k.dtype), k, dq)
     return dq
@@ -1364,11 +1367,15 @@ def backward(
     num_warps, num_stages = num_warps or default[2], num_stages or default[3]
     batch, num_heads, n_queries, _ = q.shape
     kv_heads, n_keys = k.shape[1], k.shape[2]
-    dq = torch.zeros(q.shape, dtype=q.dtype, device=q.device)
-    dk = torch.zeros(k.shape, dtype=k.dtype, device=k.device)
-    dv = torch.zeros(v.shape, dtype=v.dtype, device=v.device)
     if q.numel() == 0 or k.numel() == 0 or (do is None and dlse is None):
-        return dq, dk, dv
+        return tuple(
+            torch.zeros(x.shape, dtype=x.dtype, device=x.device) for x in (q, k, v)
+        )
+    # The kernels write every row of every gradient (rows that see no key
+    # get zeros), so nothing is cleared first.
+    dq = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    dk = torch.empty(k.shape, dtype=k.dtype, device=k.device)
+    dv = torch.empty(v.shape, dtype=v.dtype, device=v.device)
     if do is None:
         do = torch.zeros_like(o)
     if do.stride(-1) != 1 or 0 in do.stride():  # e.g. the expanded gradient of a sum()

@@ -332,53 +332,34 @@ def _attn_fwd(
     for start_n in range(lo, mid_lo, BLOCK_N):
         k_lo = start_n
         k_hi = tl.minimum(start_n + BLOCK_N, n_keys) - 1
-        # Classify the tile by interval analysis of the mask over
-        # [q_lo, q_hi] x [k_lo, k_hi]: *_must holds for every pair in the
-        # tile, *_may for at least one.
-        # k <= q
-        m1_must = k_hi <= q_lo
-        m1_may = k_lo <= q_hi
-        # q div 8192 == k div 8192
-        div2_lo = _floor_div(q_lo, 8192)
-        div2_hi = _floor_div(q_hi, 8192)
-        div3_lo = _floor_div(k_lo, 8192)
-        div3_hi = _floor_div(k_hi, 8192)
-        sub4_lo = div2_lo - (div3_hi)
-        sub4_hi = div2_hi - (div3_lo)
-        m5_must = (sub4_lo == 0) & (sub4_hi == 0)
-        m5_may = (sub4_lo <= 0) & (sub4_hi >= 0)
-        m6_must = (m1_must) & (m5_must)
-        m6_may = (m1_may) & (m5_may)
-
-        if m6_may:
-            acc, l_i, m_i = _attn_fwd_tile(
-                acc,
-                l_i,
-                m_i,
-                q,
-                q_pos,
-                k_desc,
-                v_desc,
-                k_base,
-                v_base,
-                stride_kn,
-                stride_kd,
-                stride_vn,
-                stride_vd,
-                batch,
-                kv_head,
-                start_n,
-                n_keys,
-                head,
-                num_heads,
-                alibi_slope,
-                sm_scale,
-                HEAD_DIM,
-                HEAD_DIM_PAD,
-                BLOCK_N,
-                True,
-                USE_TMA,
-            )
+        acc, l_i, m_i = _attn_fwd_tile(
+            acc,
+            l_i,
+            m_i,
+            q,
+            q_pos,
+            k_desc,
+            v_desc,
+            k_base,
+            v_base,
+            stride_kn,
+            stride_kd,
+            stride_vn,
+            stride_vd,
+            batch,
+            kv_head,
+            start_n,
+            n_keys,
+            head,
+            num_heads,
+            alibi_slope,
+            sm_scale,
+            HEAD_DIM,
+            HEAD_DIM_PAD,
+            BLOCK_N,
+            True,
+            USE_TMA,
+        )
 
     for start_n in range(mid_lo, mid_hi, BLOCK_N):
         acc, l_i, m_i = _attn_fwd_tile(
@@ -412,53 +393,34 @@ def _attn_fwd(
     for start_n in range(mid_hi, hi, BLOCK_N):
         k_lo = start_n
         k_hi = tl.minimum(start_n + BLOCK_N, n_keys) - 1
-        # Classify the tile by interval analysis of the mask over
-        # [q_lo, q_hi] x [k_lo, k_hi]: *_must holds for every pair in the
-        # tile, *_may for at least one.
-        # k <= q
-        m1_must = k_hi <= q_lo
-        m1_may = k_lo <= q_hi
-        # q div 8192 == k div 8192
-        div2_lo = _floor_div(q_lo, 8192)
-        div2_hi = _floor_div(q_hi, 8192)
-        div3_lo = _floor_div(k_lo, 8192)
-        div3_hi = _floor_div(k_hi, 8192)
-        sub4_lo = div2_lo - (div3_hi)
-        sub4_hi = div2_hi - (div3_lo)
-        m5_must = (sub4_lo == 0) & (sub4_hi == 0)
-        m5_may = (sub4_lo <= 0) & (sub4_hi >= 0)
-        m6_must = (m1_must) & (m5_must)
-        m6_may = (m1_may) & (m5_may)
-
-        if m6_may:
-            acc, l_i, m_i = _attn_fwd_tile(
-                acc,
-                l_i,
-                m_i,
-                q,
-                q_pos,
-                k_desc,
-                v_desc,
-                k_base,
-                v_base,
-                stride_kn,
-                stride_kd,
-                stride_vn,
-                stride_vd,
-                batch,
-                kv_head,
-                start_n,
-                n_keys,
-                head,
-                num_heads,
-                alibi_slope,
-                sm_scale,
-                HEAD_DIM,
-                HEAD_DIM_PAD,
-                BLOCK_N,
-                True,
-                USE_TMA,
-            )
+        acc, l_i, m_i = _attn_fwd_tile(
+            acc,
+            l_i,
+            m_i,
+            q,
+            q_pos,
+            k_desc,
+            v_desc,
+            k_base,
+            v_base,
+            stride_kn,
+            stride_kd,
+            stride_vn,
+            stride_vd,
+            batch,
+            kv_head,
+            start_n,
+            n_keys,
+            head,
+            num_heads,
+            alibi_slope,
+            sm_scale,
+            HEAD_DIM,
+            HEAD_DIM_PAD,
+            BLOCK_N,
+            True,
+            USE_TMA,
+        )
 
     # Rows that saw no visible key have l = 0: they output 0 and lse = -inf.
     l_safe = tl.where(l_i == 0.0, 1.0, l_i)
@@ -543,7 +505,8 @@ def _attn_probs(
     sm_scale,
     MASKED: tl.constexpr,
 ):
-    """Recompute P = exp(score - lse) for a tile from the saved log-sum-exp.
+    """Recompute P = exp(score - lse) for a tile from the saved log-sum-exp;
+    also the scores (log2 units), from which some derivatives are cheaper.
 
     `lse` and the positions come shaped to broadcast against `qk`, which may
     be a (queries x keys) tile or its transpose.
@@ -553,7 +516,7 @@ def _attn_probs(
     )
     # Rows that see no key (lse = -inf) and padding rows (lse = +inf) get p = 0.
     lse2 = tl.where(lse == float("-inf"), float("inf"), lse * 1.4426950408889634)
-    return tl.math.exp2(s2 - lse2)
+    return tl.math.exp2(s2 - lse2), s2
 
 
 @triton.jit
@@ -633,7 +596,7 @@ def _attn_bwd_dkdv_tile(
         delta = tl.load(delta_base + offs_m)
     q_pos = (offs_m + q_offset)[None, :]
     qk_t = tl.dot(k, tl.trans(q))
-    p_t = _attn_probs(
+    p_t, s2_t = _attn_probs(
         qk_t,
         lse[None, :],
         q_pos,
@@ -764,56 +727,37 @@ def _attn_bwd_dkdv(
         for start_m in range(row_lo, mid_lo, BLOCK_M):
             q_lo = start_m + q_offset
             q_hi = tl.minimum(start_m + BLOCK_M, n_queries) - 1 + q_offset
-            # Classify the tile by interval analysis of the mask over
-            # [q_lo, q_hi] x [k_lo, k_hi]: *_must holds for every pair in the
-            # tile, *_may for at least one.
-            # k <= q
-            m1_must = k_hi <= q_lo
-            m1_may = k_lo <= q_hi
-            # q div 8192 == k div 8192
-            div2_lo = _floor_div(q_lo, 8192)
-            div2_hi = _floor_div(q_hi, 8192)
-            div3_lo = _floor_div(k_lo, 8192)
-            div3_hi = _floor_div(k_hi, 8192)
-            sub4_lo = div2_lo - (div3_hi)
-            sub4_hi = div2_hi - (div3_lo)
-            m5_must = (sub4_lo == 0) & (sub4_hi == 0)
-            m5_may = (sub4_lo <= 0) & (sub4_hi >= 0)
-            m6_must = (m1_must) & (m5_must)
-            m6_may = (m1_may) & (m5_may)
-
-            if m6_may:
-                dk, dv = _attn_bwd_dkdv_tile(
-                    dk,
-                    dv,
-                    k,
-                    v,
-                    q_desc,
-                    do_desc,
-                    q_base,
-                    do_base,
-                    lse_base,
-                    delta_base,
-                    stride_qm,
-                    stride_qd,
-                    stride_dom,
-                    stride_dod,
-                    batch,
-                    start_m,
-                    n_queries,
-                    q_offset,
-                    k_pos,
-                    n_keys,
-                    head,
-                    num_heads,
-                    alibi_slope,
-                    sm_scale,
-                    HEAD_DIM,
-                    HEAD_DIM_PAD,
-                    BLOCK_M,
-                    True,
-                    USE_TMA,
-                )
+            dk, dv = _attn_bwd_dkdv_tile(
+                dk,
+                dv,
+                k,
+                v,
+                q_desc,
+                do_desc,
+                q_base,
+                do_base,
+                lse_base,
+                delta_base,
+                stride_qm,
+                stride_qd,
+                stride_dom,
+                stride_dod,
+                batch,
+                start_m,
+                n_queries,
+                q_offset,
+                k_pos,
+                n_keys,
+                head,
+                num_heads,
+                alibi_slope,
+                sm_scale,
+                HEAD_DIM,
+                HEAD_DIM_PAD,
+                BLOCK_M,
+                True,
+                USE_TMA,
+            )
 
         for start_m in range(mid_lo, mid_hi, BLOCK_M):
             dk, dv = _attn_bwd_dkdv_tile(
@@ -850,56 +794,37 @@ def _attn_bwd_dkdv(
         for start_m in range(mid_hi, row_hi, BLOCK_M):
             q_lo = start_m + q_offset
             q_hi = tl.minimum(start_m + BLOCK_M, n_queries) - 1 + q_offset
-            # Classify the tile by interval analysis of the mask over
-            # [q_lo, q_hi] x [k_lo, k_hi]: *_must holds for every pair in the
-            # tile, *_may for at least one.
-            # k <= q
-            m1_must = k_hi <= q_lo
-            m1_may = k_lo <= q_hi
-            # q div 8192 == k div 8192
-            div2_lo = _floor_div(q_lo, 8192)
-            div2_hi = _floor_div(q_hi, 8192)
-            div3_lo = _floor_div(k_lo, 8192)
-            div3_hi = _floor_div(k_hi, 8192)
-            sub4_lo = div2_lo - (div3_hi)
-            sub4_hi = div2_hi - (div3_lo)
-            m5_must = (sub4_lo == 0) & (sub4_hi == 0)
-            m5_may = (sub4_lo <= 0) & (sub4_hi >= 0)
-            m6_must = (m1_must) & (m5_must)
-            m6_may = (m1_may) & (m5_may)
-
-            if m6_may:
-                dk, dv = _attn_bwd_dkdv_tile(
-                    dk,
-                    dv,
-                    k,
-                    v,
-                    q_desc,
-                    do_desc,
-                    q_base,
-                    do_base,
-                    lse_base,
-                    delta_base,
-                    stride_qm,
-                    stride_qd,
-                    stride_dom,
-                    stride_dod,
-                    batch,
-                    start_m,
-                    n_queries,
-                    q_offset,
-                    k_pos,
-                    n_keys,
-                    head,
-                    num_heads,
-                    alibi_slope,
-                    sm_scale,
-                    HEAD_DIM,
-                    HEAD_DIM_PAD,
-                    BLOCK_M,
-                    True,
-                    USE_TMA,
-                )
+            dk, dv = _attn_bwd_dkdv_tile(
+                dk,
+                dv,
+                k,
+                v,
+                q_desc,
+                do_desc,
+                q_base,
+                do_base,
+                lse_base,
+                delta_base,
+                stride_qm,
+                stride_qd,
+                stride_dom,
+                stride_dod,
+                batch,
+                start_m,
+                n_queries,
+                q_offset,
+                k_pos,
+                n_keys,
+                head,
+                num_heads,
+                alibi_slope,
+                sm_scale,
+                HEAD_DIM,
+                HEAD_DIM_PAD,
+                BLOCK_M,
+                True,
+                USE_TMA,
+            )
 
     dk_base = (
         dk_ptr + batch.to(tl.int64) * stride_dkb + kv_head.to(tl.int64) * stride_dkh
@@ -986,7 +911,7 @@ def _attn_bwd_dq_tile(
     )
     k_pos = offs_n[None, :]
     qk = tl.dot(q, tl.trans(k))
-    p = _attn_probs(
+    p, s2 = _attn_probs(
         qk,
         lse[:, None],
         q_pos,
@@ -1098,54 +1023,35 @@ def _attn_bwd_dq(
     for start_n in range(lo, mid_lo, BLOCK_N):
         k_lo = start_n
         k_hi = tl.minimum(start_n + BLOCK_N, n_keys) - 1
-        # Classify the tile by interval analysis of the mask over
-        # [q_lo, q_hi] x [k_lo, k_hi]: *_must holds for every pair in the
-        # tile, *_may for at least one.
-        # k <= q
-        m1_must = k_hi <= q_lo
-        m1_may = k_lo <= q_hi
-        # q div 8192 == k div 8192
-        div2_lo = _floor_div(q_lo, 8192)
-        div2_hi = _floor_div(q_hi, 8192)
-        div3_lo = _floor_div(k_lo, 8192)
-        div3_hi = _floor_div(k_hi, 8192)
-        sub4_lo = div2_lo - (div3_hi)
-        sub4_hi = div2_hi - (div3_lo)
-        m5_must = (sub4_lo == 0) & (sub4_hi == 0)
-        m5_may = (sub4_lo <= 0) & (sub4_hi >= 0)
-        m6_must = (m1_must) & (m5_must)
-        m6_may = (m1_may) & (m5_may)
-
-        if m6_may:
-            dq = _attn_bwd_dq_tile(
-                dq,
-                q,
-                do,
-                lse,
-                delta,
-                q_pos,
-                k_desc,
-                v_desc,
-                k_base,
-                v_base,
-                stride_kn,
-                stride_kd,
-                stride_vn,
-                stride_vd,
-                batch,
-                kv_head,
-                start_n,
-                n_keys,
-                head,
-                num_heads,
-                alibi_slope,
-                sm_scale,
-                HEAD_DIM,
-                HEAD_DIM_PAD,
-                BLOCK_N,
-                True,
-                USE_TMA,
-            )
+        dq = _attn_bwd_dq_tile(
+            dq,
+            q,
+            do,
+            lse,
+            delta,
+            q_pos,
+            k_desc,
+            v_desc,
+            k_base,
+            v_base,
+            stride_kn,
+            stride_kd,
+            stride_vn,
+            stride_vd,
+            batch,
+            kv_head,
+            start_n,
+            n_keys,
+            head,
+            num_heads,
+            alibi_slope,
+            sm_scale,
+            HEAD_DIM,
+            HEAD_DIM_PAD,
+            BLOCK_N,
+            True,
+            USE_TMA,
+        )
 
     for start_n in range(mid_lo, mid_hi, BLOCK_N):
         dq = _attn_bwd_dq_tile(
@@ -1180,54 +1086,35 @@ def _attn_bwd_dq(
     for start_n in range(mid_hi, hi, BLOCK_N):
         k_lo = start_n
         k_hi = tl.minimum(start_n + BLOCK_N, n_keys) - 1
-        # Classify the tile by interval analysis of the mask over
-        # [q_lo, q_hi] x [k_lo, k_hi]: *_must holds for every pair in the
-        # tile, *_may for at least one.
-        # k <= q
-        m1_must = k_hi <= q_lo
-        m1_may = k_lo <= q_hi
-        # q div 8192 == k div 8192
-        div2_lo = _floor_div(q_lo, 8192)
-        div2_hi = _floor_div(q_hi, 8192)
-        div3_lo = _floor_div(k_lo, 8192)
-        div3_hi = _floor_div(k_hi, 8192)
-        sub4_lo = div2_lo - (div3_hi)
-        sub4_hi = div2_hi - (div3_lo)
-        m5_must = (sub4_lo == 0) & (sub4_hi == 0)
-        m5_may = (sub4_lo <= 0) & (sub4_hi >= 0)
-        m6_must = (m1_must) & (m5_must)
-        m6_may = (m1_may) & (m5_may)
-
-        if m6_may:
-            dq = _attn_bwd_dq_tile(
-                dq,
-                q,
-                do,
-                lse,
-                delta,
-                q_pos,
-                k_desc,
-                v_desc,
-                k_base,
-                v_base,
-                stride_kn,
-                stride_kd,
-                stride_vn,
-                stride_vd,
-                batch,
-                kv_head,
-                start_n,
-                n_keys,
-                head,
-                num_heads,
-                alibi_slope,
-                sm_scale,
-                HEAD_DIM,
-                HEAD_DIM_PAD,
-                BLOCK_N,
-                True,
-                USE_TMA,
-            )
+        dq = _attn_bwd_dq_tile(
+            dq,
+            q,
+            do,
+            lse,
+            delta,
+            q_pos,
+            k_desc,
+            v_desc,
+            k_base,
+            v_base,
+            stride_kn,
+            stride_kd,
+            stride_vn,
+            stride_vd,
+            batch,
+            kv_head,
+            start_n,
+            n_keys,
+            head,
+            num_heads,
+            alibi_slope,
+            sm_scale,
+            HEAD_DIM,
+            HEAD_DIM_PAD,
+            BLOCK_N,
+            True,
+            USE_TMA,
+        )
 
     dq_base = dq_ptr + batch.to(tl.int64) * stride_dqb + head.to(tl.int64) * stride_dqh
     _store_rows(
@@ -1464,11 +1351,15 @@ def backward(
     num_warps, num_stages = num_warps or default[2], num_stages or default[3]
     batch, num_heads, n_queries, _ = q.shape
     kv_heads, n_keys = k.shape[1], k.shape[2]
-    dq = torch.zeros(q.shape, dtype=q.dtype, device=q.device)
-    dk = torch.zeros(k.shape, dtype=k.dtype, device=k.device)
-    dv = torch.zeros(v.shape, dtype=v.dtype, device=v.device)
     if q.numel() == 0 or k.numel() == 0 or (do is None and dlse is None):
-        return dq, dk, dv
+        return tuple(
+            torch.zeros(x.shape, dtype=x.dtype, device=x.device) for x in (q, k, v)
+        )
+    # The kernels write every row of every gradient (rows that see no key
+    # get zeros), so nothing is cleared first.
+    dq = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    dk = torch.empty(k.shape, dtype=k.dtype, device=k.device)
+    dv = torch.empty(v.shape, dtype=v.dtype, device=v.device)
     if do is None:
         do = torch.zeros_like(o)
     if do.stride(-1) != 1 or 0 in do.stride():  # e.g. the expanded gradient of a sum()

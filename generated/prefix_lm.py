@@ -316,47 +316,34 @@ def _attn_fwd(
     for start_n in range(lo, mid_lo, BLOCK_N):
         k_lo = start_n
         k_hi = tl.minimum(start_n + BLOCK_N, n_keys) - 1
-        # Classify the tile by interval analysis of the mask over
-        # [q_lo, q_hi] x [k_lo, k_hi]: *_must holds for every pair in the
-        # tile, *_may for at least one.
-        # k <= q
-        m1_must = k_hi <= q_lo
-        m1_may = k_lo <= q_hi
-        # k < 256
-        m2_must = k_hi < 256
-        m2_may = k_lo < 256
-        m3_must = (m1_must) | (m2_must)
-        m3_may = (m1_may) | (m2_may)
-
-        if m3_may:
-            acc, l_i, m_i = _attn_fwd_tile(
-                acc,
-                l_i,
-                m_i,
-                q,
-                q_pos,
-                k_desc,
-                v_desc,
-                k_base,
-                v_base,
-                stride_kn,
-                stride_kd,
-                stride_vn,
-                stride_vd,
-                batch,
-                kv_head,
-                start_n,
-                n_keys,
-                head,
-                num_heads,
-                alibi_slope,
-                sm_scale,
-                HEAD_DIM,
-                HEAD_DIM_PAD,
-                BLOCK_N,
-                True,
-                USE_TMA,
-            )
+        acc, l_i, m_i = _attn_fwd_tile(
+            acc,
+            l_i,
+            m_i,
+            q,
+            q_pos,
+            k_desc,
+            v_desc,
+            k_base,
+            v_base,
+            stride_kn,
+            stride_kd,
+            stride_vn,
+            stride_vd,
+            batch,
+            kv_head,
+            start_n,
+            n_keys,
+            head,
+            num_heads,
+            alibi_slope,
+            sm_scale,
+            HEAD_DIM,
+            HEAD_DIM_PAD,
+            BLOCK_N,
+            True,
+            USE_TMA,
+        )
 
     for start_n in range(mid_lo, mid_hi, BLOCK_N):
         acc, l_i, m_i = _attn_fwd_tile(
@@ -390,47 +377,34 @@ def _attn_fwd(
     for start_n in range(mid_hi, hi, BLOCK_N):
         k_lo = start_n
         k_hi = tl.minimum(start_n + BLOCK_N, n_keys) - 1
-        # Classify the tile by interval analysis of the mask over
-        # [q_lo, q_hi] x [k_lo, k_hi]: *_must holds for every pair in the
-        # tile, *_may for at least one.
-        # k <= q
-        m1_must = k_hi <= q_lo
-        m1_may = k_lo <= q_hi
-        # k < 256
-        m2_must = k_hi < 256
-        m2_may = k_lo < 256
-        m3_must = (m1_must) | (m2_must)
-        m3_may = (m1_may) | (m2_may)
-
-        if m3_may:
-            acc, l_i, m_i = _attn_fwd_tile(
-                acc,
-                l_i,
-                m_i,
-                q,
-                q_pos,
-                k_desc,
-                v_desc,
-                k_base,
-                v_base,
-                stride_kn,
-                stride_kd,
-                stride_vn,
-                stride_vd,
-                batch,
-                kv_head,
-                start_n,
-                n_keys,
-                head,
-                num_heads,
-                alibi_slope,
-                sm_scale,
-                HEAD_DIM,
-                HEAD_DIM_PAD,
-                BLOCK_N,
-                True,
-                USE_TMA,
-            )
+        acc, l_i, m_i = _attn_fwd_tile(
+            acc,
+            l_i,
+            m_i,
+            q,
+            q_pos,
+            k_desc,
+            v_desc,
+            k_base,
+            v_base,
+            stride_kn,
+            stride_kd,
+            stride_vn,
+            stride_vd,
+            batch,
+            kv_head,
+            start_n,
+            n_keys,
+            head,
+            num_heads,
+            alibi_slope,
+            sm_scale,
+            HEAD_DIM,
+            HEAD_DIM_PAD,
+            BLOCK_N,
+            True,
+            USE_TMA,
+        )
 
     # Rows that saw no visible key have l = 0: they output 0 and lse = -inf.
     l_safe = tl.where(l_i == 0.0, 1.0, l_i)
@@ -515,7 +489,8 @@ def _attn_probs(
     sm_scale,
     MASKED: tl.constexpr,
 ):
-    """Recompute P = exp(score - lse) for a tile from the saved log-sum-exp.
+    """Recompute P = exp(score - lse) for a tile from the saved log-sum-exp;
+    also the scores (log2 units), from which some derivatives are cheaper.
 
     `lse` and the positions come shaped to broadcast against `qk`, which may
     be a (queries x keys) tile or its transpose.
@@ -525,7 +500,7 @@ def _attn_probs(
     )
     # Rows that see no key (lse = -inf) and padding rows (lse = +inf) get p = 0.
     lse2 = tl.where(lse == float("-inf"), float("inf"), lse * 1.4426950408889634)
-    return tl.math.exp2(s2 - lse2)
+    return tl.math.exp2(s2 - lse2), s2
 
 
 @triton.jit
@@ -605,7 +580,7 @@ def _attn_bwd_dkdv_tile(
         delta = tl.load(delta_base + offs_m)
     q_pos = (offs_m + q_offset)[None, :]
     qk_t = tl.dot(k, tl.trans(q))
-    p_t = _attn_probs(
+    p_t, s2_t = _attn_probs(
         qk_t,
         lse[None, :],
         q_pos,
@@ -709,11 +684,20 @@ def _attn_bwd_dkdv(
         lse_base = lse_ptr + batch_head.to(tl.int64) * n_queries
         delta_base = delta_ptr + batch_head.to(tl.int64) * n_queries
         alibi_slope = 0.0
-        row_lo = 0
+        # Query rows that can see this key tile (from the mask's affine bounds).
+        row_lo = (
+            tl.maximum(
+                tl.minimum(k_lo, tl.where(k_lo - 256 < 0, -(1 << 30), (1 << 30)))
+                - q_offset,
+                0,
+            )
+            // BLOCK_M
+            * BLOCK_M
+        )
         row_hi = n_queries
         # Query tiles that see every key of this tile (when the key tile is whole)
         # run without the elementwise mask; the tiles on either side are masked.
-        full_lo = tl.maximum(k_hi - q_offset, 0)
+        full_lo = tl.maximum(tl.where(k_hi - 256 < 0, -(1 << 30), k_hi) - q_offset, 0)
         full_hi = n_queries - 1
         full_hi = tl.where(k_hi == start_n + BLOCK_N - 1, full_hi, -1)
         # Split [row_lo, row_hi) at tile boundaries into masked tiles, the interior, masked tiles.
@@ -725,50 +709,37 @@ def _attn_bwd_dkdv(
         for start_m in range(row_lo, mid_lo, BLOCK_M):
             q_lo = start_m + q_offset
             q_hi = tl.minimum(start_m + BLOCK_M, n_queries) - 1 + q_offset
-            # Classify the tile by interval analysis of the mask over
-            # [q_lo, q_hi] x [k_lo, k_hi]: *_must holds for every pair in the
-            # tile, *_may for at least one.
-            # k <= q
-            m1_must = k_hi <= q_lo
-            m1_may = k_lo <= q_hi
-            # k < 256
-            m2_must = k_hi < 256
-            m2_may = k_lo < 256
-            m3_must = (m1_must) | (m2_must)
-            m3_may = (m1_may) | (m2_may)
-
-            if m3_may:
-                dk, dv = _attn_bwd_dkdv_tile(
-                    dk,
-                    dv,
-                    k,
-                    v,
-                    q_desc,
-                    do_desc,
-                    q_base,
-                    do_base,
-                    lse_base,
-                    delta_base,
-                    stride_qm,
-                    stride_qd,
-                    stride_dom,
-                    stride_dod,
-                    batch,
-                    start_m,
-                    n_queries,
-                    q_offset,
-                    k_pos,
-                    n_keys,
-                    head,
-                    num_heads,
-                    alibi_slope,
-                    sm_scale,
-                    HEAD_DIM,
-                    HEAD_DIM_PAD,
-                    BLOCK_M,
-                    True,
-                    USE_TMA,
-                )
+            dk, dv = _attn_bwd_dkdv_tile(
+                dk,
+                dv,
+                k,
+                v,
+                q_desc,
+                do_desc,
+                q_base,
+                do_base,
+                lse_base,
+                delta_base,
+                stride_qm,
+                stride_qd,
+                stride_dom,
+                stride_dod,
+                batch,
+                start_m,
+                n_queries,
+                q_offset,
+                k_pos,
+                n_keys,
+                head,
+                num_heads,
+                alibi_slope,
+                sm_scale,
+                HEAD_DIM,
+                HEAD_DIM_PAD,
+                BLOCK_M,
+                True,
+                USE_TMA,
+            )
 
         for start_m in range(mid_lo, mid_hi, BLOCK_M):
             dk, dv = _attn_bwd_dkdv_tile(
@@ -805,50 +776,37 @@ def _attn_bwd_dkdv(
         for start_m in range(mid_hi, row_hi, BLOCK_M):
             q_lo = start_m + q_offset
             q_hi = tl.minimum(start_m + BLOCK_M, n_queries) - 1 + q_offset
-            # Classify the tile by interval analysis of the mask over
-            # [q_lo, q_hi] x [k_lo, k_hi]: *_must holds for every pair in the
-            # tile, *_may for at least one.
-            # k <= q
-            m1_must = k_hi <= q_lo
-            m1_may = k_lo <= q_hi
-            # k < 256
-            m2_must = k_hi < 256
-            m2_may = k_lo < 256
-            m3_must = (m1_must) | (m2_must)
-            m3_may = (m1_may) | (m2_may)
-
-            if m3_may:
-                dk, dv = _attn_bwd_dkdv_tile(
-                    dk,
-                    dv,
-                    k,
-                    v,
-                    q_desc,
-                    do_desc,
-                    q_base,
-                    do_base,
-                    lse_base,
-                    delta_base,
-                    stride_qm,
-                    stride_qd,
-                    stride_dom,
-                    stride_dod,
-                    batch,
-                    start_m,
-                    n_queries,
-                    q_offset,
-                    k_pos,
-                    n_keys,
-                    head,
-                    num_heads,
-                    alibi_slope,
-                    sm_scale,
-                    HEAD_DIM,
-                    HEAD_DIM_PAD,
-                    BLOCK_M,
-                    True,
-                    USE_TMA,
-                )
+            dk, dv = _attn_bwd_dkdv_tile(
+                dk,
+                dv,
+                k,
+                v,
+                q_desc,
+                do_desc,
+                q_base,
+                do_base,
+                lse_base,
+                delta_base,
+                stride_qm,
+                stride_qd,
+                stride_dom,
+                stride_dod,
+                batch,
+                start_m,
+                n_queries,
+                q_offset,
+                k_pos,
+                n_keys,
+                head,
+                num_heads,
+                alibi_slope,
+                sm_scale,
+                HEAD_DIM,
+                HEAD_DIM_PAD,
+                BLOCK_M,
+                True,
+                USE_TMA,
+            )
 
     dk_base = (
         dk_ptr + batch.to(tl.int64) * stride_dkb + kv_head.to(tl.int64) * stride_dkh
@@ -935,7 +893,7 @@ def _attn_bwd_dq_tile(
     )
     k_pos = offs_n[None, :]
     qk = tl.dot(q, tl.trans(k))
-    p = _attn_probs(
+    p, s2 = _attn_probs(
         qk,
         lse[:, None],
         q_pos,
@@ -1045,48 +1003,35 @@ def _attn_bwd_dq(
     for start_n in range(lo, mid_lo, BLOCK_N):
         k_lo = start_n
         k_hi = tl.minimum(start_n + BLOCK_N, n_keys) - 1
-        # Classify the tile by interval analysis of the mask over
-        # [q_lo, q_hi] x [k_lo, k_hi]: *_must holds for every pair in the
-        # tile, *_may for at least one.
-        # k <= q
-        m1_must = k_hi <= q_lo
-        m1_may = k_lo <= q_hi
-        # k < 256
-        m2_must = k_hi < 256
-        m2_may = k_lo < 256
-        m3_must = (m1_must) | (m2_must)
-        m3_may = (m1_may) | (m2_may)
-
-        if m3_may:
-            dq = _attn_bwd_dq_tile(
-                dq,
-                q,
-                do,
-                lse,
-                delta,
-                q_pos,
-                k_desc,
-                v_desc,
-                k_base,
-                v_base,
-                stride_kn,
-                stride_kd,
-                stride_vn,
-                stride_vd,
-                batch,
-                kv_head,
-                start_n,
-                n_keys,
-                head,
-                num_heads,
-                alibi_slope,
-                sm_scale,
-                HEAD_DIM,
-                HEAD_DIM_PAD,
-                BLOCK_N,
-                True,
-                USE_TMA,
-            )
+        dq = _attn_bwd_dq_tile(
+            dq,
+            q,
+            do,
+            lse,
+            delta,
+            q_pos,
+            k_desc,
+            v_desc,
+            k_base,
+            v_base,
+            stride_kn,
+            stride_kd,
+            stride_vn,
+            stride_vd,
+            batch,
+            kv_head,
+            start_n,
+            n_keys,
+            head,
+            num_heads,
+            alibi_slope,
+            sm_scale,
+            HEAD_DIM,
+            HEAD_DIM_PAD,
+            BLOCK_N,
+            True,
+            USE_TMA,
+        )
 
     for start_n in range(mid_lo, mid_hi, BLOCK_N):
         dq = _attn_bwd_dq_tile(
@@ -1121,48 +1066,35 @@ def _attn_bwd_dq(
     for start_n in range(mid_hi, hi, BLOCK_N):
         k_lo = start_n
         k_hi = tl.minimum(start_n + BLOCK_N, n_keys) - 1
-        # Classify the tile by interval analysis of the mask over
-        # [q_lo, q_hi] x [k_lo, k_hi]: *_must holds for every pair in the
-        # tile, *_may for at least one.
-        # k <= q
-        m1_must = k_hi <= q_lo
-        m1_may = k_lo <= q_hi
-        # k < 256
-        m2_must = k_hi < 256
-        m2_may = k_lo < 256
-        m3_must = (m1_must) | (m2_must)
-        m3_may = (m1_may) | (m2_may)
-
-        if m3_may:
-            dq = _attn_bwd_dq_tile(
-                dq,
-                q,
-                do,
-                lse,
-                delta,
-                q_pos,
-                k_desc,
-                v_desc,
-                k_base,
-                v_base,
-                stride_kn,
-                stride_kd,
-                stride_vn,
-                stride_vd,
-                batch,
-                kv_head,
-                start_n,
-                n_keys,
-                head,
-                num_heads,
-                alibi_slope,
-                sm_scale,
-                HEAD_DIM,
-                HEAD_DIM_PAD,
-                BLOCK_N,
-                True,
-                USE_TMA,
-            )
+        dq = _attn_bwd_dq_tile(
+            dq,
+            q,
+            do,
+            lse,
+            delta,
+            q_pos,
+            k_desc,
+            v_desc,
+            k_base,
+            v_base,
+            stride_kn,
+            stride_kd,
+            stride_vn,
+            stride_vd,
+            batch,
+            kv_head,
+            start_n,
+            n_keys,
+            head,
+            num_heads,
+            alibi_slope,
+            sm_scale,
+            HEAD_DIM,
+            HEAD_DIM_PAD,
+            BLOCK_N,
+            True,
+            USE_TMA,
+        )
 
     dq_base = dq_ptr + batch.to(tl.int64) * stride_dqb + head.to(tl.int64) * stride_dqh
     _store_rows(
@@ -1399,11 +1331,15 @@ def backward(
     num_warps, num_stages = num_warps or default[2], num_stages or default[3]
     batch, num_heads, n_queries, _ = q.shape
     kv_heads, n_keys = k.shape[1], k.shape[2]
-    dq = torch.zeros(q.shape, dtype=q.dtype, device=q.device)
-    dk = torch.zeros(k.shape, dtype=k.dtype, device=k.device)
-    dv = torch.zeros(v.shape, dtype=v.dtype, device=v.device)
     if q.numel() == 0 or k.numel() == 0 or (do is None and dlse is None):
-        return dq, dk, dv
+        return tuple(
+            torch.zeros(x.shape, dtype=x.dtype, device=x.device) for x in (q, k, v)
+        )
+    # The kernels write every row of every gradient (rows that see no key
+    # get zeros), so nothing is cleared first.
+    dq = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    dk = torch.empty(k.shape, dtype=k.dtype, device=k.device)
+    dv = torch.empty(v.shape, dtype=v.dtype, device=v.device)
     if do is None:
         do = torch.zeros_like(o)
     if do.stride(-1) != 1 or 0 in do.stride():  # e.g. the expanded gradient of a sum()

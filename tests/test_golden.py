@@ -107,10 +107,10 @@ _INTERIOR = {
     "encoder_band": (True, False),
     "full": (True, False),
     "gemma2_local": (True, False),
-    "llama4_local": (True, True),
+    "llama4_local": (True, False),
     "mistral_sliding": (True, False),
     "plain_causal": (True, False),
-    "prefix_lm": (True, True),
+    "prefix_lm": (True, False),
 }
 
 

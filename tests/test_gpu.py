@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 from flashgen import ir
 from flashgen.verify import Shape
-from kernel_utils import assert_ok, example_variants, run_case, run_grad_case
+from kernel_utils import assert_ok, example_variants, run_case, run_grad_case, tanh_ulps
 from strategies import variants
 
 pytestmark = pytest.mark.gpu
@@ -108,3 +108,7 @@ def test_random_spec_gradients_on_gpu(variant, kv_heads, group, n_queries, n_key
     result = run_grad_case(variant, shape, seed=seed, device="cuda", magnitude=magnitude)
     _record(variant, result)
     assert_ok(result)
+
+
+def test_tanh_is_accurate_on_gpu():
+    assert tanh_ulps("cuda") <= 8

@@ -18,6 +18,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from flashgen import ir
+from flashgen.reference import mask_matrix
 from flashgen.verify import Shape
 from kernel_utils import (
     DEVICE,
@@ -81,6 +82,42 @@ def test_fully_masked_rows_have_zero_gradients(mask):
     assert dead.any()
     assert torch.all(q.grad[dead] == 0)
     assert_ok(run_grad_case(variant, Shape(1, 2, 1, 70, 20), seed=2))
+
+
+@pytest.mark.parametrize(
+    "mask,align,n_queries,n_keys",
+    [
+        ("causal", "bottom_right", 70, 20),  # queries that see no key
+        ("causal & window(3)", "top_left", 20, 70),  # keys that no query sees
+        ("k >= 40 & q < 10", "top_left", 30, 50),  # both
+    ],
+)
+def test_backward_writes_every_gradient_element(monkeypatch, mask, align, n_queries, n_keys):
+    """The gradients are allocated uninitialised: rows that no pair reaches
+    must still be written (zeros).  Here fresh memory holds NaN, so a row the
+    kernels skip shows."""
+    variant = make_variant(mask, align=align)
+    module = build(variant)
+    q = torch.randn(1, 4, n_queries, 32, device=DEVICE)
+    k, v = (torch.randn(1, 2, n_keys, 32, device=DEVICE) for _ in range(2))
+    o, lse = module.forward(q, k, v)
+    do = torch.randn_like(o)
+    expected = module.backward(q, k, v, o, lse, do)
+    real_empty = torch.empty
+
+    def nan_empty(*args, **kwargs):
+        x = real_empty(*args, **kwargs)
+        return x.fill_(float("nan")) if x.is_floating_point() else x
+
+    monkeypatch.setattr(torch, "empty", nan_empty)
+    dq, dk, dv = module.backward(q, k, v, o, lse, do)
+    for name, g, e in zip(("dq", "dk", "dv"), (dq, dk, dv), expected):
+        assert torch.equal(g, e), name
+    visible = mask_matrix(variant, n_queries, n_keys, 4)
+    dead_queries, dead_keys = ~visible.any(-1)[0], ~visible.any(1).any(0)
+    assert dead_queries.any() or dead_keys.any()
+    assert torch.all(dq[:, :, dead_queries] == 0)
+    assert torch.all(dk[:, :, dead_keys] == 0) and torch.all(dv[:, :, dead_keys] == 0)
 
 
 @pytest.mark.parametrize("n_keys", [1, 2, 5, 17])

@@ -26,6 +26,7 @@ from kernel_utils import (
     make_variant,
     run_case,
     shrink_masks,
+    tanh_ulps,
 )
 from strategies import variants
 
@@ -266,3 +267,9 @@ def test_bad_scale_and_blocks():
         module.attention(x, x, x, scale=float("nan"))
     with pytest.raises(ValueError, match="block_m"):
         module.forward(x, x, x, block_m=24)
+
+
+def test_tanh_is_accurate_to_a_few_ulps():
+    """softcap and tanh compute tanh with exp2 and a polynomial: its error is
+    part of every softcap kernel's error budget."""
+    assert tanh_ulps() <= 8

@@ -21,6 +21,7 @@ from hypothesis import strategies as st
 
 from flashgen import ir, lower
 from flashgen.reference import mask_matrix
+from kernel_utils import make_variant
 from strategies import masks, variants
 
 _TL = types.SimpleNamespace(where=np.where, minimum=np.minimum, maximum=np.maximum, abs=np.abs)
@@ -48,6 +49,10 @@ def _analyse(mask: ir.Expr):
     tiles = lower.TileCode()
     must, may = tiles.truth(nnf)
     return tiles.lines, must, may, lower.key_bounds(nnf)
+
+
+def nnf_of(mask: ir.Expr) -> ir.Expr:
+    return lower.negation_normal_form(lower.desugar_mask(mask))
 
 
 def _run(lines, must, may, bounds, env):
@@ -108,6 +113,15 @@ def test_tile_classification_is_sound(mask, rects):
             assert cols.min() >= lo, "visible key below the key bound"
         if cols.size and hi is not None:
             assert cols.max() <= hi, "visible key above the key bound"
+        rows = np.nonzero(block.any(axis=1))[0] + qa + offset
+        q_lo, q_hi = (
+            None if code is None else int(eval(code, env))  # test-only, analysis output
+            for code in lower.query_bounds(nnf_of(mask))
+        )
+        if rows.size and q_lo is not None:
+            assert rows.min() >= q_lo, "visible query below the query bound"
+        if rows.size and q_hi is not None:
+            assert rows.max() <= q_hi, "visible query above the query bound"
 
 
 def _named(text_mask):
@@ -233,23 +247,50 @@ def test_element_code_matches_reference(variant, n_queries, n_keys):
     q_pos, k_pos = q_pos[:, None], k_pos[None, :]
     slopes = alibi_slopes(heads).numpy()
 
-    elements = lower.ElementCode()
-    kind, expr = lower._score_parts(variant.score)
-    score_code = None if kind == "identity" else elements.real(expr)
     mask = lower.negation_normal_form(lower.desugar_mask(variant.mask))
-    mask_code = elements.expr(mask)
+    mask_code = lower.ElementCode().expr(mask)
+    # As `lower` emits them: the score code may assume the mask's facts.
+    scores_code = lower.ElementCode(lower.keys_before_queries(mask))
+    kind, log2_code, _ = lower.score_code(variant.score, scores_code)
     for h in range(heads):
         s = raw[0, h].numpy()
         args = (q_pos, k_pos, h, heads, slopes[h])
-        if kind == "identity":
-            got = s
-        elif kind == "additive":
-            got = s + _eval_element(score_code, s, *args)
-        else:
-            got = _eval_element(score_code, s, *args)
-        np.testing.assert_allclose(got, expected_scores[0, h], rtol=1e-12, atol=1e-12)
         visible = _eval_element(mask_code, s, *args)
         np.testing.assert_array_equal(visible, expected_mask[h])
+        if kind == "identity":
+            got = s
+        else:
+            got = _eval_element(log2_code, s, *args) / lower.LOG2E
+            got = s + got if kind == "additive" else got
+        # Scores matter only where the mask shows them.
+        np.testing.assert_allclose(
+            got[visible], expected_scores[0, h][visible], rtol=1e-12, atol=1e-12
+        )
+
+
+def test_scores_use_the_mask_facts():
+    """Under a mask that hides k > q, |q - k| and ALiBi skip the abs."""
+    n = ir.Name
+    causal = lower.negation_normal_form(lower.desugar_mask(n("causal")))
+    assert lower.keys_before_queries(causal)
+    for text in ["window(3, 1)", "causal | prefix(4)", "chunk(8)", "full", "k <= q + 1"]:
+        mask = lower.negation_normal_form(lower.desugar_mask(make_variant(text).mask))
+        assert not lower.keys_before_queries(mask), text
+    for text in [
+        "window(3, 0)",
+        "causal & window(5)",
+        "k < q",
+        "k <= q - 3 | k == q",
+        "causal & chunk(4)",
+    ]:
+        mask = lower.negation_normal_form(lower.desugar_mask(make_variant(text).mask))
+        assert lower.keys_before_queries(mask), text
+    _, code, _ = lower.score_code(
+        ir.Binary(ir.BinOp.ADD, n("s"), n("alibi")), lower.ElementCode(True)
+    )
+    assert "abs" not in code and "(k_pos - q_pos)" in code
+    _, code, _ = lower.score_code(ir.Binary(ir.BinOp.ADD, n("s"), n("alibi")), lower.ElementCode())
+    assert "tl.abs(q_pos - k_pos)" in code
 
 
 def _full_interval(mask: ir.Expr, var: str, env: dict, n: int):
@@ -306,19 +347,67 @@ def test_named_masks_have_exact_interior(name, block):
         np.testing.assert_array_equal(keys, visible[qa : qb + 1].all(axis=0), err_msg=str(qa))
 
 
-@settings(max_examples=300, deadline=None)
-@given(mask=masks(), block=st.sampled_from((1, 8, 16, 32)))
-def test_band_masks_have_no_empty_tiles_in_bounds(mask, block):
-    """`is_band` lets the kernels drop the per-tile emptiness test inside the
-    key bounds: every key tile there must have a visible pair."""
+@pytest.mark.parametrize(
+    "name", ["causal", "window", "window2", "prefix", "chunk", "causal_window", "causal_prefix"]
+)
+@pytest.mark.parametrize("block", [1, 16, 33])
+def test_named_masks_have_exact_query_bounds(name, block):
+    """The query bounds of a key tile are the first and last query that sees
+    one of its keys (clipped to the queries that exist)."""
+    mask = _named(name)
+    for n_queries in (N_QUERIES, N_KEYS - 37):
+        visible = _visible(mask, n_queries, N_KEYS, 1)[0]
+        offset = N_KEYS - n_queries
+        lo_code, hi_code = lower.query_bounds(nnf_of(mask))
+        for ka in range(0, N_KEYS, block):
+            kb = min(ka + block, N_KEYS) - 1
+            rows = np.nonzero(visible[:, ka : kb + 1].any(axis=1))[0] + offset
+            env = _namespace(0, 0, ka, kb, 0, 1)
+            lo = offset if lo_code is None else max(int(eval(lo_code, env)), offset)
+            hi = offset + n_queries - 1
+            if hi_code is not None:
+                hi = min(int(eval(hi_code, env)), hi)
+            if rows.size:
+                assert (lo, hi) == (rows.min(), rows.max()), (ka, n_queries)
+            else:
+                assert lo > hi, (ka, n_queries)
+
+
+@st.composite
+def _diagonal_masks(draw, depth: int = 3) -> ir.Expr:
+    """Masks in `lower._diagonal_rows`' class, and some just outside it."""
+    n, c, b = ir.Name, ir.Call, ir.Binary
+    if depth == 0 or draw(st.integers(0, 2)) == 0:
+        k_minus_q = b(ir.BinOp.SUB, n("k"), n("q"))
+        bound = ir.Num(draw(st.integers(-40, 40)))
+        op = draw(st.sampled_from((ir.BinOp.LE, ir.BinOp.LT, ir.BinOp.GE, ir.BinOp.GT)))
+        return draw(
+            st.sampled_from(
+                [
+                    n("causal"),
+                    c("window", (ir.Num(draw(st.integers(0, 50))),)),
+                    c(
+                        "window",
+                        (ir.Num(draw(st.integers(0, 30))), ir.Num(draw(st.integers(0, 30)))),
+                    ),
+                    c("chunk", (ir.Num(draw(st.integers(1, 70))),)),
+                    c("prefix", (ir.Num(draw(st.integers(0, 90))),)),
+                    b(op, k_minus_q, bound),
+                ]
+            )
+        )
+    sub = _diagonal_masks(depth - 1)
+    return b(draw(st.sampled_from((ir.BinOp.AND, ir.BinOp.OR))), draw(sub), draw(sub))
+
+
+def _assert_no_empty_tiles(mask, block, n_queries):
+    """Every tile inside the bounds has a visible pair, in both directions."""
     nnf = lower.negation_normal_form(lower.desugar_mask(mask))
-    if not lower.is_band(nnf):
-        return
-    visible = _visible(mask, N_QUERIES, N_KEYS, 1)[0]
-    offset = N_KEYS - N_QUERIES
+    visible = _visible(mask, n_queries, N_KEYS, 1)[0]
+    offset = N_KEYS - n_queries
     lo_code, hi_code = lower.key_bounds(nnf)
-    for qa in range(0, N_QUERIES, block):
-        qb = min(qa + block, N_QUERIES) - 1
+    for qa in range(0, n_queries, block):
+        qb = min(qa + block, n_queries) - 1
         env = _namespace(qa + offset, qb + offset, 0, 0, 0, 1)
         lo = 0 if lo_code is None else max(int(eval(lo_code, env)), 0)
         hi = N_KEYS if hi_code is None else min(int(eval(hi_code, env)) + 1, N_KEYS)
@@ -328,7 +417,58 @@ def test_band_masks_have_no_empty_tiles_in_bounds(mask, block):
             # here, masked: correct, and rare enough not to test for.
             continue
         for ka in range(lo // block * block, hi, block):
-            assert visible[qa : qb + 1, ka : ka + block].any(), (qa, ka)
+            assert visible[qa : qb + 1, ka : ka + block].any(), ("keys", qa, ka)
+    lo_code, hi_code = lower.query_bounds(nnf)
+    for ka in range(0, N_KEYS, block):
+        kb = min(ka + block, N_KEYS) - 1
+        env = _namespace(0, 0, ka, kb, 0, 1)
+        lo = 0 if lo_code is None else max(int(eval(lo_code, env)) - offset, 0)
+        hi = n_queries if hi_code is None else min(int(eval(hi_code, env)) - offset + 1, n_queries)
+        if lo >= hi:
+            continue
+        for qa in range(lo // block * block, hi, block):
+            assert visible[qa : qa + block, ka : kb + 1].any(), ("queries", ka, qa)
+
+
+@settings(max_examples=300, deadline=None)
+@given(mask=masks() | _diagonal_masks(), block=st.sampled_from((1, 8, 16, 32)))
+def test_dense_edges_have_no_empty_tiles_in_bounds(mask, block):
+    """`edges_dense` lets the kernels drop the per-tile emptiness test on the
+    masked tiles around the interior: every tile inside the key bounds of a
+    query tile, and inside the query bounds of a key tile, has a visible pair
+    (with Nq > Nk, Nq = Nk and Nq < Nk)."""
+    nnf = lower.negation_normal_form(lower.desugar_mask(mask))
+    if not lower.edges_dense(nnf):
+        return
+    for n_queries in (N_QUERIES, N_KEYS, N_KEYS - 37):
+        _assert_no_empty_tiles(mask, block, n_queries)
+
+
+def test_diagonal_masks_are_recognised():
+    """The strategy above reaches the class: the property test is not vacuous."""
+    n, c, b = ir.Name, ir.Call, ir.Binary
+    dense = [
+        _named("causal_prefix"),
+        _named("chunk"),
+        b(ir.BinOp.AND, n("causal"), _named("chunk")),
+        b(ir.BinOp.OR, _named("chunk"), _named("causal_window")),
+        b(ir.BinOp.AND, _named("causal_prefix"), _named("window2")),
+    ]
+    sparse = [
+        _named("prefix"),
+        # Rows of causal & window reach only 50 keys back: with the prefix a
+        # query far from the start sees two intervals.
+        b(ir.BinOp.OR, _named("causal_window"), _named("prefix")),
+        b(ir.BinOp.AND, n("causal"), _named("prefix")),
+        b(ir.BinOp.GE, b(ir.BinOp.SUB, n("k"), n("q")), ir.Num(1)),  # misses the diagonal
+    ]
+    for mask, expected in [(m, True) for m in dense] + [(m, False) for m in sparse]:
+        nnf = lower.negation_normal_form(lower.desugar_mask(mask))
+        assert (lower._diagonal_rows(nnf) is not None) == expected, mask
+    for mask in dense:
+        for block in (1, 16, 33):
+            for n_queries in (N_QUERIES, N_KEYS, N_KEYS - 37):
+                _assert_no_empty_tiles(mask, block, n_queries)
 
 
 def test_band_recognition():
