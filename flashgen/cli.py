@@ -142,6 +142,18 @@ def _parser() -> argparse.ArgumentParser:
     tune.add_argument("--batch", type=_positive, help="default: 16384 tokens / N")
     tune.add_argument("--heads", type=_positive, default=16)
     tune.add_argument("--name", help="tune only this block")
+    tune.add_argument(
+        "--passes",
+        nargs="+",
+        choices=("forward", "backward"),
+        default=["forward", "backward"],
+        help="tune these passes; the others keep the module's current config",
+    )
+    tune.add_argument(
+        "--quick",
+        action="store_true",
+        help="5 candidates per pass (the defaults and their neighbours) instead of 24 and 16",
+    )
     tune.set_defaults(run=_tune)
     return parser
 
@@ -191,7 +203,20 @@ def _tune(args: argparse.Namespace) -> int:
     from flashgen import tune
 
     for variant in variants:
-        best, _ = tune.tune(variant, seqlens=args.seqlens, batch=args.batch, heads=args.heads)
+        candidates = {}
+        if args.quick:
+            candidates = dict(
+                forward_candidates=tune.QUICK_FORWARD_CANDIDATES,
+                backward_candidates=tune.QUICK_BACKWARD_CANDIDATES,
+            )
+        best, _ = tune.tune(
+            variant,
+            seqlens=args.seqlens,
+            batch=args.batch,
+            heads=args.heads,
+            passes=args.passes,
+            **candidates,
+        )
         path = sidecar_path(variant.path)
         tune.write_tuning(path, {variant.name: best})
         print(

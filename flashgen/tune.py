@@ -37,6 +37,19 @@ BACKWARD_CANDIDATES = tuple(
 )
 
 
+# A quick pass for a GPU session with many specs: the measured defaults of
+# `lower._gpu_config` / `_gpu_bwd_config` and their nearest neighbours.
+QUICK_FORWARD_CANDIDATES = tuple(
+    LaunchConfig(*c)
+    for c in ((64, 64, 4, 3), (128, 64, 8, 3), (128, 128, 8, 3), (128, 64, 8, 2), (64, 128, 4, 3))
+)
+QUICK_BACKWARD_CANDIDATES = tuple(
+    LaunchConfig(*c)
+    for c in ((64, 64, 4, 2), (64, 64, 4, 3), (64, 128, 8, 2), (64, 128, 8, 3), (32, 64, 4, 3))
+)
+PASSES = ("forward", "backward")
+
+
 class TuningError(ValueError):
     """A sidecar that does not hold valid tuning data."""
 
@@ -149,12 +162,17 @@ def tune(
     forward_candidates: Sequence[LaunchConfig] = FORWARD_CANDIDATES,
     backward_candidates: Sequence[LaunchConfig] = BACKWARD_CANDIDATES,
     device_name: str | None = None,
+    passes: Sequence[str] = PASSES,
 ) -> tuple[Tuning, dict[str, dict[LaunchConfig, float]]]:
     """The fastest forward and backward configs, and every candidate's time.
 
     A candidate that fails to compile or launch (too much shared memory, say)
-    is skipped.  `batch=None` keeps B·N at 16384 tokens.
+    is skipped.  `batch=None` keeps B·N at 16384 tokens.  A pass left out of
+    `passes` keeps the module's current config and TMA choice (its sidecar's,
+    or the defaults).
     """
+    if not passes or not set(passes) <= set(PASSES):
+        raise ValueError(f"passes must be some of {PASSES}, got {list(passes)}")
     import torch
 
     from flashgen.api import load_variant
@@ -187,29 +205,37 @@ def tune(
             lambda q, k, v, do, o, lse: module.backward(q, k, v, o, lse, do, **c.kwargs(), tma=tma)
         )
 
+    timers = {"forward": time_forward, "backward": time_backward}
+    candidates = {"forward": forward_candidates, "backward": backward_candidates}
+    current = {
+        "forward": (LaunchConfig(*module.GPU_CONFIG), module.GPU_TMA),
+        "backward": (LaunchConfig(*module.GPU_BWD_CONFIG), module.GPU_BWD_TMA),
+    }
     times: dict[str, dict[LaunchConfig, float]] = {"forward": {}, "backward": {}}
-    for c in forward_candidates:
-        if (t := time_forward(c)) is not None:
-            times["forward"][c] = t
-    for c in backward_candidates:
-        if (t := time_backward(c)) is not None:
-            times["backward"][c] = t
-    if not times["forward"] or not times["backward"]:
-        raise RuntimeError(f"{variant.name}: no candidate configuration ran")
+    chosen = dict(current)
+    for name in PASSES:
+        if name not in passes:
+            continue
+        for c in candidates[name]:
+            if (t := timers[name](c)) is not None:
+                times[name][c] = t
+        if not times[name]:
+            raise RuntimeError(f"{variant.name}: no {name} candidate configuration ran")
+        config = min(times[name], key=times[name].get)
+        # Then TMA on and off at the chosen config (one compilation each).
+        chosen[name] = (config, _faster_tma(lambda tma: timers[name](config, tma)))
     if device_name is None:
         device_name = torch.cuda.get_device_name() if device == "cuda" else "cpu"
     device_name = re.sub(r"[^A-Za-z0-9 _.()+-]", "", device_name)[:64] or "unknown"
-    forward = min(times["forward"], key=times["forward"].get)
-    backward = min(times["backward"], key=times["backward"].get)
-    # Then TMA on and off at the chosen configs (one compilation each).
+    (forward, forward_tma), (backward, backward_tma) = chosen["forward"], chosen["backward"]
     best = Tuning(
         device_name,
         forward,
         backward,
         variant.head_dim,
         variant.dtype.value,
-        _faster_tma(lambda tma: time_forward(forward, tma)),
-        _faster_tma(lambda tma: time_backward(backward, tma)),
+        forward_tma,
+        backward_tma,
     )
     return best, times
 

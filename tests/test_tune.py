@@ -154,3 +154,42 @@ def test_tuning_applies_only_to_its_head_dim_and_dtype(spec_file):
     assert tuning_for(dataclasses.replace(variant, head_dim=variant.head_dim * 2)) is None
     other = ir.DType.FP16 if variant.dtype is not ir.DType.FP16 else ir.DType.BF16
     assert tuning_for(dataclasses.replace(variant, dtype=other)) is None
+
+
+def test_a_pass_left_out_keeps_the_module_config(spec_file, monkeypatch):
+    """`flashgen tune --passes backward`: the forward config and TMA choice
+    stay those of the module (from its sidecar here), and only the backward
+    candidates (and its TMA on/off) are timed."""
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    variant = _variant(spec_file)
+    kept = LaunchConfig(32, 16, 2, 2)
+    write_tuning(
+        sidecar_path(spec_file),
+        {"tiny": Tuning("Old GPU", kept, kept, variant.head_dim, variant.dtype.value, True, True)},
+    )
+    backward = [LaunchConfig(16, 32, 1, 1), LaunchConfig(32, 32, 1, 1)]
+    calls = []
+    best, times = tune.tune(
+        variant,
+        seqlens=[20],
+        batch=1,
+        heads=1,
+        device="cpu",
+        timer=lambda fn: (fn(), calls.append(fn), 1.0 / len(calls))[2],
+        forward_candidates=[LaunchConfig(16, 16, 1, 1)],
+        backward_candidates=backward,
+        device_name="Test GPU",
+        passes=["backward"],
+    )
+    assert len(calls) == 4 and times["forward"] == {}
+    assert (best.forward, best.forward_tma) == (kept, True)
+    assert (best.backward, best.backward_tma) == (backward[1], False)
+    with pytest.raises(ValueError, match="passes"):
+        tune.tune(variant, device="cpu", passes=["sideways"])
+
+
+def test_quick_candidates_are_valid_configs():
+    for config in tune.QUICK_FORWARD_CANDIDATES + tune.QUICK_BACKWARD_CANDIDATES:
+        assert tune._config(tune.as_list(config)) == config
+    assert set(tune.QUICK_FORWARD_CANDIDATES) <= set(tune.FORWARD_CANDIDATES)
+    assert set(tune.QUICK_BACKWARD_CANDIDATES) <= set(tune.BACKWARD_CANDIDATES)
