@@ -100,6 +100,26 @@ TANH_APPROX = (
     "dtype=tl.float32, is_pure=True, pack=1)",
 )
 experiment("gemma2_local tanh.approx", "examples/gemma2_local.attn", TANH_APPROX)
+# Softcap: tanh without the small-|x| polynomial.  Near 0, (1 - e) / (1 + e)
+# loses relative accuracy but keeps ~1e-7 absolute, which is what a score in
+# an exponent needs.
+experiment(
+    "gemma2_local no-poly",
+    "examples/gemma2_local.attn",
+    ("    t = tl.where(ax < 0.25, small, big)", "    t = big"),
+)
+
+# Forward at d128 against cuDNN: TMA loads, then Triton's Hopper warp
+# specialization on the interior loop (it needs descriptor loads).
+FORWARD_TMA = ("GPU_TMA = False", "GPU_TMA = True")
+FORWARD_WS = (
+    "for start_n in range(mid_lo, mid_hi, BLOCK_N):\n        acc, l_i, m_i = _attn_fwd_tile(",
+    "for start_n in tl.range(mid_lo, mid_hi, BLOCK_N, warp_specialize=True):\n"
+    "        acc, l_i, m_i = _attn_fwd_tile(",
+)
+for spec in ("full", "plain_causal"):
+    experiment(f"{spec} tma", f"examples/{spec}.attn", FORWARD_TMA)
+    experiment(f"{spec} tma+ws", f"examples/{spec}.attn", FORWARD_TMA, FORWARD_WS)
 
 
 def main() -> None:
