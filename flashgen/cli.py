@@ -27,7 +27,16 @@ from pathlib import Path
 from flashgen import __version__, api, ir
 from flashgen.diagnostics import Diagnostic, SpecError, render_all
 from flashgen.emit import render_module
-from flashgen.tune import TuningError, tuning_for, sidecar_path
+from flashgen.tune import (
+    BACKWARD_CANDIDATES,
+    FORWARD_CANDIDATES,
+    PASSES,
+    QUICK_BACKWARD_CANDIDATES,
+    QUICK_FORWARD_CANDIDATES,
+    TuningError,
+    sidecar_path,
+    tuning_for,
+)
 
 EXAMPLES_GLOB = "examples/*.attn"
 GENERATED_DIR = "generated"
@@ -145,14 +154,16 @@ def _parser() -> argparse.ArgumentParser:
     tune.add_argument(
         "--passes",
         nargs="+",
-        choices=("forward", "backward"),
-        default=["forward", "backward"],
+        choices=PASSES,
+        default=list(PASSES),
         help="tune these passes; the others keep the module's current config",
     )
     tune.add_argument(
         "--quick",
         action="store_true",
-        help="5 candidates per pass (the defaults and their neighbours) instead of 24 and 16",
+        help=f"{len(QUICK_FORWARD_CANDIDATES)} forward and {len(QUICK_BACKWARD_CANDIDATES)} "
+        f"backward candidates (the defaults and their neighbours) instead of "
+        f"{len(FORWARD_CANDIDATES)} and {len(BACKWARD_CANDIDATES)}",
     )
     tune.set_defaults(run=_tune)
     return parser
@@ -206,8 +217,8 @@ def _tune(args: argparse.Namespace) -> int:
         candidates = {}
         if args.quick:
             candidates = dict(
-                forward_candidates=tune.QUICK_FORWARD_CANDIDATES,
-                backward_candidates=tune.QUICK_BACKWARD_CANDIDATES,
+                forward_candidates=QUICK_FORWARD_CANDIDATES,
+                backward_candidates=QUICK_BACKWARD_CANDIDATES,
             )
         best, _ = tune.tune(
             variant,

@@ -308,6 +308,31 @@ def _clean(a: Affine) -> Affine:
     return {v: c for v, c in a.items() if c != 0}
 
 
+def _difference(e: ir.Binary) -> Affine | None:
+    """left - right of a comparison as an affine form (zero terms dropped),
+    so that the comparison reads `difference op 0`; None if not affine."""
+    d = affine(ir.Binary(ir.BinOp.SUB, e.left, e.right))
+    return None if d is None else _clean(d)
+
+
+_K_MINUS_Q = ({"k": 1, "q": -1}, {"k": -1, "q": 1})
+
+
+def _k_minus_q(e: ir.Expr) -> tuple[ir.BinOp, int] | None:
+    """A comparison of k - q with a constant, read as `k - q  op  bound`."""
+    if not _is_comparison(e):
+        return None
+    d = _difference(e)
+    if d is None:
+        return None
+    c = d.pop("", 0)
+    if d not in _K_MINUS_Q:
+        return None
+    # sign * (k - q) + c  op  0   <=>   k - q  op'  -sign * c
+    sign = d["k"]
+    return (e.op if sign == 1 else _FLIPPED[e.op]), -sign * c
+
+
 # --------------------------------------------------------------------------- #
 # Triton code for elements
 # --------------------------------------------------------------------------- #
@@ -358,18 +383,26 @@ class ElementCode:
         if isinstance(e, ir.Name) and e.id == ir.ALIBI:
             return self._alibi(c)
         if isinstance(e, ir.Call) and e.fn == ir.SOFTCAP:
-            self.needs_tanh = True
-            cap = float(e.args[1].value)  # type: ignore[union-attr]
-            x = self.real(e.args[0])
-            return f"{_float_literal(c * cap)} * _tanh(({x}) * {_float_literal(1.0 / cap)})"
+            return self._softcap(e, c)
         return f"{_float_literal(c)} * {self._real_operand(e)}"
 
     def _alibi(self, c: float) -> str:
         """c * alibi, alibi = -slope * |q - k|, with c * slope computed once."""
         self.uses_alibi = True
         if self.keys_before_queries:
-            return f"(alibi_slope * {_float_literal(c)}) * (k_pos - q_pos).to(tl.float32)"
-        return f"(alibi_slope * {_float_literal(-c)}) * tl.abs(q_pos - k_pos).to(tl.float32)"
+            coeff, distance = c, "(k_pos - q_pos)"
+        else:
+            coeff, distance = -c, "tl.abs(q_pos - k_pos)"
+        slope = {1.0: "alibi_slope", -1.0: "-alibi_slope"}.get(coeff)
+        slope = slope or f"(alibi_slope * {_float_literal(coeff)})"
+        return f"{slope} * {distance}.to(tl.float32)"
+
+    def _softcap(self, e: ir.Call, c: float) -> str:
+        """c * softcap(x, cap) = (c * cap) * tanh(x / cap)."""
+        self.needs_tanh = True
+        cap = float(e.args[1].value)  # type: ignore[union-attr]
+        x = self.real(e.args[0])
+        return f"{_float_literal(c * cap)} * _tanh(({x}) * {_float_literal(1.0 / cap)})"
 
     def real(self, e: ir.Expr) -> str:
         """Code for `e` as a float32 value."""
@@ -384,10 +417,7 @@ class ElementCode:
             return str(e.value) if isinstance(e.value, int) else _float_literal(e.value)
         if isinstance(e, ir.Name):
             if e.id == ir.ALIBI:
-                self.uses_alibi = True
-                if self.keys_before_queries:
-                    return "alibi_slope * (k_pos - q_pos).to(tl.float32)"
-                return "-alibi_slope * tl.abs(q_pos - k_pos).to(tl.float32)"
+                return self._alibi(1.0)
             if e.id == "full":
                 return "True"
             return _ELEMENT_NAMES[e.id]
@@ -428,24 +458,18 @@ class ElementCode:
             cond, a, b = e.args
             return f"tl.where({self.expr(cond)}, {self.real(a)}, {self.real(b)})"
         if e.fn == ir.SOFTCAP:
-            self.needs_tanh = True
-            cap = float(e.args[1].value)  # type: ignore[union-attr]
-            x = self.real(e.args[0])
-            return f"{_float_literal(cap)} * _tanh(({x}) * {_float_literal(1.0 / cap)})"
+            return self._softcap(e, 1.0)
         if e.fn in _REAL_CALLS:
             self.needs_tanh |= e.fn == "tanh"
             return f"{_REAL_CALLS[e.fn]}({self.real(e.args[0])})"
         if e.fn == "abs":
-            if self.keys_before_queries and _clean(affine(e.args[0]) or {}) in _Q_MINUS_K:
+            if self.keys_before_queries and _clean(affine(e.args[0]) or {}) in _K_MINUS_Q:
                 return "(q_pos - k_pos)"
             return f"tl.abs({self.expr(e.args[0])})"
         fn = "tl.minimum" if e.fn == "min" else "tl.maximum"
         if _kind(e) is ir.Kind.INT:
             return f"{fn}({self.expr(e.args[0])}, {self.expr(e.args[1])})"
         return f"{fn}({self.real(e.args[0])}, {self.real(e.args[1])})"
-
-
-_Q_MINUS_K = ({"q": 1, "k": -1}, {"q": -1, "k": 1})
 
 
 def keys_before_queries(mask: ir.Expr) -> bool:
@@ -458,18 +482,10 @@ def keys_before_queries(mask: ir.Expr) -> bool:
         return keys_before_queries(mask.left) or keys_before_queries(mask.right)
     if isinstance(mask, ir.Binary) and mask.op is ir.BinOp.OR:
         return keys_before_queries(mask.left) and keys_before_queries(mask.right)
-    if not _is_comparison(mask):
+    read = _k_minus_q(mask)
+    if read is None:
         return False
-    d = affine(ir.Binary(ir.BinOp.SUB, mask.left, mask.right))
-    if d is None:
-        return False
-    d = _clean(d)
-    c = d.pop("", 0)
-    if d not in _Q_MINUS_K:
-        return False
-    # sign * (k - q) + c  op  0   <=>   k - q  op'  -sign * c
-    sign = d["k"]
-    op, bound = (mask.op if sign == 1 else _FLIPPED[mask.op]), -sign * c
+    op, bound = read
     return (op in (ir.BinOp.LE, ir.BinOp.EQ) and bound <= 0) or (op is ir.BinOp.LT and bound <= 1)
 
 
@@ -623,9 +639,8 @@ class TileCode:
     def _compare(self, e: ir.Binary) -> tuple[str, str]:
         self.lines.append(f"# {print_expr(e)}")
         # Work on d = left - right, compared with 0.
-        d = affine(ir.Binary(ir.BinOp.SUB, e.left, e.right))
+        d = _difference(e)
         if d is not None:
-            d = _clean(d)
             return self._affine_compare(e.op, d)
         lo, hi = self.interval(ir.Binary(ir.BinOp.SUB, e.left, e.right))
         return self._bools(*_compare_interval(e.op, lo, hi))
@@ -776,11 +791,8 @@ def _all_or_none(cond: str) -> Bounds:
 def _free_truth(e: ir.Binary, var: str) -> tuple[str, str] | None:
     """(must, may) over the other variable's tile of an affine comparison
     that does not mention `var` (`k < P` when bounding queries), or None."""
-    d = affine(ir.Binary(ir.BinOp.SUB, e.left, e.right))
-    if d is None:
-        return None
-    d = _clean(d)
-    if var in d:
+    d = _difference(e)
+    if d is None or var in d:
         return None
     if set(d) <= {""}:
         value = str(_CONSTANT_TRUTH[e.op](d.get("", 0)))
@@ -818,10 +830,9 @@ def _compare_bounds(e: ir.Binary, var: str) -> Bounds:
 def _isolate(e: ir.Binary, var: str) -> tuple[ir.BinOp, str, str] | None:
     """Read an affine comparison as `var op rest`, with var's coefficient ±1:
     op and the code of rest's min and max over the other variable's tile."""
-    d = affine(ir.Binary(ir.BinOp.SUB, e.left, e.right))
+    d = _difference(e)
     if d is None:
         return None
-    d = _clean(d)
     coeff = d.pop(var, 0)
     if coeff not in (1, -1):
         return None
@@ -939,19 +950,10 @@ def is_band(e: ir.Expr) -> bool:
         nonlocal lo, hi
         if isinstance(x, ir.Binary) and x.op is ir.BinOp.AND:
             return walk(x.left) and walk(x.right)
-        if not (isinstance(x, ir.Binary) and x.op in ir.COMPARISONS):
+        read = _k_minus_q(x)
+        if read is None or read[0] is ir.BinOp.NE:
             return False
-        d = affine(ir.Binary(ir.BinOp.SUB, x.left, x.right))
-        if d is None:
-            return False
-        d = _clean(d)
-        c = d.pop("", 0)
-        if d not in ({"k": 1, "q": -1}, {"k": -1, "q": 1}) or x.op is ir.BinOp.NE:
-            return False
-        # sign * (k - q) + c  op  0
-        sign = d["k"]
-        op = x.op if sign == 1 else _FLIPPED[x.op]
-        bound = -c * sign  # k - q  op  bound
+        op, bound = read
         if op in (ir.BinOp.LE, ir.BinOp.LT, ir.BinOp.EQ):
             hi = min(hi, bound - (op is ir.BinOp.LT))
         if op in (ir.BinOp.GE, ir.BinOp.GT, ir.BinOp.EQ):
@@ -999,26 +1001,19 @@ def _diagonal_rows(e: ir.Expr) -> bool | None:
         return None
     if _chunk_range(e, "k") is not None and {e.left.left, e.right.left} == {_Q, _K}:
         return False
-    d = affine(ir.Binary(ir.BinOp.SUB, e.left, e.right))
-    if d is None or e.op is ir.BinOp.NE:
+    read = _k_minus_q(e)
+    # k - q op bound must hold at k = q, i.e. 0 op bound, i.e. -bound op 0.
+    if read is None or read[0] is ir.BinOp.NE or not _CONSTANT_TRUTH[read[0]](-read[1]):
         return None
-    d = _clean(d)
-    c = d.pop("", 0)
-    if d not in ({"k": 1, "q": -1}, {"k": -1, "q": 1}) or not _CONSTANT_TRUTH[e.op](c):
-        return None
-    # sign * (k - q) + c  op  0: the rows are open below when op bounds k above.
-    op = e.op if d["k"] == 1 else _FLIPPED[e.op]
-    return op in (ir.BinOp.LE, ir.BinOp.LT)
+    # The rows are open below when op bounds k above.
+    return read[0] in (ir.BinOp.LE, ir.BinOp.LT)
 
 
 def _prefix_atom(e: ir.Expr) -> bool:
     """`k < P` or `k <= P` (any constant P): keys 0 .. P-1 for every query."""
-    if not _is_comparison(e):
-        return False
-    d = affine(ir.Binary(ir.BinOp.SUB, e.left, e.right))
+    d = _difference(e) if _is_comparison(e) else None
     if d is None:
         return False
-    d = _clean(d)
     d.pop("", None)
     if d == {"k": 1}:
         return e.op in (ir.BinOp.LE, ir.BinOp.LT)
@@ -1212,8 +1207,15 @@ def lower(v: ir.Variant, tuning: Tuning | None = None) -> KernelModel:
         key_lo, key_hi = key_bounds(mask)
         query_lo, query_hi = query_bounds(mask)
         key_full, query_full = full_bounds(mask, "k"), full_bounds(mask, "q")
-    scalar_code = [*tiles.lines, key_lo, key_hi, query_lo, query_hi, *(key_full or ())]
-    scalar_code += [*(query_full or ())]
+    scalar_code = [
+        *tiles.lines,
+        key_lo,
+        key_hi,
+        query_lo,
+        query_hi,
+        *(key_full or ()),
+        *(query_full or ()),
+    ]
     needs_floor_div = (
         elements.needs_floor_div
         or scores.needs_floor_div

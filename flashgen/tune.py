@@ -207,12 +207,12 @@ def tune(
 
     timers = {"forward": time_forward, "backward": time_backward}
     candidates = {"forward": forward_candidates, "backward": backward_candidates}
-    current = {
+    # (config, TMA on) per pass: the module's own, until a pass is tuned.
+    chosen = {
         "forward": (LaunchConfig(*module.GPU_CONFIG), module.GPU_TMA),
         "backward": (LaunchConfig(*module.GPU_BWD_CONFIG), module.GPU_BWD_TMA),
     }
     times: dict[str, dict[LaunchConfig, float]] = {"forward": {}, "backward": {}}
-    chosen = dict(current)
     for name in PASSES:
         if name not in passes:
             continue

@@ -11,3 +11,15 @@ fi
 export PYTHONPATH=${PYTHONPATH:+$PYTHONPATH:}$PWD
 export PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv
+
+# each_spec SECONDS FUNCTION [ARGS...]: FUNCTION SPEC SECONDS_LEFT ARGS... for
+# each spec in $SPECS (default: the examples) while more than 20 s are left.
+each_spec() {
+  local end=$((SECONDS + $1)) fn=$2 spec left
+  shift 2
+  for spec in ${SPECS:-examples/*.attn}; do
+    left=$((end - SECONDS))
+    [ "$left" -gt 20 ] || { echo "$fn: out of time before $spec"; break; }
+    "$fn" "$spec" "$left" "$@"
+  done
+}

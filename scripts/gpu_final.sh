@@ -16,15 +16,15 @@ if [ "$check_s" -gt 0 ]; then
   echo "gpu tests: exit $?; $(tail -1 "$OUT/pytest.log")"
   echo "checks: $(wc -l < "$FLASHGEN_GPU_SUMMARY"), failed: $(grep -c FAIL "$FLASHGEN_GPU_SUMMARY")"
 fi
-end=$((SECONDS + bench_s))
-for spec in ${SPECS:-examples/*.attn}; do
-  left=$((end - SECONDS))
-  [ "$left" -gt 20 ] || { echo "bench: out of time before $spec"; break; }
+bench() {
+  local spec=$1 left=$2 name
   name=$(basename "$spec" .attn)
+  shift 2
   timeout "$left" python3 -m flashgen bench "$spec" "$@" --json "$OUT/bench_$name.json" \
     2>"$OUT/bench_$name.stderr" > "$OUT/bench_$name.txt"
   echo "bench $name: exit $?"
-done
+}
+each_spec "$bench_s" bench "$@"
 # The device returns at most a few files: merge the per-spec outputs.
 python3 - "$OUT" <<'PY'
 import glob, json, os, sys

@@ -9,12 +9,11 @@ set -uo pipefail
 source "$(dirname "$0")/gpu_env.sh"
 budget=$1
 shift
-end=$((SECONDS + budget))
-for spec in ${SPECS:-examples/*.attn}; do
-  left=$((end - SECONDS))
-  [ "$left" -gt 20 ] || { echo "tune: out of time before $spec"; break; }
+tune() {
+  local spec=$1 left=$2
+  shift 2
   timeout "$left" python3 -m flashgen tune "$spec" "$@" 2>>"$OUT/tune.stderr"
   echo "tune $(basename "$spec" .attn): exit $?"
-  sidecar="${spec%.attn}.tune.json"
-  [ -f "$sidecar" ] && cp "$sidecar" "$OUT/"
-done
+  [ -f "${spec%.attn}.tune.json" ] && cp "${spec%.attn}.tune.json" "$OUT/"
+}
+each_spec "$budget" tune "$@"
