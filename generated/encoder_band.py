@@ -603,6 +603,8 @@ def _attn_bwd_dkdv_tile(
 
 @triton.jit
 def _attn_bwd_dkdv(
+    key_tile,
+    batch_kv_head,
     q_ptr,
     k_ptr,
     v_ptr,
@@ -649,13 +651,12 @@ def _attn_bwd_dkdv(
     BLOCK_N: tl.constexpr,
     USE_TMA: tl.constexpr,
 ):
-    """Grid: (key tiles, batch * kv heads).  dK and dV of one key tile.
+    """dK and dV of one key tile of one (batch, kv head), BLOCK_M queries at a time.
 
     With GQA/MQA the program loops over the query heads that share its kv
     head, so their contributions are summed in registers, without atomics.
     """
-    start_n = tl.program_id(0) * BLOCK_N
-    batch_kv_head = tl.program_id(1)
+    start_n = key_tile * BLOCK_N
     num_kv_heads = num_heads // kv_group
     batch = batch_kv_head // num_kv_heads
     kv_head = batch_kv_head % num_kv_heads
@@ -907,6 +908,8 @@ def _attn_bwd_dq_tile(
 
 @triton.jit
 def _attn_bwd_dq(
+    query_tile,
+    batch_head,
     q_ptr,
     k_ptr,
     v_ptr,
@@ -948,9 +951,8 @@ def _attn_bwd_dq(
     BLOCK_N: tl.constexpr,
     USE_TMA: tl.constexpr,
 ):
-    """Grid: (query tiles, batch * heads).  dQ of one query tile, last tile first."""
-    start_m = (tl.num_programs(0) - 1 - tl.program_id(0)) * BLOCK_M
-    batch_head = tl.program_id(1)
+    """dQ of one query tile of one (batch, head), BLOCK_N keys at a time."""
+    start_m = query_tile * BLOCK_M
     batch = batch_head // num_heads
     head = batch_head % num_heads
     kv_head = head // kv_group
@@ -1101,6 +1103,170 @@ def _attn_bwd_dq(
         HEAD_DIM,
         HEAD_DIM_PAD,
     )
+
+
+@triton.jit
+def _attn_bwd(
+    q_ptr,
+    k_ptr,
+    v_ptr,
+    do_ptr,
+    lse_ptr,
+    delta_ptr,
+    dq_ptr,
+    dk_ptr,
+    dv_ptr,
+    alibi_slopes_ptr,
+    q_desc,
+    do_desc,
+    k_desc,
+    v_desc,
+    stride_qb,
+    stride_qh,
+    stride_qm,
+    stride_qd,
+    stride_kb,
+    stride_kh,
+    stride_kn,
+    stride_kd,
+    stride_vb,
+    stride_vh,
+    stride_vn,
+    stride_vd,
+    stride_dob,
+    stride_doh,
+    stride_dom,
+    stride_dod,
+    stride_dqb,
+    stride_dqh,
+    stride_dqm,
+    stride_dqd,
+    stride_dkb,
+    stride_dkh,
+    stride_dkn,
+    stride_dkd,
+    stride_dvb,
+    stride_dvh,
+    stride_dvn,
+    stride_dvd,
+    num_heads,
+    kv_group,
+    n_queries,
+    n_keys,
+    sm_scale,
+    HEAD_DIM: tl.constexpr,
+    HEAD_DIM_PAD: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    USE_TMA: tl.constexpr,
+):
+    """Grid: (key tiles + query tiles of BLOCK_N, batch * heads).
+
+    The first programs compute the dK and dV of a key tile (the second grid
+    axis then counts batch * kv heads, and the programs past those have
+    nothing to do); the others the dQ of a query tile, heaviest (last)
+    first, walking keys BLOCK_M at a time: small inner tiles, large outer
+    tiles for both.  One launch, so the dQ programs fill the GPU while the
+    last dK/dV programs finish.
+    """
+    n_key_tiles = tl.cdiv(n_keys, BLOCK_N)
+    tile = tl.program_id(0)
+    if tile < n_key_tiles:
+        if tl.program_id(1) < tl.num_programs(1) // kv_group:
+            _attn_bwd_dkdv(
+                tile,
+                tl.program_id(1),
+                q_ptr,
+                k_ptr,
+                v_ptr,
+                do_ptr,
+                lse_ptr,
+                delta_ptr,
+                dk_ptr,
+                dv_ptr,
+                alibi_slopes_ptr,
+                q_desc,
+                do_desc,
+                stride_qb,
+                stride_qh,
+                stride_qm,
+                stride_qd,
+                stride_kb,
+                stride_kh,
+                stride_kn,
+                stride_kd,
+                stride_vb,
+                stride_vh,
+                stride_vn,
+                stride_vd,
+                stride_dob,
+                stride_doh,
+                stride_dom,
+                stride_dod,
+                stride_dkb,
+                stride_dkh,
+                stride_dkn,
+                stride_dkd,
+                stride_dvb,
+                stride_dvh,
+                stride_dvn,
+                stride_dvd,
+                num_heads,
+                kv_group,
+                n_queries,
+                n_keys,
+                sm_scale,
+                HEAD_DIM,
+                HEAD_DIM_PAD,
+                BLOCK_M,
+                BLOCK_N,
+                USE_TMA,
+            )
+    else:
+        _attn_bwd_dq(
+            tl.num_programs(0) - 1 - tile,
+            tl.program_id(1),
+            q_ptr,
+            k_ptr,
+            v_ptr,
+            do_ptr,
+            lse_ptr,
+            delta_ptr,
+            dq_ptr,
+            alibi_slopes_ptr,
+            k_desc,
+            v_desc,
+            stride_qb,
+            stride_qh,
+            stride_qm,
+            stride_qd,
+            stride_kb,
+            stride_kh,
+            stride_kn,
+            stride_kd,
+            stride_vb,
+            stride_vh,
+            stride_vn,
+            stride_vd,
+            stride_dob,
+            stride_doh,
+            stride_dom,
+            stride_dod,
+            stride_dqb,
+            stride_dqh,
+            stride_dqm,
+            stride_dqd,
+            num_heads,
+            kv_group,
+            n_queries,
+            n_keys,
+            sm_scale,
+            HEAD_DIM,
+            HEAD_DIM_PAD,
+            BLOCK_N,
+            BLOCK_M,
+            USE_TMA,
+        )
 
 
 def _interpreting() -> bool:
@@ -1358,21 +1524,27 @@ def backward(
         HAS_DLSE=dlse is not None,
     )
     use_tma = _use_tma(tma, GPU_BWD_TMA, q, k, v, do)
-    _attn_bwd_dkdv[(triton.cdiv(n_keys, block_n), batch * kv_heads)](
+    grid = (
+        triton.cdiv(n_keys, block_n) + triton.cdiv(n_queries, block_n),
+        batch * num_heads,
+    )
+    _attn_bwd[grid](
         q,
         k,
         v,
         do,
         lse,
         delta,
+        dq,
         dk,
         dv,
         alibi_slopes,
-        *_descriptors(use_tma, block_m, q, do),
+        *_descriptors(use_tma, block_m, q, do, k, v),
         *q.stride(),
         *k.stride(),
         *v.stride(),
         *do.stride(),
+        *dq.stride(),
         *dk.stride(),
         *dv.stride(),
         num_heads,
@@ -1384,37 +1556,6 @@ def backward(
         HEAD_DIM_PAD=64,
         BLOCK_M=block_m,
         BLOCK_N=block_n,
-        USE_TMA=use_tma,
-        num_warps=num_warps,
-        num_stages=num_stages,
-    )
-    # The dQ kernel takes the transposed tile shape: it holds BLOCK_N query
-    # rows and walks keys BLOCK_M at a time (small inner tiles, large outer
-    # tiles, for both kernels).
-    _attn_bwd_dq[(triton.cdiv(n_queries, block_n), batch * num_heads)](
-        q,
-        k,
-        v,
-        do,
-        lse,
-        delta,
-        dq,
-        alibi_slopes,
-        *_descriptors(use_tma, block_m, k, v),
-        *q.stride(),
-        *k.stride(),
-        *v.stride(),
-        *do.stride(),
-        *dq.stride(),
-        num_heads,
-        num_heads // kv_heads,
-        n_queries,
-        n_keys,
-        scale,
-        HEAD_DIM=HEAD_DIM,
-        HEAD_DIM_PAD=64,
-        BLOCK_M=block_n,
-        BLOCK_N=block_m,
         USE_TMA=use_tma,
         num_warps=num_warps,
         num_stages=num_stages,

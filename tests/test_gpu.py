@@ -17,7 +17,14 @@ from hypothesis import strategies as st
 
 from flashgen import ir
 from flashgen.verify import Shape
-from kernel_utils import assert_ok, example_variants, run_case, run_grad_case, tanh_ulps
+from kernel_utils import (
+    assert_ok,
+    assert_tanh_accurate,
+    build,
+    example_variants,
+    run_case,
+    run_grad_case,
+)
 from strategies import variants
 
 pytestmark = pytest.mark.gpu
@@ -78,10 +85,12 @@ def test_random_specs_on_gpu(variant, kv_heads, group, n_queries, n_keys, magnit
 
 @pytest.mark.parametrize("variant", example_variants(), ids=lambda v: v.name)
 @pytest.mark.parametrize("dtype", [ir.DType.FP16, ir.DType.BF16])
-def test_example_gradients_on_gpu(variant, dtype):
+def test_example_gradients_on_gpu(variant, dtype, monkeypatch):
     variant = dataclasses.replace(variant, dtype=dtype)
     shapes = [Shape(1, 4, 2, 2048, 2048), Shape(1, 2, 1, 1023, 2048), Shape(1, 2, 2, 2048, 799)]
     for i, shape in enumerate(shapes):
+        if i == 2:  # the backward's pointer loads instead of TMA
+            monkeypatch.setattr(build(variant), "GPU_BWD_TMA", False)
         result = run_grad_case(variant, shape, seed=i, device="cuda")
         _record(variant, result)
         assert_ok(result)
@@ -108,7 +117,3 @@ def test_random_spec_gradients_on_gpu(variant, kv_heads, group, n_queries, n_key
     result = run_grad_case(variant, shape, seed=seed, device="cuda", magnitude=magnitude)
     _record(variant, result)
     assert_ok(result)
-
-
-def test_tanh_is_accurate_on_gpu():
-    assert tanh_ulps("cuda") <= 8

@@ -26,7 +26,7 @@ from kernel_utils import (
     make_variant,
     run_case,
     shrink_masks,
-    tanh_ulps,
+    assert_tanh_accurate,
 )
 from strategies import variants
 
@@ -269,7 +269,7 @@ def test_bad_scale_and_blocks():
         module.forward(x, x, x, block_m=24)
 
 
-def test_tanh_is_accurate_to_a_few_ulps():
-    """softcap and tanh compute tanh with exp2 and a polynomial: its error is
-    part of every softcap kernel's error budget."""
-    assert tanh_ulps() <= 8
+def test_tanh_is_accurate():
+    """softcap and tanh compute tanh with exp2 (and, for float32 modules, a
+    polynomial near 0): its error is part of every softcap kernel's budget."""
+    assert_tanh_accurate()
