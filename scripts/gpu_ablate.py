@@ -53,6 +53,22 @@ def edited_source(variant, edits) -> str:
     return source
 
 
+def kernel_resources(module) -> dict[str, list[int]]:
+    """Registers per thread and spilled bytes of each compiled kernel of
+    `module`: a change in speed that these explain needs no other story."""
+    found = {}
+    for name in ("_attn_fwd", "_attn_bwd_preprocess", "_attn_bwd"):
+        fn = getattr(module, name, None)
+        for cache in getattr(fn, "device_caches", {}).values():
+            for compiled in cache[0].values():
+                try:
+                    compiled._init_handles()
+                    found[name] = [compiled.n_regs, compiled.n_spills]
+                except Exception:  # noqa: BLE001 - a record, not a check
+                    pass
+    return found
+
+
 def run(name: str, head_dim: int, n: int, heads: int) -> dict:
     path, edits = EXPERIMENTS[name]
     (variant,) = api.check_sources({path: open(path).read()})[0]
@@ -76,6 +92,7 @@ def run(name: str, head_dim: int, n: int, heads: int) -> dict:
         fwd = ms(lambda: module.forward(q, k, v))
         bwd = ms(lambda: module.backward(q, k, v, o, lse, do))
         result["tflops"] = (flops / fwd / 1e9, 2.5 * flops / bwd / 1e9)
+        result["kernels"] = kernel_resources(module)
     except Exception as e:  # noqa: BLE001
         result["error"] = f"{type(e).__name__}: {e}"[:300]
     return result
@@ -257,6 +274,16 @@ for spec in EXAMPLES:
     )
 
 
+# A narrow band (257 keys per query) at d128: the backward's programs have
+# few tiles each, so the tile shape decides how much is fixed cost.
+for config in ((64, 64, 4, 3), (32, 64, 4, 3), (64, 64, 8, 3), (32, 128, 8, 3)):
+    experiment(
+        f"encoder_band bwd {config}",
+        "examples/encoder_band.attn",
+        ("GPU_BWD_CONFIG = (64, 128, 8, 3)", f"GPU_BWD_CONFIG = {config}"),
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--only", nargs="+", default=list(EXPERIMENTS))
@@ -272,7 +299,8 @@ def main() -> None:
         tf = r.get("tflops")
         err = " ".join(f"{k}={v:.1e}" for k, v in r.get("errors", {}).items())
         shown = f"{tf[0]:6.1f} / {tf[1]:6.1f}" if tf else r.get("error", "")
-        print(f"{time.time() - start:5.0f}s  {name:<24} {shown}  {err}", flush=True)
+        regs = " ".join(f"{k}={v[0]}r/{v[1]}s" for k, v in r.get("kernels", {}).items())
+        print(f"{time.time() - start:5.0f}s  {name:<24} {shown}  {err}  {regs}", flush=True)
     with open(os.path.join(os.environ.get("OUT", "/tmp"), "ablate.json"), "w") as f:
         json.dump(results, f, indent=1)
 
