@@ -1474,9 +1474,9 @@ def backward(
     Recomputes the scores tile by tile (FlashAttention-2): nothing of size
     Nq x Nk is stored.  `do` is the gradient of o and `dlse` that of the
     log-sum-exp; either may be None (zero).  block_m and block_n are the
-    query and key tiles of the dK/dV kernel; the dQ kernel uses the
-    transposed shape (block_n queries, block_m keys).  tma as in forward(),
-    with GPU_BWD_TMA as the default.
+    query and key tiles of the dK/dV programs; the dQ programs of the same
+    launch use the transposed shape (block_n queries, block_m keys).  tma as
+    in forward(), with GPU_BWD_TMA as the default.
     """
     _check_inputs(q, k, v)
     scale = _resolve_scale(scale)
