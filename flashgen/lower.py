@@ -439,9 +439,10 @@ class ElementCode:
             combine = _and if op is ir.BinOp.AND else _or
             return combine(self.expr(e.left), self.expr(e.right))
         if op in (ir.BinOp.FLOORDIV, ir.BinOp.MOD):
-            self.needs_floor_div = True
-            fn = "_floor_div" if op is ir.BinOp.FLOORDIV else "_floor_mod"
-            return f"{fn}({self.expr(e.left)}, {_int_arg(e.right)})"
+            c = _int_arg(e.right)
+            self.needs_floor_div |= not _power_of_two(c)
+            fn = floor_div if op is ir.BinOp.FLOORDIV else floor_mod
+            return fn(self.expr(e.left), c)
         if op in ir.COMPARISONS or _kind(e) is ir.Kind.INT:
             left = _atom(self.expr(e.left), e.left)
             right = _atom(self.expr(e.right), e.right)
@@ -581,18 +582,16 @@ class TileCode:
         if e.op is ir.BinOp.FLOORDIV:
             lo, hi = self.interval(e.left)
             c = _int_arg(e.right)
-            return self._assign("div", f"_floor_div({lo}, {c})", f"_floor_div({hi}, {c})")
+            return self._assign("div", floor_div(lo, c), floor_div(hi, c))
         if e.op is ir.BinOp.MOD:
             lo, hi = self.interval(e.left)
             c = _int_arg(e.right)
             # Exact while the range does not wrap around a multiple of c.
             name = self._tmp("mod")
-            self.lines.append(
-                f"{name}_wraps = (({hi}) - ({lo}) >= {c}) "
-                f"| (_floor_mod({lo}, {c}) > _floor_mod({hi}, {c}))"
-            )
-            self.lines.append(f"{name}_lo = tl.where({name}_wraps, 0, _floor_mod({lo}, {c}))")
-            self.lines.append(f"{name}_hi = tl.where({name}_wraps, {c - 1}, _floor_mod({hi}, {c}))")
+            mod_lo, mod_hi = floor_mod(lo, c), floor_mod(hi, c)
+            self.lines.append(f"{name}_wraps = (({hi}) - ({lo}) >= {c}) | ({mod_lo} > {mod_hi})")
+            self.lines.append(f"{name}_lo = tl.where({name}_wraps, 0, {mod_lo})")
+            self.lines.append(f"{name}_hi = tl.where({name}_wraps, {c - 1}, {mod_hi})")
             return f"{name}_lo", f"{name}_hi"
         (alo, ahi), (blo, bhi) = self.interval(e.left), self.interval(e.right)
         if e.op is ir.BinOp.ADD:
@@ -883,13 +882,40 @@ def _chunk_range(e: ir.Binary, var: str) -> tuple[str, str, int] | None:
     return None
 
 
+def _power_of_two(c: int) -> bool:
+    return c > 0 and c & (c - 1) == 0
+
+
+def floor_div(a: str, c: int) -> str:
+    """Code for a // c (floor) with c > 0: an arithmetic shift when c is a
+    power of two (exact for negative a too), else the module's `_floor_div`.
+    The shift keeps chunked masks as cheap as causal ones: the helper's
+    division and select cost registers in the backward."""
+    if _power_of_two(c):
+        return f"({_grouped(a)} >> {c.bit_length() - 1})"
+    return f"_floor_div({a}, {c})"
+
+
+def floor_mod(a: str, c: int) -> str:
+    """Code for a mod c (floor, so in [0, c)) with c > 0."""
+    if _power_of_two(c):
+        return f"({_grouped(a)} & {c - 1})"
+    return f"_floor_mod({a}, {c})"
+
+
+def _grouped(code: str) -> str:
+    """`code` as an operand of a binary operator: parenthesized unless it is
+    a name or a number."""
+    return code if re.fullmatch(r"-?\w+", code) else f"({code})"
+
+
 def _chunk_bounds(e: ir.Binary, var: str) -> Bounds | None:
     """`A div C == var div C`: var lies in A's chunks."""
     match = _chunk_range(e, var)
     if match is None:
         return None
     lo, hi, c = match
-    return f"_floor_div({lo}, {c}) * {c}", f"_floor_div({hi}, {c}) * {c} + {c - 1}"
+    return f"{floor_div(lo, c)} * {c}", f"{floor_div(hi, c)} * {c} + {c - 1}"
 
 
 def full_bounds(e: ir.Expr, var: str) -> Bounds | None:
@@ -1069,7 +1095,7 @@ def _chunk_full(e: ir.Binary, var: str) -> Bounds | None:
     if match is None:
         return None
     lo, hi, c = match
-    return f"_floor_div({hi}, {c}) * {c}", f"_floor_div({lo}, {c}) * {c} + {c - 1}"
+    return f"{floor_div(hi, c)} * {c}", f"{floor_div(lo, c)} * {c} + {c - 1}"
 
 
 # --------------------------------------------------------------------------- #

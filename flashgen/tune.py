@@ -38,14 +38,17 @@ BACKWARD_CANDIDATES = tuple(
 
 
 # A quick pass for a GPU session with many specs: the measured defaults of
-# `lower._gpu_config` / `_gpu_bwd_config` and their nearest neighbours.
+# `lower._gpu_config` / `_gpu_bwd_config` and their nearest neighbours.  The
+# backward's include the two shapes that compile without register spills for
+# the masked examples at d128 (scripts/sm90_resources.py), where the default
+# (64, 128, 8, 3) spills 36-516 bytes.
 QUICK_FORWARD_CANDIDATES = tuple(
     LaunchConfig(*c)
     for c in ((64, 64, 4, 3), (128, 64, 8, 3), (128, 128, 8, 3), (128, 64, 8, 2), (64, 128, 4, 3))
 )
 QUICK_BACKWARD_CANDIDATES = tuple(
     LaunchConfig(*c)
-    for c in ((64, 64, 4, 2), (64, 64, 4, 3), (64, 128, 8, 2), (64, 128, 8, 3), (32, 64, 4, 3))
+    for c in ((64, 64, 4, 3), (64, 64, 8, 3), (32, 128, 8, 3), (64, 128, 8, 3), (32, 64, 4, 3))
 )
 PASSES = ("forward", "backward")
 

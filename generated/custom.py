@@ -49,18 +49,6 @@ INTERPRETER_CONFIG = (32, 32, 1, 1)
 
 
 @triton.jit
-def _floor_div(a, b: tl.constexpr):
-    # Floor division by a positive constant.  Integer `//` truncates toward
-    # zero on the GPU, so negative numerators are shifted to a non-negative one.
-    return tl.where(a >= 0, a // b, -((b - 1 - a) // b))
-
-
-@triton.jit
-def _floor_mod(a, b: tl.constexpr):
-    return a - _floor_div(a, b) * b
-
-
-@triton.jit
 def _load_rows(
     ptr,
     rows,
@@ -154,9 +142,7 @@ def _scores_log2(
         (q_pos - k_pos)
     ).to(tl.float32)
     if MASKED:
-        visible = (k_pos < n_keys) & (
-            (k_pos <= q_pos) & (_floor_mod(q_pos - k_pos, 2) == 0)
-        )
+        visible = (k_pos < n_keys) & ((k_pos <= q_pos) & (((q_pos - k_pos) & 1) == 0))
         s2 = tl.where(visible, s2, float("-inf"))
     return s2
 
@@ -332,10 +318,10 @@ def _attn_fwd(
         m1_may = k_lo <= q_hi
         # (q - k) % 2 == 0
         mod2_wraps = ((-k_lo + q_hi) - (-k_hi + q_lo) >= 2) | (
-            _floor_mod(-k_hi + q_lo, 2) > _floor_mod(-k_lo + q_hi, 2)
+            ((-k_hi + q_lo) & 1) > ((-k_lo + q_hi) & 1)
         )
-        mod2_lo = tl.where(mod2_wraps, 0, _floor_mod(-k_hi + q_lo, 2))
-        mod2_hi = tl.where(mod2_wraps, 1, _floor_mod(-k_lo + q_hi, 2))
+        mod2_lo = tl.where(mod2_wraps, 0, ((-k_hi + q_lo) & 1))
+        mod2_hi = tl.where(mod2_wraps, 1, ((-k_lo + q_hi) & 1))
         sub3_lo = mod2_lo - (0)
         sub3_hi = mod2_hi - (0)
         m4_must = (sub3_lo == 0) & (sub3_hi == 0)
@@ -695,10 +681,10 @@ def _attn_bwd_dkdv(
             m1_may = k_lo <= q_hi
             # (q - k) % 2 == 0
             mod2_wraps = ((-k_lo + q_hi) - (-k_hi + q_lo) >= 2) | (
-                _floor_mod(-k_hi + q_lo, 2) > _floor_mod(-k_lo + q_hi, 2)
+                ((-k_hi + q_lo) & 1) > ((-k_lo + q_hi) & 1)
             )
-            mod2_lo = tl.where(mod2_wraps, 0, _floor_mod(-k_hi + q_lo, 2))
-            mod2_hi = tl.where(mod2_wraps, 1, _floor_mod(-k_lo + q_hi, 2))
+            mod2_lo = tl.where(mod2_wraps, 0, ((-k_hi + q_lo) & 1))
+            mod2_hi = tl.where(mod2_wraps, 1, ((-k_lo + q_hi) & 1))
             sub3_lo = mod2_lo - (0)
             sub3_hi = mod2_hi - (0)
             m4_must = (sub3_lo == 0) & (sub3_hi == 0)
@@ -966,10 +952,10 @@ def _attn_bwd_dq(
         m1_may = k_lo <= q_hi
         # (q - k) % 2 == 0
         mod2_wraps = ((-k_lo + q_hi) - (-k_hi + q_lo) >= 2) | (
-            _floor_mod(-k_hi + q_lo, 2) > _floor_mod(-k_lo + q_hi, 2)
+            ((-k_hi + q_lo) & 1) > ((-k_lo + q_hi) & 1)
         )
-        mod2_lo = tl.where(mod2_wraps, 0, _floor_mod(-k_hi + q_lo, 2))
-        mod2_hi = tl.where(mod2_wraps, 1, _floor_mod(-k_lo + q_hi, 2))
+        mod2_lo = tl.where(mod2_wraps, 0, ((-k_hi + q_lo) & 1))
+        mod2_hi = tl.where(mod2_wraps, 1, ((-k_lo + q_hi) & 1))
         sub3_lo = mod2_lo - (0)
         sub3_hi = mod2_hi - (0)
         m4_must = (sub3_lo == 0) & (sub3_hi == 0)

@@ -48,18 +48,6 @@ INTERPRETER_CONFIG = (32, 32, 1, 1)
 
 
 @triton.jit
-def _floor_div(a, b: tl.constexpr):
-    # Floor division by a positive constant.  Integer `//` truncates toward
-    # zero on the GPU, so negative numerators are shifted to a non-negative one.
-    return tl.where(a >= 0, a // b, -((b - 1 - a) // b))
-
-
-@triton.jit
-def _floor_mod(a, b: tl.constexpr):
-    return a - _floor_div(a, b) * b
-
-
-@triton.jit
 def _load_rows(
     ptr,
     rows,
@@ -150,7 +138,7 @@ def _scores_log2(
     s2 = qk * (sm_scale * 1.4426950408889634)
     if MASKED:
         visible = (k_pos < n_keys) & (
-            (k_pos <= q_pos) & (_floor_div(q_pos, 8192) == _floor_div(k_pos, 8192))
+            (k_pos <= q_pos) & ((q_pos >> 13) == (k_pos >> 13))
         )
         s2 = tl.where(visible, s2, float("-inf"))
     return s2
@@ -313,16 +301,14 @@ def _attn_fwd(
     acc = tl.zeros([BLOCK_M, HEAD_DIM_PAD], tl.float32)
 
     # Keys that any query of this tile can see (from the mask's affine bounds).
-    lo = tl.maximum(_floor_div(q_lo, 8192) * 8192, 0) // BLOCK_N * BLOCK_N
-    hi = tl.minimum(tl.minimum(q_hi, _floor_div(q_hi, 8192) * 8192 + 8191) + 1, n_keys)
+    lo = tl.maximum((q_lo >> 13) * 8192, 0) // BLOCK_N * BLOCK_N
+    hi = tl.minimum(tl.minimum(q_hi, (q_hi >> 13) * 8192 + 8191) + 1, n_keys)
 
     # Key tiles that every query of this tile sees whole run without the
     # elementwise mask, in a loop with no branch; the tiles on either side
     # of that interior are masked.
-    full_lo = tl.maximum(_floor_div(q_hi, 8192) * 8192, 0)
-    full_hi = tl.minimum(
-        tl.minimum(q_lo, _floor_div(q_lo, 8192) * 8192 + 8191), n_keys - 1
-    )
+    full_lo = tl.maximum((q_hi >> 13) * 8192, 0)
+    full_hi = tl.minimum(tl.minimum(q_lo, (q_lo >> 13) * 8192 + 8191), n_keys - 1)
     # Split [lo, hi) at tile boundaries into masked tiles, the interior, masked tiles.
     end = (hi + BLOCK_N - 1) // BLOCK_N * BLOCK_N
     mid_lo = tl.minimum(
@@ -703,21 +689,15 @@ def _attn_bwd_dkdv(
         alibi_slope = 0.0
         # Query rows that can see this key tile (from the mask's affine bounds).
         row_lo = (
-            tl.maximum(tl.maximum(k_lo, _floor_div(k_lo, 8192) * 8192) - q_offset, 0)
+            tl.maximum(tl.maximum(k_lo, (k_lo >> 13) * 8192) - q_offset, 0)
             // BLOCK_M
             * BLOCK_M
         )
-        row_hi = tl.minimum(
-            _floor_div(k_hi, 8192) * 8192 + 8191 - q_offset + 1, n_queries
-        )
+        row_hi = tl.minimum((k_hi >> 13) * 8192 + 8191 - q_offset + 1, n_queries)
         # Query tiles that see every key of this tile (when the key tile is whole)
         # run without the elementwise mask; the tiles on either side are masked.
-        full_lo = tl.maximum(
-            tl.maximum(k_hi, _floor_div(k_hi, 8192) * 8192) - q_offset, 0
-        )
-        full_hi = tl.minimum(
-            _floor_div(k_lo, 8192) * 8192 + 8191 - q_offset, n_queries - 1
-        )
+        full_lo = tl.maximum(tl.maximum(k_hi, (k_hi >> 13) * 8192) - q_offset, 0)
+        full_hi = tl.minimum((k_lo >> 13) * 8192 + 8191 - q_offset, n_queries - 1)
         full_hi = tl.where(k_hi == start_n + BLOCK_N - 1, full_hi, -1)
         # Split [row_lo, row_hi) at tile boundaries into masked tiles, the interior, masked tiles.
         end = (row_hi + BLOCK_M - 1) // BLOCK_M * BLOCK_M
@@ -1006,16 +986,14 @@ def _attn_bwd_dq(
     dq = tl.zeros([BLOCK_M, HEAD_DIM_PAD], tl.float32)
 
     # Keys that any query of this tile can see (from the mask's affine bounds).
-    lo = tl.maximum(_floor_div(q_lo, 8192) * 8192, 0) // BLOCK_N * BLOCK_N
-    hi = tl.minimum(tl.minimum(q_hi, _floor_div(q_hi, 8192) * 8192 + 8191) + 1, n_keys)
+    lo = tl.maximum((q_lo >> 13) * 8192, 0) // BLOCK_N * BLOCK_N
+    hi = tl.minimum(tl.minimum(q_hi, (q_hi >> 13) * 8192 + 8191) + 1, n_keys)
 
     # Key tiles that every query of this tile sees whole run without the
     # elementwise mask, in a loop with no branch; the tiles on either side
     # of that interior are masked.
-    full_lo = tl.maximum(_floor_div(q_hi, 8192) * 8192, 0)
-    full_hi = tl.minimum(
-        tl.minimum(q_lo, _floor_div(q_lo, 8192) * 8192 + 8191), n_keys - 1
-    )
+    full_lo = tl.maximum((q_hi >> 13) * 8192, 0)
+    full_hi = tl.minimum(tl.minimum(q_lo, (q_lo >> 13) * 8192 + 8191), n_keys - 1)
     # Split [lo, hi) at tile boundaries into masked tiles, the interior, masked tiles.
     end = (hi + BLOCK_N - 1) // BLOCK_N * BLOCK_N
     mid_lo = tl.minimum(

@@ -23,10 +23,11 @@ from kernel_utils import (
     build,
     example_variants,
     interpretable,
+    assert_tanh_accurate,
     make_variant,
     run_case,
+    run_grad_case,
     shrink_masks,
-    assert_tanh_accurate,
 )
 from strategies import variants
 
@@ -115,6 +116,25 @@ def test_fully_masked_rows(mask, shape, dtype):
 def test_single_query_or_key(n_queries, n_keys, mask, align):
     variant = make_variant(mask, dtype=ir.DType.FP16, align=align)
     assert_ok(run_case(variant, Shape(2, 2, 1, n_queries, n_keys), seed=n_keys))
+
+
+@pytest.mark.parametrize(
+    "mask",
+    [
+        "q div 8 == k div 8",  # a power of two: shifts
+        "(q - k) % 4 == 1 | k div 2 == q div 2",
+        "q div 3 == k div 3",  # `_floor_div`
+        "(q - k) % 5 == 2",
+    ],
+)
+def test_floor_division_of_negative_positions(mask):
+    """Bottom-right alignment with Nq > Nk puts the first queries at negative
+    positions and q - k is negative below the diagonal: floor division and
+    modulo must round toward -inf there, as the reference's do, both as
+    shifts (powers of two) and through `_floor_div`."""
+    variant = make_variant(mask, align="bottom_right")
+    assert_ok(run_case(variant, Shape(1, 2, 1, 45, 19), seed=5))
+    assert_ok(run_grad_case(variant, Shape(1, 2, 1, 45, 19), seed=6))
 
 
 @pytest.mark.parametrize("threshold", [0.0, 8.0])

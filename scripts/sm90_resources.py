@@ -1,0 +1,132 @@
+"""Registers, spills and shared memory of the generated kernels on sm_90a,
+without a GPU.
+
+Triton compiles for a target named in the call, and its wheel ships ptxas:
+this script compiles a spec's forward and backward kernels for Hopper with the
+specializations a launch at B=4, H=16, N=4096 would get (16-byte aligned
+pointers, integers divisible by 16, unit strides and kv_group = 1 as
+constants), then asks ptxas for the resource use.  Spills in the inner loops
+cost the kernels several percent (BENCHMARKS.md, entry 12), and this finds
+them on a machine without a GPU.
+
+    python3 scripts/sm90_resources.py examples/*.attn [--head-dim 128]
+        [--forward-config M N W S] [--backward-config M N W S] [--no-tma]
+
+One line per kernel: registers per thread, spill stores / loads (bytes),
+shared memory (bytes).  The default configs are each module's own.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import re
+import subprocess
+import sys
+import tempfile
+
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+from flashgen import api  # noqa: E402
+
+_DTYPES = {"torch.float16": "fp16", "torch.bfloat16": "bf16", "torch.float32": "fp32"}
+_TENSORS = ("q", "k", "v", "o", "do", "dq", "dk", "dv")
+
+
+def compile_kernel(fn, config, *, dtype: str, head_dim: int, head_dim_pad: int, tma: bool, rows):
+    """ptxas's report for `fn` compiled at `config` = (BLOCK_M, BLOCK_N, warps, stages)."""
+    block_m, block_n, warps, stages = config
+    constants = dict(
+        HEAD_DIM=head_dim, HEAD_DIM_PAD=head_dim_pad, BLOCK_M=block_m, BLOCK_N=block_n, USE_TMA=tma
+    )
+    signature, attrs = {}, {}
+    names = [p.name for p in fn.params]
+    for i, p in enumerate(fn.params):
+        name = p.name
+        if p.is_constexpr:
+            continue
+        if name.endswith("_ptr") or (name.endswith("_desc") and not tma):
+            signature[name] = f"*{dtype}" if name.rsplit("_", 1)[0] in _TENSORS else "*fp32"
+            attrs[(i,)] = [["tt.divisibility", 16]]
+        elif name.endswith("_desc"):
+            signature[name] = f"tensordesc<{dtype}[1, 1, {rows}, {head_dim_pad}]>"
+        elif name == "sm_scale":
+            signature[name] = "fp32"
+        elif (name.startswith("stride") and name.endswith("d")) or name == "kv_group":
+            constants[name] = 1
+        else:
+            signature[name] = "i32"
+            attrs[(i,)] = [["tt.divisibility", 16]]
+    constants = {k: v for k, v in constants.items() if k in names}
+    signature.update({k: "constexpr" for k in constants})
+    kernel = triton.compile(
+        ASTSource(fn, signature, constants, attrs),
+        target=GPUTarget("cuda", 90, 32),
+        options=dict(num_warps=warps, num_stages=stages),
+    )
+    ptxas = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
+    with tempfile.TemporaryDirectory() as tmp:
+        ptx = os.path.join(tmp, "k.ptx")
+        with open(ptx, "w") as f:
+            f.write(kernel.asm["ptx"])
+        out = subprocess.run(
+            [ptxas, "-arch=sm_90a", "-v", ptx, "-o", os.path.join(tmp, "k.cubin")],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stderr
+    regs = int(re.search(r"Used (\d+) registers", out).group(1))
+    spills = re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", out)
+    return regs, int(spills.group(1)), int(spills.group(2)), kernel.metadata.shared
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("specs", nargs="+")
+    parser.add_argument("--head-dim", type=int, help="default: each spec's own")
+    parser.add_argument("--forward-config", type=int, nargs=4, metavar=("M", "N", "W", "S"))
+    parser.add_argument("--backward-config", type=int, nargs=4, metavar=("M", "N", "W", "S"))
+    parser.add_argument("--no-tma", action="store_true", help="pointer loads in both passes")
+    args = parser.parse_args()
+    for path in args.specs:
+        for variant in api.check_sources({path: open(path).read()})[0]:
+            if args.head_dim:
+                variant = dataclasses.replace(variant, head_dim=args.head_dim)
+            module = api.load_variant(variant)
+            dtype = _DTYPES[str(module.DTYPE)]
+            pad = max(16, 1 << (module.HEAD_DIM - 1).bit_length())
+            passes = [
+                ("_attn_fwd", args.forward_config or module.GPU_CONFIG, module.GPU_TMA, 1),
+                ("_attn_bwd", args.backward_config or module.GPU_BWD_CONFIG, module.GPU_BWD_TMA, 0),
+            ]
+            for kernel, config, tma, rows_from_n in passes:
+                tma = tma and not args.no_tma
+                rows = config[1] if rows_from_n else config[0]
+                try:
+                    regs, stores, loads, shared = compile_kernel(
+                        getattr(module, kernel),
+                        tuple(config),
+                        dtype=dtype,
+                        head_dim=module.HEAD_DIM,
+                        head_dim_pad=pad,
+                        tma=tma,
+                        rows=rows,
+                    )
+                    report = (
+                        f"regs {regs:3d}  spills {stores:5d} / {loads:5d} B  smem {shared:6d} B"
+                    )
+                except Exception as e:  # noqa: BLE001 - a report, keep going
+                    report = f"failed: {type(e).__name__}: {str(e).splitlines()[0][:80]}"
+                print(
+                    f"{variant.name:<16} d{module.HEAD_DIM:<4} {kernel:<10} "
+                    f"{str(tuple(config)):<18} tma={str(tma):<5}  {report}",
+                    flush=True,
+                )
+
+
+if __name__ == "__main__":
+    main()
