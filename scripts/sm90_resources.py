@@ -9,8 +9,8 @@ constants), then asks ptxas for the resource use.  Spills in the inner loops
 cost the kernels several percent (BENCHMARKS.md, entry 12), and this finds
 them on a machine without a GPU.
 
-    python3 scripts/sm90_resources.py examples/*.attn [--head-dim 128]
-        [--forward-config M N W S] [--backward-config M N W S] [--no-tma]
+    python3 scripts/sm90_resources.py examples/*.attn [--head-dim 64 128]
+        [--forward-config M N W S] [--backward-config M N W S] [--no-tma] [--json]
 
 One line per kernel: registers per thread, spill stores / loads (bytes),
 shared memory (bytes).  The default configs are each module's own.
@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import os
 import re
 import subprocess
@@ -84,48 +85,92 @@ def compile_kernel(fn, config, *, dtype: str, head_dim: int, head_dim_pad: int, 
     return regs, int(spills.group(1)), int(spills.group(2)), kernel.metadata.shared
 
 
+@dataclasses.dataclass(frozen=True)
+class Resources:
+    kernel: str
+    config: tuple[int, int, int, int]
+    tma: bool
+    registers: int
+    spill_stores: int
+    spill_loads: int
+    shared: int
+
+
+def module_resources(module, forward_config=None, backward_config=None, tma: bool = True):
+    """Resources of a generated module's forward and backward kernels, at its
+    own configs unless given; tma=False forces pointer loads."""
+    dtype = _DTYPES[str(module.DTYPE)]
+    pad = max(16, 1 << (module.HEAD_DIM - 1).bit_length())
+    passes = [
+        ("_attn_fwd", tuple(forward_config or module.GPU_CONFIG), module.GPU_TMA and tma, 1),
+        (
+            "_attn_bwd",
+            tuple(backward_config or module.GPU_BWD_CONFIG),
+            module.GPU_BWD_TMA and tma,
+            0,
+        ),
+    ]
+    found = []
+    for kernel, config, use_tma, rows_from_n in passes:
+        found.append(
+            Resources(
+                kernel,
+                config,
+                use_tma,
+                *compile_kernel(
+                    getattr(module, kernel),
+                    config,
+                    dtype=dtype,
+                    head_dim=module.HEAD_DIM,
+                    head_dim_pad=pad,
+                    tma=use_tma,
+                    rows=config[1] if rows_from_n else config[0],
+                ),
+            )
+        )
+    return found
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("specs", nargs="+")
-    parser.add_argument("--head-dim", type=int, help="default: each spec's own")
+    parser.add_argument(
+        "--head-dim", type=int, nargs="+", default=[None], help="default: each spec's own"
+    )
     parser.add_argument("--forward-config", type=int, nargs=4, metavar=("M", "N", "W", "S"))
     parser.add_argument("--backward-config", type=int, nargs=4, metavar=("M", "N", "W", "S"))
     parser.add_argument("--no-tma", action="store_true", help="pointer loads in both passes")
+    parser.add_argument("--json", action="store_true", help="one JSON object per kernel")
     args = parser.parse_args()
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        parser.error("unset TRITON_INTERPRET: the kernels must be compiled, not interpreted")
     for path in args.specs:
         for variant in api.check_sources({path: open(path).read()})[0]:
-            if args.head_dim:
-                variant = dataclasses.replace(variant, head_dim=args.head_dim)
-            module = api.load_variant(variant)
-            dtype = _DTYPES[str(module.DTYPE)]
-            pad = max(16, 1 << (module.HEAD_DIM - 1).bit_length())
-            passes = [
-                ("_attn_fwd", args.forward_config or module.GPU_CONFIG, module.GPU_TMA, 1),
-                ("_attn_bwd", args.backward_config or module.GPU_BWD_CONFIG, module.GPU_BWD_TMA, 0),
-            ]
-            for kernel, config, tma, rows_from_n in passes:
-                tma = tma and not args.no_tma
-                rows = config[1] if rows_from_n else config[0]
-                try:
-                    regs, stores, loads, shared = compile_kernel(
-                        getattr(module, kernel),
-                        tuple(config),
-                        dtype=dtype,
-                        head_dim=module.HEAD_DIM,
-                        head_dim_pad=pad,
-                        tma=tma,
-                        rows=rows,
-                    )
-                    report = (
-                        f"regs {regs:3d}  spills {stores:5d} / {loads:5d} B  smem {shared:6d} B"
-                    )
-                except Exception as e:  # noqa: BLE001 - a report, keep going
-                    report = f"failed: {type(e).__name__}: {str(e).splitlines()[0][:80]}"
-                print(
-                    f"{variant.name:<16} d{module.HEAD_DIM:<4} {kernel:<10} "
-                    f"{str(tuple(config)):<18} tma={str(tma):<5}  {report}",
-                    flush=True,
-                )
+            for head_dim in args.head_dim:
+                if head_dim:
+                    variant = dataclasses.replace(variant, head_dim=head_dim)
+                report(variant, args)
+
+
+def report(variant, args) -> None:
+    module = api.load_variant(variant)
+    try:
+        found = module_resources(module, args.forward_config, args.backward_config, not args.no_tma)
+    except Exception as e:  # noqa: BLE001 - a report, keep going
+        print(f"{variant.name:<16} failed: {type(e).__name__}: {str(e)[:200]}")
+        return
+    for r in found:
+        if args.json:
+            print(
+                json.dumps(dict(dataclasses.asdict(r), name=variant.name, head_dim=module.HEAD_DIM))
+            )
+            continue
+        print(
+            f"{variant.name:<16} d{module.HEAD_DIM:<4} {r.kernel:<10} "
+            f"{str(r.config):<18} tma={str(r.tma):<5}  regs {r.registers:3d}  "
+            f"spills {r.spill_stores:5d} / {r.spill_loads:5d} B  smem {r.shared:6d} B",
+            flush=True,
+        )
 
 
 if __name__ == "__main__":

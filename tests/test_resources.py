@@ -1,0 +1,70 @@
+"""Register spills of the generated kernels on Hopper, checked without a GPU.
+
+Triton compiles for a named target and ships ptxas, so the sm_90a resource
+use of a kernel is known on any machine (scripts/sm90_resources.py, run here
+in a process of its own: the tests interpret kernels, the script compiles
+them).  Spills in an inner loop cost several percent (BENCHMARKS.md, entry
+12): the kernels that compile without them today must keep doing so.  Not a
+timing test: the numbers are a property of the code and the pinned Triton.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+# The 16-bit examples; custom is float32 (CUDA-core products), which spills
+# at its current tiles (entry 12).
+SPECS = [
+    f"examples/{name}.attn"
+    for name in (
+        "full",
+        "plain_causal",
+        "mistral_sliding",
+        "gemma2_local",
+        "bloom_alibi",
+        "prefix_lm",
+        "llama4_local",
+        "encoder_band",
+    )
+]
+# Backward kernels free of spills at their default tiles today.
+SPILL_FREE_BACKWARD = {("full", 128), ("full", 64), ("plain_causal", 64), ("encoder_band", 128)}
+
+
+@pytest.fixture(scope="module")
+def resources() -> list[dict]:
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    out = subprocess.run(
+        [sys.executable, "scripts/sm90_resources.py", *SPECS, "--head-dim", "64", "128", "--json"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    rows = [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
+    assert len(rows) == 2 * 2 * len(SPECS), out.stdout[-2000:]
+    return rows
+
+
+def test_forward_kernels_do_not_spill(resources):
+    spilling = [r for r in resources if r["kernel"] == "_attn_fwd" and r["spill_stores"]]
+    assert not spilling
+
+
+def test_backward_kernels_do_not_spill(resources):
+    checked = [
+        r
+        for r in resources
+        if r["kernel"] == "_attn_bwd" and (r["name"], r["head_dim"]) in SPILL_FREE_BACKWARD
+    ]
+    assert len(checked) == len(SPILL_FREE_BACKWARD)
+    assert not [r for r in checked if r["spill_stores"]]
