@@ -26,10 +26,7 @@ from __future__ import annotations
 
 import argparse
 import os
-import re
-import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 import torch
@@ -233,21 +230,13 @@ def compile_only(block_m, block_n, stages, num_warps) -> None:
         target=GPUTarget("cuda", 90, 32),
         options=dict(num_warps=num_warps),
     )
-    ptxas = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
-    with tempfile.TemporaryDirectory() as tmp:
-        ptx = os.path.join(tmp, "k.ptx")
-        with open(ptx, "w") as f:
-            f.write(kernel.asm["ptx"])
-        out = subprocess.run(
-            [ptxas, "-arch=sm_90a", "-v", ptx, "-o", os.path.join(tmp, "k.cubin")],
-            capture_output=True,
-            text=True,
-        ).stderr
-    regs = re.search(r"Used (\d+) registers", out)
-    spills = re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", out)
+    sys.path.insert(0, os.path.dirname(__file__))
+    from sm90_resources import ptxas_report
+
+    regs, stores, loads = ptxas_report(kernel.asm["ptx"])
     print(
-        f"gluon_attn_fwd {(block_m, block_n, stages, num_warps)}: regs {regs and regs.group(1)}, "
-        f"spills {spills and spills.groups()}, smem {kernel.metadata.shared}"
+        f"gluon_attn_fwd {(block_m, block_n, stages, num_warps)}: regs {regs}, "
+        f"spills {stores} / {loads} B, smem {kernel.metadata.shared}"
     )
 
 

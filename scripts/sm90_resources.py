@@ -69,20 +69,26 @@ def compile_kernel(fn, config, *, dtype: str, head_dim: int, head_dim_pad: int, 
         target=GPUTarget("cuda", 90, 32),
         options=dict(num_warps=warps, num_stages=stages),
     )
+    return (*ptxas_report(kernel.asm["ptx"]), kernel.metadata.shared)
+
+
+def ptxas_report(ptx: str) -> tuple[int, int, int]:
+    """Registers per thread and spill stores / loads (bytes) that the ptxas
+    shipped with Triton reports for `ptx` on sm_90a."""
     ptxas = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
     with tempfile.TemporaryDirectory() as tmp:
-        ptx = os.path.join(tmp, "k.ptx")
-        with open(ptx, "w") as f:
-            f.write(kernel.asm["ptx"])
+        path = os.path.join(tmp, "k.ptx")
+        with open(path, "w") as f:
+            f.write(ptx)
         out = subprocess.run(
-            [ptxas, "-arch=sm_90a", "-v", ptx, "-o", os.path.join(tmp, "k.cubin")],
+            [ptxas, "-arch=sm_90a", "-v", path, "-o", os.path.join(tmp, "k.cubin")],
             capture_output=True,
             text=True,
             check=True,
         ).stderr
     regs = int(re.search(r"Used (\d+) registers", out).group(1))
     spills = re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", out)
-    return regs, int(spills.group(1)), int(spills.group(2)), kernel.metadata.shared
+    return regs, int(spills.group(1)), int(spills.group(2))
 
 
 @dataclasses.dataclass(frozen=True)

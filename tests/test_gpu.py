@@ -117,3 +117,7 @@ def test_random_spec_gradients_on_gpu(variant, kv_heads, group, n_queries, n_key
     result = run_grad_case(variant, shape, seed=seed, device="cuda", magnitude=magnitude)
     _record(variant, result)
     assert_ok(result)
+
+
+def test_tanh_is_accurate_on_gpu():
+    assert_tanh_accurate("cuda")

@@ -446,7 +446,7 @@ def test_dense_edges_have_no_empty_tiles_in_bounds(mask, block):
 
 def test_diagonal_masks_are_recognised():
     """The strategy above reaches the class: the property test is not vacuous."""
-    n, c, b = ir.Name, ir.Call, ir.Binary
+    n, b = ir.Name, ir.Binary
     dense = [
         _named("causal_prefix"),
         _named("chunk"),
