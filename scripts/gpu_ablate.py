@@ -289,6 +289,27 @@ for spec in EXAMPLES:
         )
 
 
+# ... or keep (64, 128, 8, 3) for the interior and walk the masked edge tiles
+# of the dK/dV loop BLOCK_M / 2 rows at a time through pointer loads: the
+# lighter masked path stops setting the register peak (spills at d128: 0 for
+# causal, mistral, bloom, prefix_lm; 8 B llama4; 88 B gemma2, from 516).
+EDGE_HALF = [
+    (
+        "for start_m in range(row_lo, mid_lo, BLOCK_M):",
+        "for start_m in range(row_lo, mid_lo, BLOCK_M // 2):",
+    ),
+    (
+        "for start_m in range(mid_hi, row_hi, BLOCK_M):",
+        "for start_m in range(mid_hi, row_hi, BLOCK_M // 2):",
+    ),
+    (
+        "                BLOCK_M,\n                True,\n                USE_TMA,\n            )",
+        "                BLOCK_M // 2,\n                True,\n                False,\n            )",
+    ),
+]
+for spec in EXAMPLES:
+    experiment(f"{spec} edge32", f"examples/{spec}.attn", *EDGE_HALF)
+
 # custom (float32, d80: CUDA-core products) spills 6 KB in the forward and
 # 2 KB in the backward at its default tiles; these compile without spills
 # (scripts/sm90_resources.py).  Run with --head-dim 80.
