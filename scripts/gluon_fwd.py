@@ -44,9 +44,15 @@ from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 
 @gluon.jit
-def _softmax_step(s, m_i, l_i, qk_scale, o_rows: gl.constexpr):
+def _softmax_step(
+    s, m_i, l_i, qk_scale, q_idx, k_start, CAUSAL: gl.constexpr, o_rows: gl.constexpr
+):
     """Online softmax of one score tile: P (unnormalized), the new running
-    max and sum, and alpha laid out for the output rows."""
+    max and sum, and alpha laid out for the output rows.  CAUSAL masks k > q
+    (on every tile: the prototype measures an upper bound on its cost)."""
+    if CAUSAL:
+        k_idx = k_start + gl.arange(0, s.shape[1], layout=gl.SliceLayout(0, s.type.layout))
+        s = gl.where(gl.expand_dims(k_idx, 0) <= gl.expand_dims(q_idx, 1), s, float("-inf"))
     m_new = gl.maximum(m_i, gl.max(s, 1) * qk_scale)
     alpha = gl.exp2(m_i - m_new)
     p = gl.exp2(s * qk_scale - gl.expand_dims(m_new, 1))
@@ -74,10 +80,14 @@ def gluon_attn_fwd(
     BLOCK_M: gl.constexpr,
     BLOCK_N: gl.constexpr,
     STAGES: gl.constexpr,
+    CAUSAL: gl.constexpr,
     num_warps: gl.constexpr,
 ):
     dtype: gl.constexpr = q_desc.dtype
-    start_m = gl.program_id(0) * BLOCK_M
+    if CAUSAL:  # the heaviest query tiles first
+        start_m = (gl.num_programs(0) - 1 - gl.program_id(0)) * BLOCK_M
+    else:
+        start_m = gl.program_id(0) * BLOCK_M
     batch_head = gl.program_id(1)
     row0 = batch_head * n_ctx  # q, k, v, o are viewed as (B * H * N, D)
 
@@ -102,16 +112,21 @@ def gluon_attn_fwd(
         mbarrier.init(k_bars.index(i), count=1)
         mbarrier.init(v_bars.index(i), count=1)
 
-    n_tiles = n_ctx // BLOCK_N
+    if CAUSAL:  # keys 0 .. start_m + BLOCK_M - 1 (Nq = Nk: both alignments agree)
+        n_tiles = (start_m + BLOCK_M) // BLOCK_N
+    else:
+        n_tiles = n_ctx // BLOCK_N
     mbarrier.expect(q_bar, q_desc.block_type.nbytes)
     tma.async_copy_global_to_shared(q_desc, [row0 + start_m, 0], q_bar, q_smem)
     # Tile t lives in buffer t % STAGES.  Its K buffer is refilled (with tile
     # t + STAGES) once S(t) is complete, its V buffer once P(t) V(t) is.
     for i in gl.static_range(STAGES):
-        _load(k_desc, k_smem, k_bars, row0 + i * BLOCK_N, i)
-        _load(v_desc, v_smem, v_bars, row0 + i * BLOCK_N, i)
+        if i < n_tiles:  # no copy may still be in flight when the program ends
+            _load(k_desc, k_smem, k_bars, row0 + i * BLOCK_N, i)
+            _load(v_desc, v_smem, v_bars, row0 + i * BLOCK_N, i)
 
     qk_scale = sm_scale * 1.4426950408889634
+    q_idx = start_m + gl.arange(0, BLOCK_M, layout=s_rows)
     m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, s_rows)
     l_i = gl.full([BLOCK_M], 0.0, gl.float32, s_rows)
     acc = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, o_layout)
@@ -129,7 +144,7 @@ def gluon_attn_fwd(
     s_next = warpgroup_mma(
         q_smem, k_smem.index(1 % STAGES).permute((1, 0)), s_zero, use_acc=False, is_async=True
     )
-    p, m_i, l_i, alpha = _softmax_step(s, m_i, l_i, qk_scale, o_rows)
+    p, m_i, l_i, alpha = _softmax_step(s, m_i, l_i, qk_scale, q_idx, 0, CAUSAL, o_rows)
     mbarrier.wait(v_bars.index(0), 0)
     acc = warpgroup_mma(
         gl.convert_layout(p.to(dtype), p_layout), v_smem.index(0), acc, is_async=True
@@ -146,7 +161,9 @@ def gluon_attn_fwd(
         s_next = warpgroup_mma(
             q_smem, k_smem.index(next_stage).permute((1, 0)), s_zero, use_acc=False, is_async=True
         )
-        p, m_i, l_i, alpha = _softmax_step(s, m_i, l_i, qk_scale, o_rows)
+        p, m_i, l_i, alpha = _softmax_step(
+            s, m_i, l_i, qk_scale, q_idx, j * BLOCK_N, CAUSAL, o_rows
+        )
         # P(j-1) V(j-1) was issued before S(j+1): one outstanding group left
         # means it is done, so O can be rescaled and V(j-1)'s buffer refilled.
         acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc,))
@@ -161,7 +178,7 @@ def gluon_attn_fwd(
 
     # Last tile.
     last = n_tiles - 1
-    p, m_i, l_i, alpha = _softmax_step(s, m_i, l_i, qk_scale, o_rows)
+    p, m_i, l_i, alpha = _softmax_step(s, m_i, l_i, qk_scale, q_idx, last * BLOCK_N, CAUSAL, o_rows)
     acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
     acc = acc * gl.expand_dims(alpha, 1)
     mbarrier.wait(v_bars.index(last % STAGES), (last // STAGES) & 1)
@@ -179,9 +196,8 @@ def gluon_attn_fwd(
     q_smem.store(acc.to(dtype))
     fence_async_shared()
     tma.async_copy_shared_to_global(o_desc, [row0 + start_m, 0], q_smem)
-    offs_m = start_m + gl.arange(0, BLOCK_M, layout=s_rows)
     lse = (m_i + gl.log2(l_i)) * 0.6931471805599453
-    gl.store(lse_ptr + batch_head * n_ctx + offs_m, lse)
+    gl.store(lse_ptr + batch_head * n_ctx + q_idx, lse)
     tma.store_wait(pendings=0)
 
 
@@ -196,21 +212,31 @@ def _descriptors(q, k, v, o, block_m, block_n):
     return descs
 
 
-def forward(q, k, v, sm_scale, block_m=128, block_n=128, stages=2, num_warps=8):
+def forward(q, k, v, sm_scale, block_m=128, block_n=128, stages=2, num_warps=8, causal=False):
     batch, heads, n, d = q.shape
-    if n % block_m or n % block_n or n // block_n < 2:
-        raise ValueError("prototype: N must be a multiple of both tiles, and at least 2 key tiles")
+    if n % block_m or n % block_n or (block_m if causal else n) // block_n < 2:
+        raise ValueError("prototype: N a multiple of both tiles, and at least 2 key tiles each")
     q, k, v = (x.contiguous() for x in (q, k, v))
     o = torch.empty_like(q)
     lse = torch.empty(batch, heads, n, device=q.device, dtype=torch.float32)
     descs = _descriptors(q, k, v, o, block_m, block_n)
     gluon_attn_fwd[(n // block_m, batch * heads)](
-        *descs, lse, sm_scale, n, d, block_m, block_n, stages, num_warps, num_warps=num_warps
+        *descs,
+        lse,
+        sm_scale,
+        n,
+        d,
+        block_m,
+        block_n,
+        stages,
+        causal,
+        num_warps,
+        num_warps=num_warps,
     )
     return o, lse
 
 
-def compile_only(block_m, block_n, stages, num_warps) -> None:
+def compile_only(block_m, block_n, stages, num_warps, causal=0) -> None:
     """Compile for sm_90a here (no GPU needed) and print ptxas's resource use."""
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
@@ -221,7 +247,9 @@ def compile_only(block_m, block_n, stages, num_warps) -> None:
     names = ["q_desc", "k_desc", "v_desc", "o_desc", "lse_ptr", "sm_scale", "n_ctx"]
     signature = {n: mangle_type(x) for n, x in zip(names, descs)}
     signature.update(lse_ptr="*fp32", sm_scale="fp32", n_ctx="i32")
-    constants = dict(HEAD_DIM=128, BLOCK_M=block_m, BLOCK_N=block_n, STAGES=stages)
+    constants = dict(
+        HEAD_DIM=128, BLOCK_M=block_m, BLOCK_N=block_n, STAGES=stages, CAUSAL=bool(causal)
+    )
     constants["num_warps"] = num_warps
     signature.update({n: "constexpr" for n in constants})
     attrs = {(4,): [["tt.divisibility", 16]], (6,): [["tt.divisibility", 16]]}
@@ -235,7 +263,7 @@ def compile_only(block_m, block_n, stages, num_warps) -> None:
 
     regs, stores, loads = ptxas_report(kernel.asm["ptx"])
     print(
-        f"gluon_attn_fwd {(block_m, block_n, stages, num_warps)}: regs {regs}, "
+        f"gluon_attn_fwd {(block_m, block_n, stages, num_warps, causal)}: regs {regs}, "
         f"spills {stores} / {loads} B, smem {kernel.metadata.shared}"
     )
 
@@ -244,7 +272,10 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--compile-only", action="store_true")
     parser.add_argument(
-        "--configs", nargs="+", default=["128,128,2,8", "128,64,3,8", "128,128,3,8"]
+        "--configs",
+        nargs="+",
+        default=["128,128,2,8,0", "128,64,3,8,0", "128,128,3,8,0", "128,64,2,8,1", "128,64,3,8,1"],
+        help="BLOCK_M,BLOCK_N,STAGES,num_warps,causal",
     )
     args = parser.parse_args()
     configs = [tuple(int(x) for x in c.split(",")) for c in args.configs]
@@ -259,34 +290,46 @@ def main() -> None:
     sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
     from flashgen import api
 
-    full = api.load(Path("examples/full.attn"))
     torch.manual_seed(0)
     b, h, n, d = 4, 16, 4096, 128
     q, k, v = (torch.randn(b, h, n, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
     scale = d**-0.5
-    flops = 4 * b * h * n * n * d
-    ref = torch.nn.functional.scaled_dot_product_attention(q.float(), k.float(), v.float())
     ms = lambda fn: triton.testing.do_bench(
         fn, warmup=25, rep=100, return_mode="median"
     )  # noqa: E731
-    with torch.nn.attention.sdpa_kernel(torch.nn.attention.SDPBackend.CUDNN_ATTENTION):
-        t = ms(lambda: torch.nn.functional.scaled_dot_product_attention(q, k, v))
-    print(f"cudnn            {flops / t / 1e9:6.1f} TFLOP/s")
-    t = ms(lambda: full.forward(q, k, v))
-    err = (full.forward(q, k, v)[0].float() - ref).abs().max().item()
-    print(f"flashgen (triton){flops / t / 1e9:6.1f} TFLOP/s  max|o-ref| {err:.2e}")
-    for c in configs:
-        try:
-            o, lse = forward(q, k, v, scale, *c)
-            err = (o.float() - ref).abs().max().item()
-            ref_lse = torch.logsumexp(q.float() @ k.float().transpose(-1, -2) * scale, -1)
-            lse_err = (lse - ref_lse).abs().max().item()
-            t = ms(lambda c=c: forward(q, k, v, scale, *c))
-            print(
-                f"gluon {c}  {flops / t / 1e9:6.1f} TFLOP/s  max|o-ref| {err:.2e}  lse {lse_err:.2e}"
+    for causal, spec in ((0, "full"), (1, "plain_causal")):
+        module = api.load(Path(f"examples/{spec}.attn"))
+        flops = 4 * b * h * n * n * d * (0.5 + 0.5 / n if causal else 1.0)
+        sdpa = torch.nn.functional.scaled_dot_product_attention
+        ref = sdpa(q.float(), k.float(), v.float(), is_causal=bool(causal))
+        scores = q.float() @ k.float().transpose(-1, -2) * scale
+        if causal:
+            scores = scores.masked_fill(
+                torch.ones(n, n, device="cuda").triu(1).bool(), float("-inf")
             )
-        except Exception as e:  # noqa: BLE001 - a report
-            print(f"gluon {c}: {type(e).__name__}: {str(e)[:1500]}")
+        ref_lse = torch.logsumexp(scores, -1)
+        del scores
+        with torch.nn.attention.sdpa_kernel(torch.nn.attention.SDPBackend.CUDNN_ATTENTION):
+            t = ms(lambda: sdpa(q, k, v, is_causal=bool(causal)))
+        print(f"{spec:<13} cudnn             {flops / t / 1e9:6.1f} TFLOP/s")
+        t = ms(lambda: module.forward(q, k, v))
+        err = (module.forward(q, k, v)[0].float() - ref).abs().max().item()
+        print(f"{spec:<13} flashgen (triton) {flops / t / 1e9:6.1f} TFLOP/s  max|o-ref| {err:.2e}")
+        for c in configs:
+            if c[4] != causal:
+                continue
+            try:
+                o, lse = forward(q, k, v, scale, *c[:4], causal=bool(causal))
+                err = (o.float() - ref).abs().max().item()
+                lse_err = (lse - ref_lse).abs().max().item()
+                t = ms(lambda c=c: forward(q, k, v, scale, *c[:4], causal=bool(causal)))
+                print(
+                    f"{spec:<13} gluon {c[:4]} {flops / t / 1e9:6.1f} TFLOP/s  "
+                    f"max|o-ref| {err:.2e}  lse {lse_err:.2e}",
+                    flush=True,
+                )
+            except Exception as e:  # noqa: BLE001 - a report
+                print(f"{spec:<13} gluon {c}: {type(e).__name__}: {str(e)[:1500]}", flush=True)
 
 
 if __name__ == "__main__":
