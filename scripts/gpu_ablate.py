@@ -326,6 +326,18 @@ for config in ((16, 16, 4, 1), (16, 16, 4, 2), (32, 32, 8, 2)):
         ("GPU_BWD_CONFIG = (32, 32, 4, 2)", f"GPU_BWD_CONFIG = {config}"),
     )
 experiment("custom", "examples/custom.attn")
+# ... or float32 products on the tensor cores: three TF32 products per
+# product ("tf32x3"), within a few fp32 ulps, against CUDA-core FMAs; with the
+# spill-free tiles too.  The dense check's errors say whether fp32 accuracy
+# survives; the GPU tests' 2x rule would have to agree before adoption.
+TF32X3 = ('input_precision="ieee"', 'input_precision="tf32x3"')
+experiment("custom tf32x3", "examples/custom.attn", TF32X3)
+experiment(
+    "custom tf32x3 (64, 64, 4, 3)",
+    "examples/custom.attn",
+    TF32X3,
+    ("GPU_CONFIG = (64, 32, 4, 2)", "GPU_CONFIG = (64, 64, 4, 3)"),
+)
 
 
 def main() -> None:
