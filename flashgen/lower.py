@@ -1216,9 +1216,14 @@ def spec_hash(spec_text: str) -> str:
     return hashlib.sha256(spec_text.encode()).hexdigest()[:16]
 
 
+def head_dim_pad(head_dim: int) -> int:
+    """The head dim the kernels' tiles use: a power of two, at least 16."""
+    return max(16, 1 << (head_dim - 1).bit_length())
+
+
 def lower(v: ir.Variant, tuning: Tuning | None = None) -> KernelModel:
     spec_text = print_variant(v)
-    head_dim_pad = max(16, 1 << (v.head_dim - 1).bit_length())
+    pad = head_dim_pad(v.head_dim)
 
     mask = negation_normal_form(desugar_mask(v.mask))
     elements = ElementCode()
@@ -1253,7 +1258,7 @@ def lower(v: ir.Variant, tuning: Tuning | None = None) -> KernelModel:
     )
 
     positions = frozenset({"q", "k"})
-    default_tma = _gpu_tma(head_dim_pad, v.dtype)
+    default_tma = _gpu_tma(pad, v.dtype)
     return KernelModel(
         name=v.name,
         spec_text=spec_text,
@@ -1261,7 +1266,7 @@ def lower(v: ir.Variant, tuning: Tuning | None = None) -> KernelModel:
         torch_dtype=_TORCH_DTYPES[v.dtype],
         tl_dtype=_TL_DTYPES[v.dtype],
         head_dim=v.head_dim,
-        head_dim_pad=head_dim_pad,
+        head_dim_pad=pad,
         default_scale=v.scale if v.scale is not None else 1.0 / math.sqrt(v.head_dim),
         bottom_right=v.align is ir.Align.BOTTOM_RIGHT,
         rescale_threshold=float(v.rescale_threshold),
@@ -1291,11 +1296,9 @@ def lower(v: ir.Variant, tuning: Tuning | None = None) -> KernelModel:
         needs_floor_div=needs_floor_div,
         needs_tanh=scores.needs_tanh,
         tanh_small_poly=v.dtype is ir.DType.FP32,
-        gpu_config=(
-            tuning.forward if tuning else _gpu_config(head_dim_pad, v.dtype, not mask_is_full)
-        ),
+        gpu_config=(tuning.forward if tuning else _gpu_config(pad, v.dtype, not mask_is_full)),
         cpu_config=_CPU_CONFIG,
-        gpu_bwd_config=tuning.backward if tuning else _gpu_bwd_config(head_dim_pad, v.dtype),
+        gpu_bwd_config=tuning.backward if tuning else _gpu_bwd_config(pad, v.dtype),
         gpu_tma=_pick(tuning.forward_tma if tuning else None, default_tma[0]),
         gpu_bwd_tma=_pick(tuning.backward_tma if tuning else None, default_tma[1]),
         tuned_on=tuning.device if tuning else None,

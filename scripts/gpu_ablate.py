@@ -34,7 +34,6 @@ from flashgen.emit import render_module  # noqa: E402
 from flashgen.tune import tuning_for  # noqa: E402
 from flashgen.verify import torch_dtype  # noqa: E402
 
-# name -> (spec path, [(old, new), ...]).  The empty edit list is the baseline.
 # name -> (spec path, [(old, new), ...], head dim).  The empty edit list is
 # the baseline.
 EXPERIMENTS: dict[str, tuple[str, list[tuple[str, str]], int]] = {}
@@ -123,10 +122,33 @@ def run(name: str, head_dim: int | None, n: int, heads: int) -> dict:
 
 # Session 3's first run measured edits that are now in the templates (empty
 # gradients, no tile test in dense edge loops, tight prefix rows, ALiBi
-# without abs); BENCHMARKS.md has those numbers.  The baselines below are
-# the current modules.
-for spec in ("full", "plain_causal", "llama4_local", "prefix_lm", "bloom_alibi", "gemma2_local"):
+# without abs); BENCHMARKS.md has those numbers.  The baselines are the
+# current modules; `bwd-ptr` is the backward's pointer loads instead of TMA.
+EXAMPLES = (
+    "full",
+    "plain_causal",
+    "mistral_sliding",
+    "gemma2_local",
+    "bloom_alibi",
+    "prefix_lm",
+    "llama4_local",
+    "encoder_band",
+)
+for spec in EXAMPLES:
     experiment(spec, f"examples/{spec}.attn")
+    experiment(
+        f"{spec} bwd-ptr", f"examples/{spec}.attn", ("GPU_BWD_TMA = True", "GPU_BWD_TMA = False")
+    )
+
+
+def set_config(constant: str, current, new) -> tuple[str, str]:
+    """An edit that changes a module's launch config (GPU_CONFIG or
+    GPU_BWD_CONFIG) from `current` to `new`."""
+    return f"{constant} = {current}", f"{constant} = {new}"
+
+
+# The backward config of every 16-bit example at d128.
+BWD_D128 = (64, 128, 8, 3)
 
 # Softcap experiments of sessions 3 and 4 (the hardware tanh.approx, tanh
 # without the small-|x| polynomial, now the 16-bit template's) are in
@@ -146,9 +168,9 @@ for spec in ("full", "plain_causal"):
 
 
 def forward_config(spec: str, config: tuple[int, int, int, int]) -> tuple[str, str]:
-    """An edit that sets the module's forward launch config."""
+    """An edit that sets the forward config of full or plain_causal at d128."""
     current = {"full": (128, 128, 8, 3), "plain_causal": (64, 64, 4, 3)}[spec]
-    return f"GPU_CONFIG = {current}", f"GPU_CONFIG = {config}"
+    return set_config("GPU_CONFIG", current, config)
 
 
 # Session 4.  The anchors' calibration kernel's best d128 full config.
@@ -256,34 +278,15 @@ SWP = [
 ]
 for config in ((128, 128, 8, 3), (128, 64, 8, 3), (128, 64, 8, 2), (128, 128, 8, 2)):
     experiment(f"full swp {config}", "examples/full.attn", *SWP, forward_config("full", config))
-for tma in ((), (FORWARD_TMA,)):
-    experiment(
-        "full swp tma" if tma else "full swp (64, 64, 4, 3)",
-        "examples/full.attn",
-        *SWP,
-        *tma,
-        *(() if tma else (forward_config("full", (64, 64, 4, 3)),)),
-    )
+experiment("full swp tma", "examples/full.attn", *SWP, FORWARD_TMA)
+experiment(
+    "full swp (64, 64, 4, 3)", "examples/full.attn", *SWP, forward_config("full", (64, 64, 4, 3))
+)
 
 
 # Session 4: the backward with dQ added by the dK/dV kernel through atomics
 # was measured against the separate dQ kernel and dropped (BENCHMARKS.md,
-# entry 9).  `bwd-ptr`: the backward's pointer loads instead of TMA.
-EXAMPLES = (
-    "full",
-    "plain_causal",
-    "mistral_sliding",
-    "gemma2_local",
-    "bloom_alibi",
-    "prefix_lm",
-    "llama4_local",
-    "encoder_band",
-)
-for spec in EXAMPLES:
-    experiment(spec, f"examples/{spec}.attn")
-    experiment(
-        f"{spec} bwd-ptr", f"examples/{spec}.attn", ("GPU_BWD_TMA = True", "GPU_BWD_TMA = False")
-    )
+# entry 9).
 
 
 # A narrow band (257 keys per query) at d128: the backward's programs have
@@ -292,7 +295,7 @@ for config in ((64, 64, 4, 3), (32, 64, 4, 3), (64, 64, 8, 3), (32, 128, 8, 3)):
     experiment(
         f"encoder_band bwd {config}",
         "examples/encoder_band.attn",
-        ("GPU_BWD_CONFIG = (64, 128, 8, 3)", f"GPU_BWD_CONFIG = {config}"),
+        set_config("GPU_BWD_CONFIG", BWD_D128, config),
     )
 
 
@@ -304,7 +307,7 @@ for spec in EXAMPLES:
         experiment(
             f"{spec} bwd {config}",
             f"examples/{spec}.attn",
-            ("GPU_BWD_CONFIG = (64, 128, 8, 3)", f"GPU_BWD_CONFIG = {config}"),
+            set_config("GPU_BWD_CONFIG", BWD_D128, config),
         )
 
 
@@ -335,10 +338,14 @@ for spec in EXAMPLES:
 CUSTOM = "examples/custom.attn"
 experiment("custom", CUSTOM, head_dim=80)
 for config in ((32, 16, 4, 2), (16, 32, 4, 2), (16, 16, 4, 1)):
-    edit = ("GPU_CONFIG = (64, 32, 4, 2)", f"GPU_CONFIG = {config}")
-    experiment(f"custom fwd {config}", CUSTOM, edit, head_dim=80)
+    experiment(
+        f"custom fwd {config}",
+        CUSTOM,
+        set_config("GPU_CONFIG", (64, 32, 4, 2), config),
+        head_dim=80,
+    )
 for config in ((16, 16, 4, 1), (16, 16, 4, 2), (32, 32, 8, 2)):
-    edit = ("GPU_BWD_CONFIG = (32, 32, 4, 2)", f"GPU_BWD_CONFIG = {config}")
+    edit = set_config("GPU_BWD_CONFIG", (32, 32, 4, 2), config)
     experiment(f"custom bwd {config}", CUSTOM, edit, head_dim=80)
 # ... or float32 products on the tensor cores: three TF32 products per
 # product ("tf32x3"), within a few fp32 ulps, against CUDA-core FMAs (the

@@ -32,7 +32,7 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
-from flashgen import api  # noqa: E402
+from flashgen import api, lower  # noqa: E402
 
 _DTYPES = {"torch.float16": "fp16", "torch.bfloat16": "bf16", "torch.float32": "fp32"}
 _TENSORS = ("q", "k", "v", "o", "do", "dq", "dk", "dv")
@@ -106,34 +106,26 @@ def module_resources(module, forward_config=None, backward_config=None, tma: boo
     """Resources of a generated module's forward and backward kernels, at its
     own configs unless given; tma=False forces pointer loads."""
     dtype = _DTYPES[str(module.DTYPE)]
-    pad = max(16, 1 << (module.HEAD_DIM - 1).bit_length())
+    pad = lower.head_dim_pad(module.HEAD_DIM)
     passes = [
-        ("_attn_fwd", tuple(forward_config or module.GPU_CONFIG), module.GPU_TMA and tma, 1),
-        (
-            "_attn_bwd",
-            tuple(backward_config or module.GPU_BWD_CONFIG),
-            module.GPU_BWD_TMA and tma,
-            0,
-        ),
+        ("_attn_fwd", tuple(forward_config or module.GPU_CONFIG), module.GPU_TMA and tma),
+        ("_attn_bwd", tuple(backward_config or module.GPU_BWD_CONFIG), module.GPU_BWD_TMA and tma),
     ]
     found = []
-    for kernel, config, use_tma, rows_from_n in passes:
-        found.append(
-            Resources(
-                kernel,
-                config,
-                use_tma,
-                *compile_kernel(
-                    getattr(module, kernel),
-                    config,
-                    dtype=dtype,
-                    head_dim=module.HEAD_DIM,
-                    head_dim_pad=pad,
-                    tma=use_tma,
-                    rows=config[1] if rows_from_n else config[0],
-                ),
-            )
+    for kernel, config, use_tma in passes:
+        # The forward streams K/V tiles of BLOCK_N rows through descriptors;
+        # the backward streams all of its tiles BLOCK_M rows at a time.
+        rows = config[1] if kernel == "_attn_fwd" else config[0]
+        resources = compile_kernel(
+            getattr(module, kernel),
+            config,
+            dtype=dtype,
+            head_dim=module.HEAD_DIM,
+            head_dim_pad=pad,
+            tma=use_tma,
+            rows=rows,
         )
+        found.append(Resources(kernel, config, use_tma, *resources))
     return found
 
 
