@@ -291,7 +291,17 @@ experiment(
 
 # A narrow band (257 keys per query) at d128: the backward's programs have
 # few tiles each, so the tile shape decides how much is fixed cost.
-for config in ((64, 64, 4, 3), (32, 64, 4, 3), (64, 64, 8, 3), (32, 128, 8, 3)):
+# Session 5 adds smaller and shallower tiles.
+for config in (
+    (64, 64, 4, 3),
+    (32, 64, 4, 3),
+    (64, 64, 8, 3),
+    (32, 128, 8, 3),
+    (32, 64, 4, 2),
+    (32, 32, 4, 3),
+    (64, 32, 4, 3),
+    (16, 64, 4, 3),
+):
     experiment(
         f"encoder_band bwd {config}",
         "examples/encoder_band.attn",
