@@ -19,6 +19,7 @@ one line.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import sys
 from collections.abc import Sequence
@@ -143,13 +144,20 @@ def _parser() -> argparse.ArgumentParser:
         "tune",
         help="measure launch configs on this GPU and save them next to the spec (CUDA)",
         description="Time candidate (BLOCK_M, BLOCK_N, num_warps, num_stages) for the "
-        "forward and the backward of each block and save the fastest in SPEC.tune.json; "
-        "`flashgen build` then freezes them into the module.",
+        "forward and the backward of each block and save the fastest in SPEC.tune.json, "
+        "one entry per head dim and dtype; `flashgen build` then freezes them into the module.",
     )
     tune.add_argument("specs", nargs="+", metavar="SPEC", help=".attn file")
     tune.add_argument("--seqlens", type=_positive, nargs="+", default=[4096], metavar="N")
     tune.add_argument("--batch", type=_positive, help="default: 16384 tokens / N")
     tune.add_argument("--heads", type=_positive, default=16)
+    tune.add_argument(
+        "--head-dim",
+        type=_positive,
+        nargs="+",
+        metavar="D",
+        help="tune the blocks rebuilt at these head dims (default: the specs' own)",
+    )
     tune.add_argument("--name", help="tune only this block")
     tune.add_argument(
         "--passes",
@@ -213,28 +221,32 @@ def _tune(args: argparse.Namespace) -> int:
     variants = _gpu_variants(args, "tune")
     from flashgen import tune
 
-    for variant in variants:
-        candidates = {}
-        if args.quick:
-            candidates = dict(
-                forward_candidates=QUICK_FORWARD_CANDIDATES,
-                backward_candidates=QUICK_BACKWARD_CANDIDATES,
+    candidates = {}
+    if args.quick:
+        candidates = dict(
+            forward_candidates=QUICK_FORWARD_CANDIDATES,
+            backward_candidates=QUICK_BACKWARD_CANDIDATES,
+        )
+    for spec_variant in variants:
+        for head_dim in args.head_dim or [spec_variant.head_dim]:
+            # As `flashgen bench --head-dim` rebuilds it; the path still finds the sidecar.
+            variant = dataclasses.replace(spec_variant, head_dim=head_dim)
+            best, _ = tune.tune(
+                variant,
+                seqlens=args.seqlens,
+                batch=args.batch,
+                heads=args.heads,
+                passes=args.passes,
+                **candidates,
             )
-        best, _ = tune.tune(
-            variant,
-            seqlens=args.seqlens,
-            batch=args.batch,
-            heads=args.heads,
-            passes=args.passes,
-            **candidates,
-        )
-        path = sidecar_path(variant.path)
-        tune.write_tuning(path, {variant.name: best})
-        print(
-            f"{variant.name}: forward {tune.as_list(best.forward)} (tma {best.forward_tma}), "
-            f"backward {tune.as_list(best.backward)} (tma {best.backward_tma}) "
-            f"on {best.device} -> {path}"
-        )
+            # Saved at once: a run stopped by a time limit keeps what it measured.
+            path = sidecar_path(variant.path)
+            tune.write_tuning(path, {variant.name: best})
+            print(
+                f"{variant.name} d{head_dim}: forward {tune.as_list(best.forward)} "
+                f"(tma {best.forward_tma}), backward {tune.as_list(best.backward)} "
+                f"(tma {best.backward_tma}) on {best.device} -> {path}"
+            )
     print("run `flashgen build` to write these into the modules")
     return 0
 

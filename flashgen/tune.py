@@ -3,9 +3,17 @@
 In: checked `Variant`s and a CUDA device.  Out: one `Tuning` per variant (the
 fastest forward and backward (BLOCK_M, BLOCK_N, num_warps, num_stages) among
 the candidates, by median time over the given sequence lengths), saved in a
-sidecar `SPEC.tune.json` next to the spec.  `flashgen build` and
-`flashgen.load` read the sidecar and write the configs into the generated
-module as plain constants, so a user's first call never autotunes.
+sidecar `SPEC.tune.json` next to the spec.  The sidecar keeps one tuning per
+block and (head_dim, dtype), since the best configs change with the head dim
+and a spec may be built at other head dims (`flashgen bench --head-dim`):
+
+    {"blocks": {"NAME": [{"device": ..., "forward": [BLOCK_M, BLOCK_N, warps,
+     stages], "backward": [...], "head_dim": 64, "dtype": "bf16",
+     "forward_tma": true, "backward_tma": null}, ...]}}
+
+`flashgen build` and `flashgen.load` read the sidecar and write the configs of
+the variant's head dim and dtype into the generated module as plain constants,
+so a user's first call never autotunes.
 
 The sidecar is data from disk: it is validated field by field, and only
 integers and a GPU name of plain characters reach the generated module.
@@ -31,24 +39,37 @@ FORWARD_CANDIDATES = tuple(
     LaunchConfig(m, n, w, s)
     for m, n, w, s in itertools.product((64, 128), (32, 64, 128), (4, 8), (2, 3))
 )
+# The backward's also try one stage at 64-wide key blocks: stages 1-2 win
+# when each program's loop is short (a narrow band mask).
 BACKWARD_CANDIDATES = tuple(
     LaunchConfig(m, n, w, s)
     for m, n, w, s in itertools.product((32, 64), (64, 128), (4, 8), (2, 3))
-)
+) + (LaunchConfig(32, 64, 4, 1), LaunchConfig(64, 64, 4, 1))
 
 
 # A quick pass for a GPU session with many specs: the measured defaults of
 # `lower._gpu_config` / `_gpu_bwd_config` and their nearest neighbours.  The
 # backward's include the two shapes that compile without register spills for
 # the masked examples at d128 (scripts/sm90_resources.py), where the default
-# (64, 128, 8, 3) spills 36-516 bytes.
+# (64, 128, 8, 3) spills 36-516 bytes, and two with fewer stages, which win
+# when each program's loop is short: for window(128, 128) on an H200 the
+# backward went from 125 to 152 TFLOP/s at d64 with (32, 64, 4, 1) and from
+# 136 to 195 at d128 with (64, 64, 4, 2).
 QUICK_FORWARD_CANDIDATES = tuple(
     LaunchConfig(*c)
     for c in ((64, 64, 4, 3), (128, 64, 8, 3), (128, 128, 8, 3), (128, 64, 8, 2), (64, 128, 4, 3))
 )
 QUICK_BACKWARD_CANDIDATES = tuple(
     LaunchConfig(*c)
-    for c in ((64, 64, 4, 3), (64, 64, 8, 3), (32, 128, 8, 3), (64, 128, 8, 3), (32, 64, 4, 3))
+    for c in (
+        (64, 64, 4, 3),
+        (64, 64, 8, 3),
+        (32, 128, 8, 3),
+        (64, 128, 8, 3),
+        (32, 64, 4, 3),
+        (64, 64, 4, 2),
+        (32, 64, 4, 1),
+    )
 )
 PASSES = ("forward", "backward")
 
@@ -62,15 +83,18 @@ def sidecar_path(spec_path: str | Path) -> Path:
     return path.with_name(path.stem + SIDECAR_SUFFIX)
 
 
-def read_tuning(path: str | Path) -> dict[str, Tuning]:
-    """Block name -> Tuning from a sidecar; {} if there is none."""
+def read_tuning(path: str | Path) -> dict[str, tuple[Tuning, ...]]:
+    """Block name -> its Tunings, one per (head_dim, dtype), from a sidecar;
+    {} if there is none."""
     path = Path(path)
     if not path.exists():
         return {}
     try:
         data = json.loads(path.read_text())
         blocks = data["blocks"]
-        return {name: _tuning(entry) for name, entry in blocks.items()}
+        if not isinstance(blocks, dict):
+            raise TypeError("'blocks' is not an object")
+        return {name: _tunings(name, entries) for name, entries in blocks.items()}
     except (ValueError, KeyError, TypeError) as e:
         raise TuningError(f"{path}: not a valid tuning file ({e})") from None
 
@@ -78,20 +102,40 @@ def read_tuning(path: str | Path) -> dict[str, Tuning]:
 def tuning_for(variant: ir.Variant) -> Tuning | None:
     """The sidecar's tuning of a variant read from a file, if any.
 
-    A tuning measured at another head dim or dtype (`flashgen bench
-    --head-dim` rebuilds a spec at other head dims) does not apply.
+    The one measured at the variant's head dim and dtype (`flashgen bench
+    --head-dim` rebuilds a spec at other head dims, whose best configs
+    differ), else one that names neither (an older sidecar's, for any).
     """
     if variant.path.startswith("<"):
         return None
-    tuning = read_tuning(sidecar_path(variant.path)).get(variant.name)
-    if tuning is None:
-        return None
-    if (tuning.head_dim, tuning.dtype) not in (
-        (None, None),
-        (variant.head_dim, variant.dtype.value),
-    ):
-        return None
-    return tuning
+    tunings = read_tuning(sidecar_path(variant.path)).get(variant.name, ())
+    by_key = {_key(t): t for t in tunings}
+    return by_key.get((variant.head_dim, variant.dtype.value), by_key.get((None, None)))
+
+
+def _key(tuning: Tuning) -> tuple[int | None, str | None]:
+    return tuning.head_dim, tuning.dtype
+
+
+def _order(tuning: Tuning) -> tuple[bool, int, str]:
+    """Sidecar order: by head dim then dtype, (None, None) first."""
+    return tuning.head_dim is not None, tuning.head_dim or 0, tuning.dtype or ""
+
+
+def _tunings(name: str, entries) -> tuple[Tuning, ...]:
+    if isinstance(entries, dict):  # a sidecar from before one entry per head dim
+        entries = [entries]
+    if not isinstance(entries, list) or not entries:
+        raise TypeError(f"block {name!r} does not hold a list of tunings")
+    tunings = tuple(_tuning(entry) for entry in entries)
+    keys = [_key(t) for t in tunings]
+    for key in keys:
+        if keys.count(key) > 1:
+            head_dim, dtype = key
+            raise ValueError(
+                f"block {name!r} has two tunings for head_dim {head_dim}, dtype {dtype}"
+            )
+    return tunings
 
 
 def _config(values) -> LaunchConfig:
@@ -113,7 +157,9 @@ def _tuning(entry) -> Tuning:
     if not isinstance(device, str) or not _DEVICE_NAME.match(device):
         raise ValueError(f"device name {device!r} has unexpected characters")
     head_dim, dtype = entry.get("head_dim"), entry.get("dtype")
-    if head_dim is not None and (not isinstance(head_dim, int) or not 1 <= head_dim <= 1024):
+    if head_dim is not None and (
+        not isinstance(head_dim, int) or isinstance(head_dim, bool) or not 1 <= head_dim <= 1024
+    ):
         raise ValueError(f"head_dim {head_dim!r} is not an integer in 1..1024")
     if dtype is not None and dtype not in {d.value for d in ir.DType}:
         raise ValueError(f"dtype {dtype!r} is not one of the spec dtypes")
@@ -126,22 +172,28 @@ def _tuning(entry) -> Tuning:
 
 
 def write_tuning(path: str | Path, tunings: dict[str, Tuning]) -> None:
-    """Merge `tunings` into the sidecar at `path`."""
-    merged = read_tuning(path)
-    merged.update(tunings)
+    """Merge `tunings` into the sidecar at `path`: each replaces its block's
+    entry of the same head dim and dtype; every other entry stays."""
+    merged = {name: {_key(t): t for t in ts} for name, ts in read_tuning(path).items()}
+    for name, tuning in tunings.items():
+        merged.setdefault(name, {})[_key(tuning)] = tuning
     blocks = {
-        name: {
-            "device": t.device,
-            "forward": as_list(t.forward),
-            "backward": as_list(t.backward),
-            "head_dim": t.head_dim,
-            "dtype": t.dtype,
-            "forward_tma": t.forward_tma,
-            "backward_tma": t.backward_tma,
-        }
-        for name, t in sorted(merged.items())
+        name: [_entry(t) for t in sorted(by_key.values(), key=_order)]
+        for name, by_key in sorted(merged.items())
     }
     Path(path).write_text(json.dumps({"blocks": blocks}, indent=2) + "\n")
+
+
+def _entry(tuning: Tuning) -> dict:
+    return {
+        "device": tuning.device,
+        "forward": as_list(tuning.forward),
+        "backward": as_list(tuning.backward),
+        "head_dim": tuning.head_dim,
+        "dtype": tuning.dtype,
+        "forward_tma": tuning.forward_tma,
+        "backward_tma": tuning.backward_tma,
+    }
 
 
 def as_list(config: LaunchConfig) -> list[int]:

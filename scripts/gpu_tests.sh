@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# tests/test_gpu.py in four parallel processes (examples in fp16, in bf16,
+# tests/test_gpu.py in five parallel processes (examples in fp16, in bf16, in fp32,
 # random forward specs, random gradient specs), each within SECONDS.  The
 # per-case error table goes to $OUT/gpu_summary.txt, each group's log tail to
 # stdout.  On a machine whose time is rationed this is the check after every
@@ -19,10 +19,12 @@ group() {
 if [ -n "${BACKWARD_ONLY:-}" ]; then  # a change to the backward kernels only
   group gradients-fp16 "example_gradients and FP16" &
   group gradients-bf16 "example_gradients and BF16" &
+  group gradients-fp32 "example_gradients and FP32" &
   group random-gradients "random_spec_gradients" &
 else
   group examples-fp16 "example and FP16" &
   group examples-bf16 "example and BF16" &
+  group examples-fp32 "example and FP32" &
   group random-forward "random_specs_on_gpu or tanh" &
   group random-gradients "random_spec_gradients" &
 fi

@@ -1,4 +1,4 @@
-"""GPU property tests: fp16 and bf16, sequence lengths up to 2048.
+"""GPU property tests: fp16, bf16 and fp32, sequence lengths up to 2048.
 
 Marked `gpu`: skipped without CUDA.  Same tolerance rule as the CPU tests
 (`flashgen.verify.tolerance`).  With FLASHGEN_GPU_SUMMARY=path set, every
@@ -46,7 +46,7 @@ def _record(variant: ir.Variant, result) -> None:
 
 
 @pytest.mark.parametrize("variant", example_variants(), ids=lambda v: v.name)
-@pytest.mark.parametrize("dtype", [ir.DType.FP16, ir.DType.BF16])
+@pytest.mark.parametrize("dtype", [ir.DType.FP16, ir.DType.BF16, ir.DType.FP32])
 def test_examples_on_gpu(variant, dtype):
     variant = dataclasses.replace(variant, dtype=dtype)
     rng = random.Random(variant.name)
@@ -67,7 +67,8 @@ def test_examples_on_gpu(variant, dtype):
 )
 @given(
     variant=variants(
-        dtypes=(ir.DType.FP16, ir.DType.BF16), head_dims=(24, 40, 64, 80, 96, 128, 192, 256)
+        dtypes=(ir.DType.FP16, ir.DType.BF16, ir.DType.FP32),
+        head_dims=(24, 40, 64, 80, 96, 128, 192, 256),
     ),
     kv_heads=st.integers(1, 2),
     group=st.sampled_from((1, 2)),
@@ -84,7 +85,7 @@ def test_random_specs_on_gpu(variant, kv_heads, group, n_queries, n_keys, magnit
 
 
 @pytest.mark.parametrize("variant", example_variants(), ids=lambda v: v.name)
-@pytest.mark.parametrize("dtype", [ir.DType.FP16, ir.DType.BF16])
+@pytest.mark.parametrize("dtype", [ir.DType.FP16, ir.DType.BF16, ir.DType.FP32])
 def test_example_gradients_on_gpu(variant, dtype, monkeypatch):
     variant = dataclasses.replace(variant, dtype=dtype)
     shapes = [Shape(1, 4, 2, 2048, 2048), Shape(1, 2, 1, 1023, 2048), Shape(1, 2, 2, 2048, 799)]
@@ -103,7 +104,8 @@ def test_example_gradients_on_gpu(variant, dtype, monkeypatch):
 )
 @given(
     variant=variants(
-        dtypes=(ir.DType.FP16, ir.DType.BF16), head_dims=(24, 40, 64, 80, 96, 128, 192, 256)
+        dtypes=(ir.DType.FP16, ir.DType.BF16, ir.DType.FP32),
+        head_dims=(24, 40, 64, 80, 96, 128, 192, 256),
     ),
     kv_heads=st.integers(1, 2),
     group=st.sampled_from((1, 2)),

@@ -94,7 +94,7 @@ def test_sidecar_round_trip_and_freeze(spec_file):
     tuning = Tuning("NVIDIA H200", LaunchConfig(128, 64, 8, 4), LaunchConfig(64, 128, 8, 2))
     write_tuning(sidecar_path(spec_file), {"tiny": tuning})
     assert sidecar_path(spec_file).name == "tiny.tune.json"
-    assert read_tuning(sidecar_path(spec_file)) == {"tiny": tuning}
+    assert read_tuning(sidecar_path(spec_file)) == {"tiny": (tuning,)}
     assert tuning_for(variant) == tuning
     source = render_module(variant, tuning_for(variant))
     assert "GPU_CONFIG = (128, 64, 8, 4)" in source
@@ -102,6 +102,9 @@ def test_sidecar_round_trip_and_freeze(spec_file):
     assert "measured on NVIDIA H200 by `flashgen tune`" in source
     assert tuning_for(_variant(spec_file)) is not None
     assert render_module(variant) != source  # without the sidecar: defaults
+
+
+GOOD_ENTRY = {"device": "GPU", "forward": [64, 64, 4, 2], "backward": [64, 64, 4, 2]}
 
 
 @pytest.mark.parametrize(
@@ -120,8 +123,37 @@ def test_sidecar_round_trip_and_freeze(spec_file):
 )
 def test_bad_sidecars_are_rejected(tmp_path, entry):
     path = tmp_path / "x.tune.json"
-    path.write_text(json.dumps({"blocks": {"x": entry}}))
-    with pytest.raises(TuningError, match="not a valid tuning file"):
+    for entries in (entry, [GOOD_ENTRY, entry]):  # the old single entry, and in a list
+        path.write_text(json.dumps({"blocks": {"x": entries}}))
+        with pytest.raises(TuningError, match="not a valid tuning file"):
+            read_tuning(path)
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        {"blocks": []},
+        {"blocks": {"x": []}},
+        {"blocks": {"x": "GPU"}},
+        {"blocks": {"x": [[64, 64, 4, 2]]}},
+        {"blocks": {"x": [{**GOOD_ENTRY, "head_dim": True}]}},
+    ],
+)
+def test_bad_sidecar_shapes_are_rejected(tmp_path, data):
+    path = tmp_path / "x.tune.json"
+    path.write_text(json.dumps(data))
+    with pytest.raises(TuningError, match=f"{path}: not a valid tuning file"):
+        read_tuning(path)
+
+
+def test_two_tunings_of_one_head_dim_and_dtype_are_rejected(tmp_path):
+    path = tmp_path / "x.tune.json"
+    entry = {**GOOD_ENTRY, "head_dim": 64, "dtype": "bf16"}
+    other = {**GOOD_ENTRY, "head_dim": 128, "dtype": "bf16"}
+    path.write_text(json.dumps({"blocks": {"x": [entry, other]}}))
+    assert len(read_tuning(path)["x"]) == 2
+    path.write_text(json.dumps({"blocks": {"x": [entry, other, {**entry, "device": "B"}]}}))
+    with pytest.raises(TuningError, match="two tunings for head_dim 64, dtype bf16"):
         read_tuning(path)
 
 
@@ -154,6 +186,79 @@ def test_tuning_applies_only_to_its_head_dim_and_dtype(spec_file):
     assert tuning_for(dataclasses.replace(variant, head_dim=variant.head_dim * 2)) is None
     other = ir.DType.FP16 if variant.dtype is not ir.DType.FP16 else ir.DType.BF16
     assert tuning_for(dataclasses.replace(variant, dtype=other)) is None
+
+
+def _tuning_at(variant, head_dim, block_m):
+    config = LaunchConfig(block_m, 32, 4, 2)
+    return Tuning("GPU", config, config, head_dim, variant.dtype.value)
+
+
+def test_sidecar_holds_one_tuning_per_head_dim(spec_file):
+    """`flashgen bench --head-dim 32` of a d16 spec finds the d32 tuning; a
+    head dim never tuned gets none, and writing one head dim keeps the others."""
+    variant = _variant(spec_file)
+    at = {d: dataclasses.replace(variant, head_dim=d) for d in (16, 32, 64)}
+    d32, d16 = _tuning_at(variant, 32, 64), _tuning_at(variant, 16, 16)
+    path = sidecar_path(spec_file)
+    write_tuning(path, {"tiny": d32})
+    write_tuning(path, {"tiny": d16, "other": d32})
+    assert read_tuning(path) == {"tiny": (d16, d32), "other": (d32,)}  # by head dim
+    assert [e["head_dim"] for e in json.loads(path.read_text())["blocks"]["tiny"]] == [16, 32]
+    assert tuning_for(at[16]) == d16 and tuning_for(at[32]) == d32
+    assert tuning_for(at[64]) is None
+    assert "GPU_CONFIG = (64, 32, 4, 2)" in render_module(at[32], tuning_for(at[32]))
+    # Tuning d32 again replaces only that entry.
+    new_d32 = _tuning_at(variant, 32, 128)
+    write_tuning(path, {"tiny": new_d32})
+    assert read_tuning(path)["tiny"] == (d16, new_d32)
+
+
+def test_a_legacy_sidecar_still_reads(spec_file):
+    """A sidecar from before one entry per head dim: a single entry per block,
+    which applies to any head dim if it names none."""
+    variant = _variant(spec_file)
+    legacy = {**GOOD_ENTRY, "forward_tma": True}
+    sidecar_path(spec_file).write_text(json.dumps({"blocks": {"tiny": legacy}}))
+    tuning = Tuning("GPU", LaunchConfig(64, 64, 4, 2), LaunchConfig(64, 64, 4, 2), None, None, True)
+    assert read_tuning(sidecar_path(spec_file)) == {"tiny": (tuning,)}
+    assert tuning_for(dataclasses.replace(variant, head_dim=128)) == tuning
+    # A tuning of the variant's own head dim wins over the legacy one.
+    own = _tuning_at(variant, variant.head_dim, 32)
+    write_tuning(sidecar_path(spec_file), {"tiny": own})
+    assert read_tuning(sidecar_path(spec_file))["tiny"] == (tuning, own)
+    assert tuning_for(variant) == own
+    assert tuning_for(dataclasses.replace(variant, head_dim=128)) == tuning
+
+
+def test_cli_tunes_each_head_dim(spec_file, monkeypatch, capsys):
+    """`flashgen tune --head-dim 16 32` tunes the d16 block rebuilt at each
+    head dim (on the CPU here, with a stand-in timer) and saves one entry each;
+    without --head-dim it tunes the spec's own."""
+    import torch
+
+    from flashgen.cli import main
+
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    real_tune, seen = tune.tune, []
+
+    def on_cpu(variant, **kwargs):
+        seen.append((variant.head_dim, variant.path))
+        config = LaunchConfig(16, 16, 1, 1)
+        kwargs.update(device="cpu", seqlens=[20], batch=1, heads=1, device_name="Test GPU")
+        kwargs.update(forward_candidates=[config], backward_candidates=[config])
+        return real_tune(variant, timer=lambda fn: (fn(), 1.0)[1], **kwargs)
+
+    monkeypatch.setattr(tune, "tune", on_cpu)
+    assert main(["tune", str(spec_file), "--head-dim", "32", "16"]) == 0
+    assert seen == [(32, str(spec_file)), (16, str(spec_file))]
+    out = capsys.readouterr().out
+    assert "tiny d32: forward [16, 16, 1, 1]" in out and "tiny d16: forward" in out
+    tunings = read_tuning(sidecar_path(spec_file))["tiny"]
+    assert [t.head_dim for t in tunings] == [16, 32]
+    assert main(["tune", str(spec_file), "--passes", "backward"]) == 0
+    assert seen[2:] == [(16, str(spec_file))]
+    assert [t.head_dim for t in read_tuning(sidecar_path(spec_file))["tiny"]] == [16, 32]
 
 
 def test_a_pass_left_out_keeps_the_module_config(spec_file, monkeypatch):
