@@ -37,9 +37,9 @@ HEAD_DIM = 64
 DTYPE = torch.float16
 DEFAULT_SCALE = 0.125
 
-# (BLOCK_M, BLOCK_N, num_warps, num_stages)
+# (BLOCK_M, BLOCK_N, num_warps, num_stages), measured on NVIDIA H200 by `flashgen tune`
 GPU_CONFIG = (64, 64, 4, 3)
-GPU_BWD_CONFIG = (64, 64, 4, 3)
+GPU_BWD_CONFIG = (32, 64, 4, 1)
 # Whether the forward and the backward load tiles through TMA descriptors by
 # default on sm90+ GPUs (measured: flashgen's defaults, or `flashgen tune`).
 GPU_TMA = False

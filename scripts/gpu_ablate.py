@@ -31,7 +31,6 @@ from gpu_sweep import dense_check  # noqa: E402
 
 from flashgen import api, bench, ir  # noqa: E402
 from flashgen.emit import render_module  # noqa: E402
-from flashgen.tune import tuning_for  # noqa: E402
 from flashgen.verify import torch_dtype  # noqa: E402
 
 # name -> (spec path, [(old, new), ...], head dim).  The empty edit list is
@@ -59,7 +58,9 @@ def ms(fn) -> float:
 
 @functools.lru_cache(maxsize=None)
 def _rendered(variant: ir.Variant) -> str:
-    return render_module(variant, tuning_for(variant))
+    """The module at `lower`'s default configs: experiments edit those, not a
+    spec's tuning sidecar (`flashgen tune` measured the sidecars)."""
+    return render_module(variant, None)
 
 
 def edited_source(variant, edits) -> str:
@@ -369,23 +370,21 @@ for spec in EXAMPLES:
 # custom (float32, d80 padded to 128).  Session 5 (BENCHMARKS.md, entry 15)
 # measured IEEE products on the CUDA cores at several tiles (1-2 TFLOP/s)
 # against three TF32 products per product on the tensor cores ("tf32x3",
-# 9-11 TFLOP/s), and adopted tf32x3 with a (128, 32, 8, 2) forward.  The
-# baseline is now that; `custom ieee` is the old product at the old tiles.
+# 9-11 TFLOP/s).  tf32x3 failed the float32 error rule on the GPU, so the
+# module keeps IEEE products at the spill-free (32, 16, 4, 2) forward;
+# `custom tf32x3` is the faster, less accurate build, for the record.
 CUSTOM = "examples/custom.attn"
 experiment("custom", CUSTOM, head_dim=80)
 experiment(
-    "custom ieee",
+    "custom tf32x3",
     CUSTOM,
-    ('input_precision="tf32x3"', 'input_precision="ieee"'),
-    set_config("GPU_CONFIG", (128, 32, 8, 2), (64, 32, 4, 2)),
+    ('input_precision="ieee"', 'input_precision="tf32x3"'),
+    set_config("GPU_CONFIG", (32, 16, 4, 2), (128, 32, 8, 2)),
     head_dim=80,
 )
 for config in ((16, 32, 4, 2), (64, 32, 4, 2)):
-    edit = set_config("GPU_CONFIG", (128, 32, 8, 2), config)
+    edit = set_config("GPU_CONFIG", (32, 16, 4, 2), config)
     experiment(f"custom fwd {config}", CUSTOM, edit, head_dim=80)
-for config in ((16, 16, 4, 2), (32, 16, 8, 2)):
-    edit = set_config("GPU_BWD_CONFIG", (32, 32, 4, 2), config)
-    experiment(f"custom bwd {config}", CUSTOM, edit, head_dim=80)
 
 
 def main() -> None:
