@@ -151,6 +151,10 @@ class KernelModel:
     gpu_tma: bool
     gpu_bwd_tma: bool
     tuned_on: str | None  # GPU name when the configs come from `flashgen tune`
+    # The warp-specialized Gluon forward for Hopper ("full" or "causal"), or
+    # None (see `_gluon_forward`), and its number of K/V buffers.
+    gluon_forward: str | None = None
+    gluon_stages: int = 3
 
 
 # --------------------------------------------------------------------------- #
@@ -1202,6 +1206,19 @@ def _gpu_tma(head_dim_pad: int, dtype: ir.DType) -> tuple[bool, bool]:
     return False, head_dim_pad >= 128 and dtype is not ir.DType.FP32
 
 
+def _gluon_forward(v: ir.Variant) -> str | None:
+    """Whether the module gets the warp-specialized Gluon forward for sm90
+    (BENCHMARKS.md, entries 13 and 16): "full" or "causal", else None.
+
+    Written for the plain variants that race cuDNN: a full or causal mask,
+    the score s, 16-bit inputs, head dim 128.  The module still checks each
+    call's shapes and falls back to the Triton kernel.
+    """
+    if v.dtype is ir.DType.FP32 or v.head_dim != 128 or v.score != ir.IDENTITY_SCORE:
+        return None
+    return {ir.FULL: "full", ir.Name("causal"): "causal"}.get(v.mask)
+
+
 # The Triton interpreter runs each program instance in numpy: bigger tiles mean
 # fewer Python-level steps.
 _CPU_CONFIG = LaunchConfig(32, 32, 1, 1)
@@ -1306,4 +1323,5 @@ def lower(v: ir.Variant, tuning: Tuning | None = None) -> KernelModel:
         gpu_tma=_pick(tuning.forward_tma if tuning else None, default_tma[0]),
         gpu_bwd_tma=_pick(tuning.backward_tma if tuning else None, default_tma[1]),
         tuned_on=tuning.device if tuning else None,
+        gluon_forward=_gluon_forward(v),
     )

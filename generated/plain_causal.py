@@ -31,6 +31,18 @@ try:  # Hopper's tensor memory accelerator (TMA), Triton >= 3.4
     from triton.tools.tensor_descriptor import TensorDescriptor
 except ImportError:  # pragma: no cover
     TensorDescriptor = None
+from triton.experimental import gluon  # Triton >= 3.5
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import (
+    fence_async_shared,
+    mbarrier,
+    warpgroup_mma,
+    warpgroup_mma_wait,
+)
+from triton.experimental.gluon.language.nvidia.hopper import tma as gl_tma
+from triton.experimental.gluon.nvidia.hopper import (
+    TensorDescriptor as GluonTensorDescriptor,
+)
 
 SPEC = "attention plain_causal {\n    head_dim = 128\n    dtype = bf16\n    mask = causal\n    score = s\n    align = bottom_right\n    rescale_threshold = 0.0\n}\n"
 HEAD_DIM = 128
@@ -1393,6 +1405,362 @@ def _alibi_or_placeholder(num_heads: int, like: torch.Tensor) -> torch.Tensor:
     return like  # this variant has no ALiBi term; the kernels never read it
 
 
+# --------------------------------------------------------------------------- #
+# The warp-specialized forward for Hopper (sm90), in Gluon.
+#
+# One CTA owns 128 query rows.  A one-warp producer partition issues every TMA
+# copy: the two 64-row halves of Q, then K and V tile by tile into
+# GLUON_STAGES buffers, each refilled once both consumers have released it.
+# Two consumer partitions of one warp group each run the online softmax over
+# their own 64 rows, and within each the product S(j+1) = Q K(j+1)^T is
+# issued before the softmax of tile j, so the tensor cores keep working while
+# the softmax runs; the warp scheduler interleaves the two consumers too.
+# Used when the call allows it (`_gluon_supported`), else the Triton kernel.
+# --------------------------------------------------------------------------- #
+
+GLUON_BLOCK = 128  # query rows per CTA and keys per tile
+GLUON_STAGES = 3
+
+
+@gluon.jit
+def _gluon_softmax_step(
+    s, m_i, l_i, qk_scale, q_idx, k_start, MASKED: gl.constexpr, o_rows: gl.constexpr
+):
+    """One tile of the online softmax: P (unnormalized), the new running max
+    and sum (log2 units), and the accumulator's rescale factor laid out for
+    the output rows."""
+    if MASKED:  # the diagonal tile: key k is visible from query q when k <= q
+        k_idx = k_start + gl.arange(
+            0, s.shape[1], layout=gl.SliceLayout(0, s.type.layout)
+        )
+        s = gl.where(
+            gl.expand_dims(k_idx, 0) <= gl.expand_dims(q_idx, 1), s, float("-inf")
+        )
+    m_new = gl.maximum(m_i, gl.max(s, 1) * qk_scale)
+    alpha = gl.exp2(m_i - m_new)
+    p = gl.exp2(s * qk_scale - gl.expand_dims(m_new, 1))
+    l_i = l_i * alpha + gl.sum(p, 1)
+    return p, m_new, l_i, gl.convert_layout(alpha, o_rows)
+
+
+@gluon.jit
+def _gluon_tile_rows():
+    """The first query row of this CTA: heaviest tiles first under a causal mask."""
+    return (gl.num_programs(0) - 1 - gl.program_id(0)) * (2 * 64)
+
+
+@gluon.jit
+def _gluon_key_tiles(start_cta, n_ctx, BLOCK_N: gl.constexpr):
+    return (start_cta + BLOCK_N) // BLOCK_N  # up to the diagonal tile
+
+
+@gluon.jit
+def _gluon_fwd_consumer(args, HALF: gl.constexpr):
+    (
+        q_desc,
+        k_desc,
+        v_desc,
+        o_desc,
+        lse_ptr,
+        qk_scale,
+        n_ctx,
+        num_heads,
+        group,
+        q_smem,
+        k_smem,
+        v_smem,
+        q_bars,
+        k_ready,
+        v_ready,
+        k_empty,
+        v_empty,
+    ) = args
+    dtype: gl.constexpr = q_desc.dtype
+    ROWS: gl.constexpr = q_desc.block_type.shape[0]
+    HEAD_DIM: gl.constexpr = q_desc.block_type.shape[1]
+    BLOCK_N: gl.constexpr = k_desc.block_type.shape[0]
+    STAGES: gl.constexpr = k_smem.type.shape[0]
+    s_layout: gl.constexpr = gl.NVMMADistributedLayout(
+        version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BLOCK_N, 16]
+    )
+    o_layout: gl.constexpr = gl.NVMMADistributedLayout(
+        version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, HEAD_DIM, 16]
+    )
+    p_layout: gl.constexpr = gl.DotOperandLayout(
+        operand_index=0, parent=o_layout, k_width=2
+    )
+    s_rows: gl.constexpr = gl.SliceLayout(1, s_layout)
+    o_rows: gl.constexpr = gl.SliceLayout(1, o_layout)
+
+    start_cta = _gluon_tile_rows()
+    start_m = start_cta + HALF * ROWS
+    batch_head = gl.program_id(1)
+    n_tiles = _gluon_key_tiles(start_cta, n_ctx, BLOCK_N)
+    q_buf = q_smem.index(HALF)
+
+    q_idx = start_m + gl.arange(0, ROWS, layout=s_rows)
+    m_i = gl.full([ROWS], float("-inf"), gl.float32, s_rows)
+    l_i = gl.full([ROWS], 0.0, gl.float32, s_rows)
+    acc = gl.zeros([ROWS, HEAD_DIM], gl.float32, o_layout)
+    s_zero = gl.zeros([ROWS, BLOCK_N], gl.float32, s_layout)
+
+    mbarrier.wait(q_bars.index(HALF), 0)
+    mbarrier.wait(k_ready.index(0), 0)
+    s = warpgroup_mma(
+        q_buf, k_smem.index(0).permute((1, 0)), s_zero, use_acc=False, is_async=True
+    )
+    s = warpgroup_mma_wait(num_outstanding=0, deps=(s,))
+    mbarrier.arrive(k_empty.index(0), count=1)
+    last = n_tiles - 1
+    if n_tiles > 1:
+        # Tile 0, then tiles 1 .. last - 1 unmasked, each with S(j+1) in flight.
+        mbarrier.wait(k_ready.index(1 % STAGES), (1 // STAGES) & 1)
+        s_next = warpgroup_mma(
+            q_buf,
+            k_smem.index(1 % STAGES).permute((1, 0)),
+            s_zero,
+            use_acc=False,
+            is_async=True,
+        )
+        p, m_i, l_i, alpha = _gluon_softmax_step(
+            s, m_i, l_i, qk_scale, q_idx, 0, False, o_rows
+        )
+        mbarrier.wait(v_ready.index(0), 0)
+        acc = warpgroup_mma(
+            gl.convert_layout(p.to(dtype), p_layout),
+            v_smem.index(0),
+            acc,
+            is_async=True,
+        )
+        s = warpgroup_mma_wait(num_outstanding=1, deps=(s_next,))
+        mbarrier.arrive(k_empty.index(1 % STAGES), count=1)
+        for j in range(1, last):
+            stage = j % STAGES
+            next_stage = (j + 1) % STAGES
+            mbarrier.wait(k_ready.index(next_stage), ((j + 1) // STAGES) & 1)
+            s_next = warpgroup_mma(
+                q_buf,
+                k_smem.index(next_stage).permute((1, 0)),
+                s_zero,
+                use_acc=False,
+                is_async=True,
+            )
+            p, m_i, l_i, alpha = _gluon_softmax_step(
+                s, m_i, l_i, qk_scale, q_idx, j * BLOCK_N, False, o_rows
+            )
+            acc = warpgroup_mma_wait(
+                num_outstanding=1, deps=(acc,)
+            )  # P V of tile j - 1 is done
+            mbarrier.arrive(v_empty.index((j - 1) % STAGES), count=1)
+            acc = acc * gl.expand_dims(alpha, 1)
+            mbarrier.wait(v_ready.index(stage), (j // STAGES) & 1)
+            acc = warpgroup_mma(
+                gl.convert_layout(p.to(dtype), p_layout),
+                v_smem.index(stage),
+                acc,
+                is_async=True,
+            )
+            s = warpgroup_mma_wait(
+                num_outstanding=1, deps=(s_next,)
+            )  # S(j + 1) is done
+            mbarrier.arrive(k_empty.index(next_stage), count=1)
+        p, m_i, l_i, alpha = _gluon_softmax_step(
+            s, m_i, l_i, qk_scale, q_idx, last * BLOCK_N, True, o_rows
+        )
+        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+        mbarrier.arrive(v_empty.index((last - 1) % STAGES), count=1)
+        acc = acc * gl.expand_dims(alpha, 1)
+    else:
+        p, m_i, l_i, alpha = _gluon_softmax_step(
+            s, m_i, l_i, qk_scale, q_idx, 0, True, o_rows
+        )
+    mbarrier.wait(v_ready.index(last % STAGES), (last // STAGES) & 1)
+    acc = warpgroup_mma(
+        gl.convert_layout(p.to(dtype), p_layout),
+        v_smem.index(last % STAGES),
+        acc,
+        is_async=True,
+    )
+    acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+    mbarrier.arrive(v_empty.index(last % STAGES), count=1)
+
+    acc = acc / gl.expand_dims(gl.convert_layout(l_i, o_rows), 1)
+    q_buf.store(acc.to(dtype))  # Q is no longer needed: its buffer stages O
+    fence_async_shared()
+    gl_tma.async_copy_shared_to_global(o_desc, [batch_head * n_ctx + start_m, 0], q_buf)
+    lse = (m_i + gl.log2(l_i)) * 0.6931471805599453
+    gl.store(lse_ptr + batch_head * n_ctx + q_idx, lse)
+    gl_tma.store_wait(pendings=0)
+
+
+@gluon.jit
+def _gluon_fwd_producer(args, HALF: gl.constexpr):
+    (
+        q_desc,
+        k_desc,
+        v_desc,
+        o_desc,
+        lse_ptr,
+        qk_scale,
+        n_ctx,
+        num_heads,
+        group,
+        q_smem,
+        k_smem,
+        v_smem,
+        q_bars,
+        k_ready,
+        v_ready,
+        k_empty,
+        v_empty,
+    ) = args
+    ROWS: gl.constexpr = q_desc.block_type.shape[0]
+    BLOCK_N: gl.constexpr = k_desc.block_type.shape[0]
+    STAGES: gl.constexpr = k_smem.type.shape[0]
+    start_cta = _gluon_tile_rows()
+    batch_head = gl.program_id(1)
+    kv_heads = num_heads // group
+    batch_kv_head = batch_head // num_heads * kv_heads + batch_head % num_heads // group
+    for i in gl.static_range(2):
+        mbarrier.expect(q_bars.index(i), q_desc.block_type.nbytes)
+        gl_tma.async_copy_global_to_shared(
+            q_desc,
+            [batch_head * n_ctx + start_cta + i * ROWS, 0],
+            q_bars.index(i),
+            q_smem.index(i),
+        )
+    for j in range(_gluon_key_tiles(start_cta, n_ctx, BLOCK_N)):
+        stage = j % STAGES
+        phase = (j // STAGES) & 1
+        row = batch_kv_head * n_ctx + j * BLOCK_N
+        # A barrier starts with phase 1 complete: the first STAGES waits pass.
+        mbarrier.wait(k_empty.index(stage), phase ^ 1)
+        mbarrier.expect(k_ready.index(stage), k_desc.block_type.nbytes)
+        gl_tma.async_copy_global_to_shared(
+            k_desc, [row, 0], k_ready.index(stage), k_smem.index(stage)
+        )
+        mbarrier.wait(v_empty.index(stage), phase ^ 1)
+        mbarrier.expect(v_ready.index(stage), v_desc.block_type.nbytes)
+        gl_tma.async_copy_global_to_shared(
+            v_desc, [row, 0], v_ready.index(stage), v_smem.index(stage)
+        )
+
+
+@gluon.jit
+def _gluon_attn_fwd(
+    q_desc,
+    k_desc,
+    v_desc,
+    o_desc,
+    lse_ptr,
+    qk_scale,
+    n_ctx,
+    num_heads,
+    group,
+    STAGES: gl.constexpr,
+):
+    dtype: gl.constexpr = q_desc.dtype
+    ROWS: gl.constexpr = q_desc.block_type.shape[0]
+    HEAD_DIM: gl.constexpr = q_desc.block_type.shape[1]
+    BLOCK_N: gl.constexpr = k_desc.block_type.shape[0]
+    q_smem = gl.allocate_shared_memory(dtype, [2, ROWS, HEAD_DIM], q_desc.layout)
+    k_smem = gl.allocate_shared_memory(
+        dtype, [STAGES, BLOCK_N, HEAD_DIM], k_desc.layout
+    )
+    v_smem = gl.allocate_shared_memory(
+        dtype, [STAGES, BLOCK_N, HEAD_DIM], v_desc.layout
+    )
+    q_bars = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    k_ready = gl.allocate_shared_memory(
+        gl.int64, [STAGES, 1], mbarrier.MBarrierLayout()
+    )
+    v_ready = gl.allocate_shared_memory(
+        gl.int64, [STAGES, 1], mbarrier.MBarrierLayout()
+    )
+    k_empty = gl.allocate_shared_memory(
+        gl.int64, [STAGES, 1], mbarrier.MBarrierLayout()
+    )
+    v_empty = gl.allocate_shared_memory(
+        gl.int64, [STAGES, 1], mbarrier.MBarrierLayout()
+    )
+    for i in gl.static_range(2):
+        mbarrier.init(q_bars.index(i), count=1)
+    for i in gl.static_range(STAGES):
+        mbarrier.init(k_ready.index(i), count=1)
+        mbarrier.init(v_ready.index(i), count=1)
+        mbarrier.init(k_empty.index(i), count=2)  # released by both consumers
+        mbarrier.init(v_empty.index(i), count=2)
+    args = (
+        q_desc,
+        k_desc,
+        v_desc,
+        o_desc,
+        lse_ptr,
+        qk_scale,
+        n_ctx,
+        num_heads,
+        group,
+        q_smem,
+        k_smem,
+        v_smem,
+        q_bars,
+        k_ready,
+        v_ready,
+        k_empty,
+        v_empty,
+    )
+    gl.warp_specialize(
+        [
+            (_gluon_fwd_consumer, (args, 0)),
+            (_gluon_fwd_consumer, (args, 1)),
+            (_gluon_fwd_producer, (args, 0)),
+        ],
+        [4, 1],  # warps of the second consumer and of the producer
+        [240, 24],  # their registers per thread; the first consumer gets the rest
+    )
+
+
+def _gluon_supported(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float
+) -> bool:
+    """Whether this call can take the Gluon forward: an sm90 GPU, Nq = Nk a
+    multiple of GLUON_BLOCK, contiguous 16-byte aligned inputs, a positive
+    scale (the kernel takes each row's max before scaling)."""
+    if _interpreting() or q.device.type != "cuda" or scale <= 0:
+        return False
+    if torch.cuda.get_device_capability(q.device) != (9, 0):
+        return False
+    n = q.shape[2]
+    if k.shape[2] != n or n % GLUON_BLOCK:
+        return False
+    return all(x.is_contiguous() and x.data_ptr() % 16 == 0 for x in (q, k, v))
+
+
+def _gluon_forward(q, k, v, o, lse, scale: float) -> None:
+    batch, num_heads, n, d = q.shape
+    gl_dtype = gl.bfloat16 if q.dtype == torch.bfloat16 else gl.float16
+    descriptors = []
+    for x, rows in ((q, 64), (k, GLUON_BLOCK), (v, GLUON_BLOCK), (o, 64)):
+        flat = x.view(-1, d)  # (B * heads * N, D)
+        layout = gl.NVMMASharedLayout.get_default_for([rows, d], gl_dtype)
+        descriptors.append(
+            GluonTensorDescriptor(
+                flat, list(flat.shape), list(flat.stride()), [rows, d], layout
+            )
+        )
+    _gluon_attn_fwd[(n // GLUON_BLOCK, batch * num_heads)](
+        *descriptors,
+        lse,
+        scale * 1.4426950408889634,
+        n,
+        num_heads,
+        num_heads // k.shape[1],
+        GLUON_STAGES,
+        num_warps=4,
+        maxnreg=168,
+    )
+
+
 def forward(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -1412,9 +1780,12 @@ def forward(
     (B, H, Nq) in float32, natural log.  Block sizes are powers of two >= 16.
     tma=True loads key tiles through TMA descriptors (sm90+, 16-byte aligned
     strides), False through pointers, None as GPU_TMA says where possible.
+    Without a launch configuration or tma=False, on an sm90 GPU with Nq = Nk
+    a multiple of 128, the Gluon kernel runs instead (`_gluon_supported`).
     """
     _check_inputs(q, k, v)
     scale = _resolve_scale(scale)
+    explicit = (block_m, block_n, num_warps, num_stages) != (None,) * 4 or tma is False
     default = _launch_config(q.device)
     block_m, block_n = block_m or default[0], block_n or default[1]
     _check_blocks(block_m, block_n)
@@ -1426,6 +1797,9 @@ def forward(
     )
     if o.numel() == 0:
         return o, lse.fill_(float("-inf"))
+    if not explicit and _gluon_supported(q, k, v, scale):
+        _gluon_forward(q, k, v, o, lse, scale)
+        return o, lse
     use_tma = n_keys > 0 and _use_tma(tma, GPU_TMA, k, v)
     grid = (triton.cdiv(n_queries, block_m), batch * num_heads)
     _attn_fwd[grid](

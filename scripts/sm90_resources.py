@@ -27,6 +27,7 @@ import subprocess
 import sys
 import tempfile
 
+import torch
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
@@ -68,6 +69,43 @@ def compile_kernel(fn, config, *, dtype: str, head_dim: int, head_dim_pad: int, 
         ASTSource(fn, signature, constants, attrs),
         target=GPUTarget("cuda", 90, 32),
         options=dict(num_warps=warps, num_stages=stages),
+    )
+    return (*ptxas_report(kernel.asm["ptx"]), kernel.metadata.shared)
+
+
+def compile_gluon_forward(module) -> tuple[int, int, int, int]:
+    """The same for a module's warp-specialized Gluon forward (full and
+    causal modules at d128), launched as `_gluon_forward` launches it."""
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon._runtime import GluonASTSource
+    from triton.runtime.jit import mangle_type
+
+    dtype = {"torch.float16": gl.float16, "torch.bfloat16": gl.bfloat16}[str(module.DTYPE)]
+    flat = torch.empty(4 * 16 * 4096, module.HEAD_DIM, dtype=module.DTYPE)
+    signature = {}
+    for name, rows in (("q_desc", 64), ("k_desc", 128), ("v_desc", 128), ("o_desc", 64)):
+        layout = gl.NVMMASharedLayout.get_default_for([rows, module.HEAD_DIM], dtype)
+        desc = module.GluonTensorDescriptor(
+            flat, list(flat.shape), list(flat.stride()), [rows, module.HEAD_DIM], layout
+        )
+        signature[name] = mangle_type(desc)
+    signature.update(
+        lse_ptr="*fp32",
+        qk_scale="fp32",
+        n_ctx="i32",
+        num_heads="i32",
+        group="i32",
+        STAGES="constexpr",
+    )
+    kernel = triton.compile(
+        GluonASTSource(
+            module._gluon_attn_fwd,
+            signature,
+            dict(STAGES=module.GLUON_STAGES),
+            {(4,): [["tt.divisibility", 16]], (6,): [["tt.divisibility", 16]]},
+        ),
+        target=GPUTarget("cuda", 90, 32),
+        options=dict(num_warps=4, maxnreg=168),
     )
     return (*ptxas_report(kernel.asm["ptx"]), kernel.metadata.shared)
 
@@ -126,6 +164,9 @@ def module_resources(module, forward_config=None, backward_config=None, tma: boo
             rows=rows,
         )
         found.append(Resources(kernel, config, use_tma, *resources))
+    if hasattr(module, "_gluon_attn_fwd"):
+        config = (64, 128, 4, module.GLUON_STAGES)  # rows per consumer, BLOCK_N, warps, buffers
+        found.append(Resources("_gluon_attn_fwd", config, True, *compile_gluon_forward(module)))
     return found
 
 

@@ -123,3 +123,31 @@ def test_random_spec_gradients_on_gpu(variant, kv_heads, group, n_queries, n_key
 
 def test_tanh_is_accurate_on_gpu():
     assert_tanh_accurate("cuda")
+
+
+@pytest.mark.parametrize("name", ["full", "plain_causal"])
+@pytest.mark.parametrize("dtype", [ir.DType.FP16, ir.DType.BF16])
+def test_gluon_forward_on_gpu(name, dtype, monkeypatch):
+    """The warp-specialized Gluon forward (sm90, Nq = Nk a multiple of 128):
+    one CTA's tile, several tiles with GQA, long rows, large inputs, and
+    gradients through the log-sum-exp it returns.  Counts its launches, so
+    the test cannot pass on the Triton fallback."""
+    (variant,) = [v for v in example_variants() if v.name == name]
+    variant = dataclasses.replace(variant, dtype=dtype)
+    module = build(variant)
+    launches = []
+    gluon_forward = module._gluon_forward
+    monkeypatch.setattr(
+        module, "_gluon_forward", lambda *a: launches.append(1) or gluon_forward(*a)
+    )
+    shapes = [Shape(1, 2, 2, 128, 128), Shape(2, 4, 2, 384, 384), Shape(1, 4, 1, 2048, 2048)]
+    for i, shape in enumerate(shapes):
+        for magnitude in (1.0, 5.0):
+            result = run_case(variant, shape, seed=i, device="cuda", magnitude=magnitude)
+            _record(variant, result)
+            assert_ok(result)
+    assert len(launches) == 2 * len(shapes)
+    result = run_grad_case(variant, Shape(1, 4, 2, 1024, 1024), seed=7, device="cuda")
+    _record(variant, result)
+    assert_ok(result)
+    assert len(launches) > 2 * len(shapes)

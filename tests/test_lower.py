@@ -483,3 +483,23 @@ def test_band_recognition():
     for mask, expected in [(m, True) for m in band] + [(m, False) for m in not_band + [empty]]:
         nnf = lower.negation_normal_form(lower.desugar_mask(mask))
         assert lower.is_band(nnf) is expected, mask
+
+
+@pytest.mark.parametrize(
+    "mask, score, dtype, head_dim, expected",
+    [
+        ("full", None, ir.DType.BF16, 128, "full"),
+        ("causal", None, ir.DType.FP16, 128, "causal"),
+        ("causal", "s", ir.DType.BF16, 128, "causal"),
+        ("causal", None, ir.DType.FP32, 128, None),  # no 16-bit tensor-core path
+        ("causal", None, ir.DType.BF16, 64, None),  # written and measured at d128 only
+        ("causal", None, ir.DType.BF16, 120, None),
+        ("causal", "s + 1", ir.DType.BF16, 128, None),
+        ("k <= q", None, ir.DType.BF16, 128, None),  # causal spelled out: the Triton kernel
+        ("causal & window(64, 0)", None, ir.DType.BF16, 128, None),
+        ("prefix(16)", None, ir.DType.BF16, 128, None),
+    ],
+)
+def test_gluon_forward_only_for_plain_full_and_causal(mask, score, dtype, head_dim, expected):
+    variant = make_variant(mask, score, dtype=dtype, head_dim=head_dim)
+    assert lower.lower(variant).gluon_forward == expected
