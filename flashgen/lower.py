@@ -152,9 +152,11 @@ class KernelModel:
     gpu_bwd_tma: bool
     tuned_on: str | None  # GPU name when the configs come from `flashgen tune`
     # The warp-specialized Gluon forward for Hopper ("full" or "causal"), or
-    # None (see `_gluon_forward`), and its number of K/V buffers.
+    # None (see `_gluon_forward`), its number of K/V buffers, and the shortest
+    # sequence it runs (below, the Triton kernel was faster on the H200).
     gluon_forward: str | None = None
     gluon_stages: int = 3
+    gluon_min_keys: int = 128
 
 
 # --------------------------------------------------------------------------- #
@@ -1324,4 +1326,7 @@ def lower(v: ir.Variant, tuning: Tuning | None = None) -> KernelModel:
         gpu_bwd_tma=_pick(tuning.backward_tma if tuning else None, default_tma[1]),
         tuned_on=tuning.device if tuning else None,
         gluon_forward=_gluon_forward(v),
+        # Causal at N=1024: 203 TFLOP/s against Triton's 315, at 4096 478
+        # against 417 (BENCHMARKS.md, entry 16); full wins from N=1024.
+        gluon_min_keys=4096 if _gluon_forward(v) == "causal" else 128,
     )
