@@ -16,7 +16,10 @@ K and V stream through STAGES shared-memory buffers filled by TMA, each
 refilled as soon as the products that read it are complete.  Scope of the
 prototype: no mask (the `full` example), N a multiple of both tiles, 16-bit
 inputs of shape (B, H, N, D); it writes o and the log-sum-exp like the
-generated modules.
+generated modules.  (It measured +3% over Triton; its warp-specialized
+successor, +14%, is now the modules' own forward for full and causal at d128:
+templates/gluon_forward.py.j2, BENCHMARKS.md entries 13 and 16.  This script
+times the module's forward, now that one, next to the single-role kernel.)
 
     python3 scripts/gluon_fwd.py                 # on an H100/H200: check, then time
     python3 scripts/gluon_fwd.py --compile-only  # anywhere: sm_90a registers / spills
@@ -201,244 +204,6 @@ def gluon_attn_fwd(
     tma.store_wait(pendings=0)
 
 
-# --------------------------------------------------------------------------- #
-# Warp-specialized variant (FlashAttention-3's roles): one producer warp issues
-# every TMA copy; two consumer warp groups of 64 query rows each run the loop
-# above on their own rows, so one group's softmax can overlap the other's
-# products without any explicit schedule (the warp scheduler interleaves them).
-# A K or V buffer is refilled once both consumers have released it.
-# --------------------------------------------------------------------------- #
-
-
-@gluon.jit
-def _ws_consumer(p, WG: gl.constexpr):
-    (
-        q_desc,
-        k_desc,
-        v_desc,
-        o_desc,
-        lse_ptr,
-        sm_scale,
-        n_ctx,
-        q_smem,
-        k_smem,
-        v_smem,
-        q_bars,
-        k_ready,
-        v_ready,
-        k_empty,
-        v_empty,
-    ) = p
-    dtype: gl.constexpr = q_desc.dtype
-    ROWS: gl.constexpr = q_desc.block_type.shape[0]
-    HEAD_DIM: gl.constexpr = q_desc.block_type.shape[1]
-    BLOCK_N: gl.constexpr = k_desc.block_type.shape[0]
-    STAGES: gl.constexpr = k_smem.type.shape[0]
-    s_layout: gl.constexpr = gl.NVMMADistributedLayout(
-        version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BLOCK_N, 16]
-    )
-    o_layout: gl.constexpr = gl.NVMMADistributedLayout(
-        version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, HEAD_DIM, 16]
-    )
-    p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
-    s_rows: gl.constexpr = gl.SliceLayout(1, s_layout)
-    o_rows: gl.constexpr = gl.SliceLayout(1, o_layout)
-
-    start_m = gl.program_id(0) * (2 * ROWS) + WG * ROWS
-    batch_head = gl.program_id(1)
-    row0 = batch_head * n_ctx
-    n_tiles = n_ctx // BLOCK_N
-    q_buf = q_smem.index(WG)
-
-    qk_scale = sm_scale * 1.4426950408889634
-    q_idx = start_m + gl.arange(0, ROWS, layout=s_rows)
-    m_i = gl.full([ROWS], float("-inf"), gl.float32, s_rows)
-    l_i = gl.full([ROWS], 0.0, gl.float32, s_rows)
-    acc = gl.zeros([ROWS, HEAD_DIM], gl.float32, o_layout)
-    s_zero = gl.zeros([ROWS, BLOCK_N], gl.float32, s_layout)
-
-    mbarrier.wait(q_bars.index(WG), 0)
-    mbarrier.wait(k_ready.index(0), 0)
-    s = warpgroup_mma(q_buf, k_smem.index(0).permute((1, 0)), s_zero, use_acc=False, is_async=True)
-    s = warpgroup_mma_wait(num_outstanding=0, deps=(s,))
-    mbarrier.arrive(k_empty.index(0), count=1)
-
-    mbarrier.wait(k_ready.index(1 % STAGES), (1 // STAGES) & 1)
-    s_next = warpgroup_mma(
-        q_buf, k_smem.index(1 % STAGES).permute((1, 0)), s_zero, use_acc=False, is_async=True
-    )
-    p, m_i, l_i, alpha = _softmax_step(s, m_i, l_i, qk_scale, q_idx, 0, False, o_rows)
-    mbarrier.wait(v_ready.index(0), 0)
-    acc = warpgroup_mma(
-        gl.convert_layout(p.to(dtype), p_layout), v_smem.index(0), acc, is_async=True
-    )
-    s = warpgroup_mma_wait(num_outstanding=1, deps=(s_next,))
-    mbarrier.arrive(k_empty.index(1 % STAGES), count=1)
-
-    for j in range(1, n_tiles - 1):
-        stage = j % STAGES
-        next_stage = (j + 1) % STAGES
-        mbarrier.wait(k_ready.index(next_stage), ((j + 1) // STAGES) & 1)
-        s_next = warpgroup_mma(
-            q_buf, k_smem.index(next_stage).permute((1, 0)), s_zero, use_acc=False, is_async=True
-        )
-        p, m_i, l_i, alpha = _softmax_step(s, m_i, l_i, qk_scale, q_idx, j * BLOCK_N, False, o_rows)
-        acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc,))  # P(j-1) V(j-1) done
-        mbarrier.arrive(v_empty.index((j - 1) % STAGES), count=1)
-        acc = acc * gl.expand_dims(alpha, 1)
-        mbarrier.wait(v_ready.index(stage), (j // STAGES) & 1)
-        acc = warpgroup_mma(
-            gl.convert_layout(p.to(dtype), p_layout), v_smem.index(stage), acc, is_async=True
-        )
-        s = warpgroup_mma_wait(num_outstanding=1, deps=(s_next,))  # S(j+1) done
-        mbarrier.arrive(k_empty.index(next_stage), count=1)
-
-    last = n_tiles - 1
-    p, m_i, l_i, alpha = _softmax_step(s, m_i, l_i, qk_scale, q_idx, last * BLOCK_N, False, o_rows)
-    acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
-    mbarrier.arrive(v_empty.index((last - 1) % STAGES), count=1)
-    acc = acc * gl.expand_dims(alpha, 1)
-    mbarrier.wait(v_ready.index(last % STAGES), (last // STAGES) & 1)
-    acc = warpgroup_mma(
-        gl.convert_layout(p.to(dtype), p_layout), v_smem.index(last % STAGES), acc, is_async=True
-    )
-    acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
-    mbarrier.arrive(v_empty.index(last % STAGES), count=1)
-
-    acc = acc / gl.expand_dims(gl.convert_layout(l_i, o_rows), 1)
-    q_buf.store(acc.to(dtype))
-    fence_async_shared()
-    tma.async_copy_shared_to_global(o_desc, [row0 + start_m, 0], q_buf)
-    lse = (m_i + gl.log2(l_i)) * 0.6931471805599453
-    gl.store(lse_ptr + batch_head * n_ctx + q_idx, lse)
-    tma.store_wait(pendings=0)
-
-
-@gluon.jit
-def _ws_producer(p, WG: gl.constexpr):
-    (
-        q_desc,
-        k_desc,
-        v_desc,
-        o_desc,
-        lse_ptr,
-        sm_scale,
-        n_ctx,
-        q_smem,
-        k_smem,
-        v_smem,
-        q_bars,
-        k_ready,
-        v_ready,
-        k_empty,
-        v_empty,
-    ) = p
-    ROWS: gl.constexpr = q_desc.block_type.shape[0]
-    BLOCK_N: gl.constexpr = k_desc.block_type.shape[0]
-    STAGES: gl.constexpr = k_smem.type.shape[0]
-    start_m = gl.program_id(0) * (2 * ROWS)
-    row0 = gl.program_id(1) * n_ctx
-    for i in gl.static_range(2):
-        mbarrier.expect(q_bars.index(i), q_desc.block_type.nbytes)
-        tma.async_copy_global_to_shared(
-            q_desc, [row0 + start_m + i * ROWS, 0], q_bars.index(i), q_smem.index(i)
-        )
-    for j in range(n_ctx // BLOCK_N):
-        stage = j % STAGES
-        phase = (j // STAGES) & 1
-        # Barriers start with phase 1 complete: the first STAGES waits pass.
-        mbarrier.wait(k_empty.index(stage), phase ^ 1)
-        mbarrier.expect(k_ready.index(stage), k_desc.block_type.nbytes)
-        tma.async_copy_global_to_shared(
-            k_desc, [row0 + j * BLOCK_N, 0], k_ready.index(stage), k_smem.index(stage)
-        )
-        mbarrier.wait(v_empty.index(stage), phase ^ 1)
-        mbarrier.expect(v_ready.index(stage), v_desc.block_type.nbytes)
-        tma.async_copy_global_to_shared(
-            v_desc, [row0 + j * BLOCK_N, 0], v_ready.index(stage), v_smem.index(stage)
-        )
-
-
-@gluon.jit
-def gluon_attn_fwd_ws(
-    q_desc,
-    k_desc,
-    v_desc,
-    o_desc,
-    lse_ptr,
-    sm_scale,
-    n_ctx,
-    STAGES: gl.constexpr,
-    CONSUMER_REGS: gl.constexpr,
-    PRODUCER_REGS: gl.constexpr,
-):
-    dtype: gl.constexpr = q_desc.dtype
-    ROWS: gl.constexpr = q_desc.block_type.shape[0]
-    HEAD_DIM: gl.constexpr = q_desc.block_type.shape[1]
-    BLOCK_N: gl.constexpr = k_desc.block_type.shape[0]
-    q_smem = gl.allocate_shared_memory(dtype, [2, ROWS, HEAD_DIM], q_desc.layout)
-    k_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DIM], k_desc.layout)
-    v_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DIM], v_desc.layout)
-    q_bars = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
-    k_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    v_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    k_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    v_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    for i in gl.static_range(2):
-        mbarrier.init(q_bars.index(i), count=1)
-    for i in gl.static_range(STAGES):
-        mbarrier.init(k_ready.index(i), count=1)
-        mbarrier.init(v_ready.index(i), count=1)
-        mbarrier.init(k_empty.index(i), count=2)  # both consumers release a buffer
-        mbarrier.init(v_empty.index(i), count=2)
-    p = (
-        q_desc,
-        k_desc,
-        v_desc,
-        o_desc,
-        lse_ptr,
-        sm_scale,
-        n_ctx,
-        q_smem,
-        k_smem,
-        v_smem,
-        q_bars,
-        k_ready,
-        v_ready,
-        k_empty,
-        v_empty,
-    )
-    gl.warp_specialize(
-        [(_ws_consumer, (p, 0)), (_ws_consumer, (p, 1)), (_ws_producer, (p, 0))],
-        [4, 1],
-        [CONSUMER_REGS, PRODUCER_REGS],
-    )
-
-
-def forward_ws(
-    q, k, v, sm_scale, block_n=128, stages=2, consumer_regs=240, producer_regs=24, maxnreg=168
-):
-    batch, heads, n, d = q.shape
-    if n % 128 or n // block_n < 2:
-        raise ValueError("prototype: N a multiple of 128 and of BLOCK_N, at least 2 key tiles")
-    q, k, v = (x.contiguous() for x in (q, k, v))
-    o = torch.empty_like(q)
-    lse = torch.empty(batch, heads, n, device=q.device, dtype=torch.float32)
-    descs = _descriptors(q, k, v, o, 64, block_n)
-    gluon_attn_fwd_ws[(n // 128, batch * heads)](
-        *descs,
-        lse,
-        sm_scale,
-        n,
-        stages,
-        consumer_regs,
-        producer_regs,
-        num_warps=4,
-        maxnreg=maxnreg,
-    )
-    return o, lse
-
-
 def _descriptors(q, k, v, o, block_m, block_n):
     gl_dtype = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16}[q.dtype]
     d = q.shape[-1]
@@ -512,18 +277,6 @@ def compile_only(block_m, block_n, stages, num_warps, causal=0) -> None:
     )
 
 
-def compile_only_ws(block_n, stages, consumer_regs, producer_regs, maxnreg) -> None:
-    """The same for the warp-specialized kernel."""
-    constants = dict(STAGES=stages, CONSUMER_REGS=consumer_regs, PRODUCER_REGS=producer_regs)
-    regs, stores, loads, smem = _compile(
-        gluon_attn_fwd_ws, 64, block_n, constants, dict(num_warps=4, maxnreg=maxnreg)
-    )
-    print(
-        f"gluon_attn_fwd_ws {(block_n, stages, consumer_regs, producer_regs, maxnreg)}: "
-        f"regs {regs}, spills {stores} / {loads} B, smem {smem}"
-    )
-
-
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--compile-only", action="store_true")
@@ -533,22 +286,14 @@ def main() -> None:
         default=["128,128,2,8,0", "128,64,3,8,0", "128,128,3,8,0", "128,64,2,8,1", "128,64,3,8,1"],
         help="BLOCK_M,BLOCK_N,STAGES,num_warps,causal",
     )
-    parser.add_argument(
-        "--ws-configs",
-        nargs="+",
-        default=["128,2,240,24,168", "128,3,240,24,168", "64,3,240,24,168", "64,4,240,24,168"],
-        help="warp-specialized full forward: BLOCK_N,STAGES,consumer regs,producer regs,maxnreg",
-    )
     args = parser.parse_args()
     configs = [tuple(int(x) for x in c.split(",")) for c in args.configs]
-    ws_configs = [tuple(int(x) for x in c.split(",")) for c in args.ws_configs]
     if args.compile_only:
-        for fn, cs in ((compile_only, configs), (compile_only_ws, ws_configs)):
-            for c in cs:
-                try:
-                    fn(*c)
-                except Exception as e:  # noqa: BLE001 - a report
-                    print(f"{fn.__name__} {c}: {type(e).__name__}: {str(e)[:1500]}")
+        for c in configs:
+            try:
+                compile_only(*c)
+            except Exception as e:  # noqa: BLE001 - a report
+                print(f"gluon_attn_fwd {c}: {type(e).__name__}: {str(e)[:1500]}")
         return
 
     sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
@@ -578,7 +323,7 @@ def main() -> None:
         print(f"{spec:<13} cudnn             {flops / t / 1e9:6.1f} TFLOP/s")
         t = ms(lambda: module.forward(q, k, v))
         err = (module.forward(q, k, v)[0].float() - ref).abs().max().item()
-        print(f"{spec:<13} flashgen (triton) {flops / t / 1e9:6.1f} TFLOP/s  max|o-ref| {err:.2e}")
+        print(f"{spec:<13} flashgen module   {flops / t / 1e9:6.1f} TFLOP/s  max|o-ref| {err:.2e}")
         for c in configs:
             if c[4] != causal:
                 continue
@@ -594,21 +339,6 @@ def main() -> None:
                 )
             except Exception as e:  # noqa: BLE001 - a report
                 print(f"{spec:<13} gluon {c}: {type(e).__name__}: {str(e)[:1500]}", flush=True)
-        if causal:
-            continue
-        for c in ws_configs:
-            try:
-                o, lse = forward_ws(q, k, v, scale, *c)
-                err = (o.float() - ref).abs().max().item()
-                lse_err = (lse - ref_lse).abs().max().item()
-                t = ms(lambda c=c: forward_ws(q, k, v, scale, *c))
-                print(
-                    f"{spec:<13} gluon-ws {c} {flops / t / 1e9:6.1f} TFLOP/s  "
-                    f"max|o-ref| {err:.2e}  lse {lse_err:.2e}",
-                    flush=True,
-                )
-            except Exception as e:  # noqa: BLE001 - a report
-                print(f"{spec:<13} gluon-ws {c}: {type(e).__name__}: {str(e)[:1500]}", flush=True)
 
 
 if __name__ == "__main__":
