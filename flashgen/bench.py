@@ -133,7 +133,7 @@ def bench(
 
     from flashgen.api import load_variant
 
-    flex = torch.compile(flex_attention, dynamic=False) if compile_flex else flex_attention
+    flex = flex_attention
     sdpa_backends = {
         "sdpa-cudnn": SDPBackend.CUDNN_ATTENTION,
         "sdpa-flash": SDPBackend.FLASH_ATTENTION,
@@ -156,6 +156,12 @@ def bench(
             frac = density(variant, n, heads, device)
             mods = flex_mods(variant, n, n, heads, device=device)
             is_causal = _sdpa_expressible(variant)
+            if compile_flex:
+                # A fresh compilation per case: each case's mods and shape
+                # recompile flex_attention, and past torch._dynamo's recompile
+                # limit (8) it would run uncompiled (BENCHMARKS.md, entry 16).
+                torch._dynamo.reset()
+                flex = torch.compile(flex_attention, dynamic=False)
             reference = None
             for system in systems:
                 label = f"{variant.name} N={n} {system}"

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import sys
 import warnings
 
 import pytest
@@ -121,3 +122,35 @@ def test_bench_cli_needs_a_gpu(tmp_path, capsys):
     spec.write_text("attention a { head_dim = 16; dtype = fp16 }\n")
     assert main(["bench", str(spec)]) == 2
     assert "needs a CUDA GPU" in capsys.readouterr().err
+
+
+def test_flex_is_compiled_afresh_for_each_case(monkeypatch):
+    """Past torch._dynamo's recompile limit FlexAttention would run uncompiled
+    (8 TFLOP/s on the H200, BENCHMARKS.md entry 16): each (spec, N) case gets
+    a reset and its own compilation.  torch.compile is replaced by a recorder
+    (compiling flex on the CPU is slow and beside the point)."""
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    events = []
+    monkeypatch.setattr(torch._dynamo, "reset", lambda: events.append("reset"))
+
+    def compile(fn, **kwargs):  # eager flex_attention compiles pieces of its own
+        if sys._getframe(1).f_globals["__name__"] == "flashgen.bench":
+            events.append("compile")
+        return fn
+
+    monkeypatch.setattr(torch, "compile", compile)
+    variant = _variant("attention tiny { head_dim = 16; dtype = fp32; mask = causal }")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        results = bench.bench(
+            [variant, dataclasses.replace(variant, name="tiny2")],
+            seqlens=[32, 48],
+            batch=1,
+            heads=2,
+            device="cpu",
+            timer=lambda fn: fn() or 1.0,
+            systems=("flex",),
+            progress=False,
+        )
+    assert len(results) == 4
+    assert events == ["reset", "compile"] * 4
