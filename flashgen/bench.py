@@ -133,7 +133,6 @@ def bench(
 
     from flashgen.api import load_variant
 
-    flex = flex_attention
     sdpa_backends = {
         "sdpa-cudnn": SDPBackend.CUDNN_ATTENTION,
         "sdpa-flash": SDPBackend.FLASH_ATTENTION,
@@ -156,12 +155,6 @@ def bench(
             frac = density(variant, n, heads, device)
             mods = flex_mods(variant, n, n, heads, device=device)
             is_causal = _sdpa_expressible(variant)
-            if compile_flex:
-                # A fresh compilation per case: each case's mods and shape
-                # recompile flex_attention, and past torch._dynamo's recompile
-                # limit (8) it would run uncompiled (BENCHMARKS.md, entry 16).
-                torch._dynamo.reset()
-                flex = torch.compile(flex_attention, dynamic=False)
             reference = None
             for system in systems:
                 label = f"{variant.name} N={n} {system}"
@@ -170,6 +163,14 @@ def bench(
                 if system == "flashgen":
                     fn = lambda a, b_, c: module.attention(a, b_, c)  # noqa: E731
                 elif system == "flex":
+                    flex = flex_attention
+                    if compile_flex:
+                        # A fresh compilation per case: each case's mods and
+                        # shape recompile flex_attention, and past
+                        # torch._dynamo's recompile limit (8) it would run
+                        # uncompiled (BENCHMARKS.md, entry 16).
+                        torch._dynamo.reset()
+                        flex = torch.compile(flex_attention, dynamic=False)
                     # One block mask for all heads unless the mask reads `h`.
                     mask_heads = heads if ir.mentions(variant.mask, frozenset({"h"})) else None
                     block_mask = (
@@ -178,7 +179,7 @@ def bench(
                         else None
                     )
 
-                    def fn(a, b_, c, block_mask=block_mask):
+                    def fn(a, b_, c, block_mask=block_mask, flex=flex):
                         return flex(
                             a, b_, c, score_mod=mods.score_mod, block_mask=block_mask, scale=scale
                         )

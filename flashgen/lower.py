@@ -1282,6 +1282,7 @@ def lower(v: ir.Variant, tuning: Tuning | None = None) -> KernelModel:
 
     positions = frozenset({"q", "k"})
     default_tma = _gpu_tma(pad, v.dtype)
+    gluon = _gluon_forward(v)
     return KernelModel(
         name=v.name,
         spec_text=spec_text,
@@ -1325,8 +1326,8 @@ def lower(v: ir.Variant, tuning: Tuning | None = None) -> KernelModel:
         gpu_tma=_pick(tuning.forward_tma if tuning else None, default_tma[0]),
         gpu_bwd_tma=_pick(tuning.backward_tma if tuning else None, default_tma[1]),
         tuned_on=tuning.device if tuning else None,
-        gluon_forward=_gluon_forward(v),
+        gluon_forward=gluon,
         # Causal at N=1024: 203 TFLOP/s against Triton's 315, at 4096 478
         # against 417 (BENCHMARKS.md, entry 16); full wins from N=1024.
-        gluon_min_keys=4096 if _gluon_forward(v) == "causal" else 128,
+        gluon_min_keys=4096 if gluon == "causal" else 128,
     )
