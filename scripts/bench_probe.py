@@ -1,0 +1,120 @@
+"""Why does a short backward time differently in `flashgen bench` and alone?
+
+For each (spec, head dim, N) given, in this one process, times flashgen and
+FlexAttention four ways:
+
+- bench: `flashgen.bench._measure` itself (do_bench of forward, and of
+  forward + backward through autograd, minus the forward);
+- kernels: the CUDA kernel time per call summed from torch.profiler (what
+  the GPU spent, whatever the host did);
+- graph: `triton.testing.do_bench_cudagraph` of the same closures (no host
+  launch cost);
+- host: host time per call of the forward + backward closure, 50 calls
+  without synchronizing (if this exceeds the GPU time, do_bench measures the
+  host).
+
+    python3 scripts/bench_probe.py examples/encoder_band.attn:128:4096 ...
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+import time
+
+import torch
+import triton.testing
+from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+from flashgen import bench, ir
+from flashgen.api import load_variant
+from flashgen.cli import _check_sources, _read
+from flashgen.flex import flex_mods
+from flashgen.verify import torch_dtype
+
+
+def kernel_ms(fn, calls: int = 20) -> float:
+    fn()
+    torch.cuda.synchronize()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        for _ in range(calls):
+            fn()
+        torch.cuda.synchronize()
+    cuda = torch.autograd.DeviceType.CUDA
+    total_us = sum(e.device_time for e in prof.events() if e.device_type == cuda)
+    return total_us / calls / 1e3
+
+
+def host_ms(fn, calls: int = 50) -> float:
+    fn()
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    host = (time.perf_counter() - start) / calls * 1e3
+    torch.cuda.synchronize()
+    return host
+
+
+def probe(path: str, head_dim: int, n: int) -> None:
+    (variant,), _ = _check_sources(_read([path]))
+    variant = dataclasses.replace(variant, head_dim=head_dim)
+    module = load_variant(variant)
+    dtype = torch_dtype(variant.dtype)
+    scale = variant.scale if variant.scale is not None else head_dim**-0.5
+    heads, b = 16, max(1, 16384 // n)
+    gen = torch.Generator(device="cuda").manual_seed(n)
+    q, k, v, do = (
+        torch.randn((b, heads, n, head_dim), device="cuda", dtype=dtype, generator=gen)
+        for _ in range(4)
+    )
+    frac = bench.density(variant, n, heads, "cuda")
+    mods = flex_mods(variant, n, n, heads, device="cuda")
+    torch._dynamo.reset()
+    flex = torch.compile(flex_attention, dynamic=False)
+    mask_heads = heads if ir.mentions(variant.mask, frozenset({"h"})) else None
+    block_mask = (
+        create_block_mask(mods.mask_mod, None, mask_heads, n, n, device="cuda")
+        if mods.mask_mod
+        else None
+    )
+    systems = {
+        "flashgen": lambda a, b_, c: module.attention(a, b_, c),
+        "flex": lambda a, b_, c: flex(
+            a, b_, c, score_mod=mods.score_mod, block_mask=block_mask, scale=scale
+        ),
+    }
+    flops = 4 * b * heads * n * n * head_dim * frac
+    print(
+        f"== {variant.name} d{head_dim} N={n} B={b} density={frac:.4f} "
+        f"{dtype} fwd cfg {module.GPU_CONFIG} bwd cfg {module.GPU_BWD_CONFIG}"
+    )
+    for name, fn in systems.items():
+        m = bench._measure(variant.name, name, fn, q, k, v, do, frac, bench._do_bench, None)
+        inputs = [x.detach().requires_grad_() for x in (q, k, v)]
+        fwd = lambda: fn(*inputs)  # noqa: E731
+        both = lambda: torch.autograd.grad(fn(*inputs), inputs, do)  # noqa: E731
+        kf, kb = kernel_ms(fwd), kernel_ms(both)
+        try:
+            gf = triton.testing.do_bench_cudagraph(fwd, rep=200)
+            gb = triton.testing.do_bench_cudagraph(both, rep=200)
+        except Exception as exc:  # noqa: BLE001
+            print(f"   {name}: cuda graph failed: {type(exc).__name__}: {str(exc)[:120]}")
+            gf = gb = float("nan")
+        hb = host_ms(both)
+
+        def tf(ms, backward=False):
+            return flops * (2.5 if backward else 1) / (ms * 1e-3) / 1e12
+
+        print(
+            f"   {name:9s} bench fwd {m.fwd_ms:.4f} bwd {m.bwd_ms:.4f} ms "
+            f"({m.tflops():.0f}/{m.tflops(True):.0f}) | kernels fwd {kf:.4f} bwd {kb - kf:.4f} "
+            f"({tf(kf):.0f}/{tf(kb - kf, True):.0f}) | graph fwd {gf:.4f} bwd {gb - gf:.4f} "
+            f"({tf(gf):.0f}/{tf(gb - gf, True):.0f}) | host per fwd+bwd call {hb:.4f} ms"
+        )
+
+
+if __name__ == "__main__":
+    for arg in sys.argv[1:]:
+        path, d, n = arg.split(":")
+        probe(path, int(d), int(n))
