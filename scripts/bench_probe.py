@@ -11,14 +11,17 @@ FlexAttention four ways:
   launch cost);
 - host: host time per call of the forward + backward closure, 50 calls
   without synchronizing (if this exceeds the GPU time, do_bench measures the
-  host).
+  host); with PROFILE=1 set, where flashgen's host time goes (cProfile).
 
     python3 scripts/bench_probe.py examples/encoder_band.attn:128:4096 ...
 """
 
 from __future__ import annotations
 
+import cProfile
 import dataclasses
+import os
+import pstats
 import sys
 import time
 
@@ -106,6 +109,11 @@ def probe(path: str, head_dim: int, n: int) -> None:
         def tf(ms, backward=False):
             return flops * (2.5 if backward else 1) / (ms * 1e-3) / 1e12
 
+        if name == "flashgen" and os.environ.get("PROFILE"):
+            profile = cProfile.Profile()
+            profile.runcall(lambda: [both() for _ in range(200)])
+            torch.cuda.synchronize()
+            pstats.Stats(profile).sort_stats("tottime").print_stats(25)
         print(
             f"   {name:9s} bench fwd {m.fwd_ms:.4f} bwd {m.bwd_ms:.4f} ms "
             f"({m.tflops():.0f}/{m.tflops(True):.0f}) | kernels fwd {kf:.4f} bwd {kb - kf:.4f} "
