@@ -34,6 +34,7 @@ except ImportError:  # pragma: no cover
 from triton.experimental import gluon  # Triton >= 3.5
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (
+    fence_async_shared,
     mbarrier,
     warpgroup_mma,
     warpgroup_mma_wait,
@@ -1420,9 +1421,6 @@ def _alibi_or_placeholder(num_heads: int, like: torch.Tensor) -> torch.Tensor:
 GLUON_BLOCK = 128  # query rows per CTA and keys per tile
 GLUON_STAGES = 3
 GLUON_MIN_KEYS = 4096  # shorter sequences run the Triton kernel (faster there)
-GLUON_L2_BYTES = (
-    24 << 20
-)  # keys and values of the heads one section of work items reads
 
 
 @gluon.jit
@@ -1447,19 +1445,9 @@ def _gluon_softmax_step(
 
 
 @gluon.jit
-def _gluon_work(t, n_ctx, batch_heads, section_heads):
-    """Work item t of the persistent grid: (first query row, batch * head).
-
-    Items run in sections of `section_heads` heads whose keys and values fit
-    in L2 together; within a section, query tile by query tile, each over
-    the section's heads, heaviest tiles (those nearest the end) first."""
-    n_tiles = n_ctx // 128
-    per_section = section_heads * n_tiles
-    section = t // per_section
-    r = t - section * per_section
-    heads_here = gl.minimum(section_heads, batch_heads - section * section_heads)
-    rank = r // heads_here
-    return (n_tiles - 1 - rank) * 128, section * section_heads + r % heads_here
+def _gluon_tile_rows():
+    """The first query row of this CTA: heaviest tiles first under a causal mask."""
+    return (gl.num_programs(0) - 1 - gl.program_id(0)) * (2 * 64)
 
 
 @gluon.jit
@@ -1473,19 +1461,16 @@ def _gluon_fwd_consumer(args, HALF: gl.constexpr):
         q_desc,
         k_desc,
         v_desc,
-        o_ptr,
+        o_desc,
         lse_ptr,
         qk_scale,
         n_ctx,
-        batch_heads,
-        section_heads,
         num_heads,
         group,
         q_smem,
         k_smem,
         v_smem,
-        q_ready,
-        q_empty,
+        q_bars,
         k_ready,
         v_ready,
         k_empty,
@@ -1507,125 +1492,106 @@ def _gluon_fwd_consumer(args, HALF: gl.constexpr):
     )
     s_rows: gl.constexpr = gl.SliceLayout(1, s_layout)
     o_rows: gl.constexpr = gl.SliceLayout(1, o_layout)
-    o_cols: gl.constexpr = gl.SliceLayout(0, o_layout)
-    q_buf = q_smem.index(HALF)
-    s_zero = gl.zeros([ROWS, BLOCK_N], gl.float32, s_layout)
-    n_items = (n_ctx // 128) * batch_heads
-    base = 0  # key tiles consumed by the earlier items: the K/V buffers' ring position
-    it = 0
-    for t in range(gl.program_id(0), n_items, gl.num_programs(0)):
-        start_cta, batch_head = _gluon_work(t, n_ctx, batch_heads, section_heads)
-        start_m = start_cta + HALF * ROWS
-        n_tiles = _gluon_key_tiles(start_cta, n_ctx, BLOCK_N)
-        q_idx = start_m + gl.arange(0, ROWS, layout=s_rows)
-        m_i = gl.full([ROWS], float("-inf"), gl.float32, s_rows)
-        l_i = gl.full([ROWS], 0.0, gl.float32, s_rows)
-        acc = gl.zeros([ROWS, HEAD_DIM], gl.float32, o_layout)
 
-        mbarrier.wait(q_ready.index(HALF), it & 1)
-        mbarrier.wait(k_ready.index(base % STAGES), (base // STAGES) & 1)
-        s = warpgroup_mma(
+    start_cta = _gluon_tile_rows()
+    start_m = start_cta + HALF * ROWS
+    batch_head = gl.program_id(1)
+    n_tiles = _gluon_key_tiles(start_cta, n_ctx, BLOCK_N)
+    q_buf = q_smem.index(HALF)
+
+    q_idx = start_m + gl.arange(0, ROWS, layout=s_rows)
+    m_i = gl.full([ROWS], float("-inf"), gl.float32, s_rows)
+    l_i = gl.full([ROWS], 0.0, gl.float32, s_rows)
+    acc = gl.zeros([ROWS, HEAD_DIM], gl.float32, o_layout)
+    s_zero = gl.zeros([ROWS, BLOCK_N], gl.float32, s_layout)
+
+    mbarrier.wait(q_bars.index(HALF), 0)
+    mbarrier.wait(k_ready.index(0), 0)
+    s = warpgroup_mma(
+        q_buf, k_smem.index(0).permute((1, 0)), s_zero, use_acc=False, is_async=True
+    )
+    s = warpgroup_mma_wait(num_outstanding=0, deps=(s,))
+    mbarrier.arrive(k_empty.index(0), count=1)
+    last = n_tiles - 1
+    if n_tiles > 1:
+        # Tile 0, then tiles 1 .. last - 1 unmasked, each with S(j+1) in flight.
+        mbarrier.wait(k_ready.index(1 % STAGES), (1 // STAGES) & 1)
+        s_next = warpgroup_mma(
             q_buf,
-            k_smem.index(base % STAGES).permute((1, 0)),
+            k_smem.index(1 % STAGES).permute((1, 0)),
             s_zero,
             use_acc=False,
             is_async=True,
         )
-        s = warpgroup_mma_wait(num_outstanding=0, deps=(s,))
-        mbarrier.arrive(k_empty.index(base % STAGES), count=1)
-        last = n_tiles - 1
-        if n_tiles > 1:
-            # Tile 0, then tiles 1 .. last - 1 unmasked, each with S(j+1) in flight.
-            c = base + 1
-            mbarrier.wait(k_ready.index(c % STAGES), (c // STAGES) & 1)
+        p, m_i, l_i, alpha = _gluon_softmax_step(
+            s, m_i, l_i, qk_scale, q_idx, 0, False, o_rows
+        )
+        mbarrier.wait(v_ready.index(0), 0)
+        acc = warpgroup_mma(
+            gl.convert_layout(p.to(dtype), p_layout),
+            v_smem.index(0),
+            acc,
+            is_async=True,
+        )
+        s = warpgroup_mma_wait(num_outstanding=1, deps=(s_next,))
+        mbarrier.arrive(k_empty.index(1 % STAGES), count=1)
+        for j in range(1, last):
+            stage = j % STAGES
+            next_stage = (j + 1) % STAGES
+            mbarrier.wait(k_ready.index(next_stage), ((j + 1) // STAGES) & 1)
             s_next = warpgroup_mma(
                 q_buf,
-                k_smem.index(c % STAGES).permute((1, 0)),
+                k_smem.index(next_stage).permute((1, 0)),
                 s_zero,
                 use_acc=False,
                 is_async=True,
             )
             p, m_i, l_i, alpha = _gluon_softmax_step(
-                s, m_i, l_i, qk_scale, q_idx, 0, False, o_rows
+                s, m_i, l_i, qk_scale, q_idx, j * BLOCK_N, False, o_rows
             )
-            mbarrier.wait(v_ready.index(base % STAGES), (base // STAGES) & 1)
+            acc = warpgroup_mma_wait(
+                num_outstanding=1, deps=(acc,)
+            )  # P V of tile j - 1 is done
+            mbarrier.arrive(v_empty.index((j - 1) % STAGES), count=1)
+            acc = acc * gl.expand_dims(alpha, 1)
+            mbarrier.wait(v_ready.index(stage), (j // STAGES) & 1)
             acc = warpgroup_mma(
                 gl.convert_layout(p.to(dtype), p_layout),
-                v_smem.index(base % STAGES),
+                v_smem.index(stage),
                 acc,
                 is_async=True,
             )
-            s = warpgroup_mma_wait(num_outstanding=1, deps=(s_next,))
-            mbarrier.arrive(k_empty.index(c % STAGES), count=1)
-            for j in range(1, last):
-                c = base + j
-                mbarrier.wait(k_ready.index((c + 1) % STAGES), ((c + 1) // STAGES) & 1)
-                s_next = warpgroup_mma(
-                    q_buf,
-                    k_smem.index((c + 1) % STAGES).permute((1, 0)),
-                    s_zero,
-                    use_acc=False,
-                    is_async=True,
-                )
-                p, m_i, l_i, alpha = _gluon_softmax_step(
-                    s, m_i, l_i, qk_scale, q_idx, j * BLOCK_N, False, o_rows
-                )
-                acc = warpgroup_mma_wait(
-                    num_outstanding=1, deps=(acc,)
-                )  # P V of tile j - 1 is done
-                mbarrier.arrive(v_empty.index((c - 1) % STAGES), count=1)
-                acc = acc * gl.expand_dims(alpha, 1)
-                mbarrier.wait(v_ready.index(c % STAGES), (c // STAGES) & 1)
-                acc = warpgroup_mma(
-                    gl.convert_layout(p.to(dtype), p_layout),
-                    v_smem.index(c % STAGES),
-                    acc,
-                    is_async=True,
-                )
-                s = warpgroup_mma_wait(
-                    num_outstanding=1, deps=(s_next,)
-                )  # S(j + 1) is done
-                mbarrier.arrive(k_empty.index((c + 1) % STAGES), count=1)
-            mbarrier.arrive(
-                q_empty.index(HALF), count=1
-            )  # every S of this item is done
-            p, m_i, l_i, alpha = _gluon_softmax_step(
-                s, m_i, l_i, qk_scale, q_idx, last * BLOCK_N, True, o_rows
-            )
-            acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
-            mbarrier.arrive(v_empty.index((base + last - 1) % STAGES), count=1)
-            acc = acc * gl.expand_dims(alpha, 1)
-        else:
-            mbarrier.arrive(q_empty.index(HALF), count=1)
-            p, m_i, l_i, alpha = _gluon_softmax_step(
-                s, m_i, l_i, qk_scale, q_idx, 0, True, o_rows
-            )
-        c = base + last
-        mbarrier.wait(v_ready.index(c % STAGES), (c // STAGES) & 1)
-        acc = warpgroup_mma(
-            gl.convert_layout(p.to(dtype), p_layout),
-            v_smem.index(c % STAGES),
-            acc,
-            is_async=True,
+            s = warpgroup_mma_wait(
+                num_outstanding=1, deps=(s_next,)
+            )  # S(j + 1) is done
+            mbarrier.arrive(k_empty.index(next_stage), count=1)
+        p, m_i, l_i, alpha = _gluon_softmax_step(
+            s, m_i, l_i, qk_scale, q_idx, last * BLOCK_N, True, o_rows
         )
         acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
-        mbarrier.arrive(v_empty.index(c % STAGES), count=1)
+        mbarrier.arrive(v_empty.index((last - 1) % STAGES), count=1)
+        acc = acc * gl.expand_dims(alpha, 1)
+    else:
+        p, m_i, l_i, alpha = _gluon_softmax_step(
+            s, m_i, l_i, qk_scale, q_idx, 0, True, o_rows
+        )
+    mbarrier.wait(v_ready.index(last % STAGES), (last // STAGES) & 1)
+    acc = warpgroup_mma(
+        gl.convert_layout(p.to(dtype), p_layout),
+        v_smem.index(last % STAGES),
+        acc,
+        is_async=True,
+    )
+    acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+    mbarrier.arrive(v_empty.index(last % STAGES), count=1)
 
-        # The epilogue stores from registers, so the next item's Q can land
-        # in q_buf meanwhile.
-        acc = acc / gl.expand_dims(gl.convert_layout(l_i, o_rows), 1)
-        rows = (batch_head * n_ctx + start_m + gl.arange(0, ROWS, layout=o_rows)).to(
-            gl.int64
-        )
-        cols = gl.arange(0, HEAD_DIM, layout=o_cols)
-        gl.store(
-            o_ptr + gl.expand_dims(rows, 1) * HEAD_DIM + gl.expand_dims(cols, 0),
-            acc.to(dtype),
-        )
-        lse = (m_i + gl.log2(l_i)) * 0.6931471805599453
-        gl.store(lse_ptr + batch_head * n_ctx + q_idx, lse)
-        base += n_tiles
-        it += 1
+    acc = acc / gl.expand_dims(gl.convert_layout(l_i, o_rows), 1)
+    q_buf.store(acc.to(dtype))  # Q is no longer needed: its buffer stages O
+    fence_async_shared()
+    gl_tma.async_copy_shared_to_global(o_desc, [batch_head * n_ctx + start_m, 0], q_buf)
+    lse = (m_i + gl.log2(l_i)) * 0.6931471805599453
+    gl.store(lse_ptr + batch_head * n_ctx + q_idx, lse)
+    gl_tma.store_wait(pendings=0)
 
 
 @gluon.jit
@@ -1634,19 +1600,16 @@ def _gluon_fwd_producer(args, HALF: gl.constexpr):
         q_desc,
         k_desc,
         v_desc,
-        o_ptr,
+        o_desc,
         lse_ptr,
         qk_scale,
         n_ctx,
-        batch_heads,
-        section_heads,
         num_heads,
         group,
         q_smem,
         k_smem,
         v_smem,
-        q_ready,
-        q_empty,
+        q_bars,
         k_ready,
         v_ready,
         k_empty,
@@ -1655,41 +1618,33 @@ def _gluon_fwd_producer(args, HALF: gl.constexpr):
     ROWS: gl.constexpr = q_desc.block_type.shape[0]
     BLOCK_N: gl.constexpr = k_desc.block_type.shape[0]
     STAGES: gl.constexpr = k_smem.type.shape[0]
+    start_cta = _gluon_tile_rows()
+    batch_head = gl.program_id(1)
     kv_heads = num_heads // group
-    n_items = (n_ctx // 128) * batch_heads
-    c = 0  # key tiles loaded so far
-    it = 0
-    for t in range(gl.program_id(0), n_items, gl.num_programs(0)):
-        start_cta, batch_head = _gluon_work(t, n_ctx, batch_heads, section_heads)
-        batch_kv_head = (
-            batch_head // num_heads * kv_heads + batch_head % num_heads // group
+    batch_kv_head = batch_head // num_heads * kv_heads + batch_head % num_heads // group
+    for i in gl.static_range(2):
+        mbarrier.expect(q_bars.index(i), q_desc.block_type.nbytes)
+        gl_tma.async_copy_global_to_shared(
+            q_desc,
+            [batch_head * n_ctx + start_cta + i * ROWS, 0],
+            q_bars.index(i),
+            q_smem.index(i),
         )
-        # A barrier starts with phase 1 complete: the first waits pass.
-        for i in gl.static_range(2):
-            mbarrier.wait(q_empty.index(i), (it & 1) ^ 1)
-            mbarrier.expect(q_ready.index(i), q_desc.block_type.nbytes)
-            gl_tma.async_copy_global_to_shared(
-                q_desc,
-                [batch_head * n_ctx + start_cta + i * ROWS, 0],
-                q_ready.index(i),
-                q_smem.index(i),
-            )
-        for j in range(_gluon_key_tiles(start_cta, n_ctx, BLOCK_N)):
-            stage = c % STAGES
-            phase = (c // STAGES) & 1
-            row = batch_kv_head * n_ctx + j * BLOCK_N
-            mbarrier.wait(k_empty.index(stage), phase ^ 1)
-            mbarrier.expect(k_ready.index(stage), k_desc.block_type.nbytes)
-            gl_tma.async_copy_global_to_shared(
-                k_desc, [row, 0], k_ready.index(stage), k_smem.index(stage)
-            )
-            mbarrier.wait(v_empty.index(stage), phase ^ 1)
-            mbarrier.expect(v_ready.index(stage), v_desc.block_type.nbytes)
-            gl_tma.async_copy_global_to_shared(
-                v_desc, [row, 0], v_ready.index(stage), v_smem.index(stage)
-            )
-            c += 1
-        it += 1
+    for j in range(_gluon_key_tiles(start_cta, n_ctx, BLOCK_N)):
+        stage = j % STAGES
+        phase = (j // STAGES) & 1
+        row = batch_kv_head * n_ctx + j * BLOCK_N
+        # A barrier starts with phase 1 complete: the first STAGES waits pass.
+        mbarrier.wait(k_empty.index(stage), phase ^ 1)
+        mbarrier.expect(k_ready.index(stage), k_desc.block_type.nbytes)
+        gl_tma.async_copy_global_to_shared(
+            k_desc, [row, 0], k_ready.index(stage), k_smem.index(stage)
+        )
+        mbarrier.wait(v_empty.index(stage), phase ^ 1)
+        mbarrier.expect(v_ready.index(stage), v_desc.block_type.nbytes)
+        gl_tma.async_copy_global_to_shared(
+            v_desc, [row, 0], v_ready.index(stage), v_smem.index(stage)
+        )
 
 
 @gluon.jit
@@ -1697,12 +1652,10 @@ def _gluon_attn_fwd(
     q_desc,
     k_desc,
     v_desc,
-    o_ptr,
+    o_desc,
     lse_ptr,
     qk_scale,
     n_ctx,
-    batch_heads,
-    section_heads,
     num_heads,
     group,
     STAGES: gl.constexpr,
@@ -1718,8 +1671,7 @@ def _gluon_attn_fwd(
     v_smem = gl.allocate_shared_memory(
         dtype, [STAGES, BLOCK_N, HEAD_DIM], v_desc.layout
     )
-    q_ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
-    q_empty = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    q_bars = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     k_ready = gl.allocate_shared_memory(
         gl.int64, [STAGES, 1], mbarrier.MBarrierLayout()
     )
@@ -1733,8 +1685,7 @@ def _gluon_attn_fwd(
         gl.int64, [STAGES, 1], mbarrier.MBarrierLayout()
     )
     for i in gl.static_range(2):
-        mbarrier.init(q_ready.index(i), count=1)
-        mbarrier.init(q_empty.index(i), count=1)
+        mbarrier.init(q_bars.index(i), count=1)
     for i in gl.static_range(STAGES):
         mbarrier.init(k_ready.index(i), count=1)
         mbarrier.init(v_ready.index(i), count=1)
@@ -1744,19 +1695,16 @@ def _gluon_attn_fwd(
         q_desc,
         k_desc,
         v_desc,
-        o_ptr,
+        o_desc,
         lse_ptr,
         qk_scale,
         n_ctx,
-        batch_heads,
-        section_heads,
         num_heads,
         group,
         q_smem,
         k_smem,
         v_smem,
-        q_ready,
-        q_empty,
+        q_bars,
         k_ready,
         v_ready,
         k_empty,
@@ -1794,7 +1742,7 @@ def _gluon_forward(q, k, v, o, lse, scale: float) -> None:
     batch, num_heads, n, d = q.shape
     gl_dtype = gl.bfloat16 if q.dtype == torch.bfloat16 else gl.float16
     descriptors = []
-    for x, rows in ((q, 64), (k, GLUON_BLOCK), (v, GLUON_BLOCK)):
+    for x, rows in ((q, 64), (k, GLUON_BLOCK), (v, GLUON_BLOCK), (o, 64)):
         flat = x.view(-1, d)  # (B * heads * N, D)
         layout = gl.NVMMASharedLayout.get_default_for([rows, d], gl_dtype)
         descriptors.append(
@@ -1802,30 +1750,17 @@ def _gluon_forward(q, k, v, o, lse, scale: float) -> None:
                 flat, list(flat.shape), list(flat.stride()), [rows, d], layout
             )
         )
-    # Persistent: one CTA per SM walks the work items (query tiles of 128 rows).
-    batch_heads = batch * num_heads
-    items = n // GLUON_BLOCK * batch_heads
-    kv_bytes = 2 * n * d * k.element_size()  # one head's keys and values
-    section_heads = max(1, min(batch_heads, GLUON_L2_BYTES // kv_bytes))
-    _gluon_attn_fwd[(min(items, _sm_count(q.device)),)](
+    _gluon_attn_fwd[(n // GLUON_BLOCK, batch * num_heads)](
         *descriptors,
-        o,
         lse,
         scale * 1.4426950408889634,
         n,
-        batch_heads,
-        section_heads,
         num_heads,
         num_heads // k.shape[1],
         GLUON_STAGES,
         num_warps=4,
         maxnreg=168,
     )
-
-
-@functools.lru_cache(maxsize=None)
-def _sm_count(device: torch.device) -> int:
-    return torch.cuda.get_device_properties(device).multi_processor_count
 
 
 def forward(
