@@ -83,19 +83,16 @@ def compile_gluon_forward(module) -> tuple[int, int, int, int]:
     dtype = {"torch.float16": gl.float16, "torch.bfloat16": gl.bfloat16}[str(module.DTYPE)]
     flat = torch.empty(4 * 16 * 4096, module.HEAD_DIM, dtype=module.DTYPE)
     signature = {}
-    for name, rows in (("q_desc", 64), ("k_desc", 128), ("v_desc", 128)):
+    for name, rows in (("q_desc", 64), ("k_desc", 128), ("v_desc", 128), ("o_desc", 64)):
         layout = gl.NVMMASharedLayout.get_default_for([rows, module.HEAD_DIM], dtype)
         desc = module.GluonTensorDescriptor(
             flat, list(flat.shape), list(flat.stride()), [rows, module.HEAD_DIM], layout
         )
         signature[name] = mangle_type(desc)
     signature.update(
-        o_ptr="*" + {"torch.float16": "fp16", "torch.bfloat16": "bf16"}[str(module.DTYPE)],
         lse_ptr="*fp32",
         qk_scale="fp32",
         n_ctx="i32",
-        batch_heads="i32",
-        section_heads="i32",
         num_heads="i32",
         group="i32",
         STAGES="constexpr",
@@ -105,7 +102,7 @@ def compile_gluon_forward(module) -> tuple[int, int, int, int]:
             module._gluon_attn_fwd,
             signature,
             dict(STAGES=module.GLUON_STAGES),
-            {(i,): [["tt.divisibility", 16]] for i in (3, 4, 6)},
+            {(4,): [["tt.divisibility", 16]], (6,): [["tt.divisibility", 16]]},
         ),
         target=GPUTarget("cuda", 90, 32),
         options=dict(num_warps=4, maxnreg=168),
