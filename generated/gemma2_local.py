@@ -1309,6 +1309,13 @@ def _interpreting() -> bool:
 
 
 @functools.lru_cache(maxsize=None)
+def _capability(device: torch.device) -> tuple[int, int]:
+    """The GPU's compute capability, looked up once per device (each call's
+    host time counts when the kernels are short)."""
+    return torch.cuda.get_device_capability(device)
+
+
+@functools.lru_cache(maxsize=None)
 def _alibi_slopes(num_heads: int, device: torch.device) -> torch.Tensor:
     """ALiBi slopes, shape (num_heads,), float32.
 
@@ -1386,7 +1393,7 @@ def _tma_supported(*tensors: torch.Tensor) -> bool:
         return False
     device = tensors[0].device
     if device.type == "cuda":
-        if torch.cuda.get_device_capability(device)[0] < 9:
+        if _capability(device)[0] < 9:
             return False
     elif not _interpreting():
         return False

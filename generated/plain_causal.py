@@ -1284,6 +1284,13 @@ def _interpreting() -> bool:
 
 
 @functools.lru_cache(maxsize=None)
+def _capability(device: torch.device) -> tuple[int, int]:
+    """The GPU's compute capability, looked up once per device (each call's
+    host time counts when the kernels are short)."""
+    return torch.cuda.get_device_capability(device)
+
+
+@functools.lru_cache(maxsize=None)
 def _alibi_slopes(num_heads: int, device: torch.device) -> torch.Tensor:
     """ALiBi slopes, shape (num_heads,), float32.
 
@@ -1361,7 +1368,7 @@ def _tma_supported(*tensors: torch.Tensor) -> bool:
         return False
     device = tensors[0].device
     if device.type == "cuda":
-        if torch.cuda.get_device_capability(device)[0] < 9:
+        if _capability(device)[0] < 9:
             return False
     elif not _interpreting():
         return False
@@ -1420,7 +1427,7 @@ def _alibi_or_placeholder(num_heads: int, like: torch.Tensor) -> torch.Tensor:
 
 GLUON_BLOCK = 128  # query rows per CTA and keys per tile
 GLUON_STAGES = 3
-GLUON_MIN_KEYS = 4096  # shorter sequences run the Triton kernel (faster there)
+GLUON_MIN_KEYS = 128  # shorter sequences run the Triton kernel (faster there)
 
 
 @gluon.jit
@@ -1730,12 +1737,17 @@ def _gluon_supported(
     scaling)."""
     if _interpreting() or q.device.type != "cuda" or scale <= 0:
         return False
-    if torch.cuda.get_device_capability(q.device) != (9, 0):
+    if _capability(q.device) != (9, 0):
         return False
     n = q.shape[2]
     if k.shape[2] != n or n % GLUON_BLOCK or n < GLUON_MIN_KEYS:
         return False
     return all(x.is_contiguous() and x.data_ptr() % 16 == 0 for x in (q, k, v))
+
+
+@functools.lru_cache(maxsize=None)
+def _gluon_layout(rows: int, d: int, dtype) -> "gl.NVMMASharedLayout":
+    return gl.NVMMASharedLayout.get_default_for([rows, d], dtype)
 
 
 def _gluon_forward(q, k, v, o, lse, scale: float) -> None:
@@ -1744,7 +1756,7 @@ def _gluon_forward(q, k, v, o, lse, scale: float) -> None:
     descriptors = []
     for x, rows in ((q, 64), (k, GLUON_BLOCK), (v, GLUON_BLOCK), (o, 64)):
         flat = x.view(-1, d)  # (B * heads * N, D)
-        layout = gl.NVMMASharedLayout.get_default_for([rows, d], gl_dtype)
+        layout = _gluon_layout(rows, d, gl_dtype)
         descriptors.append(
             GluonTensorDescriptor(
                 flat, list(flat.shape), list(flat.stride()), [rows, d], layout

@@ -1,0 +1,142 @@
+"""The generated forward of full and plain_causal (d128 unless --head-dim) against other builds
+of the same modules and cuDNN, in one process.
+
+Each MODULE is a generated module file (e.g. an older build kept aside);
+the current build of each spec is always included.  For every N, bf16,
+B = 16384 / N, H = 16: the module's Gluon forward (GLUON_MIN_KEYS lowered so
+that every N takes it), its Triton forward (an explicit launch config), and
+cuDNN, as forward TFLOP/s (median of do_bench).  Outputs are checked against
+cuDNN's first.
+
+    python3 scripts/gluon_ab.py [--seqlens 1024 2048 4096 16384] [MODULE.py ...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import importlib.util
+import os
+import sys
+
+import torch
+import triton.testing
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+from flashgen import lower  # noqa: E402
+from flashgen.api import load_variant  # noqa: E402
+from flashgen.cli import _check_sources, _read  # noqa: E402
+
+
+def from_file(path: str):
+    name = "ab_" + os.path.basename(path).removesuffix(".py") + f"_{abs(hash(path)) % 10**6}"
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("modules", nargs="*")
+    parser.add_argument("--seqlens", type=int, nargs="+", default=[1024, 2048, 4096, 16384])
+    parser.add_argument(
+        "--head-dim", type=int, default=128, help="not 128: the Gluon path forced on (a trial)"
+    )
+    parser.add_argument("--host", action="store_true", help="only the host overhead per call")
+    args = parser.parse_args()
+    if args.host:
+        return host_overhead()
+    d = args.head_dim
+    if d != 128:
+        chosen = lower._gluon_forward
+        lower._gluon_forward = lambda v: chosen(dataclasses.replace(v, head_dim=128))
+    builds = {}
+    for spec in ("full", "plain_causal"):
+        (variant,), _ = _check_sources(_read([f"examples/{spec}.attn"]))
+        builds[(spec, "current")] = load_variant(dataclasses.replace(variant, head_dim=d))
+    for path in args.modules:
+        module = from_file(path)
+        causal = "causal" in os.path.basename(path)
+        builds[("plain_causal" if causal else "full", path)] = module
+    for n in args.seqlens:
+        b, h = max(1, 16384 // n), 16
+        q, k, v = (torch.randn(b, h, n, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+        for spec, causal in (("full", False), ("plain_causal", True)):
+            flops = 4 * b * h * n * n * d * ((n + 1) / (2 * n) if causal else 1.0)
+            with torch.nn.attention.sdpa_kernel(torch.nn.attention.SDPBackend.CUDNN_ATTENTION):
+                ref = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal)
+                cudnn = triton.testing.do_bench(
+                    lambda: torch.nn.functional.scaled_dot_product_attention(
+                        q, k, v, is_causal=causal
+                    ),
+                    warmup=50,
+                    rep=200,
+                )
+            line = f"{spec:13s} N={n:6d} cuDNN {flops / cudnn / 1e9:6.1f}"
+            for (name, label), module in builds.items():
+                if name != spec:
+                    continue
+                module.GLUON_MIN_KEYS = 128
+                gluon = lambda: module.forward(q, k, v)  # noqa: E731
+                err = (gluon()[0].float() - ref.float()).abs().max().item()
+                ms = triton.testing.do_bench(gluon, warmup=50, rep=200)
+                line += (
+                    f" | {os.path.basename(label)} gluon {flops / ms / 1e9:6.1f} (err {err:.1e})"
+                )
+            current = builds[(spec, "current")]
+            config = dict(
+                zip(("block_m", "block_n", "num_warps", "num_stages"), current.GPU_CONFIG)
+            )
+            triton_fwd = lambda: current.forward(q, k, v, **config, tma=current.GPU_TMA)  # noqa
+            ms = triton.testing.do_bench(triton_fwd, warmup=50, rep=200)
+            line += f" | triton {flops / ms / 1e9:6.1f}"
+            print(line, flush=True)
+
+
+def host_overhead() -> None:
+    """Host time per call (microseconds) on a tiny shape, where the GPU is
+    never the bottleneck: what a launch costs the CPU."""
+    import time
+
+    builds = {}
+    for spec in ("full", "plain_causal"):
+        (variant,), _ = _check_sources(_read([f"examples/{spec}.attn"]))
+        builds[spec] = load_variant(dataclasses.replace(variant, head_dim=128))
+    q, k, v = (
+        torch.randn(1, 1, 128, 128, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+        for _ in range(3)
+    )
+    do = torch.randn_like(q)
+
+    def per_call(fn, calls=300):
+        for _ in range(20):
+            fn()
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        host = (time.perf_counter() - start) / calls * 1e6
+        torch.cuda.synchronize()
+        return host
+
+    shape = (16, 16, 1024, 128)
+    print(
+        f"torch.empty {shape} bf16: {per_call(lambda: torch.empty(shape, dtype=torch.bfloat16, device='cuda')):.1f} us"
+    )
+    for spec, module in builds.items():
+        module.GLUON_MIN_KEYS = 128
+        config = dict(zip(("block_m", "block_n", "num_warps", "num_stages"), module.GPU_CONFIG))
+        gluon = per_call(lambda: module.forward(q, k, v))
+        triton_ = per_call(lambda: module.forward(q, k, v, **config, tma=module.GPU_TMA))
+        o, lse = module.forward(q, k, v)
+        bwd = per_call(lambda: module.backward(q, k, v, o, lse, do))
+        both = per_call(lambda: torch.autograd.grad(module.attention(q, k, v), (q, k, v), do))
+        print(
+            f"{spec}: host us per call: forward gluon {gluon:.1f}, triton {triton_:.1f}; "
+            f"backward {bwd:.1f}; attention fwd+bwd (autograd) {both:.1f}"
+        )
+
+
+if __name__ == "__main__":
+    main()
