@@ -152,11 +152,9 @@ class KernelModel:
     gpu_bwd_tma: bool
     tuned_on: str | None  # GPU name when the configs come from `flashgen tune`
     # The warp-specialized Gluon forward for Hopper ("full" or "causal"), or
-    # None (see `_gluon_forward`), its number of K/V buffers, and the shortest
-    # sequence it runs (below, the Triton kernel was faster on the H200).
+    # None (see `_gluon_forward`), and its number of K/V buffers.
     gluon_forward: str | None = None
     gluon_stages: int = 3
-    gluon_min_keys: int = 128
 
 
 # --------------------------------------------------------------------------- #
@@ -1327,6 +1325,4 @@ def lower(v: ir.Variant, tuning: Tuning | None = None) -> KernelModel:
         gpu_bwd_tma=_pick(tuning.backward_tma if tuning else None, default_tma[1]),
         tuned_on=tuning.device if tuning else None,
         gluon_forward=gluon,
-        # TRIAL (run 6c): causal from N=128 too.
-        gluon_min_keys=128,
     )

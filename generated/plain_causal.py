@@ -1427,7 +1427,6 @@ def _alibi_or_placeholder(num_heads: int, like: torch.Tensor) -> torch.Tensor:
 
 GLUON_BLOCK = 128  # query rows per CTA and keys per tile
 GLUON_STAGES = 3
-GLUON_MIN_KEYS = 128  # shorter sequences run the Triton kernel (faster there)
 
 
 @gluon.jit
@@ -1732,7 +1731,7 @@ def _gluon_supported(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float
 ) -> bool:
     """Whether this call can take the Gluon forward: an sm90 GPU, Nq = Nk a
-    multiple of GLUON_BLOCK and at least GLUON_MIN_KEYS, contiguous 16-byte
+    multiple of GLUON_BLOCK, contiguous 16-byte
     aligned inputs, a positive scale (the kernel takes each row's max before
     scaling)."""
     if _interpreting() or q.device.type != "cuda" or scale <= 0:
@@ -1740,7 +1739,7 @@ def _gluon_supported(
     if _capability(q.device) != (9, 0):
         return False
     n = q.shape[2]
-    if k.shape[2] != n or n % GLUON_BLOCK or n < GLUON_MIN_KEYS:
+    if k.shape[2] != n or n % GLUON_BLOCK:
         return False
     return all(x.is_contiguous() and x.data_ptr() % 16 == 0 for x in (q, k, v))
 

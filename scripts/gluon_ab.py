@@ -3,8 +3,7 @@ of the same modules and cuDNN, in one process.
 
 Each MODULE is a generated module file (e.g. an older build kept aside);
 the current build of each spec is always included.  For every N, bf16,
-B = 16384 / N, H = 16: the module's Gluon forward (GLUON_MIN_KEYS lowered so
-that every N takes it), its Triton forward (an explicit launch config), and
+B = 16384 / N, H = 16: the module's Gluon forward, its Triton forward (an explicit launch config), and
 cuDNN, as forward TFLOP/s (median of do_bench).  Outputs are checked against
 cuDNN's first.
 
@@ -77,7 +76,6 @@ def main() -> None:
             for (name, label), module in builds.items():
                 if name != spec:
                     continue
-                module.GLUON_MIN_KEYS = 128
                 gluon = lambda: module.forward(q, k, v)  # noqa: E731
                 err = (gluon()[0].float() - ref.float()).abs().max().item()
                 ms = triton.testing.do_bench(gluon, warmup=50, rep=200)
@@ -125,7 +123,6 @@ def host_overhead() -> None:
         f"torch.empty {shape} bf16: {per_call(lambda: torch.empty(shape, dtype=torch.bfloat16, device='cuda')):.1f} us"
     )
     for spec, module in builds.items():
-        module.GLUON_MIN_KEYS = 128
         config = dict(zip(("block_m", "block_n", "num_warps", "num_stages"), module.GPU_CONFIG))
         gluon = per_call(lambda: module.forward(q, k, v))
         triton_ = per_call(lambda: module.forward(q, k, v, **config, tma=module.GPU_TMA))

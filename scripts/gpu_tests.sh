@@ -1,32 +1,38 @@
 #!/usr/bin/env bash
 # tests/test_gpu.py in five parallel processes (examples in fp16, in bf16, in fp32,
-# random forward specs, random gradient specs), each within SECONDS.  The
-# per-case error table goes to $OUT/gpu_summary.txt, each group's log tail to
-# stdout.  On a machine whose time is rationed this is the check after every
-# kernel change.
+# random forward specs and the Gluon forward, random gradient specs), spread over
+# the machine's GPUs, each within SECONDS.  The per-case error table goes to
+# $OUT/gpu_summary.txt, each group's log tail to stdout.  On a machine whose time
+# is rationed this is the check after every kernel change.
 #   [FLASHGEN_GPU_EXAMPLES=16] [BACKWARD_ONLY=1] bash scripts/gpu_tests.sh SECONDS
 set -uo pipefail
 source "$(dirname "$0")/gpu_env.sh"
 seconds=${1:-400}
 logs=$(mktemp -d)
-group() {
-  local name=$1 selection=$2
-  FLASHGEN_GPU_SUMMARY="$logs/$name.sum" timeout "$seconds" python3 -m pytest -q \
+gpus=$(nvidia-smi -L | wc -l)
+started=0
+group() {  # in the background, on the machine's GPUs in turn
+  _group "$((started % gpus))" "$@" &
+  started=$((started + 1))
+}
+_group() {
+  local gpu=$1 name=$2 selection=$3
+  CUDA_VISIBLE_DEVICES=$gpu FLASHGEN_GPU_SUMMARY="$logs/$name.sum" timeout "$seconds" python3 -m pytest -q \
     -p no:cacheprovider -rf tests/test_gpu.py -k "$selection" >"$logs/$name.log" 2>&1
-  echo "== $name: exit $?"
+  echo "== $name (GPU $gpu): exit $?"
   grep -E "passed|failed|FAILED|Error" "$logs/$name.log" | tail -8
 }
 if [ -n "${BACKWARD_ONLY:-}" ]; then  # a change to the backward kernels only
-  group gradients-fp16 "example_gradients and FP16" &
-  group gradients-bf16 "example_gradients and BF16" &
-  group gradients-fp32 "example_gradients and FP32" &
-  group random-gradients "random_spec_gradients" &
+  group gradients-fp16 "example_gradients and FP16"
+  group gradients-bf16 "example_gradients and BF16"
+  group gradients-fp32 "example_gradients and FP32"
+  group random-gradients "random_spec_gradients"
 else
-  group examples-fp16 "example and FP16" &
-  group examples-bf16 "example and BF16" &
-  group examples-fp32 "example and FP32" &
-  group random-forward "random_specs_on_gpu or tanh" &
-  group random-gradients "random_spec_gradients" &
+  group examples-fp16 "example and FP16"
+  group examples-bf16 "example and BF16"
+  group examples-fp32 "example and FP32"
+  group random-forward "random_specs_on_gpu or tanh or gluon"
+  group random-gradients "random_spec_gradients"
 fi
 wait
 cat "$logs"/*.sum >"$OUT/gpu_summary.txt" 2>/dev/null

@@ -135,7 +135,6 @@ def test_gluon_forward_on_gpu(name, dtype, monkeypatch):
     (variant,) = [v for v in example_variants() if v.name == name]
     variant = dataclasses.replace(variant, dtype=dtype)
     module = build(variant)
-    monkeypatch.setattr(module, "GLUON_MIN_KEYS", 128)  # short rows too
     launches = []
     gluon_forward = module._gluon_forward
     monkeypatch.setattr(
