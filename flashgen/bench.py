@@ -3,7 +3,9 @@
 In: checked `Variant`s and a grid of shapes.  Out: `Measurement`s (one per
 variant, shape and system), printed as a table of TFLOP/s and ratios, written
 as JSON, and optionally plotted.  Every system runs in this one process on the
-same inputs; times are medians of `triton.testing.do_bench`.
+same inputs; times are medians of `triton.testing.do_bench` (or, with
+timer="cuda-graph", of calls replayed from a CUDA graph: the kernels' own time
+without the host's launch cost).
 
 FLOPs count the mask's real density: 4·B·H·Nq·Nk·D·density for the forward and
 2.5 times that for the backward, whose time is (forward + backward) - forward.
@@ -47,6 +49,7 @@ class Measurement:
     bwd_ms: float | None
     max_diff: float | None = None  # against flashgen's output
     error: str = ""
+    timer: str = "do_bench"  # a key of TIMERS
 
     def tflops(self, backward: bool = False) -> float | None:
         ms = self.bwd_ms if backward else self.fwd_ms
@@ -110,6 +113,23 @@ def _do_bench(fn: Callable[[], object]) -> float:
     return triton.testing.do_bench(fn, warmup=50, rep=200, return_mode="median")
 
 
+def _do_bench_graph(fn: Callable[[], object]) -> float:
+    import triton.testing
+
+    return triton.testing.do_bench_cudagraph(fn, rep=200, return_mode="median")
+
+
+# How a call is timed.  "do_bench" (the default) times each call as an eager
+# caller sees it, host launch cost included: where a call's kernels are shorter
+# than the host's work to issue them, that is what it measures (BENCHMARKS.md,
+# entry 19).  "cuda-graph" replays the calls from a CUDA graph: the kernels'
+# own time, for every system alike.
+TIMERS: dict[str, Callable[[Callable[[], object]], float]] = {
+    "do_bench": _do_bench,
+    "cuda-graph": _do_bench_graph,
+}
+
+
 def bench(
     variants: Sequence[ir.Variant],
     *,
@@ -118,7 +138,7 @@ def bench(
     heads: int = 16,
     head_dim: int | None = None,
     device: str = "cuda",
-    timer: Callable[[Callable[[], object]], float] = _do_bench,
+    timer: str | Callable[[Callable[[], object]], float] = "do_bench",
     compile_flex: bool = True,
     systems: Sequence[str] = ("flashgen", "flex", "sdpa-cudnn", "sdpa-flash"),
     progress: bool = True,
@@ -126,13 +146,19 @@ def bench(
     """Time every variant at every sequence length on every system.
 
     `batch=None` keeps B·N at 16384 tokens (B = 16384 // N, at least 1), the
-    anchors' convention.  `head_dim` overrides the specs' head dims.
+    anchors' convention.  `head_dim` overrides the specs' head dims.  `timer`
+    names one of TIMERS, or is a function that times a call (in ms).
     """
     from torch.nn.attention import SDPBackend, sdpa_kernel
     from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
     from flashgen.api import load_variant
 
+    timer_name = timer if isinstance(timer, str) else getattr(timer, "__name__", "custom")
+    if isinstance(timer, str):
+        if timer not in TIMERS:
+            raise ValueError(f"timer must be one of {', '.join(TIMERS)}, got {timer!r}")
+        timer = TIMERS[timer]
     sdpa_backends = {
         "sdpa-cudnn": SDPBackend.CUDNN_ATTENTION,
         "sdpa-flash": SDPBackend.FLASH_ATTENTION,
@@ -197,9 +223,8 @@ def bench(
                     if bar:
                         bar.step(label + ": not expressible")
                     continue
-                results.append(
-                    _measure(variant.name, system, fn, q, k, v, do, frac, timer, reference)
-                )
+                measured = _measure(variant.name, system, fn, q, k, v, do, frac, timer, reference)
+                results.append(dataclasses.replace(measured, timer=timer_name))
                 if system == "flashgen" and not results[-1].error:
                     reference = fn(q, k, v).detach()
                 if bar:
@@ -234,7 +259,8 @@ def table(results: Sequence[Measurement]) -> str:
     systems = ["flashgen", "flex", "sdpa-cudnn", "sdpa-flash"]
     header = f"{'variant':<16} {'d':>4} {'N':>6} " + " ".join(f"{s:>13}" for s in systems)
     header += f" {'vs flex':>13} {'vs cudnn':>13}"
-    lines = ["TFLOP/s forward / backward", header, "-" * len(header)]
+    timers = ", ".join(sorted({r.timer for r in results}))
+    lines = [f"TFLOP/s forward / backward (timer: {timers})", header, "-" * len(header)]
 
     def cell(r: Measurement | None) -> str:
         if r is None:
@@ -242,12 +268,21 @@ def table(results: Sequence[Measurement]) -> str:
         if r.error:
             return f"{'error':>13}"
         mark = "!" if r.max_diff is not None and r.max_diff > AGREEMENT else ""
-        return f"{r.tflops():6.0f}/{r.tflops(True):5.0f}{mark:1}"
+        fwd, bwd = r.tflops(), r.tflops(True)  # None for a time of 0 (below the timer's noise)
+        fwd = f"{fwd:6.0f}" if fwd is not None else f"{'-':>6}"
+        bwd = f"{bwd:5.0f}" if bwd is not None else f"{'-':>5}"
+        return f"{fwd}/{bwd}{mark:1}"
 
     def ratio(a: Measurement | None, b: Measurement | None) -> str:
         if a is None or b is None or a.error or b.error:
             return f"{'-':>13}"
-        return f"{a.tflops() / b.tflops():6.2f}/{a.tflops(True) / b.tflops(True):5.2f} "
+        parts = []
+        for backward, width in ((False, 6), (True, 5)):
+            x, y = a.tflops(backward), b.tflops(backward)
+            parts.append(
+                f"{x / y:{width}.2f}" if x is not None and y is not None else f"{'-':>{width}}"
+            )
+        return f"{parts[0]}/{parts[1]} "
 
     for (name, d, n), by_system in rows.items():
         ours = by_system.get("flashgen")

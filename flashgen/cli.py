@@ -132,6 +132,13 @@ def _parser() -> argparse.ArgumentParser:
     bench.add_argument("--plot", metavar="PNG", help="plot TFLOP/s against sequence length")
     bench.add_argument("--name", help="bench only this block")
     bench.add_argument(
+        "--timer",
+        choices=("do_bench", "cuda-graph"),
+        default="do_bench",
+        help="do_bench: each call as an eager caller sees it, host launch cost included "
+        "(default); cuda-graph: calls replayed from a CUDA graph, the kernels' own time",
+    )
+    bench.add_argument(
         "--systems",
         nargs="+",
         choices=SYSTEMS,
@@ -208,6 +215,7 @@ def _bench(args: argparse.Namespace) -> int:
             heads=args.heads,
             head_dim=head_dim,
             systems=args.systems,
+            timer=args.timer,
         )
     print(bench.table(results))
     if args.json:

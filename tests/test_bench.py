@@ -113,6 +113,34 @@ def test_bench_pipeline_on_cpu(monkeypatch):
     assert "tiny" in text and "vs flex" in text and "1.00/ 1.00" in text
     rows = json.loads(bench.to_json([ours, flex32]))
     assert rows[0]["system"] == "flashgen" and rows[0]["fwd_tflops"] > 0
+    assert rows[0]["timer"] == "timer"  # a timer function is recorded by its name
+
+
+def test_bench_timers(monkeypatch):
+    """`timer` names how calls are timed; the name goes into each measurement
+    and the table, and an unknown one is refused before anything runs."""
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    variant = _variant("attention tiny { head_dim = 16; dtype = fp32; mask = causal }")
+    with pytest.raises(ValueError, match="timer must be one of do_bench, cuda-graph"):
+        bench.bench([variant], seqlens=[32], device="cpu", timer="wall", progress=False)
+    calls = []
+    monkeypatch.setitem(bench.TIMERS, "cuda-graph", lambda fn: calls.append(fn()) or 3.0)
+    results = bench.bench(
+        [variant],
+        seqlens=[32],
+        batch=1,
+        heads=2,
+        device="cpu",
+        timer="cuda-graph",
+        systems=("flashgen",),
+        progress=False,
+    )
+    assert len(calls) == 2  # the forward, and forward + backward
+    assert [(r.timer, r.fwd_ms, r.bwd_ms) for r in results] == [("cuda-graph", 3.0, 0.0)]
+    text = bench.table(results).splitlines()
+    assert "cuda-graph" in text[0]
+    assert "/    -" in text[3]  # a backward time of 0 has no TFLOP/s: shown as "-"
+    assert set(bench.TIMERS) == {"do_bench", "cuda-graph"}
 
 
 def test_bench_cli_needs_a_gpu(tmp_path, capsys):
