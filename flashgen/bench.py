@@ -154,11 +154,12 @@ def bench(
 
     from flashgen.api import load_variant
 
-    timer_name = timer if isinstance(timer, str) else getattr(timer, "__name__", "custom")
     if isinstance(timer, str):
         if timer not in TIMERS:
             raise ValueError(f"timer must be one of {', '.join(TIMERS)}, got {timer!r}")
-        timer = TIMERS[timer]
+        timer_name, timer = timer, TIMERS[timer]
+    else:
+        timer_name = getattr(timer, "__name__", "custom")
     sdpa_backends = {
         "sdpa-cudnn": SDPBackend.CUDNN_ATTENTION,
         "sdpa-flash": SDPBackend.FLASH_ATTENTION,
@@ -223,8 +224,11 @@ def bench(
                     if bar:
                         bar.step(label + ": not expressible")
                     continue
-                measured = _measure(variant.name, system, fn, q, k, v, do, frac, timer, reference)
-                results.append(dataclasses.replace(measured, timer=timer_name))
+                results.append(
+                    _measure(
+                        variant.name, system, fn, q, k, v, do, frac, timer, reference, timer_name
+                    )
+                )
                 if system == "flashgen" and not results[-1].error:
                     reference = fn(q, k, v).detach()
                 if bar:
@@ -232,9 +236,12 @@ def bench(
     return results
 
 
-def _measure(name, system, fn, q, k, v, do, frac, timer, reference) -> Measurement:
+def _measure(
+    name, system, fn, q, k, v, do, frac, timer, reference, timer_name="do_bench"
+) -> Measurement:
     b, h, n, d = q.shape
     base = dict(variant=name, system=system, batch=b, heads=h, seqlen=n, head_dim=d, density=frac)
+    base["timer"] = timer_name
     inputs = [x.detach().requires_grad_() for x in (q, k, v)]
     diff = fwd = bwd = None
     error = ""

@@ -23,7 +23,6 @@ import dataclasses
 import os
 import pstats
 import sys
-import time
 
 import torch
 import triton.testing
@@ -34,6 +33,7 @@ from flashgen.api import load_variant
 from flashgen.cli import _check_sources, _read
 from flashgen.flex import flex_mods
 from flashgen.verify import torch_dtype
+from host_probe import per_call_us  # scripts/, beside this file
 
 
 def kernel_ms(fn, calls: int = 20) -> float:
@@ -46,17 +46,6 @@ def kernel_ms(fn, calls: int = 20) -> float:
     cuda = torch.autograd.DeviceType.CUDA
     total_us = sum(e.device_time for e in prof.events() if e.device_type == cuda)
     return total_us / calls / 1e3
-
-
-def host_ms(fn, calls: int = 50) -> float:
-    fn()
-    torch.cuda.synchronize()
-    start = time.perf_counter()
-    for _ in range(calls):
-        fn()
-    host = (time.perf_counter() - start) / calls * 1e3
-    torch.cuda.synchronize()
-    return host
 
 
 def probe(path: str, head_dim: int, n: int) -> None:
@@ -104,7 +93,7 @@ def probe(path: str, head_dim: int, n: int) -> None:
         except Exception as exc:  # noqa: BLE001
             print(f"   {name}: cuda graph failed: {type(exc).__name__}: {str(exc)[:120]}")
             gf = gb = float("nan")
-        hb = host_ms(both)
+        hb = per_call_us(both, calls=50) / 1e3
 
         def tf(ms, backward=False):
             return flops * (2.5 if backward else 1) / (ms * 1e-3) / 1e12

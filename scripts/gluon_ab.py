@@ -42,10 +42,7 @@ def main() -> None:
     parser.add_argument(
         "--head-dim", type=int, default=128, help="not 128: the Gluon path forced on (a trial)"
     )
-    parser.add_argument("--host", action="store_true", help="only the host overhead per call")
     args = parser.parse_args()
-    if args.host:
-        return host_overhead()
     d = args.head_dim
     if d != 128:
         chosen = lower._gluon_forward
@@ -90,49 +87,6 @@ def main() -> None:
             ms = triton.testing.do_bench(triton_fwd, warmup=50, rep=200)
             line += f" | triton {flops / ms / 1e9:6.1f}"
             print(line, flush=True)
-
-
-def host_overhead() -> None:
-    """Host time per call (microseconds) on a tiny shape, where the GPU is
-    never the bottleneck: what a launch costs the CPU."""
-    import time
-
-    builds = {}
-    for spec in ("full", "plain_causal"):
-        (variant,), _ = _check_sources(_read([f"examples/{spec}.attn"]))
-        builds[spec] = load_variant(dataclasses.replace(variant, head_dim=128))
-    q, k, v = (
-        torch.randn(1, 1, 128, 128, device="cuda", dtype=torch.bfloat16, requires_grad=True)
-        for _ in range(3)
-    )
-    do = torch.randn_like(q)
-
-    def per_call(fn, calls=300):
-        for _ in range(20):
-            fn()
-        torch.cuda.synchronize()
-        start = time.perf_counter()
-        for _ in range(calls):
-            fn()
-        host = (time.perf_counter() - start) / calls * 1e6
-        torch.cuda.synchronize()
-        return host
-
-    shape = (16, 16, 1024, 128)
-    print(
-        f"torch.empty {shape} bf16: {per_call(lambda: torch.empty(shape, dtype=torch.bfloat16, device='cuda')):.1f} us"
-    )
-    for spec, module in builds.items():
-        config = dict(zip(("block_m", "block_n", "num_warps", "num_stages"), module.GPU_CONFIG))
-        gluon = per_call(lambda: module.forward(q, k, v))
-        triton_ = per_call(lambda: module.forward(q, k, v, **config, tma=module.GPU_TMA))
-        o, lse = module.forward(q, k, v)
-        bwd = per_call(lambda: module.backward(q, k, v, o, lse, do))
-        both = per_call(lambda: torch.autograd.grad(module.attention(q, k, v), (q, k, v), do))
-        print(
-            f"{spec}: host us per call: forward gluon {gluon:.1f}, triton {triton_:.1f}; "
-            f"backward {bwd:.1f}; attention fwd+bwd (autograd) {both:.1f}"
-        )
 
 
 if __name__ == "__main__":
