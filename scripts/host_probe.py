@@ -25,9 +25,12 @@ numbers mean nothing.
 
 from __future__ import annotations
 
+import cProfile
 import dataclasses
 import os
+import pstats
 import sys
+import threading
 import time
 
 import torch
@@ -123,8 +126,115 @@ def main() -> None:
                 lambda: torch.autograd.grad(module.attention(q, k, v), (q, k, v), do)
             ),
         }
+        times["forward() + backward(), no autograd"] = per_call_us(
+            lambda: module.backward(q, k, v, *module.forward(q, k, v), do)
+        )
+        times["backward() on a second thread"] = _on_thread(
+            lambda: module.backward(q, k, v, o, lse, do)
+        )
+        times.update(_inside_autograd(module, q, k, v, do))
+        times.update(_launch_split(module._attn_bwd, lambda: module.backward(q, k, v, o, lse, do)))
         for name, us in times.items():
             print(f"{variant.name}: {name}: {us:.1f} us")
+        if DEVICE == "cuda":
+            for label, fn in (
+                ("backward()", lambda: module.backward(q, k, v, o, lse, do)),
+                (
+                    "autograd forward + backward (calling thread only)",
+                    lambda: torch.autograd.grad(module.attention(q, k, v), (q, k, v), do),
+                ),
+            ):
+                print(f"--- cProfile, 300 calls of {label}, by own time")
+                profile = cProfile.Profile()
+                profile.runcall(lambda: [fn() for _ in range(300)])
+                _sync()
+                pstats.Stats(profile).sort_stats("tottime").print_stats(18)
+    _flex_host(q, k, v, do)
+
+
+def _on_thread(fn) -> float:
+    """per_call_us of fn run on a fresh thread (as autograd's device thread
+    runs a backward)."""
+    result = []
+    thread = threading.Thread(target=lambda: result.append(per_call_us(fn)))
+    thread.start()
+    thread.join()
+    return result[0]
+
+
+def _inside_autograd(module, q, k, v, do) -> dict[str, float]:
+    """Host time spent inside the module's forward() and backward() when
+    autograd calls them, against the whole autograd call."""
+    spent = {"forward": [0.0, 0], "backward": [0.0, 0]}
+    originals = {name: getattr(module, name) for name in spent}
+
+    def timed(name):
+        def call(*args, **kwargs):
+            start = time.perf_counter()
+            try:
+                return originals[name](*args, **kwargs)
+            finally:
+                spent[name][0] += time.perf_counter() - start
+                spent[name][1] += 1
+
+        return call
+
+    for name in spent:
+        setattr(module, name, timed(name))
+    try:
+        total = per_call_us(lambda: torch.autograd.grad(module.attention(q, k, v), (q, k, v), do))
+    finally:
+        for name, fn in originals.items():
+            setattr(module, name, fn)
+    out = {"autograd fwd+bwd (timed run)": total}
+    for name, (seconds, calls) in spent.items():
+        out[f"  of which inside {name}()"] = seconds / max(calls, 1) * 1e6
+    return out
+
+
+def _launch_split(kernel, call) -> dict[str, float]:
+    """Triton's launch path for one kernel: argument binding and
+    specialization (the binder) against the whole JITFunction.run."""
+    if DEVICE != "cuda":
+        return {}
+    captured = []
+    kernel.pre_run_hooks.append(lambda *args, **kwargs: captured.append((args, kwargs)))
+    try:
+        call()
+    finally:
+        kernel.pre_run_hooks.pop()
+    args, kwargs = captured[-1]
+    kwargs = dict(kwargs)
+    kwargs["debug"] = kwargs.get("debug", kernel.debug)
+    from triton import knobs
+    from triton.runtime.driver import driver
+
+    kwargs["instrumentation_mode"] = knobs.compilation.instrumentation_mode
+    device = driver.active.get_current_device()
+    binder = kernel.device_caches[device][4]
+    name = getattr(kernel, "__name__", "kernel")
+    return {
+        f"{name}: binder (specialization of {len(args)} args)": per_call_us(
+            lambda: binder(*args, **kwargs)
+        ),
+        f"{name}: get_current_device + stream": per_call_us(
+            lambda: driver.active.get_current_stream(driver.active.get_current_device())
+        ),
+        f"{name}: knobs.runtime.debug lookup": per_call_us(lambda: knobs.runtime.debug),
+    }
+
+
+def _flex_host(q, k, v, do) -> None:
+    """FlexAttention's host time per call, for comparison."""
+    if DEVICE != "cuda":
+        return
+    from torch.nn.attention.flex_attention import flex_attention
+
+    flex = torch.compile(flex_attention, dynamic=False)
+    inputs = [x.detach().requires_grad_() for x in (q, k, v)]
+    fwd = per_call_us(lambda: flex(*inputs))
+    both = per_call_us(lambda: torch.autograd.grad(flex(*inputs), inputs, do))
+    print(f"flex (compiled, no mask): forward {fwd:.1f} us, forward + backward {both:.1f} us")
 
 
 if __name__ == "__main__":
