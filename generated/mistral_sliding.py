@@ -31,6 +31,11 @@ try:  # Hopper's tensor memory accelerator (TMA), Triton >= 3.4
     from triton.tools.tensor_descriptor import TensorDescriptor
 except ImportError:  # pragma: no cover
     TensorDescriptor = None
+try:  # what `_launch` needs to call a compiled kernel directly (Triton 3.6)
+    from triton import knobs as _knobs
+    from triton.runtime.driver import driver as _driver
+except ImportError:  # pragma: no cover
+    _knobs = _driver = None
 
 SPEC = "attention mistral_sliding {\n    head_dim = 128\n    dtype = bf16\n    mask = causal & window(4095)\n    score = s\n    align = bottom_right\n    rescale_threshold = 0.0\n}\n"
 HEAD_DIM = 128
@@ -44,6 +49,9 @@ GPU_BWD_CONFIG = (64, 128, 8, 3)
 # default on sm90+ GPUs (measured: flashgen's defaults, or `flashgen tune`).
 GPU_TMA = False
 GPU_BWD_TMA = True
+# Repeat launches call the compiled kernel directly (`_launch`): on the Triton
+# this was written against.  False sends every launch through kernel[grid].
+DIRECT_LAUNCH = _driver is not None and triton.__version__.startswith("3.6.")
 INTERPRETER_CONFIG = (32, 32, 1, 1)
 
 
@@ -1278,6 +1286,63 @@ def _capability(device: torch.device) -> tuple[int, int]:
     return torch.cuda.get_device_capability(device)
 
 
+# Compiled kernels by (kernel, device, specialization, launch options).
+_COMPILED: dict = {}
+
+
+def _specialization(args) -> tuple:
+    """Everything of a launch's arguments that Triton may compile a kernel
+    for: integers by value, tensors by dtype and alignment, TMA descriptors
+    by their tensor, geometry and block (a superset of Triton's own key)."""
+    key = []
+    for a in args:
+        kind = type(a)
+        if kind is int or kind is bool:
+            key.append(a)
+        elif kind is float:
+            key.append(None)  # a float argument is always fp32
+        elif isinstance(a, torch.Tensor):
+            key.append((a.dtype, a.data_ptr() % 16))
+        else:  # a TMA descriptor
+            base = a.base
+            geometry = (*a.shape, *a.strides, *a.block_shape, a.padding)
+            key.append(
+                (base.dtype, base.data_ptr() % 16, geometry, getattr(a, "layout", None))
+            )
+    return tuple(key)
+
+
+def _launch(kernel, grid, *args, **options) -> None:
+    """kernel[grid](*args, **options), constexprs passed by position.
+
+    Triton binds and specializes every argument on every launch: about 25 us
+    of host time for the backward's 47 arguments on the H200 machine, where
+    short calls run at the host's pace (BENCHMARKS.md, entries 19 and 22).
+    The first launch of each specialization goes through Triton (compiling
+    if need be); later ones call the compiled kernel that it returned.
+    """
+    if (
+        not DIRECT_LAUNCH
+        or _interpreting()
+        or _knobs.runtime.launch_enter_hook.calls  # a profiler sees each launch
+        or _knobs.runtime.launch_exit_hook.calls
+    ):
+        kernel[grid](*args, **options)
+        return
+    device = _driver.active.get_current_device()
+    key = (kernel, device, _specialization(args), *options.items())
+    compiled = _COMPILED.get(key)
+    if compiled is None:
+        if len(_COMPILED) >= 4096:  # e.g. a new sequence length on every call
+            _COMPILED.clear()
+        _COMPILED[key] = kernel[grid](*args, **options)
+        return
+    stream = _driver.active.get_current_stream(device)
+    # JITFunction.run's own call; without hooks it needs no launch metadata.
+    handles = (compiled.function, compiled.packed_metadata, None, None, None)
+    compiled.run(grid[0], grid[1], 1, stream, *handles, *args)
+
+
 @functools.lru_cache(maxsize=None)
 def _alibi_slopes(num_heads: int, device: torch.device) -> torch.Tensor:
     """ALiBi slopes, shape (num_heads,), float32.
@@ -1421,7 +1486,23 @@ def forward(
     strides), False through pointers, None as GPU_TMA says where possible.
     """
     _check_inputs(q, k, v)
-    scale = _resolve_scale(scale)
+    return _forward(
+        q, k, v, _resolve_scale(scale), block_m, block_n, num_warps, num_stages, tma
+    )
+
+
+def _forward(
+    q,
+    k,
+    v,
+    scale: float,
+    block_m=None,
+    block_n=None,
+    num_warps=None,
+    num_stages=None,
+    tma=None,
+):
+    """forward() on checked inputs and a resolved scale."""
     default = _launch_config(q.device)
     block_m, block_n = block_m or default[0], block_n or default[1]
     _check_blocks(block_m, block_n)
@@ -1435,7 +1516,9 @@ def forward(
         return o, lse.fill_(float("-inf"))
     use_tma = n_keys > 0 and _use_tma(tma, GPU_TMA, k, v)
     grid = (triton.cdiv(n_queries, block_m), batch * num_heads)
-    _attn_fwd[grid](
+    _launch(
+        _attn_fwd,
+        grid,
         q,
         k,
         v,
@@ -1452,11 +1535,11 @@ def forward(
         n_queries,
         n_keys,
         scale,
-        HEAD_DIM=HEAD_DIM,
-        HEAD_DIM_PAD=128,
-        BLOCK_M=block_m,
-        BLOCK_N=block_n,
-        USE_TMA=use_tma,
+        HEAD_DIM,
+        128,
+        block_m,
+        block_n,
+        use_tma,  # the constexprs
         num_warps=num_warps or default[2],
         num_stages=num_stages or default[3],
     )
@@ -1489,7 +1572,39 @@ def backward(
     in forward(), with GPU_BWD_TMA as the default.
     """
     _check_inputs(q, k, v)
-    scale = _resolve_scale(scale)
+    return _backward(
+        q,
+        k,
+        v,
+        o,
+        lse,
+        do,
+        dlse,
+        _resolve_scale(scale),
+        block_m,
+        block_n,
+        num_warps,
+        num_stages,
+        tma,
+    )
+
+
+def _backward(
+    q,
+    k,
+    v,
+    o,
+    lse,
+    do,
+    dlse,
+    scale: float,
+    block_m=None,
+    block_n=None,
+    num_warps=None,
+    num_stages=None,
+    tma=None,
+):
+    """backward() on checked inputs and a resolved scale."""
     default = _launch_config(q.device, backward=True)
     block_m, block_n = block_m or default[0], block_n or default[1]
     _check_blocks(block_m, block_n)
@@ -1514,7 +1629,9 @@ def backward(
     delta = torch.empty_like(lse)
     alibi_slopes = _alibi_or_placeholder(num_heads, lse)
     grid = (triton.cdiv(n_queries, block_m), batch * num_heads)
-    _attn_bwd_preprocess[grid](
+    _launch(
+        _attn_bwd_preprocess,
+        grid,
         o,
         do,
         delta if dlse is None else dlse,
@@ -1523,17 +1640,19 @@ def backward(
         *do.stride(),
         num_heads,
         n_queries,
-        HEAD_DIM=HEAD_DIM,
-        HEAD_DIM_PAD=128,
-        BLOCK_M=block_m,
-        HAS_DLSE=dlse is not None,
+        HEAD_DIM,
+        128,
+        block_m,
+        dlse is not None,  # the constexprs
     )
     use_tma = _use_tma(tma, GPU_BWD_TMA, q, k, v, do)
     grid = (
         triton.cdiv(n_keys, block_n) + triton.cdiv(n_queries, block_n),
         batch * num_heads,
     )
-    _attn_bwd[grid](
+    _launch(
+        _attn_bwd,
+        grid,
         q,
         k,
         v,
@@ -1557,11 +1676,11 @@ def backward(
         n_queries,
         n_keys,
         scale,
-        HEAD_DIM=HEAD_DIM,
-        HEAD_DIM_PAD=128,
-        BLOCK_M=block_m,
-        BLOCK_N=block_n,
-        USE_TMA=use_tma,
+        HEAD_DIM,
+        128,
+        block_m,
+        block_n,
+        use_tma,  # the constexprs
         num_warps=num_warps,
         num_stages=num_stages,
     )
@@ -1573,7 +1692,7 @@ class _Attention(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q, k, v, scale):
-        o, lse = forward(q, k, v, scale)
+        o, lse = _forward(q, k, v, scale)  # attention() checked the inputs
         ctx.save_for_backward(q, k, v, o, lse)
         ctx.scale = scale
         ctx.set_materialize_grads(False)
@@ -1582,7 +1701,7 @@ class _Attention(torch.autograd.Function):
     @staticmethod
     def backward(ctx, do, dlse):
         q, k, v, o, lse = ctx.saved_tensors
-        dq, dk, dv = backward(q, k, v, o, lse, do, dlse, ctx.scale)
+        dq, dk, dv = _backward(q, k, v, o, lse, do, dlse, ctx.scale)
         return dq, dk, dv, None
 
 

@@ -48,6 +48,16 @@ def kernel_ms(fn, calls: int = 20) -> float:
     return total_us / calls / 1e3
 
 
+def _launching(module, direct: bool):
+    """module.attention with repeat launches direct (`_launch`) or not."""
+
+    def attention(q, k, v):
+        module.DIRECT_LAUNCH = direct
+        return module.attention(q, k, v)
+
+    return attention
+
+
 def probe(path: str, head_dim: int, n: int) -> None:
     (variant,), _ = _check_sources(_read([path]))
     variant = dataclasses.replace(variant, head_dim=head_dim)
@@ -71,7 +81,8 @@ def probe(path: str, head_dim: int, n: int) -> None:
         else None
     )
     systems = {
-        "flashgen": lambda a, b_, c: module.attention(a, b_, c),
+        "flashgen": _launching(module, direct=True),
+        "flashgen (Triton launches)": _launching(module, direct=False),
         "flex": lambda a, b_, c: flex(
             a, b_, c, score_mod=mods.score_mod, block_mask=block_mask, scale=scale
         ),
@@ -104,7 +115,7 @@ def probe(path: str, head_dim: int, n: int) -> None:
             torch.cuda.synchronize()
             pstats.Stats(profile).sort_stats("tottime").print_stats(25)
         print(
-            f"   {name:9s} bench fwd {m.fwd_ms:.4f} bwd {m.bwd_ms:.4f} ms "
+            f"   {name:26s} bench fwd {m.fwd_ms:.4f} bwd {m.bwd_ms:.4f} ms "
             f"({m.tflops():.0f}/{m.tflops(True):.0f}) | kernels fwd {kf:.4f} bwd {kb - kf:.4f} "
             f"({tf(kf):.0f}/{tf(kb - kf, True):.0f}) | graph fwd {gf:.4f} bwd {gb - gf:.4f} "
             f"({tf(gf):.0f}/{tf(gb - gf, True):.0f}) | host per fwd+bwd call {hb:.4f} ms"

@@ -116,24 +116,32 @@ def main() -> None:
             continue
         config = dict(zip(("block_m", "block_n", "num_warps", "num_stages"), module.GPU_CONFIG))
         o, lse = module.forward(q, k, v)
-        times = {
-            "forward (default path)": per_call_us(lambda: module.forward(q, k, v)),
-            "forward (Triton, explicit config)": per_call_us(
-                lambda: module.forward(q, k, v, **config, tma=module.GPU_TMA)
-            ),
-            "backward": per_call_us(lambda: module.backward(q, k, v, o, lse, do)),
-            "attention forward + backward (autograd)": per_call_us(
-                lambda: torch.autograd.grad(module.attention(q, k, v), (q, k, v), do)
-            ),
-        }
-        times["forward() + backward(), no autograd"] = per_call_us(
-            lambda: module.backward(q, k, v, *module.forward(q, k, v), do)
-        )
+        times = {}
+        for direct in (False, True):  # through Triton's launch path, then `_launch`'s direct calls
+            module.DIRECT_LAUNCH = direct
+            how = "direct launches" if direct else "Triton launches"
+            times.update(
+                {
+                    f"forward (default path), {how}": per_call_us(lambda: module.forward(q, k, v)),
+                    f"forward (Triton, explicit config), {how}": per_call_us(
+                        lambda: module.forward(q, k, v, **config, tma=module.GPU_TMA)
+                    ),
+                    f"backward, {how}": per_call_us(lambda: module.backward(q, k, v, o, lse, do)),
+                    f"attention forward + backward (autograd), {how}": per_call_us(
+                        lambda: torch.autograd.grad(module.attention(q, k, v), (q, k, v), do)
+                    ),
+                    f"forward() + backward(), no autograd, {how}": per_call_us(
+                        lambda: module.backward(q, k, v, *module.forward(q, k, v), do)
+                    ),
+                }
+            )
         times["backward() on a second thread"] = _on_thread(
             lambda: module.backward(q, k, v, o, lse, do)
         )
         times.update(_inside_autograd(module, q, k, v, do))
-        times.update(_launch_split(module._attn_bwd, lambda: module.backward(q, k, v, o, lse, do)))
+        times.update(
+            _launch_split(module, module._attn_bwd, lambda: module.backward(q, k, v, o, lse, do))
+        )
         for name, us in times.items():
             print(f"{variant.name}: {name}: {us:.1f} us")
         if DEVICE == "cuda":
@@ -148,7 +156,7 @@ def main() -> None:
                 profile = cProfile.Profile()
                 profile.runcall(lambda: [fn() for _ in range(300)])
                 _sync()
-                pstats.Stats(profile).sort_stats("tottime").print_stats(18)
+                pstats.Stats(profile).sort_stats("tottime").print_stats(14)
     _flex_host(q, k, v, do)
 
 
@@ -165,7 +173,7 @@ def _on_thread(fn) -> float:
 def _inside_autograd(module, q, k, v, do) -> dict[str, float]:
     """Host time spent inside the module's forward() and backward() when
     autograd calls them, against the whole autograd call."""
-    spent = {"forward": [0.0, 0], "backward": [0.0, 0]}
+    spent = {"_forward": [0.0, 0], "_backward": [0.0, 0]}
     originals = {name: getattr(module, name) for name in spent}
 
     def timed(name):
@@ -192,17 +200,19 @@ def _inside_autograd(module, q, k, v, do) -> dict[str, float]:
     return out
 
 
-def _launch_split(kernel, call) -> dict[str, float]:
+def _launch_split(module, kernel, call) -> dict[str, float]:
     """Triton's launch path for one kernel: argument binding and
     specialization (the binder) against the whole JITFunction.run."""
     if DEVICE != "cuda":
         return {}
     captured = []
     kernel.pre_run_hooks.append(lambda *args, **kwargs: captured.append((args, kwargs)))
+    direct, module.DIRECT_LAUNCH = module.DIRECT_LAUNCH, False  # hooks run in Triton's path
     try:
         call()
     finally:
         kernel.pre_run_hooks.pop()
+        module.DIRECT_LAUNCH = direct
     args, kwargs = captured[-1]
     kwargs = dict(kwargs)
     kwargs["debug"] = kwargs.get("debug", kernel.debug)

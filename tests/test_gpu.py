@@ -151,3 +151,49 @@ def test_gluon_forward_on_gpu(name, dtype, monkeypatch):
     _record(variant, result)
     assert_ok(result)
     assert len(launches) > 2 * len(shapes)
+
+
+@pytest.mark.parametrize("name", ["full", "mistral_sliding"])
+def test_direct_launches_on_gpu(name, monkeypatch):
+    """Repeat launches call the compiled kernels directly (`_launch`): Triton's
+    launch path (whose pre-run hooks count here) is skipped, the results are
+    bit for bit those of launches through Triton, and a pointer that loses
+    its 16-byte alignment goes back through Triton for its own kernel."""
+    import torch
+
+    (variant,) = [v for v in example_variants() if v.name == name]
+    module = build(dataclasses.replace(variant, dtype=ir.DType.FP16))
+    through_triton = []
+    for name in ("_attn_fwd", "_attn_bwd_preprocess", "_attn_bwd", "_gluon_attn_fwd"):
+        kernel = getattr(module, name, None)
+        if kernel is not None:
+            count = lambda *args, **kwargs: through_triton.append(1)  # noqa: E731
+            monkeypatch.setattr(kernel, "pre_run_hooks", [*kernel.pre_run_hooks, count])
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    shape = (2, 4, 384, module.HEAD_DIM)
+    q, k, v, do = (
+        torch.randn(shape, device="cuda", dtype=torch.float16, generator=gen) for _ in range(4)
+    )
+
+    def run(q):
+        o, lse = module.forward(q, k, v)
+        return (o, lse, *module.backward(q, k, v, o, lse, do))
+
+    monkeypatch.setattr(module, "DIRECT_LAUNCH", False)
+    expected = run(q)
+    monkeypatch.setattr(module, "DIRECT_LAUNCH", True)
+    run(q)  # through Triton once more: keeps the compiled kernels
+    before = len(through_triton)
+    direct = run(q)
+    assert len(through_triton) == before
+    for got, want in zip(direct, expected):
+        assert torch.equal(got, want)
+
+    buffer = torch.empty(q.numel() + 1, device="cuda", dtype=q.dtype)
+    misaligned = buffer[1:].view(shape)  # 2 bytes past an aligned address
+    misaligned.copy_(q)
+    got = run(misaligned)
+    assert len(through_triton) > before
+    monkeypatch.setattr(module, "DIRECT_LAUNCH", False)
+    for got_part, want in zip(got, run(misaligned)):
+        assert torch.equal(got_part, want)

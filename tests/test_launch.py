@@ -1,0 +1,114 @@
+"""The generated modules' `_launch`: repeat launches call the compiled kernel
+directly, and only when everything Triton specializes on is unchanged.
+
+On the CPU the kernel, its compiled form and Triton's driver are stand-ins
+that record what they are asked to do; tests/test_gpu.py runs the real ones.
+"""
+
+from __future__ import annotations
+
+import types
+
+import pytest
+import torch
+
+from kernel_utils import build, example_variants
+
+
+class _Compiled:
+    function, packed_metadata = "function", "metadata"
+
+    def __init__(self, log):
+        self.log = log
+
+    def run(self, *args):
+        self.log.append(("direct", args))
+
+
+class _Kernel:
+    """kernel[grid](*args, **options) as Triton's JITFunction takes it."""
+
+    def __init__(self):
+        self.log = []
+
+    def __getitem__(self, grid):
+        def launch(*args, **options):
+            self.log.append(("triton", grid, args, options))
+            return _Compiled(self.log)
+
+        return launch
+
+
+@pytest.fixture
+def module(monkeypatch):
+    (variant,) = [v for v in example_variants() if v.name == "full"]
+    module = build(variant)
+    driver = types.SimpleNamespace(
+        active=types.SimpleNamespace(
+            get_current_device=lambda: 0, get_current_stream=lambda device: 1234
+        )
+    )
+    monkeypatch.setattr(module, "_driver", driver)
+    monkeypatch.setattr(module, "_interpreting", lambda: False)
+    monkeypatch.setattr(module, "DIRECT_LAUNCH", True)
+    monkeypatch.setattr(module, "_COMPILED", {})
+    return module
+
+
+def _args(x):
+    return (x, x, 64, 1, 0.5, True)
+
+
+def test_repeat_launch_is_direct(module):
+    kernel, x = _Kernel(), torch.zeros(64)
+    module._launch(kernel, (3, 4), *_args(x), num_warps=4)
+    module._launch(kernel, (5, 6), *_args(x), num_warps=4)
+    assert [entry[0] for entry in kernel.log] == ["triton", "direct"]
+    assert kernel.log[0][1:] == ((3, 4), _args(x), {"num_warps": 4})
+    grid_and_handles = (5, 6, 1, 1234, "function", "metadata", None, None, None)
+    assert kernel.log[1][1] == grid_and_handles + _args(x)
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        "integer",  # a size or stride: Triton specializes on 1 and multiples of 16
+        "alignment",  # a pointer not 16-byte aligned
+        "dtype",
+        "options",
+        "device",
+        "hook",  # a profiler's launch hook must see every launch
+        "disabled",
+    ],
+)
+def test_launch_goes_through_triton_when_anything_changes(module, monkeypatch, change):
+    kernel, buffer = _Kernel(), torch.zeros(80)
+    x = buffer[:64]
+    module._launch(kernel, (1, 1), *_args(x), num_warps=4)
+    args, options = _args(x), {"num_warps": 4}
+    if change == "integer":
+        args = (x, x, 65, 1, 0.5, True)
+    elif change == "alignment":
+        args = (x, buffer[1:65], 64, 1, 0.5, True)
+    elif change == "dtype":
+        args = (x, x.half(), 64, 1, 0.5, True)
+    elif change == "options":
+        options = {"num_warps": 8}
+    elif change == "device":
+        monkeypatch.setattr(module._driver.active, "get_current_device", lambda: 1)
+    elif change == "hook":
+        hooks = module._knobs.runtime.launch_enter_hook
+        monkeypatch.setattr(hooks, "calls", [lambda metadata: None])
+    elif change == "disabled":
+        monkeypatch.setattr(module, "DIRECT_LAUNCH", False)
+    module._launch(kernel, (1, 1), *args, **options)
+    assert [entry[0] for entry in kernel.log] == ["triton", "triton"]
+
+
+def test_float_arguments_do_not_split_the_cache(module):
+    """A float argument is an fp32 in every compiled kernel (the scale)."""
+    kernel, x = _Kernel(), torch.zeros(64)
+    module._launch(kernel, (1, 1), x, 0.5)
+    module._launch(kernel, (1, 1), x, 0.25)
+    assert [entry[0] for entry in kernel.log] == ["triton", "direct"]
+    assert kernel.log[1][1][-1] == 0.25
