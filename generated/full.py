@@ -1477,12 +1477,9 @@ def _alibi_or_placeholder(num_heads: int, like: torch.Tensor) -> torch.Tensor:
 # --------------------------------------------------------------------------- #
 # The warp-specialized forward for Hopper (sm90), in Gluon.
 #
-# One CTA owns two tiles of 128 query rows, one after the other: tiles
-# n - 1 - p and p of the n, so that under a causal mask every CTA has the same
-# work (and its second tile's first keys load while the first tile finishes).
-# A one-warp producer partition issues every TMA copy: the two 64-row halves
-# of Q, then K and V tile by tile into GLUON_STAGES buffers, each refilled
-# once both consumers have released it.
+# One CTA owns 128 query rows.  A one-warp producer partition issues every TMA
+# copy: the two 64-row halves of Q, then K and V tile by tile into
+# GLUON_STAGES buffers, each refilled once both consumers have released it.
 # Two consumer partitions of one warp group each run the online softmax over
 # their own 64 rows, and within each the product S(j+1) = Q K(j+1)^T is
 # issued before the softmax of tile j, so the tensor cores keep working while
@@ -1509,17 +1506,9 @@ def _gluon_softmax_step(
 
 
 @gluon.jit
-def _gluon_tile_rows(item, n_ctx):
-    """The first query row of this CTA's tile `item` (0 or 1): tiles n - 1 - p
-    and p of the n, heaviest first under a causal mask."""
-    p = gl.program_id(0)
-    return (p + (1 - item) * (n_ctx // (2 * 64) - 1 - 2 * p)) * (2 * 64)
-
-
-@gluon.jit
-def _gluon_tile_count(n_ctx):
-    """1 for the middle CTA of an odd number of tiles, else 2."""
-    return 1 + (gl.program_id(0) * 2 + 1 < n_ctx // (2 * 64)).to(gl.int32)
+def _gluon_tile_rows():
+    """The first query row of this CTA: heaviest tiles first under a causal mask."""
+    return gl.program_id(0) * (2 * 64)
 
 
 @gluon.jit
@@ -1543,7 +1532,6 @@ def _gluon_fwd_consumer(args, HALF: gl.constexpr):
         k_smem,
         v_smem,
         q_bars,
-        q_empty,
         k_ready,
         v_ready,
         k_empty,
@@ -1565,115 +1553,106 @@ def _gluon_fwd_consumer(args, HALF: gl.constexpr):
     )
     s_rows: gl.constexpr = gl.SliceLayout(1, s_layout)
     o_rows: gl.constexpr = gl.SliceLayout(1, o_layout)
+
+    start_cta = _gluon_tile_rows()
+    start_m = start_cta + HALF * ROWS
     batch_head = gl.program_id(1)
+    n_tiles = _gluon_key_tiles(start_cta, n_ctx, BLOCK_N)
     q_buf = q_smem.index(HALF)
+
+    q_idx = start_m + gl.arange(0, ROWS, layout=s_rows)
+    m_i = gl.full([ROWS], float("-inf"), gl.float32, s_rows)
+    l_i = gl.full([ROWS], 0.0, gl.float32, s_rows)
+    acc = gl.zeros([ROWS, HEAD_DIM], gl.float32, o_layout)
     s_zero = gl.zeros([ROWS, BLOCK_N], gl.float32, s_layout)
 
-    t = 0  # K/V tiles of earlier query tiles: the ring's position
-    for item in range(_gluon_tile_count(n_ctx)):
-        start_cta = _gluon_tile_rows(item, n_ctx)
-        start_m = start_cta + HALF * ROWS
-        n_tiles = _gluon_key_tiles(start_cta, n_ctx, BLOCK_N)
-        q_idx = start_m + gl.arange(0, ROWS, layout=s_rows)
-        m_i = gl.full([ROWS], float("-inf"), gl.float32, s_rows)
-        l_i = gl.full([ROWS], 0.0, gl.float32, s_rows)
-        acc = gl.zeros([ROWS, HEAD_DIM], gl.float32, o_layout)
-
-        mbarrier.wait(q_bars.index(HALF), item & 1)
-        mbarrier.wait(k_ready.index(t % STAGES), (t // STAGES) & 1)
-        s = warpgroup_mma(
+    mbarrier.wait(q_bars.index(HALF), 0)
+    mbarrier.wait(k_ready.index(0), 0)
+    s = warpgroup_mma(
+        q_buf, k_smem.index(0).permute((1, 0)), s_zero, use_acc=False, is_async=True
+    )
+    s = warpgroup_mma_wait(num_outstanding=0, deps=(s,))
+    mbarrier.arrive(k_empty.index(0), count=1)
+    last = n_tiles - 1
+    if n_tiles > 1:
+        # Tile 0, then tiles 1 .. last - 1 unmasked, each with S(j+1) in flight.
+        mbarrier.wait(k_ready.index(1 % STAGES), (1 // STAGES) & 1)
+        s_next = warpgroup_mma(
             q_buf,
-            k_smem.index(t % STAGES).permute((1, 0)),
+            k_smem.index(1 % STAGES).permute((1, 0)),
             s_zero,
             use_acc=False,
             is_async=True,
         )
-        s = warpgroup_mma_wait(num_outstanding=0, deps=(s,))
-        mbarrier.arrive(k_empty.index(t % STAGES), count=1)
-        last = n_tiles - 1
-        if n_tiles > 1:
-            # Tile 0, then tiles 1 .. last - 1 unmasked, each with S(j+1) in flight.
-            mbarrier.wait(k_ready.index((t + 1) % STAGES), ((t + 1) // STAGES) & 1)
+        p, m_i, l_i, alpha = _gluon_softmax_step(
+            s, m_i, l_i, qk_scale, q_idx, 0, False, o_rows
+        )
+        mbarrier.wait(v_ready.index(0), 0)
+        acc = warpgroup_mma(
+            gl.convert_layout(p.to(dtype), p_layout),
+            v_smem.index(0),
+            acc,
+            is_async=True,
+        )
+        s = warpgroup_mma_wait(num_outstanding=1, deps=(s_next,))
+        mbarrier.arrive(k_empty.index(1 % STAGES), count=1)
+        for j in range(1, last):
+            stage = j % STAGES
+            next_stage = (j + 1) % STAGES
+            mbarrier.wait(k_ready.index(next_stage), ((j + 1) // STAGES) & 1)
             s_next = warpgroup_mma(
                 q_buf,
-                k_smem.index((t + 1) % STAGES).permute((1, 0)),
+                k_smem.index(next_stage).permute((1, 0)),
                 s_zero,
                 use_acc=False,
                 is_async=True,
             )
             p, m_i, l_i, alpha = _gluon_softmax_step(
-                s, m_i, l_i, qk_scale, q_idx, 0, False, o_rows
+                s, m_i, l_i, qk_scale, q_idx, j * BLOCK_N, False, o_rows
             )
-            mbarrier.wait(v_ready.index(t % STAGES), (t // STAGES) & 1)
+            acc = warpgroup_mma_wait(
+                num_outstanding=1, deps=(acc,)
+            )  # P V of tile j - 1 is done
+            mbarrier.arrive(v_empty.index((j - 1) % STAGES), count=1)
+            acc = acc * gl.expand_dims(alpha, 1)
+            mbarrier.wait(v_ready.index(stage), (j // STAGES) & 1)
             acc = warpgroup_mma(
                 gl.convert_layout(p.to(dtype), p_layout),
-                v_smem.index(t % STAGES),
+                v_smem.index(stage),
                 acc,
                 is_async=True,
             )
-            s = warpgroup_mma_wait(num_outstanding=1, deps=(s_next,))
-            mbarrier.arrive(k_empty.index((t + 1) % STAGES), count=1)
-            for j in range(1, last):
-                stage = (t + j) % STAGES
-                next_stage = (t + j + 1) % STAGES
-                mbarrier.wait(k_ready.index(next_stage), ((t + j + 1) // STAGES) & 1)
-                s_next = warpgroup_mma(
-                    q_buf,
-                    k_smem.index(next_stage).permute((1, 0)),
-                    s_zero,
-                    use_acc=False,
-                    is_async=True,
-                )
-                p, m_i, l_i, alpha = _gluon_softmax_step(
-                    s, m_i, l_i, qk_scale, q_idx, j * BLOCK_N, False, o_rows
-                )
-                acc = warpgroup_mma_wait(
-                    num_outstanding=1, deps=(acc,)
-                )  # P V of tile j - 1 is done
-                mbarrier.arrive(v_empty.index((t + j - 1) % STAGES), count=1)
-                acc = acc * gl.expand_dims(alpha, 1)
-                mbarrier.wait(v_ready.index(stage), ((t + j) // STAGES) & 1)
-                acc = warpgroup_mma(
-                    gl.convert_layout(p.to(dtype), p_layout),
-                    v_smem.index(stage),
-                    acc,
-                    is_async=True,
-                )
-                s = warpgroup_mma_wait(
-                    num_outstanding=1, deps=(s_next,)
-                )  # S(j + 1) is done
-                mbarrier.arrive(k_empty.index(next_stage), count=1)
-            p, m_i, l_i, alpha = _gluon_softmax_step(
-                s, m_i, l_i, qk_scale, q_idx, last * BLOCK_N, True, o_rows
-            )
-            acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
-            mbarrier.arrive(v_empty.index((t + last - 1) % STAGES), count=1)
-            acc = acc * gl.expand_dims(alpha, 1)
-        else:
-            p, m_i, l_i, alpha = _gluon_softmax_step(
-                s, m_i, l_i, qk_scale, q_idx, 0, True, o_rows
-            )
-        mbarrier.wait(v_ready.index((t + last) % STAGES), ((t + last) // STAGES) & 1)
-        acc = warpgroup_mma(
-            gl.convert_layout(p.to(dtype), p_layout),
-            v_smem.index((t + last) % STAGES),
-            acc,
-            is_async=True,
+            s = warpgroup_mma_wait(
+                num_outstanding=1, deps=(s_next,)
+            )  # S(j + 1) is done
+            mbarrier.arrive(k_empty.index(next_stage), count=1)
+        p, m_i, l_i, alpha = _gluon_softmax_step(
+            s, m_i, l_i, qk_scale, q_idx, last * BLOCK_N, True, o_rows
         )
         acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
-        mbarrier.arrive(v_empty.index((t + last) % STAGES), count=1)
-
-        acc = acc / gl.expand_dims(gl.convert_layout(l_i, o_rows), 1)
-        q_buf.store(acc.to(dtype))  # Q is no longer needed: its buffer stages O
-        fence_async_shared()
-        gl_tma.async_copy_shared_to_global(
-            o_desc, [batch_head * n_ctx + start_m, 0], q_buf
+        mbarrier.arrive(v_empty.index((last - 1) % STAGES), count=1)
+        acc = acc * gl.expand_dims(alpha, 1)
+    else:
+        p, m_i, l_i, alpha = _gluon_softmax_step(
+            s, m_i, l_i, qk_scale, q_idx, 0, True, o_rows
         )
-        lse = (m_i + gl.log2(l_i)) * 0.6931471805599453
-        gl.store(lse_ptr + batch_head * n_ctx + q_idx, lse)
-        gl_tma.store_wait(pendings=0)
-        mbarrier.arrive(q_empty.index(HALF), count=1)  # the next tile's Q may land
-        t += n_tiles
+    mbarrier.wait(v_ready.index(last % STAGES), (last // STAGES) & 1)
+    acc = warpgroup_mma(
+        gl.convert_layout(p.to(dtype), p_layout),
+        v_smem.index(last % STAGES),
+        acc,
+        is_async=True,
+    )
+    acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+    mbarrier.arrive(v_empty.index(last % STAGES), count=1)
+
+    acc = acc / gl.expand_dims(gl.convert_layout(l_i, o_rows), 1)
+    q_buf.store(acc.to(dtype))  # Q is no longer needed: its buffer stages O
+    fence_async_shared()
+    gl_tma.async_copy_shared_to_global(o_desc, [batch_head * n_ctx + start_m, 0], q_buf)
+    lse = (m_i + gl.log2(l_i)) * 0.6931471805599453
+    gl.store(lse_ptr + batch_head * n_ctx + q_idx, lse)
+    gl_tma.store_wait(pendings=0)
 
 
 @gluon.jit
@@ -1692,7 +1671,6 @@ def _gluon_fwd_producer(args, HALF: gl.constexpr):
         k_smem,
         v_smem,
         q_bars,
-        q_empty,
         k_ready,
         v_ready,
         k_empty,
@@ -1701,41 +1679,33 @@ def _gluon_fwd_producer(args, HALF: gl.constexpr):
     ROWS: gl.constexpr = q_desc.block_type.shape[0]
     BLOCK_N: gl.constexpr = k_desc.block_type.shape[0]
     STAGES: gl.constexpr = k_smem.type.shape[0]
+    start_cta = _gluon_tile_rows()
     batch_head = gl.program_id(1)
     kv_heads = num_heads // group
     batch_kv_head = batch_head // num_heads * kv_heads + batch_head % num_heads // group
-    t = 0  # K/V tiles issued for earlier query tiles
-    for item in range(_gluon_tile_count(n_ctx)):
-        start_cta = _gluon_tile_rows(item, n_ctx)
-        n_tiles = _gluon_key_tiles(start_cta, n_ctx, BLOCK_N)
-        for j in range(n_tiles):
-            stage = (t + j) % STAGES
-            phase = ((t + j) // STAGES) & 1
-            row = batch_kv_head * n_ctx + j * BLOCK_N
-            # A barrier starts with phase 1 complete: the first STAGES waits pass.
-            mbarrier.wait(k_empty.index(stage), phase ^ 1)
-            mbarrier.expect(k_ready.index(stage), k_desc.block_type.nbytes)
-            gl_tma.async_copy_global_to_shared(
-                k_desc, [row, 0], k_ready.index(stage), k_smem.index(stage)
-            )
-            if j == 0:
-                # Q after the first key tile: for the second query tile, once
-                # the consumers have stored the first one's O from its buffers.
-                for i in gl.static_range(2):
-                    mbarrier.wait(q_empty.index(i), (item & 1) ^ 1)
-                    mbarrier.expect(q_bars.index(i), q_desc.block_type.nbytes)
-                    gl_tma.async_copy_global_to_shared(
-                        q_desc,
-                        [batch_head * n_ctx + start_cta + i * ROWS, 0],
-                        q_bars.index(i),
-                        q_smem.index(i),
-                    )
-            mbarrier.wait(v_empty.index(stage), phase ^ 1)
-            mbarrier.expect(v_ready.index(stage), v_desc.block_type.nbytes)
-            gl_tma.async_copy_global_to_shared(
-                v_desc, [row, 0], v_ready.index(stage), v_smem.index(stage)
-            )
-        t += n_tiles
+    for i in gl.static_range(2):
+        mbarrier.expect(q_bars.index(i), q_desc.block_type.nbytes)
+        gl_tma.async_copy_global_to_shared(
+            q_desc,
+            [batch_head * n_ctx + start_cta + i * ROWS, 0],
+            q_bars.index(i),
+            q_smem.index(i),
+        )
+    for j in range(_gluon_key_tiles(start_cta, n_ctx, BLOCK_N)):
+        stage = j % STAGES
+        phase = (j // STAGES) & 1
+        row = batch_kv_head * n_ctx + j * BLOCK_N
+        # A barrier starts with phase 1 complete: the first STAGES waits pass.
+        mbarrier.wait(k_empty.index(stage), phase ^ 1)
+        mbarrier.expect(k_ready.index(stage), k_desc.block_type.nbytes)
+        gl_tma.async_copy_global_to_shared(
+            k_desc, [row, 0], k_ready.index(stage), k_smem.index(stage)
+        )
+        mbarrier.wait(v_empty.index(stage), phase ^ 1)
+        mbarrier.expect(v_ready.index(stage), v_desc.block_type.nbytes)
+        gl_tma.async_copy_global_to_shared(
+            v_desc, [row, 0], v_ready.index(stage), v_smem.index(stage)
+        )
 
 
 @gluon.jit
@@ -1763,7 +1733,6 @@ def _gluon_attn_fwd(
         dtype, [STAGES, BLOCK_N, HEAD_DIM], v_desc.layout
     )
     q_bars = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
-    q_empty = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     k_ready = gl.allocate_shared_memory(
         gl.int64, [STAGES, 1], mbarrier.MBarrierLayout()
     )
@@ -1778,7 +1747,6 @@ def _gluon_attn_fwd(
     )
     for i in gl.static_range(2):
         mbarrier.init(q_bars.index(i), count=1)
-        mbarrier.init(q_empty.index(i), count=1)
     for i in gl.static_range(STAGES):
         mbarrier.init(k_ready.index(i), count=1)
         mbarrier.init(v_ready.index(i), count=1)
@@ -1798,7 +1766,6 @@ def _gluon_attn_fwd(
         k_smem,
         v_smem,
         q_bars,
-        q_empty,
         k_ready,
         v_ready,
         k_empty,
@@ -1851,7 +1818,7 @@ def _gluon_forward(q, k, v, o, lse, scale: float) -> None:
         )
     _launch(
         _gluon_attn_fwd,
-        ((n // GLUON_BLOCK + 1) // 2, batch * num_heads),
+        (n // GLUON_BLOCK, batch * num_heads),
         *descriptors,
         lse,
         scale * 1.4426950408889634,
