@@ -1333,6 +1333,7 @@ def _launch(kernel, grid, *args, **options) -> None:
     if (
         not DIRECT_LAUNCH
         or _interpreting()
+        or torch.compiler.is_compiling()  # let a tracer see the kernel launch
         or _knobs.runtime.launch_enter_hook.calls  # a profiler sees each launch
         or _knobs.runtime.launch_exit_hook.calls
     ):

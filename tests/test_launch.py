@@ -78,6 +78,7 @@ def test_repeat_launch_is_direct(module):
         "options",
         "device",
         "hook",  # a profiler's launch hook must see every launch
+        "compiling",  # torch.compile traces the launch itself
         "disabled",
     ],
 )
@@ -99,6 +100,8 @@ def test_launch_goes_through_triton_when_anything_changes(module, monkeypatch, c
     elif change == "hook":
         hooks = module._knobs.runtime.launch_enter_hook
         monkeypatch.setattr(hooks, "calls", [lambda metadata: None])
+    elif change == "compiling":
+        monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
     elif change == "disabled":
         monkeypatch.setattr(module, "DIRECT_LAUNCH", False)
     module._launch(kernel, (1, 1), *args, **options)
