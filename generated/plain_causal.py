@@ -1827,9 +1827,9 @@ def _gluon_forward(q, k, v, o, lse, scale: float) -> None:
                 flat, list(flat.shape), list(flat.stride()), [rows, d], layout
             )
         )
-    # Through Triton's launch path, not `_launch`: called directly this kernel
-    # cost the host 20 us more, not less (BENCHMARKS.md, entry 22).
-    _gluon_attn_fwd[(n // GLUON_BLOCK, batch * num_heads)](
+    _launch(
+        _gluon_attn_fwd,
+        (n // GLUON_BLOCK, batch * num_heads),
         *descriptors,
         lse,
         scale * 1.4426950408889634,
