@@ -1317,9 +1317,9 @@ def _specialization(args) -> tuple:
 def _launch(kernel, grid, *args, **options) -> None:
     """kernel[grid](*args, **options), constexprs passed by position.
 
-    Triton binds and specializes every argument on every launch: about 25 us
-    of host time for the backward's 47 arguments on the H200 machine, where
-    short calls run at the host's pace (BENCHMARKS.md, entries 19 and 22).
+    Triton binds and specializes every argument on every launch: 20-26 us of
+    host time for the backward kernel's 52 arguments on the H200 machine,
+    where short calls run at the host's pace (BENCHMARKS.md, entries 19, 22).
     The first launch of each specialization goes through Triton (compiling
     if need be); later ones call the compiled kernel that it returned.
     """
