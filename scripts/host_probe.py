@@ -116,6 +116,7 @@ def main() -> None:
             continue
         config = dict(zip(("block_m", "block_n", "num_warps", "num_stages"), module.GPU_CONFIG))
         o, lse = module.forward(q, k, v)
+        backward = lambda: module.backward(q, k, v, o, lse, do)  # noqa: E731
         times = {}
         for direct in (False, True):  # through Triton's launch path, then `_launch`'s direct calls
             module.DIRECT_LAUNCH = direct
@@ -126,7 +127,7 @@ def main() -> None:
                     f"forward (Triton, explicit config), {how}": per_call_us(
                         lambda: module.forward(q, k, v, **config, tma=module.GPU_TMA)
                     ),
-                    f"backward, {how}": per_call_us(lambda: module.backward(q, k, v, o, lse, do)),
+                    f"backward, {how}": per_call_us(backward),
                     f"attention forward + backward (autograd), {how}": per_call_us(
                         lambda: torch.autograd.grad(module.attention(q, k, v), (q, k, v), do)
                     ),
@@ -135,18 +136,14 @@ def main() -> None:
                     ),
                 }
             )
-        times["backward() on a second thread"] = _on_thread(
-            lambda: module.backward(q, k, v, o, lse, do)
-        )
+        times["backward() on a second thread"] = _on_thread(backward)
         times.update(_inside_autograd(module, q, k, v, do))
-        times.update(
-            _launch_split(module, module._attn_bwd, lambda: module.backward(q, k, v, o, lse, do))
-        )
+        times.update(_launch_split(module, module._attn_bwd, backward))
         for name, us in times.items():
             print(f"{variant.name}: {name}: {us:.1f} us")
         if DEVICE == "cuda":
             for label, fn in (
-                ("backward()", lambda: module.backward(q, k, v, o, lse, do)),
+                ("backward()", backward),
                 (
                     "autograd forward + backward (calling thread only)",
                     lambda: torch.autograd.grad(module.attention(q, k, v), (q, k, v), do),
@@ -213,13 +210,9 @@ def _launch_split(module, kernel, call) -> dict[str, float]:
     finally:
         kernel.pre_run_hooks.pop()
         module.DIRECT_LAUNCH = direct
-    args, kwargs = captured[-1]
-    kwargs = dict(kwargs)
-    kwargs["debug"] = kwargs.get("debug", kernel.debug)
-    from triton import knobs
+    args, kwargs = captured[-1]  # as JITFunction.run hands them to its binder
     from triton.runtime.driver import driver
 
-    kwargs["instrumentation_mode"] = knobs.compilation.instrumentation_mode
     device = driver.active.get_current_device()
     binder = kernel.device_caches[device][4]
     name = getattr(kernel, "__name__", "kernel")
@@ -230,7 +223,6 @@ def _launch_split(module, kernel, call) -> dict[str, float]:
         f"{name}: get_current_device + stream": per_call_us(
             lambda: driver.active.get_current_stream(driver.active.get_current_device())
         ),
-        f"{name}: knobs.runtime.debug lookup": per_call_us(lambda: knobs.runtime.debug),
     }
 
 

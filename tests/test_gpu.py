@@ -164,8 +164,8 @@ def test_direct_launches_on_gpu(name, monkeypatch):
     (variant,) = [v for v in example_variants() if v.name == name]
     module = build(dataclasses.replace(variant, dtype=ir.DType.FP16))
     through_triton = []
-    for name in ("_attn_fwd", "_attn_bwd_preprocess", "_attn_bwd", "_gluon_attn_fwd"):
-        kernel = getattr(module, name, None)
+    for kernel_name in ("_attn_fwd", "_attn_bwd_preprocess", "_attn_bwd", "_gluon_attn_fwd"):
+        kernel = getattr(module, kernel_name, None)
         if kernel is not None:
             count = lambda *args, **kwargs: through_triton.append(1)  # noqa: E731
             monkeypatch.setattr(kernel, "pre_run_hooks", [*kernel.pre_run_hooks, count])
