@@ -155,6 +155,12 @@ class KernelModel:
     # None (see `_gluon_forward`), and its number of K/V buffers.
     gluon_forward: str | None = None
     gluon_stages: int = 3
+    # The warp-specialized Gluon backward for Hopper (see `_gluon_backward`),
+    # its streamed buffers (dK/dV kernel, dQ kernel), and whether its dQ CTAs
+    # take the last query rows first (they see the most keys).
+    gluon_backward: bool = False
+    gluon_bwd_stages: tuple[int, int] = (3, 2)
+    gluon_dq_heavy_last: bool = False
 
 
 # --------------------------------------------------------------------------- #
@@ -1219,6 +1225,14 @@ def _gluon_forward(v: ir.Variant) -> str | None:
     return {ir.FULL: "full", ir.Name("causal"): "causal"}.get(v.mask)
 
 
+def _gluon_backward(v: ir.Variant) -> bool:
+    """Whether the module gets the warp-specialized Gluon backward for sm90
+    (BENCHMARKS.md, entry 25): any mask and score, 16-bit inputs, head dim 64
+    or 128.  The module still checks each call's shapes and falls back to the
+    Triton kernel."""
+    return v.dtype is not ir.DType.FP32 and v.head_dim in (64, 128)
+
+
 # The Triton interpreter runs each program instance in numpy: bigger tiles mean
 # fewer Python-level steps.
 _CPU_CONFIG = LaunchConfig(32, 32, 1, 1)
@@ -1325,4 +1339,6 @@ def lower(v: ir.Variant, tuning: Tuning | None = None) -> KernelModel:
         gpu_bwd_tma=_pick(tuning.backward_tma if tuning else None, default_tma[1]),
         tuned_on=tuning.device if tuning else None,
         gluon_forward=gluon,
+        gluon_backward=_gluon_backward(v),
+        gluon_dq_heavy_last=keys_before_queries(mask),
     )

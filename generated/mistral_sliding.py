@@ -36,6 +36,18 @@ try:  # what `_launch` needs to call a compiled kernel directly (Triton 3.6)
     from triton.runtime.driver import driver as _driver
 except ImportError:  # pragma: no cover
     _knobs = _driver = None
+from triton.experimental import gluon  # Triton >= 3.5
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import (
+    fence_async_shared,
+    mbarrier,
+    warpgroup_mma,
+    warpgroup_mma_wait,
+)
+from triton.experimental.gluon.language.nvidia.hopper import tma as gl_tma
+from triton.experimental.gluon.nvidia.hopper import (
+    TensorDescriptor as GluonTensorDescriptor,
+)
 
 SPEC = "attention mistral_sliding {\n    head_dim = 128\n    dtype = bf16\n    mask = causal & window(4095)\n    score = s\n    align = bottom_right\n    rescale_threshold = 0.0\n}\n"
 HEAD_DIM = 128
@@ -1466,6 +1478,728 @@ def _alibi_or_placeholder(num_heads: int, like: torch.Tensor) -> torch.Tensor:
     return like  # this variant has no ALiBi term; the kernels never read it
 
 
+@functools.lru_cache(maxsize=None)
+def _gluon_layout(rows: int, d: int, dtype) -> "gl.NVMMASharedLayout":
+    return gl.NVMMASharedLayout.get_default_for([rows, d], dtype)
+
+
+def _gluon_descriptor(x: torch.Tensor, rows: int) -> "GluonTensorDescriptor":
+    """A TMA descriptor of [rows, D] blocks over contiguous x seen as (B * heads * N, D)."""
+    d = x.shape[-1]
+    flat = x.view(-1, d)
+    layout = _gluon_layout(
+        rows, d, gl.bfloat16 if x.dtype == torch.bfloat16 else gl.float16
+    )
+    return GluonTensorDescriptor(
+        flat, list(flat.shape), list(flat.stride()), [rows, d], layout
+    )
+
+
+# --------------------------------------------------------------------------- #
+# The warp-specialized backward for Hopper (sm90), in Gluon.
+#
+# Two kernels, each with a one-warp producer partition that issues every TMA
+# copy and two consumer partitions of one warp group that issue the products
+# asynchronously.  Deterministic: no atomics.
+# - dK/dV: one CTA per 128 keys, 64 per consumer.  K and V are loaded once,
+#   Q and dO stream through in 64-row tiles.  Per tile a consumer issues
+#   S^T = K Q^T and dP^T = V dO^T together, recomputes P^T while dP^T is in
+#   flight, then issues dV += P^T dO and dK += dS^T Q.
+# - dQ: one CTA per 128 query rows, 64 per consumer.  Q and dO are loaded
+#   once, K and V stream through in 64-key tiles: S = Q K^T and dP = dO V^T,
+#   then dQ += dS K.
+# The tiles walked come from the mask's bounds.  Each tile is classified by
+# the mask's interval code for the whole CTA, which decides what the producer
+# loads, and again for each consumer's half: skipped, masked, or whole.  The
+# scores, the mask and the score modifier's derivative are the Triton
+# kernels' own functions.
+# Used when the call allows it (`_gluon_backward_supported`), else `_attn_bwd`.
+# --------------------------------------------------------------------------- #
+
+GLUON_BWD_BLOCK = 128  # keys per dK/dV CTA, query rows per dQ CTA
+GLUON_BWD_TILE = 64  # rows of every TMA block: a consumer's half, a streamed tile
+GLUON_BWD_STAGES = (3, 2)  # streamed buffers: dK/dV kernel, dQ kernel
+
+
+@triton.jit
+def _gluon_query_rows(k_lo, k_hi, n_ctx, head, num_heads, ROWS: tl.constexpr):
+    """Query rows [lo, hi) that may see keys k_lo .. k_hi, lo rounded down to a tile."""
+    lo = tl.maximum(k_lo, 0) // ROWS * ROWS
+    hi = tl.minimum(k_hi + 4095 + 1, n_ctx)
+    return lo, hi
+
+
+@triton.jit
+def _gluon_key_cols(q_lo, q_hi, n_ctx, head, num_heads, COLS: tl.constexpr):
+    """Keys [lo, hi) that queries q_lo .. q_hi may see, lo rounded down to a tile."""
+    lo = tl.maximum(q_lo - 4095, 0) // COLS * COLS
+    hi = tl.minimum(q_hi + 1, n_ctx)
+    return lo, hi
+
+
+@triton.jit
+def _gluon_tile_class(q_lo, q_hi, k_lo, k_hi, head, num_heads):
+    """(whole, some): whether every pair of [q_lo, q_hi] x [k_lo, k_hi] is
+    visible, and whether one may be (interval analysis of the mask)."""
+    # k <= q
+    m1_must = k_hi <= q_lo
+    m1_may = k_lo <= q_hi
+    # k >= q - 4095
+    m2_must = k_lo + 4095 >= q_hi
+    m2_may = k_hi + 4095 >= q_lo
+    m3_must = (m1_must) & (m2_must)
+    m3_may = (m1_may) & (m2_may)
+    return m3_must, m3_may
+
+
+@gluon.jit
+def _gluon_dkdv_cta(num_heads, kv_group, KEYS: gl.constexpr):
+    """This dK/dV CTA's first key, batch and kv head."""
+    kv_heads = num_heads // kv_group
+    return (
+        gl.program_id(0) * (2 * KEYS),
+        gl.program_id(1) // kv_heads,
+        gl.program_id(1) % kv_heads,
+    )
+
+
+@gluon.jit
+def _gluon_dkdv_consumer(args, HALF: gl.constexpr):
+    (
+        q_desc,
+        k_desc,
+        v_desc,
+        do_desc,
+        dk_desc,
+        dv_desc,
+        lse_ptr,
+        delta_ptr,
+        alibi_slopes_ptr,
+        sm_scale,
+        n_ctx,
+        num_heads,
+        kv_group,
+        k_smem,
+        v_smem,
+        q_smem,
+        do_smem,
+        kv_bar,
+        q_ready,
+        q_empty,
+    ) = args
+    dtype: gl.constexpr = q_desc.dtype
+    ROWS: gl.constexpr = q_desc.block_type.shape[0]
+    HEAD_DIM: gl.constexpr = q_desc.block_type.shape[1]
+    KEYS: gl.constexpr = k_desc.block_type.shape[0]  # this consumer's keys
+    STAGES: gl.constexpr = q_smem.type.shape[0]
+    # S^T and dP^T are (keys x query rows); dK and dV (keys x head dim).
+    s_layout: gl.constexpr = gl.NVMMADistributedLayout(
+        version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, ROWS, 16]
+    )
+    acc_layout: gl.constexpr = gl.NVMMADistributedLayout(
+        version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, HEAD_DIM, 16]
+    )
+    a_layout: gl.constexpr = gl.DotOperandLayout(
+        operand_index=0, parent=acc_layout, k_width=2
+    )
+    key_vec: gl.constexpr = gl.SliceLayout(1, s_layout)
+    row_vec: gl.constexpr = gl.SliceLayout(0, s_layout)
+
+    start_n, batch, kv_head = _gluon_dkdv_cta(num_heads, kv_group, KEYS)
+    k_lo = start_n + HALF * KEYS
+    k_pos = gl.expand_dims(k_lo + gl.arange(0, KEYS, layout=key_vec), 1)
+    k_buf = k_smem.index(HALF)
+    v_buf = v_smem.index(HALF)
+    s_zero = gl.zeros([KEYS, ROWS], gl.float32, s_layout)
+    dk = gl.zeros([KEYS, HEAD_DIM], gl.float32, acc_layout)
+    dv = gl.zeros([KEYS, HEAD_DIM], gl.float32, acc_layout)
+
+    mbarrier.wait(kv_bar, 0)
+    t = 0  # tiles received
+    for group_head in range(kv_group):  # GQA: the query heads of this kv head
+        head = kv_head * kv_group + group_head
+        row0 = (batch * num_heads + head) * n_ctx
+        alibi_slope = 0.0
+        row_lo, row_hi = _gluon_query_rows(
+            start_n, start_n + 2 * KEYS - 1, n_ctx, head, num_heads, ROWS
+        )
+        for start_m in range(row_lo, row_hi, ROWS):
+            _, cta_may = _gluon_tile_class(
+                start_m,
+                start_m + ROWS - 1,
+                start_n,
+                start_n + 2 * KEYS - 1,
+                head,
+                num_heads,
+            )
+            if cta_may:  # the producer loaded this tile
+                stage = t % STAGES
+                mbarrier.wait(q_ready.index(stage), (t // STAGES) & 1)
+                whole, may = _gluon_tile_class(
+                    start_m, start_m + ROWS - 1, k_lo, k_lo + KEYS - 1, head, num_heads
+                )
+                if may:
+                    q_buf = q_smem.index(stage)
+                    do_buf = do_smem.index(stage)
+                    s_t = warpgroup_mma(
+                        k_buf,
+                        q_buf.permute((1, 0)),
+                        s_zero,
+                        use_acc=False,
+                        is_async=True,
+                    )
+                    dp_t = warpgroup_mma(
+                        v_buf,
+                        do_buf.permute((1, 0)),
+                        s_zero,
+                        use_acc=False,
+                        is_async=True,
+                    )
+                    q_idx = start_m + gl.arange(0, ROWS, layout=row_vec)
+                    q_pos = gl.expand_dims(q_idx, 0)
+                    lse = gl.expand_dims(gl.load(lse_ptr + row0 + q_idx), 0)
+                    delta = gl.expand_dims(gl.load(delta_ptr + row0 + q_idx), 0)
+                    s_t = warpgroup_mma_wait(num_outstanding=1, deps=(s_t,))
+                    if whole:
+                        p_t, s2_t = _attn_probs(
+                            s_t,
+                            lse,
+                            q_pos,
+                            k_pos,
+                            n_ctx,
+                            head,
+                            num_heads,
+                            alibi_slope,
+                            sm_scale,
+                            False,
+                        )
+                    else:
+                        p_t, s2_t = _attn_probs(
+                            s_t,
+                            lse,
+                            q_pos,
+                            k_pos,
+                            n_ctx,
+                            head,
+                            num_heads,
+                            alibi_slope,
+                            sm_scale,
+                            True,
+                        )
+                    dv = warpgroup_mma(
+                        gl.convert_layout(p_t.to(dtype), a_layout),
+                        do_buf,
+                        dv,
+                        is_async=True,
+                    )
+                    dp_t = warpgroup_mma_wait(num_outstanding=1, deps=(dp_t,))
+                    ds_t = p_t * (dp_t - delta)
+                    dk = warpgroup_mma(
+                        gl.convert_layout(ds_t.to(dtype), a_layout),
+                        q_buf,
+                        dk,
+                        is_async=True,
+                    )
+                    dv, dk = warpgroup_mma_wait(num_outstanding=0, deps=(dv, dk))
+                mbarrier.arrive(q_empty.index(stage), count=1)
+                t += 1
+
+    # K and V are read for the last time above: their buffers stage dK and dV.
+    k_buf.store((dk * sm_scale).to(dtype))
+    v_buf.store(dv.to(dtype))
+    fence_async_shared()
+    row = gl.program_id(1) * n_ctx + k_lo
+    gl_tma.async_copy_shared_to_global(dk_desc, [row, 0], k_buf)
+    gl_tma.async_copy_shared_to_global(dv_desc, [row, 0], v_buf)
+    gl_tma.store_wait(pendings=0)
+
+
+@gluon.jit
+def _gluon_dkdv_producer(args, HALF: gl.constexpr):
+    (
+        q_desc,
+        k_desc,
+        v_desc,
+        do_desc,
+        dk_desc,
+        dv_desc,
+        lse_ptr,
+        delta_ptr,
+        alibi_slopes_ptr,
+        sm_scale,
+        n_ctx,
+        num_heads,
+        kv_group,
+        k_smem,
+        v_smem,
+        q_smem,
+        do_smem,
+        kv_bar,
+        q_ready,
+        q_empty,
+    ) = args
+    ROWS: gl.constexpr = q_desc.block_type.shape[0]
+    KEYS: gl.constexpr = k_desc.block_type.shape[0]
+    STAGES: gl.constexpr = q_smem.type.shape[0]
+    start_n, batch, kv_head = _gluon_dkdv_cta(num_heads, kv_group, KEYS)
+    kv_row = gl.program_id(1) * n_ctx + start_n
+    mbarrier.expect(kv_bar, 4 * k_desc.block_type.nbytes)
+    for i in gl.static_range(2):
+        gl_tma.async_copy_global_to_shared(
+            k_desc, [kv_row + i * KEYS, 0], kv_bar, k_smem.index(i)
+        )
+        gl_tma.async_copy_global_to_shared(
+            v_desc, [kv_row + i * KEYS, 0], kv_bar, v_smem.index(i)
+        )
+    t = 0  # tiles sent, counted as the consumers count them
+    for group_head in range(kv_group):
+        head = kv_head * kv_group + group_head
+        row0 = (batch * num_heads + head) * n_ctx
+        row_lo, row_hi = _gluon_query_rows(
+            start_n, start_n + 2 * KEYS - 1, n_ctx, head, num_heads, ROWS
+        )
+        for start_m in range(row_lo, row_hi, ROWS):
+            _, cta_may = _gluon_tile_class(
+                start_m,
+                start_m + ROWS - 1,
+                start_n,
+                start_n + 2 * KEYS - 1,
+                head,
+                num_heads,
+            )
+            if cta_may:
+                stage = t % STAGES
+                # A barrier starts with phase 1 complete: the first STAGES waits pass.
+                mbarrier.wait(q_empty.index(stage), ((t // STAGES) & 1) ^ 1)
+                mbarrier.expect(
+                    q_ready.index(stage),
+                    q_desc.block_type.nbytes + do_desc.block_type.nbytes,
+                )
+                gl_tma.async_copy_global_to_shared(
+                    q_desc,
+                    [row0 + start_m, 0],
+                    q_ready.index(stage),
+                    q_smem.index(stage),
+                )
+                gl_tma.async_copy_global_to_shared(
+                    do_desc,
+                    [row0 + start_m, 0],
+                    q_ready.index(stage),
+                    do_smem.index(stage),
+                )
+                t += 1
+
+
+@gluon.jit
+def _gluon_attn_bwd_dkdv(
+    q_desc,
+    k_desc,
+    v_desc,
+    do_desc,
+    dk_desc,
+    dv_desc,
+    lse_ptr,
+    delta_ptr,
+    alibi_slopes_ptr,
+    sm_scale,
+    n_ctx,
+    num_heads,
+    kv_group,
+    STAGES: gl.constexpr,
+):
+    """Grid: (N / 128, batch * kv heads).  dK (scaled) and dV of 128 keys."""
+    dtype: gl.constexpr = q_desc.dtype
+    ROWS: gl.constexpr = q_desc.block_type.shape[0]
+    HEAD_DIM: gl.constexpr = q_desc.block_type.shape[1]
+    KEYS: gl.constexpr = k_desc.block_type.shape[0]
+    k_smem = gl.allocate_shared_memory(dtype, [2, KEYS, HEAD_DIM], k_desc.layout)
+    v_smem = gl.allocate_shared_memory(dtype, [2, KEYS, HEAD_DIM], v_desc.layout)
+    q_smem = gl.allocate_shared_memory(dtype, [STAGES, ROWS, HEAD_DIM], q_desc.layout)
+    do_smem = gl.allocate_shared_memory(dtype, [STAGES, ROWS, HEAD_DIM], do_desc.layout)
+    kv_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    q_ready = gl.allocate_shared_memory(
+        gl.int64, [STAGES, 1], mbarrier.MBarrierLayout()
+    )
+    q_empty = gl.allocate_shared_memory(
+        gl.int64, [STAGES, 1], mbarrier.MBarrierLayout()
+    )
+    mbarrier.init(kv_bar, count=1)
+    for i in gl.static_range(STAGES):
+        mbarrier.init(q_ready.index(i), count=1)
+        mbarrier.init(q_empty.index(i), count=2)  # released by both consumers
+    args = (
+        q_desc,
+        k_desc,
+        v_desc,
+        do_desc,
+        dk_desc,
+        dv_desc,
+        lse_ptr,
+        delta_ptr,
+        alibi_slopes_ptr,
+        sm_scale,
+        n_ctx,
+        num_heads,
+        kv_group,
+        k_smem,
+        v_smem,
+        q_smem,
+        do_smem,
+        kv_bar,
+        q_ready,
+        q_empty,
+    )
+    gl.warp_specialize(
+        [
+            (_gluon_dkdv_consumer, (args, 0)),
+            (_gluon_dkdv_consumer, (args, 1)),
+            (_gluon_dkdv_producer, (args, 0)),
+        ],
+        [4, 1],  # warps of the second consumer and of the producer
+        [240, 24],  # their registers per thread
+    )
+
+
+@gluon.jit
+def _gluon_dq_cta(ROWS: gl.constexpr):
+    """This dQ CTA's first query row: the last rows (which see the most keys) first."""
+    return (gl.num_programs(0) - 1 - gl.program_id(0)) * (2 * ROWS)
+
+
+@gluon.jit
+def _gluon_dq_consumer(args, HALF: gl.constexpr):
+    (
+        q_desc,
+        k_desc,
+        v_desc,
+        do_desc,
+        dq_desc,
+        lse_ptr,
+        delta_ptr,
+        alibi_slopes_ptr,
+        sm_scale,
+        n_ctx,
+        num_heads,
+        kv_group,
+        q_smem,
+        do_smem,
+        k_smem,
+        v_smem,
+        q_bar,
+        k_ready,
+        v_ready,
+        kv_empty,
+    ) = args
+    dtype: gl.constexpr = q_desc.dtype
+    ROWS: gl.constexpr = q_desc.block_type.shape[0]  # this consumer's query rows
+    HEAD_DIM: gl.constexpr = q_desc.block_type.shape[1]
+    BLOCK_N: gl.constexpr = k_desc.block_type.shape[0]
+    STAGES: gl.constexpr = k_smem.type.shape[0]
+    s_layout: gl.constexpr = gl.NVMMADistributedLayout(
+        version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BLOCK_N, 16]
+    )
+    acc_layout: gl.constexpr = gl.NVMMADistributedLayout(
+        version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, HEAD_DIM, 16]
+    )
+    a_layout: gl.constexpr = gl.DotOperandLayout(
+        operand_index=0, parent=acc_layout, k_width=2
+    )
+    row_vec: gl.constexpr = gl.SliceLayout(1, s_layout)
+    key_vec: gl.constexpr = gl.SliceLayout(0, s_layout)
+
+    start_cta = _gluon_dq_cta(ROWS)
+    batch_head = gl.program_id(1)
+    head = batch_head % num_heads
+    q_lo = start_cta + HALF * ROWS
+    q_idx = q_lo + gl.arange(0, ROWS, layout=row_vec)
+    q_pos = gl.expand_dims(q_idx, 1)
+    lse = gl.expand_dims(gl.load(lse_ptr + batch_head * n_ctx + q_idx), 1)
+    delta = gl.expand_dims(gl.load(delta_ptr + batch_head * n_ctx + q_idx), 1)
+    alibi_slope = 0.0
+    q_buf = q_smem.index(HALF)
+    do_buf = do_smem.index(HALF)
+    s_zero = gl.zeros([ROWS, BLOCK_N], gl.float32, s_layout)
+    dq = gl.zeros([ROWS, HEAD_DIM], gl.float32, acc_layout)
+
+    mbarrier.wait(q_bar, 0)
+    lo, hi = _gluon_key_cols(
+        start_cta, start_cta + 2 * ROWS - 1, n_ctx, head, num_heads, BLOCK_N
+    )
+    t = 0  # tiles received
+    for start_n in range(lo, hi, BLOCK_N):
+        _, cta_may = _gluon_tile_class(
+            start_cta,
+            start_cta + 2 * ROWS - 1,
+            start_n,
+            start_n + BLOCK_N - 1,
+            head,
+            num_heads,
+        )
+        if cta_may:  # the producer loaded this tile
+            stage = t % STAGES
+            phase = (t // STAGES) & 1
+            mbarrier.wait(k_ready.index(stage), phase)
+            whole, may = _gluon_tile_class(
+                q_lo, q_lo + ROWS - 1, start_n, start_n + BLOCK_N - 1, head, num_heads
+            )
+            if may:
+                k_buf = k_smem.index(stage)
+                s = warpgroup_mma(
+                    q_buf, k_buf.permute((1, 0)), s_zero, use_acc=False, is_async=True
+                )
+                mbarrier.wait(v_ready.index(stage), phase)
+                dp = warpgroup_mma(
+                    do_buf,
+                    v_smem.index(stage).permute((1, 0)),
+                    s_zero,
+                    use_acc=False,
+                    is_async=True,
+                )
+                k_pos = gl.expand_dims(
+                    start_n + gl.arange(0, BLOCK_N, layout=key_vec), 0
+                )
+                s = warpgroup_mma_wait(num_outstanding=1, deps=(s,))
+                if whole:
+                    p, s2 = _attn_probs(
+                        s,
+                        lse,
+                        q_pos,
+                        k_pos,
+                        n_ctx,
+                        head,
+                        num_heads,
+                        alibi_slope,
+                        sm_scale,
+                        False,
+                    )
+                else:
+                    p, s2 = _attn_probs(
+                        s,
+                        lse,
+                        q_pos,
+                        k_pos,
+                        n_ctx,
+                        head,
+                        num_heads,
+                        alibi_slope,
+                        sm_scale,
+                        True,
+                    )
+                dp = warpgroup_mma_wait(num_outstanding=0, deps=(dp,))
+                ds = p * (dp - delta)
+                dq = warpgroup_mma(
+                    gl.convert_layout(ds.to(dtype), a_layout), k_buf, dq, is_async=True
+                )
+                dq = warpgroup_mma_wait(num_outstanding=0, deps=(dq,))
+            else:  # the copy into this stage must land before the stage is released
+                mbarrier.wait(v_ready.index(stage), phase)
+            mbarrier.arrive(kv_empty.index(stage), count=1)
+            t += 1
+
+    # Q is read for the last time above: its buffer stages dQ.
+    q_buf.store((dq * sm_scale).to(dtype))
+    fence_async_shared()
+    gl_tma.async_copy_shared_to_global(dq_desc, [batch_head * n_ctx + q_lo, 0], q_buf)
+    gl_tma.store_wait(pendings=0)
+
+
+@gluon.jit
+def _gluon_dq_producer(args, HALF: gl.constexpr):
+    (
+        q_desc,
+        k_desc,
+        v_desc,
+        do_desc,
+        dq_desc,
+        lse_ptr,
+        delta_ptr,
+        alibi_slopes_ptr,
+        sm_scale,
+        n_ctx,
+        num_heads,
+        kv_group,
+        q_smem,
+        do_smem,
+        k_smem,
+        v_smem,
+        q_bar,
+        k_ready,
+        v_ready,
+        kv_empty,
+    ) = args
+    ROWS: gl.constexpr = q_desc.block_type.shape[0]
+    BLOCK_N: gl.constexpr = k_desc.block_type.shape[0]
+    STAGES: gl.constexpr = k_smem.type.shape[0]
+    start_cta = _gluon_dq_cta(ROWS)
+    batch_head = gl.program_id(1)
+    head = batch_head % num_heads
+    kv_heads = num_heads // kv_group
+    kv_row0 = (batch_head // num_heads * kv_heads + head // kv_group) * n_ctx
+    mbarrier.expect(q_bar, 2 * q_desc.block_type.nbytes + 2 * do_desc.block_type.nbytes)
+    for i in gl.static_range(2):
+        row = batch_head * n_ctx + start_cta + i * ROWS
+        gl_tma.async_copy_global_to_shared(q_desc, [row, 0], q_bar, q_smem.index(i))
+        gl_tma.async_copy_global_to_shared(do_desc, [row, 0], q_bar, do_smem.index(i))
+    lo, hi = _gluon_key_cols(
+        start_cta, start_cta + 2 * ROWS - 1, n_ctx, head, num_heads, BLOCK_N
+    )
+    t = 0  # tiles sent, counted as the consumers count them
+    for start_n in range(lo, hi, BLOCK_N):
+        _, cta_may = _gluon_tile_class(
+            start_cta,
+            start_cta + 2 * ROWS - 1,
+            start_n,
+            start_n + BLOCK_N - 1,
+            head,
+            num_heads,
+        )
+        if cta_may:
+            stage = t % STAGES
+            # A barrier starts with phase 1 complete: the first STAGES waits pass.
+            mbarrier.wait(kv_empty.index(stage), ((t // STAGES) & 1) ^ 1)
+            mbarrier.expect(k_ready.index(stage), k_desc.block_type.nbytes)
+            gl_tma.async_copy_global_to_shared(
+                k_desc,
+                [kv_row0 + start_n, 0],
+                k_ready.index(stage),
+                k_smem.index(stage),
+            )
+            mbarrier.expect(v_ready.index(stage), v_desc.block_type.nbytes)
+            gl_tma.async_copy_global_to_shared(
+                v_desc,
+                [kv_row0 + start_n, 0],
+                v_ready.index(stage),
+                v_smem.index(stage),
+            )
+            t += 1
+
+
+@gluon.jit
+def _gluon_attn_bwd_dq(
+    q_desc,
+    k_desc,
+    v_desc,
+    do_desc,
+    dq_desc,
+    lse_ptr,
+    delta_ptr,
+    alibi_slopes_ptr,
+    sm_scale,
+    n_ctx,
+    num_heads,
+    kv_group,
+    STAGES: gl.constexpr,
+):
+    """Grid: (N / 128, batch * heads).  dQ (scaled) of 128 query rows."""
+    dtype: gl.constexpr = q_desc.dtype
+    ROWS: gl.constexpr = q_desc.block_type.shape[0]
+    HEAD_DIM: gl.constexpr = q_desc.block_type.shape[1]
+    BLOCK_N: gl.constexpr = k_desc.block_type.shape[0]
+    q_smem = gl.allocate_shared_memory(dtype, [2, ROWS, HEAD_DIM], q_desc.layout)
+    do_smem = gl.allocate_shared_memory(dtype, [2, ROWS, HEAD_DIM], do_desc.layout)
+    k_smem = gl.allocate_shared_memory(
+        dtype, [STAGES, BLOCK_N, HEAD_DIM], k_desc.layout
+    )
+    v_smem = gl.allocate_shared_memory(
+        dtype, [STAGES, BLOCK_N, HEAD_DIM], v_desc.layout
+    )
+    q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    k_ready = gl.allocate_shared_memory(
+        gl.int64, [STAGES, 1], mbarrier.MBarrierLayout()
+    )
+    v_ready = gl.allocate_shared_memory(
+        gl.int64, [STAGES, 1], mbarrier.MBarrierLayout()
+    )
+    kv_empty = gl.allocate_shared_memory(
+        gl.int64, [STAGES, 1], mbarrier.MBarrierLayout()
+    )
+    mbarrier.init(q_bar, count=1)
+    for i in gl.static_range(STAGES):
+        mbarrier.init(k_ready.index(i), count=1)
+        mbarrier.init(v_ready.index(i), count=1)
+        mbarrier.init(kv_empty.index(i), count=2)  # released by both consumers
+    args = (
+        q_desc,
+        k_desc,
+        v_desc,
+        do_desc,
+        dq_desc,
+        lse_ptr,
+        delta_ptr,
+        alibi_slopes_ptr,
+        sm_scale,
+        n_ctx,
+        num_heads,
+        kv_group,
+        q_smem,
+        do_smem,
+        k_smem,
+        v_smem,
+        q_bar,
+        k_ready,
+        v_ready,
+        kv_empty,
+    )
+    gl.warp_specialize(
+        [
+            (_gluon_dq_consumer, (args, 0)),
+            (_gluon_dq_consumer, (args, 1)),
+            (_gluon_dq_producer, (args, 0)),
+        ],
+        [4, 1],  # warps of the second consumer and of the producer
+        [240, 24],  # their registers per thread
+    )
+
+
+def _gluon_backward_supported(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: torch.Tensor
+) -> bool:
+    """Whether this call can take the Gluon backward: an sm90 GPU, Nq = Nk a
+    multiple of GLUON_BWD_BLOCK, contiguous 16-byte aligned inputs."""
+    if _interpreting() or q.device.type != "cuda" or _capability(q.device) != (9, 0):
+        return False
+    n = q.shape[2]
+    if k.shape[2] != n or n % GLUON_BWD_BLOCK:
+        return False
+    return all(x.is_contiguous() and x.data_ptr() % 16 == 0 for x in (q, k, v, do))
+
+
+def _gluon_backward(
+    q, k, v, do, lse, delta, dq, dk, dv, alibi_slopes, scale: float
+) -> None:
+    batch, num_heads, n, _ = q.shape
+    kv_heads = k.shape[1]
+    q_desc, k_desc, v_desc, do_desc, dq_desc, dk_desc, dv_desc = (
+        _gluon_descriptor(x, GLUON_BWD_TILE) for x in (q, k, v, do, dq, dk, dv)
+    )
+    common = (lse, delta, alibi_slopes, scale, n, num_heads, num_heads // kv_heads)
+    _launch(
+        _gluon_attn_bwd_dkdv,
+        (n // GLUON_BWD_BLOCK, batch * kv_heads),
+        q_desc,
+        k_desc,
+        v_desc,
+        do_desc,
+        dk_desc,
+        dv_desc,
+        *common,
+        GLUON_BWD_STAGES[0],
+        num_warps=4,
+    )
+    _launch(
+        _gluon_attn_bwd_dq,
+        (n // GLUON_BWD_BLOCK, batch * num_heads),
+        q_desc,
+        k_desc,
+        v_desc,
+        do_desc,
+        dq_desc,
+        *common,
+        GLUON_BWD_STAGES[1],
+        num_warps=4,
+    )
+
+
 def forward(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -1571,6 +2305,8 @@ def backward(
     query and key tiles of the dK/dV programs; the dQ programs of the same
     launch use the transposed shape (block_n queries, block_m keys).  tma as
     in forward(), with GPU_BWD_TMA as the default.
+    Without a launch configuration or tma=False, on an sm90 GPU with Nq = Nk
+    a multiple of 128, the Gluon kernels run instead (`_gluon_backward_supported`).
     """
     _check_inputs(q, k, v)
     return _backward(
@@ -1606,6 +2342,7 @@ def _backward(
     tma=None,
 ):
     """backward() on checked inputs and a resolved scale."""
+    explicit = (block_m, block_n, num_warps, num_stages) != (None,) * 4 or tma is False
     default = _launch_config(q.device, backward=True)
     block_m, block_n = block_m or default[0], block_n or default[1]
     _check_blocks(block_m, block_n)
@@ -1646,6 +2383,9 @@ def _backward(
         block_m,
         dlse is not None,  # the constexprs
     )
+    if not explicit and _gluon_backward_supported(q, k, v, do):
+        _gluon_backward(q, k, v, do, lse, delta, dq, dk, dv, alibi_slopes, scale)
+        return dq, dk, dv
     use_tma = _use_tma(tma, GPU_BWD_TMA, q, k, v, do)
     grid = (
         triton.cdiv(n_keys, block_n) + triton.cdiv(n_queries, block_n),

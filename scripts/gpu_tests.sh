@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# tests/test_gpu.py in five parallel processes (examples in fp16, in bf16, in fp32,
-# random forward specs and the Gluon forward, random gradient specs), spread over
+# tests/test_gpu.py in six parallel processes (examples in fp16, in bf16, in fp32,
+# random forward specs and the Gluon forward, the Gluon backward, random gradient specs), spread over
 # the machine's GPUs, each within SECONDS.  The per-case error table goes to
 # $OUT/gpu_summary.txt, each group's log tail to stdout.  On a machine whose time
 # is rationed this is the check after every kernel change.
@@ -27,11 +27,13 @@ if [ -n "${BACKWARD_ONLY:-}" ]; then  # a change to the backward kernels only
   group gradients-bf16 "example_gradients and BF16"
   group gradients-fp32 "example_gradients and FP32"
   group random-gradients "random_spec_gradients"
+  group gluon-backward "gluon_backward"
 else
   group examples-fp16 "example and FP16"
   group examples-bf16 "example and BF16"
   group examples-fp32 "example and FP32"
-  group random-forward "random_specs_on_gpu or tanh or gluon"
+  group random-forward "random_specs_on_gpu or tanh or gluon_forward"
+  group gluon-backward "gluon_backward"
   group random-gradients "random_spec_gradients"
 fi
 wait

@@ -73,9 +73,11 @@ def compile_kernel(fn, config, *, dtype: str, head_dim: int, head_dim_pad: int, 
     return (*ptxas_report(kernel.asm["ptx"]), kernel.metadata.shared)
 
 
-def compile_gluon_forward(module) -> tuple[int, int, int, int]:
-    """The same for a module's warp-specialized Gluon forward (full and
-    causal modules at d128), launched as `_gluon_forward` launches it."""
+def compile_gluon(module, fn, descriptors, scalars, constants, options):
+    """The same for a module's warp-specialized Gluon kernel `fn`:
+    `descriptors` maps each descriptor parameter to its block's rows,
+    `scalars` each other parameter to its type ("*fp32", "fp32", "i32";
+    pointers and n_ctx taken as divisible by 16)."""
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon._runtime import GluonASTSource
     from triton.runtime.jit import mangle_type
@@ -83,31 +85,66 @@ def compile_gluon_forward(module) -> tuple[int, int, int, int]:
     dtype = {"torch.float16": gl.float16, "torch.bfloat16": gl.bfloat16}[str(module.DTYPE)]
     flat = torch.empty(4 * 16 * 4096, module.HEAD_DIM, dtype=module.DTYPE)
     signature = {}
-    for name, rows in (("q_desc", 64), ("k_desc", 128), ("v_desc", 128), ("o_desc", 64)):
+    for name, rows in descriptors.items():
         layout = gl.NVMMASharedLayout.get_default_for([rows, module.HEAD_DIM], dtype)
         desc = module.GluonTensorDescriptor(
             flat, list(flat.shape), list(flat.stride()), [rows, module.HEAD_DIM], layout
         )
         signature[name] = mangle_type(desc)
-    signature.update(
-        lse_ptr="*fp32",
-        qk_scale="fp32",
-        n_ctx="i32",
-        num_heads="i32",
-        group="i32",
-        STAGES="constexpr",
-    )
+    signature.update(scalars)
+    signature.update({name: "constexpr" for name in constants})
+    attrs = {
+        (i,): [["tt.divisibility", 16]]
+        for i, (name, kind) in enumerate(signature.items())
+        if kind == "*fp32" or name == "n_ctx"
+    }
     kernel = triton.compile(
-        GluonASTSource(
-            module._gluon_attn_fwd,
-            signature,
-            dict(STAGES=module.GLUON_STAGES),
-            {(4,): [["tt.divisibility", 16]], (6,): [["tt.divisibility", 16]]},
-        ),
+        GluonASTSource(fn, signature, constants, attrs),
         target=GPUTarget("cuda", 90, 32),
-        options=dict(num_warps=4, maxnreg=168),
+        options=options,
     )
     return (*ptxas_report(kernel.asm["ptx"]), kernel.metadata.shared)
+
+
+def gluon_resources(module) -> list:
+    """Resources of a module's Gluon kernels, launched as the module launches them."""
+    found = []
+    if hasattr(module, "_gluon_attn_fwd"):
+        config = (64, 128, 4, module.GLUON_STAGES)  # rows per consumer, BLOCK_N, warps, buffers
+        resources = compile_gluon(
+            module,
+            module._gluon_attn_fwd,
+            dict(q_desc=64, k_desc=128, v_desc=128, o_desc=64),
+            dict(lse_ptr="*fp32", qk_scale="fp32", n_ctx="i32", num_heads="i32", group="i32"),
+            dict(STAGES=module.GLUON_STAGES),
+            dict(num_warps=4, maxnreg=168),
+        )
+        found.append(Resources("_gluon_attn_fwd", config, True, *resources))
+    if hasattr(module, "_gluon_attn_bwd_dkdv"):
+        tile = module.GLUON_BWD_TILE
+        scalars = dict(
+            lse_ptr="*fp32",
+            delta_ptr="*fp32",
+            alibi_slopes_ptr="*fp32",
+            sm_scale="fp32",
+            n_ctx="i32",
+            num_heads="i32",
+            kv_group="i32",
+        )
+        for kernel, names, stages in (
+            ("_gluon_attn_bwd_dkdv", ("q", "k", "v", "do", "dk", "dv"), module.GLUON_BWD_STAGES[0]),
+            ("_gluon_attn_bwd_dq", ("q", "k", "v", "do", "dq"), module.GLUON_BWD_STAGES[1]),
+        ):
+            resources = compile_gluon(
+                module,
+                getattr(module, kernel),
+                {f"{name}_desc": tile for name in names},
+                scalars,
+                dict(STAGES=stages),
+                dict(num_warps=4),
+            )
+            found.append(Resources(kernel, (tile, tile, 4, stages), True, *resources))
+    return found
 
 
 def ptxas_report(ptx: str) -> tuple[int, int, int]:
@@ -164,10 +201,7 @@ def module_resources(module, forward_config=None, backward_config=None, tma: boo
             rows=rows,
         )
         found.append(Resources(kernel, config, use_tma, *resources))
-    if hasattr(module, "_gluon_attn_fwd"):
-        config = (64, 128, 4, module.GLUON_STAGES)  # rows per consumer, BLOCK_N, warps, buffers
-        found.append(Resources("_gluon_attn_fwd", config, True, *compile_gluon_forward(module)))
-    return found
+    return found + gluon_resources(module)
 
 
 def main() -> None:

@@ -22,6 +22,7 @@ from kernel_utils import (
     assert_tanh_accurate,
     build,
     example_variants,
+    make_variant,
     run_case,
     run_grad_case,
 )
@@ -153,6 +154,47 @@ def test_gluon_forward_on_gpu(name, dtype, monkeypatch):
     assert len(launches) > 2 * len(shapes)
 
 
+# Masks and scores for the Gluon backward: the mask's bounds, its interior
+# and its per-tile classification (non-affine terms, heads, rows that see no
+# key at all), score modifiers with a derivative, ALiBi.
+GLUON_BACKWARD_CASES = [
+    ("full", None, 128),
+    ("causal", None, 128),
+    ("causal & window(200)", None, 128),
+    ("causal & chunk(256)", None, 64),
+    ("causal | prefix(300)", None, 128),
+    ("window(100, 60)", None, 64),
+    ("k + 200 <= q", None, 128),  # rows below 200 see no key
+    ("causal & (q - k) % 3 != 1 & (h != 1 | k >= 64)", None, 128),
+    ("causal", "s + alibi", 128),
+    ("causal", "softcap(s, 20.0)", 128),
+    ("full", "s - 0.05 * abs(q - k)", 64),
+]
+
+
+@pytest.mark.parametrize("mask, score, head_dim", GLUON_BACKWARD_CASES)
+@pytest.mark.parametrize("dtype", [ir.DType.FP16, ir.DType.BF16])
+def test_gluon_backward_on_gpu(mask, score, head_dim, dtype, monkeypatch):
+    """The warp-specialized Gluon backward (sm90, Nq = Nk a multiple of 128)
+    against the float64 reference: one CTA, GQA, several tiles per CTA, with
+    a random gradient of the log-sum-exp.  Counts its launches, so the test
+    cannot pass on the Triton fallback."""
+    variant = make_variant(mask, score, dtype=dtype, head_dim=head_dim)
+    module = build(variant)
+    launches = []
+    gluon_backward = module._gluon_backward
+    monkeypatch.setattr(
+        module, "_gluon_backward", lambda *a: launches.append(1) or gluon_backward(*a)
+    )
+    shapes = [Shape(1, 2, 2, 128, 128), Shape(2, 4, 2, 384, 384), Shape(1, 2, 1, 1024, 1024)]
+    for i, shape in enumerate(shapes):
+        for magnitude in (1.0, 5.0):
+            result = run_grad_case(variant, shape, seed=i, device="cuda", magnitude=magnitude)
+            _record(variant, result)
+            assert_ok(result)
+    assert len(launches) == 2 * len(shapes)
+
+
 @pytest.mark.parametrize("name", ["full", "mistral_sliding"])
 def test_direct_launches_on_gpu(name, monkeypatch):
     """Repeat launches call the compiled kernels directly (`_launch`): Triton's
@@ -164,7 +206,8 @@ def test_direct_launches_on_gpu(name, monkeypatch):
     (variant,) = [v for v in example_variants() if v.name == name]
     module = build(dataclasses.replace(variant, dtype=ir.DType.FP16))
     through_triton = []
-    for kernel_name in ("_attn_fwd", "_attn_bwd_preprocess", "_attn_bwd", "_gluon_attn_fwd"):
+    kernel_names = ("_attn_fwd", "_attn_bwd_preprocess", "_attn_bwd", "_gluon_attn_fwd")
+    for kernel_name in (*kernel_names, "_gluon_attn_bwd_dkdv", "_gluon_attn_bwd_dq"):
         kernel = getattr(module, kernel_name, None)
         if kernel is not None:
             count = lambda *args, **kwargs: through_triton.append(1)  # noqa: E731

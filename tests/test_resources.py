@@ -32,6 +32,11 @@ SPECS = sorted(
 SPILL_FREE_BACKWARD = {("full", 128), ("full", 64), ("plain_causal", 64), ("encoder_band", 64)}
 # The modules with a warp-specialized Gluon forward (`lower._gluon_forward`).
 GLUON = {("full", 128), ("plain_causal", 128)}
+# Every 16-bit module at d64 and d128 has the Gluon backward's two kernels
+# (`lower._gluon_backward`).  Its dQ kernel is free of spills, and so is its
+# dK/dV kernel at d64; at d128 the dK/dV consumers (two accumulators of
+# 64 x 128 in fp32 each) spill 24-232 B today.
+GLUON_BACKWARD = {(Path(spec).stem, d) for spec in SPECS for d in (64, 128)}
 
 
 @pytest.fixture(scope="module")
@@ -47,9 +52,10 @@ def resources() -> list[dict]:
     )
     assert out.returncode == 0, out.stderr[-2000:]
     rows = [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
-    # Forward and backward per spec and head dim, and the Gluon forward of
-    # full and plain_causal at d128.
-    assert len(rows) == 2 * 2 * len(SPECS) + len(GLUON), out.stdout[-2000:]
+    # Forward and backward per spec and head dim, the Gluon forward of full
+    # and plain_causal at d128, and the two Gluon backward kernels.
+    expected = 2 * 2 * len(SPECS) + len(GLUON) + 2 * len(GLUON_BACKWARD)
+    assert len(rows) == expected, out.stdout[-2000:]
     return rows
 
 
@@ -72,3 +78,17 @@ def test_gluon_forward_compiles_for_sm90_without_spills(resources):
     gluon = [r for r in resources if r["kernel"] == "_gluon_attn_fwd"]
     assert {(r["name"], r["head_dim"]) for r in gluon} == GLUON
     assert not [r for r in gluon if r["spill_stores"]]
+
+
+def test_gluon_backward_compiles_for_sm90(resources):
+    for kernel in ("_gluon_attn_bwd_dkdv", "_gluon_attn_bwd_dq"):
+        found = [r for r in resources if r["kernel"] == kernel]
+        assert {(r["name"], r["head_dim"]) for r in found} == GLUON_BACKWARD
+    spilling = [
+        (r["kernel"], r["name"], r["head_dim"])
+        for r in resources
+        if r["kernel"].startswith("_gluon_attn_bwd")
+        and r["spill_stores"]
+        and (r["kernel"] == "_gluon_attn_bwd_dq" or r["head_dim"] == 64)
+    ]
+    assert not spilling
