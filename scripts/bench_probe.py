@@ -13,6 +13,9 @@ FlexAttention four ways:
   without synchronizing (if this exceeds the GPU time, do_bench measures the
   host); with PROFILE=1 set, where flashgen's host time goes (cProfile).
 
+Systems: flashgen, flashgen with its Triton backward kernel instead of the
+Gluon ones (where the module has them), FlexAttention.
+
     python3 scripts/bench_probe.py examples/encoder_band.attn:128:4096 ...
 """
 
@@ -48,14 +51,22 @@ def kernel_ms(fn, calls: int = 20) -> float:
     return total_us / calls / 1e3
 
 
-def _launching(module, direct: bool):
-    """module.attention with repeat launches direct (`_launch`) or not."""
+def _launching(module, direct: bool, gluon_backward: bool = True):
+    """module.attention with repeat launches direct (`_launch`) or not, and
+    with the Gluon backward kernels where the module has them, or refused."""
+    supported = getattr(module, "_gluon_backward_supported", None)
 
     def attention(q, k, v):
         module.DIRECT_LAUNCH = direct
+        if supported is not None:
+            module._gluon_backward_supported = supported if gluon_backward else _refuse
         return module.attention(q, k, v)
 
     return attention
+
+
+def _refuse(*args) -> bool:
+    return False
 
 
 def probe(path: str, head_dim: int, n: int) -> None:
@@ -82,7 +93,7 @@ def probe(path: str, head_dim: int, n: int) -> None:
     )
     systems = {
         "flashgen": _launching(module, direct=True),
-        "flashgen (Triton launches)": _launching(module, direct=False),
+        "flashgen (Triton backward)": _launching(module, direct=True, gluon_backward=False),
         "flex": lambda a, b_, c: flex(
             a, b_, c, score_mod=mods.score_mod, block_mask=block_mask, scale=scale
         ),
