@@ -334,8 +334,6 @@ def _attn_fwd(
     )
     mid_hi = tl.minimum(tl.maximum((full_hi + 1) // BLOCK_N * BLOCK_N, mid_lo), end)
     for start_n in range(lo, mid_lo, BLOCK_N):
-        k_lo = start_n
-        k_hi = tl.minimum(start_n + BLOCK_N, n_keys) - 1
         acc, l_i, m_i = _attn_fwd_tile(
             acc,
             l_i,
@@ -395,8 +393,6 @@ def _attn_fwd(
             USE_TMA,
         )
     for start_n in range(mid_hi, hi, BLOCK_N):
-        k_lo = start_n
-        k_hi = tl.minimum(start_n + BLOCK_N, n_keys) - 1
         acc, l_i, m_i = _attn_fwd_tile(
             acc,
             l_i,
@@ -720,8 +716,6 @@ def _attn_bwd_dkdv(
         )
         mid_hi = tl.minimum(tl.maximum((full_hi + 1) // BLOCK_M * BLOCK_M, mid_lo), end)
         for start_m in range(row_lo, mid_lo, BLOCK_M):
-            q_lo = start_m + q_offset
-            q_hi = tl.minimum(start_m + BLOCK_M, n_queries) - 1 + q_offset
             dk, dv = _attn_bwd_dkdv_tile(
                 dk,
                 dv,
@@ -787,8 +781,6 @@ def _attn_bwd_dkdv(
                 USE_TMA,
             )
         for start_m in range(mid_hi, row_hi, BLOCK_M):
-            q_lo = start_m + q_offset
-            q_hi = tl.minimum(start_m + BLOCK_M, n_queries) - 1 + q_offset
             dk, dv = _attn_bwd_dkdv_tile(
                 dk,
                 dv,
@@ -1015,8 +1007,6 @@ def _attn_bwd_dq(
     )
     mid_hi = tl.minimum(tl.maximum((full_hi + 1) // BLOCK_N * BLOCK_N, mid_lo), end)
     for start_n in range(lo, mid_lo, BLOCK_N):
-        k_lo = start_n
-        k_hi = tl.minimum(start_n + BLOCK_N, n_keys) - 1
         dq = _attn_bwd_dq_tile(
             dq,
             q,
@@ -1078,8 +1068,6 @@ def _attn_bwd_dq(
             USE_TMA,
         )
     for start_n in range(mid_hi, hi, BLOCK_N):
-        k_lo = start_n
-        k_hi = tl.minimum(start_n + BLOCK_N, n_keys) - 1
         dq = _attn_bwd_dq_tile(
             dq,
             q,

@@ -76,7 +76,14 @@ def kernel_resources(module) -> dict[str, list[int]]:
     """Registers per thread and spilled bytes of each compiled kernel of
     `module`: a change in speed that these explain needs no other story."""
     found = {}
-    for name in ("_attn_fwd", "_attn_bwd_preprocess", "_attn_bwd"):
+    for name in (
+        "_attn_fwd",
+        "_attn_bwd_preprocess",
+        "_attn_bwd",
+        "_gluon_attn_fwd",
+        "_gluon_attn_bwd_dkdv",
+        "_gluon_attn_bwd_dq",
+    ):
         fn = getattr(module, name, None)
         for cache in getattr(fn, "device_caches", {}).values():
             for compiled in cache[0].values():
@@ -385,6 +392,46 @@ experiment(
 for config in ((16, 32, 4, 2), (64, 32, 4, 2)):
     edit = set_config("GPU_CONFIG", (32, 16, 4, 2), config)
     experiment(f"custom fwd {config}", CUSTOM, edit, head_dim=80)
+
+# Session 8: the Gluon backward (BENCHMARKS.md, entry 25), which every
+# 16-bit module at d64 and d128 now runs.  Its streamed buffers per kernel,
+# and at d64 streamed tiles of 128 rows (Q and dO into dK/dV, K and V into
+# dQ) instead of 64: twice the work per barrier round trip, where d64's
+# products are too small to hide it (full d64 N=1024 was 0.97x the Triton
+# backward).  Compiled for sm_90a at d64, dQ with 128-key tiles spills
+# nothing; dK/dV with 128-row tiles spills 24 B (full) to 968 B (causal).
+GLUON_BWD_STAGES = "GLUON_BWD_STAGES = (3, 2)"
+STREAM_128 = (
+    (
+        "        _gluon_descriptor(x, GLUON_BWD_TILE) for x in (q, k, v, do, dq, dk, dv)\n    )\n",
+        "        _gluon_descriptor(x, GLUON_BWD_TILE) for x in (q, k, v, do, dq, dk, dv)\n    )\n"
+        "    q_128, do_128, k_128, v_128 = (_gluon_descriptor(x, 128) for x in (q, do, k, v))\n",
+    ),
+    (
+        "        (n // GLUON_BWD_BLOCK, batch * kv_heads),\n        q_desc,\n        k_desc,\n"
+        "        v_desc,\n        do_desc,\n",
+        "        (n // GLUON_BWD_BLOCK, batch * kv_heads),\n        q_128,\n        k_desc,\n"
+        "        v_desc,\n        do_128,\n",
+    ),
+    (
+        "        (n // GLUON_BWD_BLOCK, batch * num_heads),\n        q_desc,\n        k_desc,\n"
+        "        v_desc,\n",
+        "        (n // GLUON_BWD_BLOCK, batch * num_heads),\n        q_desc,\n        k_128,\n"
+        "        v_128,\n",
+    ),
+)
+for spec in ("full", "plain_causal", "prefix_lm"):
+    for stages in ((2, 2), (4, 2), (3, 3)):
+        experiment(
+            f"{spec} gluon-bwd stages {stages}",
+            f"examples/{spec}.attn",
+            (GLUON_BWD_STAGES, f"GLUON_BWD_STAGES = {stages}"),
+        )
+    descriptors, dkdv_128, dq_128 = STREAM_128
+    experiment(
+        f"{spec} d64 gluon-bwd dq-128", f"examples/{spec}.attn", descriptors, dq_128, head_dim=64
+    )
+    experiment(f"{spec} d64 gluon-bwd both-128", f"examples/{spec}.attn", *STREAM_128, head_dim=64)
 
 
 def main() -> None:

@@ -1,0 +1,134 @@
+"""The tile walk of the Gluon backward, checked on the CPU.
+
+Gluon kernels do not run under the interpreter, but the functions that
+decide which tiles they compute are `triton.jit` functions of the generated
+module: `_gluon_query_rows` and `_gluon_key_cols` (the tiles a CTA walks)
+and `_gluon_tile_class` (skip, mask or compute whole, for the CTA and for
+each consumer's half).  A small interpreted kernel here walks the tiles
+exactly as `_gluon_attn_bwd_dkdv` and `_gluon_attn_bwd_dq` do and paints what
+each consumer would compute; the painting must cover every visible pair of
+the dense mask, and a half-tile computed whole (without the mask) must hold
+no masked pair.  The GPU tests check the kernels' numbers
+(tests/test_gpu.py, `test_gluon_backward_on_gpu`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+import triton
+import triton.language as tl
+from hypothesis import HealthCheck, given, settings
+
+from flashgen import ir
+from flashgen.reference import mask_matrix
+from kernel_utils import DEVICE, build, example_variants, shrink_masks
+from strategies import variants
+
+pytestmark = pytest.mark.skipif(DEVICE != "cpu", reason="interpreter test")
+
+SKIPPED, MASKED, WHOLE = 0, 1, 2  # what a consumer does with a half-tile
+
+
+@triton.jit
+def _paint(out_ptr, n_ctx, rows, cols, value):
+    """out[rows, cols] = value for a 64 x 64 half-tile."""
+    offs = tl.arange(0, 64)
+    ptrs = out_ptr + (rows + offs)[:, None] * n_ctx + (cols + offs)[None, :]
+    tl.store(ptrs, tl.full([64, 64], 0, tl.int8) + value)
+
+
+@triton.jit
+def _walk(
+    dkdv_ptr, dq_ptr, n_ctx, num_heads,
+    query_rows: tl.constexpr, key_cols: tl.constexpr, tile_class: tl.constexpr,
+):  # fmt: skip
+    """Grid (N / 128, heads): one dK/dV CTA (128 keys) and one dQ CTA (128
+    query rows) of one head, their tiles painted MASKED or WHOLE."""
+    start = tl.program_id(0) * 128
+    head = tl.program_id(1)
+    dkdv_ptr += head * n_ctx * n_ctx
+    dq_ptr += head * n_ctx * n_ctx
+    # dK/dV: query tiles of 64 rows against the CTA's keys, then each half.
+    row_lo, row_hi = query_rows(start, start + 127, n_ctx, head, num_heads, 64)
+    for start_m in range(row_lo, row_hi, 64):
+        _, cta_may = tile_class(start_m, start_m + 63, start, start + 127, head, num_heads)
+        if cta_may:
+            for half in tl.static_range(2):
+                k_lo = start + half * 64
+                whole, may = tile_class(start_m, start_m + 63, k_lo, k_lo + 63, head, num_heads)
+                if may:
+                    _paint(dkdv_ptr, n_ctx, start_m, k_lo, tl.where(whole, 2, 1))
+    # dQ: key tiles of 64 against the CTA's rows, then each half.
+    lo, hi = key_cols(start, start + 127, n_ctx, head, num_heads, 64)
+    for start_n in range(lo, hi, 64):
+        _, cta_may = tile_class(start, start + 127, start_n, start_n + 63, head, num_heads)
+        if cta_may:
+            for half in tl.static_range(2):
+                q_lo = start + half * 64
+                whole, may = tile_class(q_lo, q_lo + 63, start_n, start_n + 63, head, num_heads)
+                if may:
+                    _paint(dq_ptr, n_ctx, q_lo, start_n, tl.where(whole, 2, 1))
+
+
+def check_walk(variant: ir.Variant, n: int = 384, heads: int = 3) -> None:
+    """Both kernels' walks over an n x n problem against the dense mask."""
+    module = build(dataclasses.replace(variant, dtype=ir.DType.FP16, head_dim=64))
+    visible = mask_matrix(variant, n, n, heads)
+    painted = {name: torch.zeros(heads, n, n, dtype=torch.int8) for name in ("dkdv", "dq")}
+    _walk[(n // 128, heads)](
+        painted["dkdv"],
+        painted["dq"],
+        n,
+        heads,
+        module._gluon_query_rows,
+        module._gluon_key_cols,
+        module._gluon_tile_class,
+    )
+    for name, paint in painted.items():
+        missed = visible & (paint == SKIPPED)
+        assert (
+            not missed.any()
+        ), f"{name}: visible pairs in skipped tiles, e.g. {missed.nonzero()[0]}"
+        unmasked = ~visible & (paint == WHOLE)
+        assert not unmasked.any(), f"{name}: a masked pair computed whole: {unmasked.nonzero()[0]}"
+
+
+@pytest.mark.parametrize("variant", example_variants(), ids=lambda v: v.name)
+def test_gluon_walk_of_examples(variant):
+    check_walk(shrink_masks(variant))
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(variant=variants(dtypes=(ir.DType.FP16,), head_dims=(64,)))
+def test_gluon_walk_of_random_masks(variant):
+    check_walk(variant)
+
+
+def test_gluon_walk_skips_tiles():
+    """The walk is not a full sweep: under a narrow band most half-tiles are
+    skipped and the interior is computed without the mask (the check above
+    would pass for a walk that masks everything)."""
+    from kernel_utils import make_variant
+
+    variant = make_variant("window(40, 40)", dtype=ir.DType.FP16, head_dim=64)
+    module = build(variant)
+    n = 512
+    painted = [torch.zeros(1, n, n, dtype=torch.int8) for _ in range(2)]
+    _walk[(n // 128, 1)](
+        *painted, n, 1, module._gluon_query_rows, module._gluon_key_cols, module._gluon_tile_class
+    )
+    for paint in painted:
+        tiles = paint[0, ::64, ::64]
+        assert (tiles == SKIPPED).sum() > tiles.numel() // 2
+    causal = build(make_variant("causal", dtype=ir.DType.FP16, head_dim=64))
+    painted = [torch.zeros(1, n, n, dtype=torch.int8) for _ in range(2)]
+    _walk[(n // 128, 1)](
+        *painted, n, 1, causal._gluon_query_rows, causal._gluon_key_cols, causal._gluon_tile_class
+    )
+    for paint in painted:
+        tiles = paint[0, ::64, ::64]
+        assert (tiles == WHOLE).sum() == 28  # below the diagonal of 8 x 8 tiles
+        assert (tiles == MASKED).sum() == 8  # the diagonal
