@@ -151,8 +151,8 @@ class KernelModel:
     gpu_tma: bool
     gpu_bwd_tma: bool
     tuned_on: str | None  # GPU name when the configs come from `flashgen tune`
-    # The warp-specialized Gluon forward for Hopper ("full" or "causal"), or
-    # None (see `_gluon_forward`), and its number of K/V buffers.
+    # The warp-specialized Gluon forward for Hopper ("full", "causal", "any"),
+    # or None (see `_gluon_forward`), and its number of K/V buffers.
     gluon_forward: str | None = None
     gluon_stages: int = 3
     # The warp-specialized Gluon backward for Hopper (see `_gluon_backward`),
@@ -1212,17 +1212,30 @@ def _gpu_tma(head_dim_pad: int, dtype: ir.DType) -> tuple[bool, bool]:
     return False, head_dim_pad >= 128 and dtype is not ir.DType.FP32
 
 
+# The Gluon forward for any mask and score ("any" below) is written and
+# compiles for sm_90a, but has not run on a GPU yet: off until the GPU tests
+# and an A/B against the Triton forward have (scripts/gluon_ab.py --any-mask).
+GLUON_FORWARD_ANY = False
+
+
 def _gluon_forward(v: ir.Variant) -> str | None:
     """Whether the module gets the warp-specialized Gluon forward for sm90
     (BENCHMARKS.md, entries 13 and 16): "full" or "causal", else None.
 
     Written for the plain variants that race cuDNN: a full or causal mask,
-    the score s, 16-bit inputs, head dim 128.  The module still checks each
-    call's shapes and falls back to the Triton kernel.
+    the score s, 16-bit inputs, head dim 128.  With GLUON_FORWARD_ANY, "any"
+    for every other mask and score at 16 bits and head dim 128 without a
+    rescale threshold (it reuses the Gluon backward's mask functions).  The
+    module still checks each call's shapes and falls back to the Triton
+    kernel.
     """
-    if v.dtype is ir.DType.FP32 or v.head_dim != 128 or v.score != ir.IDENTITY_SCORE:
+    if v.dtype is ir.DType.FP32 or v.head_dim != 128:
         return None
-    return {ir.FULL: "full", ir.Name("causal"): "causal"}.get(v.mask)
+    if v.score == ir.IDENTITY_SCORE and v.mask in (ir.FULL, ir.Name("causal")):
+        return {ir.FULL: "full", ir.Name("causal"): "causal"}[v.mask]
+    if GLUON_FORWARD_ANY and v.rescale_threshold == 0 and _gluon_backward(v):
+        return "any"
+    return None
 
 
 def _gluon_backward(v: ir.Variant) -> bool:

@@ -1518,8 +1518,9 @@ def _gluon_tile_rows():
 
 
 @gluon.jit
-def _gluon_key_tiles(start_cta, n_ctx, BLOCK_N: gl.constexpr):
-    return n_ctx // BLOCK_N
+def _gluon_key_tiles(start_cta, n_ctx, head, num_heads, BLOCK_N: gl.constexpr):
+    """The first key and the number of key tiles of this CTA's rows."""
+    return 0, n_ctx // BLOCK_N
 
 
 @gluon.jit
@@ -1563,7 +1564,8 @@ def _gluon_fwd_consumer(args, HALF: gl.constexpr):
     start_cta = _gluon_tile_rows()
     start_m = start_cta + HALF * ROWS
     batch_head = gl.program_id(1)
-    n_tiles = _gluon_key_tiles(start_cta, n_ctx, BLOCK_N)
+    head = batch_head % num_heads
+    key0, n_tiles = _gluon_key_tiles(start_cta, n_ctx, head, num_heads, BLOCK_N)
     q_buf = q_smem.index(HALF)
 
     q_idx = start_m + gl.arange(0, ROWS, layout=s_rows)
@@ -1591,7 +1593,7 @@ def _gluon_fwd_consumer(args, HALF: gl.constexpr):
             is_async=True,
         )
         p, m_i, l_i, alpha = _gluon_softmax_step(
-            s, m_i, l_i, qk_scale, q_idx, 0, False, o_rows
+            s, m_i, l_i, qk_scale, q_idx, key0, False, o_rows
         )
         mbarrier.wait(v_ready.index(0), 0)
         acc = warpgroup_mma(
@@ -1614,7 +1616,7 @@ def _gluon_fwd_consumer(args, HALF: gl.constexpr):
                 is_async=True,
             )
             p, m_i, l_i, alpha = _gluon_softmax_step(
-                s, m_i, l_i, qk_scale, q_idx, j * BLOCK_N, False, o_rows
+                s, m_i, l_i, qk_scale, q_idx, key0 + j * BLOCK_N, False, o_rows
             )
             acc = warpgroup_mma_wait(
                 num_outstanding=1, deps=(acc,)
@@ -1633,14 +1635,14 @@ def _gluon_fwd_consumer(args, HALF: gl.constexpr):
             )  # S(j + 1) is done
             mbarrier.arrive(k_empty.index(next_stage), count=1)
         p, m_i, l_i, alpha = _gluon_softmax_step(
-            s, m_i, l_i, qk_scale, q_idx, last * BLOCK_N, True, o_rows
+            s, m_i, l_i, qk_scale, q_idx, key0 + last * BLOCK_N, True, o_rows
         )
         acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
         mbarrier.arrive(v_empty.index((last - 1) % STAGES), count=1)
         acc = acc * gl.expand_dims(alpha, 1)
     else:
         p, m_i, l_i, alpha = _gluon_softmax_step(
-            s, m_i, l_i, qk_scale, q_idx, 0, True, o_rows
+            s, m_i, l_i, qk_scale, q_idx, key0, True, o_rows
         )
     mbarrier.wait(v_ready.index(last % STAGES), (last // STAGES) & 1)
     acc = warpgroup_mma(
@@ -1697,10 +1699,13 @@ def _gluon_fwd_producer(args, HALF: gl.constexpr):
             q_bars.index(i),
             q_smem.index(i),
         )
-    for j in range(_gluon_key_tiles(start_cta, n_ctx, BLOCK_N)):
+    key0, n_tiles = _gluon_key_tiles(
+        start_cta, n_ctx, batch_head % num_heads, num_heads, BLOCK_N
+    )
+    for j in range(n_tiles):
         stage = j % STAGES
         phase = (j // STAGES) & 1
-        row = batch_kv_head * n_ctx + j * BLOCK_N
+        row = batch_kv_head * n_ctx + key0 + j * BLOCK_N
         # A barrier starts with phase 1 complete: the first STAGES waits pass.
         mbarrier.wait(k_empty.index(stage), phase ^ 1)
         mbarrier.expect(k_ready.index(stage), k_desc.block_type.nbytes)

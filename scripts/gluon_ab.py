@@ -8,6 +8,11 @@ cuDNN, as forward TFLOP/s (median of do_bench).  Outputs are checked against
 cuDNN's first.
 
     python3 scripts/gluon_ab.py [--seqlens 1024 2048 4096 16384] [MODULE.py ...]
+
+With --any-mask SPEC ..., instead: the Gluon forward for any mask and score
+(`lower.GLUON_FORWARD_ANY`, off by default until measured) of each spec at
+d128 against the same module's Triton forward, outputs compared, forward
+TFLOP/s with the mask's real density.
 """
 
 from __future__ import annotations
@@ -42,7 +47,11 @@ def main() -> None:
     parser.add_argument(
         "--head-dim", type=int, default=128, help="not 128: the Gluon path forced on (a trial)"
     )
+    parser.add_argument("--any-mask", nargs="+", metavar="SPEC", default=[])
     args = parser.parse_args()
+    if args.any_mask:
+        any_mask(args.any_mask, args.seqlens)
+        return
     d = args.head_dim
     if d != 128:
         chosen = lower._gluon_forward
@@ -87,6 +96,42 @@ def main() -> None:
             ms = triton.testing.do_bench(triton_fwd, warmup=50, rep=200)
             line += f" | triton {flops / ms / 1e9:6.1f}"
             print(line, flush=True)
+
+
+def any_mask(paths: list[str], seqlens: list[int]) -> None:
+    from flashgen import bench
+    from flashgen.verify import torch_dtype
+
+    lower.GLUON_FORWARD_ANY = True
+    for path in paths:
+        (variant,), _ = _check_sources(_read([path]))
+        variant = dataclasses.replace(variant, head_dim=128)
+        module = load_variant(variant)
+        if getattr(module, "_gluon_attn_fwd", None) is None:
+            print(f"{variant.name}: no Gluon forward")
+            continue
+        config = dict(zip(("block_m", "block_n", "num_warps", "num_stages"), module.GPU_CONFIG))
+        for n in seqlens:
+            b, h = max(1, 16384 // n), 16
+            q, k, v = (
+                torch.randn(b, h, n, 128, device="cuda", dtype=torch_dtype(variant.dtype))
+                for _ in range(3)
+            )
+            flops = 4 * b * h * n * n * 128 * bench.density(variant, n, h, "cuda")
+            gluon = lambda: module.forward(q, k, v)  # noqa: E731
+            triton_fwd = lambda: module.forward(q, k, v, **config, tma=module.GPU_TMA)  # noqa
+            (o_g, lse_g), (o_t, lse_t) = gluon(), triton_fwd()
+            finite = torch.isfinite(lse_t)
+            diff = (o_g.float() - o_t.float()).abs().max().item()
+            lse_ok = torch.equal(finite, torch.isfinite(lse_g))
+            t_g = triton.testing.do_bench(gluon, warmup=50, rep=200)
+            t_t = triton.testing.do_bench(triton_fwd, warmup=50, rep=200)
+            print(
+                f"{variant.name:<16} N={n:<6} gluon {flops / t_g / 1e9:6.1f}  triton "
+                f"{flops / t_t / 1e9:6.1f}  ratio {t_t / t_g:.3f}  max |o diff| {diff:.1e}"
+                f"  same rows without keys: {lse_ok}",
+                flush=True,
+            )
 
 
 if __name__ == "__main__":

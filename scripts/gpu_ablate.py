@@ -434,6 +434,61 @@ for spec in ("full", "plain_causal", "prefix_lm"):
     experiment(f"{spec} d64 gluon-bwd both-128", f"examples/{spec}.attn", *STREAM_128, head_dim=64)
 
 
+# Session 8, for the causal d128 forward at N=1024 (0.81x cuDNN).  The Gluon
+# forward's grid is (query tiles, batch * heads), tiles heaviest first: the
+# GPU dispatches CTAs in linear order, x fastest, so the heaviest-first order
+# holds within each head only, and the last heads' heavy tiles start in the
+# last wave and set the tail (about 15 waves at N=1024, B=16, H=16).  Here a
+# 1-D grid runs the heads in groups of GROUP, and within a group the heaviest
+# tiles of all its heads first (longest-processing-time-first), while a
+# group's K and V (GROUP x 512 KB at N=1024) stay in L2.  Run at --seqlen
+# 1024; at long N a group's K and V outgrow L2 (8 MB a head at N=16384), so
+# a template version would size GROUP from N.
+def lpt_tile_rows(group: int) -> str:
+    return f"""def _gluon_tile_rows(n_ctx):
+    \"\"\"(first query row, batch * head) of this CTA: heads in groups of {group},
+    the heaviest tiles of a group's heads first.\"\"\"
+    n_tiles = n_ctx // (2 * 64)
+    pid = gl.program_id(0)
+    heads_total = gl.num_programs(0) // n_tiles
+    first = pid // ({group} * n_tiles) * {group}
+    size = gl.minimum(heads_total - first, {group})
+    local = pid - first * n_tiles
+    return (n_tiles - 1 - local // size) * (2 * 64), first + local % size
+"""
+
+
+def lpt_forward(group: int) -> tuple[tuple[str, str], ...]:
+    return (
+        (
+            "def _gluon_tile_rows():\n"
+            '    """The first query row of this CTA: heaviest tiles first under a causal mask."""\n'
+            "    return (gl.num_programs(0) - 1 - gl.program_id(0)) * (2 * 64)\n",
+            lpt_tile_rows(group),
+        ),
+        (
+            "    start_cta = _gluon_tile_rows()\n    start_m = start_cta + HALF * ROWS\n"
+            "    batch_head = gl.program_id(1)\n",
+            "    start_cta, batch_head = _gluon_tile_rows(n_ctx)\n"
+            "    start_m = start_cta + HALF * ROWS\n",
+        ),
+        (
+            "    start_cta = _gluon_tile_rows()\n    batch_head = gl.program_id(1)\n",
+            "    start_cta, batch_head = _gluon_tile_rows(n_ctx)\n",
+        ),
+        (
+            "        (n // GLUON_BLOCK, batch * num_heads),\n",
+            "        (n // GLUON_BLOCK * batch * num_heads,),\n",
+        ),
+    )
+
+
+for group in (8, 16, 32):
+    experiment(
+        f"plain_causal gluon-fwd lpt-{group}", "examples/plain_causal.attn", *lpt_forward(group)
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--only", nargs="+", default=list(EXPERIMENTS))

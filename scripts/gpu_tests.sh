@@ -32,8 +32,8 @@ else
   group examples-fp16 "example and FP16"
   group examples-bf16 "example and BF16"
   group examples-fp32 "example and FP32"
-  group random-forward "random_specs_on_gpu or tanh or gluon_forward"
-  group gluon-backward "gluon_backward"
+  group random-forward "random_specs_on_gpu or tanh or (gluon_forward and not any_mask)"
+  group gluon "gluon_backward or gluon_forward_any"
   group random-gradients "random_spec_gradients"
 fi
 wait

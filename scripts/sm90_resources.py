@@ -111,11 +111,14 @@ def gluon_resources(module) -> list:
     found = []
     if hasattr(module, "_gluon_attn_fwd"):
         config = (64, 128, 4, module.GLUON_STAGES)  # rows per consumer, BLOCK_N, warps, buffers
+        scalars = dict(lse_ptr="*fp32", alibi_slopes_ptr="*fp32", qk_scale="fp32")
+        scalars.update(n_ctx="i32", num_heads="i32", group="i32")
+        params = {p.name for p in module._gluon_attn_fwd.params}
         resources = compile_gluon(
             module,
             module._gluon_attn_fwd,
             dict(q_desc=64, k_desc=128, v_desc=128, o_desc=64),
-            dict(lse_ptr="*fp32", qk_scale="fp32", n_ctx="i32", num_heads="i32", group="i32"),
+            {name: kind for name, kind in scalars.items() if name in params},
             dict(STAGES=module.GLUON_STAGES),
             dict(num_warps=4, maxnreg=168),
         )
@@ -214,7 +217,13 @@ def main() -> None:
     parser.add_argument("--backward-config", type=int, nargs=4, metavar=("M", "N", "W", "S"))
     parser.add_argument("--no-tma", action="store_true", help="pointer loads in both passes")
     parser.add_argument("--json", action="store_true", help="one JSON object per kernel")
+    parser.add_argument(
+        "--gluon-forward-any",
+        action="store_true",
+        help="the Gluon forward for any mask and score (lower.GLUON_FORWARD_ANY) on",
+    )
     args = parser.parse_args()
+    lower.GLUON_FORWARD_ANY = args.gluon_forward_any
     if os.environ.get("TRITON_INTERPRET") == "1":
         parser.error("unset TRITON_INTERPRET: the kernels must be compiled, not interpreted")
     for path in args.specs:

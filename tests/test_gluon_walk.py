@@ -5,8 +5,9 @@ decide which tiles they compute are `triton.jit` functions of the generated
 module: `_gluon_query_rows` and `_gluon_key_cols` (the tiles a CTA walks)
 and `_gluon_tile_class` (skip, mask or compute whole, for the CTA and for
 each consumer's half).  A small interpreted kernel here walks the tiles
-exactly as `_gluon_attn_bwd_dkdv` and `_gluon_attn_bwd_dq` do and paints what
-each consumer would compute; the painting must cover every visible pair of
+exactly as `_gluon_attn_bwd_dkdv` and `_gluon_attn_bwd_dq` do, and as the
+forward for any mask does (`lower.GLUON_FORWARD_ANY`), and paints what each
+consumer would compute; the painting must cover every visible pair of
 the dense mask, and a half-tile computed whole (without the mask) must hold
 no masked pair.  The GPU tests check the kernels' numbers
 (tests/test_gpu.py, `test_gluon_backward_on_gpu`).
@@ -42,15 +43,18 @@ def _paint(out_ptr, n_ctx, rows, cols, value):
 
 @triton.jit
 def _walk(
-    dkdv_ptr, dq_ptr, n_ctx, num_heads,
+    dkdv_ptr, dq_ptr, fwd_ptr, n_ctx, num_heads,
     query_rows: tl.constexpr, key_cols: tl.constexpr, tile_class: tl.constexpr,
 ):  # fmt: skip
-    """Grid (N / 128, heads): one dK/dV CTA (128 keys) and one dQ CTA (128
-    query rows) of one head, their tiles painted MASKED or WHOLE."""
+    """Grid (N / 128, heads): one dK/dV CTA (128 keys), one dQ CTA (128
+    query rows) and one forward CTA (128 query rows, key tiles of 128; the
+    forward for any mask, `lower.GLUON_FORWARD_ANY`) of one head, their tiles
+    painted MASKED or WHOLE."""
     start = tl.program_id(0) * 128
     head = tl.program_id(1)
     dkdv_ptr += head * n_ctx * n_ctx
     dq_ptr += head * n_ctx * n_ctx
+    fwd_ptr += head * n_ctx * n_ctx
     # dK/dV: query tiles of 64 rows against the CTA's keys, then each half.
     row_lo, row_hi = query_rows(start, start + 127, n_ctx, head, num_heads, 64)
     for start_m in range(row_lo, row_hi, 64):
@@ -71,16 +75,30 @@ def _walk(
                 whole, may = tile_class(q_lo, q_lo + 63, start_n, start_n + 63, head, num_heads)
                 if may:
                     _paint(dq_ptr, n_ctx, q_lo, start_n, tl.where(whole, 2, 1))
+    # Forward (`_gluon_key_tiles`): every tile of the span, whole or masked.
+    lo, hi = key_cols(start, start + 127, n_ctx, head, num_heads, 128)
+    lo = tl.minimum(lo, n_ctx - 128)
+    n_tiles = tl.maximum((hi - lo + 127) // 128, 1)
+    for j in range(0, n_tiles):
+        for half in tl.static_range(2):
+            q_lo = start + half * 64
+            for quarter in tl.static_range(2):  # _paint paints 64 x 64
+                k_lo = lo + j * 128 + quarter * 64
+                whole, _ = tile_class(
+                    q_lo, q_lo + 63, lo + j * 128, lo + j * 128 + 127, head, num_heads
+                )
+                _paint(fwd_ptr, n_ctx, q_lo, k_lo, tl.where(whole, 2, 1))
 
 
 def check_walk(variant: ir.Variant, n: int = 384, heads: int = 3) -> None:
     """Both kernels' walks over an n x n problem against the dense mask."""
     module = build(dataclasses.replace(variant, dtype=ir.DType.FP16, head_dim=64))
     visible = mask_matrix(variant, n, n, heads)
-    painted = {name: torch.zeros(heads, n, n, dtype=torch.int8) for name in ("dkdv", "dq")}
+    painted = {name: torch.zeros(heads, n, n, dtype=torch.int8) for name in ("dkdv", "dq", "fwd")}
     _walk[(n // 128, heads)](
         painted["dkdv"],
         painted["dq"],
+        painted["fwd"],
         n,
         heads,
         module._gluon_query_rows,
@@ -116,19 +134,19 @@ def test_gluon_walk_skips_tiles():
     variant = make_variant("window(40, 40)", dtype=ir.DType.FP16, head_dim=64)
     module = build(variant)
     n = 512
-    painted = [torch.zeros(1, n, n, dtype=torch.int8) for _ in range(2)]
+    painted = [torch.zeros(1, n, n, dtype=torch.int8) for _ in range(3)]
     _walk[(n // 128, 1)](
         *painted, n, 1, module._gluon_query_rows, module._gluon_key_cols, module._gluon_tile_class
     )
-    for paint in painted:
+    for paint in painted[:2]:
         tiles = paint[0, ::64, ::64]
         assert (tiles == SKIPPED).sum() > tiles.numel() // 2
     causal = build(make_variant("causal", dtype=ir.DType.FP16, head_dim=64))
-    painted = [torch.zeros(1, n, n, dtype=torch.int8) for _ in range(2)]
+    painted = [torch.zeros(1, n, n, dtype=torch.int8) for _ in range(3)]
     _walk[(n // 128, 1)](
         *painted, n, 1, causal._gluon_query_rows, causal._gluon_key_cols, causal._gluon_tile_class
     )
-    for paint in painted:
+    for paint in painted[:2]:
         tiles = paint[0, ::64, ::64]
         assert (tiles == WHOLE).sum() == 28  # below the diagonal of 8 x 8 tiles
         assert (tiles == MASKED).sum() == 8  # the diagonal

@@ -195,6 +195,35 @@ def test_gluon_backward_on_gpu(mask, score, head_dim, dtype, monkeypatch):
     assert len(launches) == 2 * len(shapes)
 
 
+@pytest.mark.parametrize("mask, score", [(m, s) for m, s, d in GLUON_BACKWARD_CASES if d == 128])
+@pytest.mark.parametrize("dtype", [ir.DType.FP16, ir.DType.BF16])
+def test_gluon_forward_any_mask_on_gpu(mask, score, dtype, monkeypatch):
+    """The Gluon forward for any mask and score (`lower.GLUON_FORWARD_ANY`,
+    off in the generated modules until this test and an A/B have run on a
+    GPU): forward against the float64 reference, rows that see no key
+    included, and gradients through its log-sum-exp.  Counts its launches."""
+    from flashgen import lower
+
+    monkeypatch.setattr(lower, "GLUON_FORWARD_ANY", True)
+    variant = make_variant(mask, score, dtype=dtype, head_dim=128)
+    module = build(variant)
+    launches = []
+    gluon_forward = module._gluon_forward
+    monkeypatch.setattr(
+        module, "_gluon_forward", lambda *a: launches.append(1) or gluon_forward(*a)
+    )
+    shapes = [Shape(1, 2, 2, 128, 128), Shape(2, 4, 2, 384, 384), Shape(1, 2, 1, 1024, 1024)]
+    for i, shape in enumerate(shapes):
+        for magnitude in (1.0, 5.0):
+            result = run_case(variant, shape, seed=i, device="cuda", magnitude=magnitude)
+            _record(variant, result)
+            assert_ok(result)
+    assert len(launches) == 2 * len(shapes)
+    result = run_grad_case(variant, Shape(1, 4, 2, 512, 512), seed=7, device="cuda")
+    _record(variant, result)
+    assert_ok(result)
+
+
 @pytest.mark.parametrize("name", ["full", "mistral_sliding"])
 def test_direct_launches_on_gpu(name, monkeypatch):
     """Repeat launches call the compiled kernels directly (`_launch`): Triton's
