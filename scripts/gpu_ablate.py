@@ -489,6 +489,86 @@ for group in (8, 16, 32):
     )
 
 
+# The same order for the Gluon backward of plain_causal: dK/dV CTAs take the
+# first keys (which the most queries see) first, dQ CTAs the last rows.
+def _lpt_body(group: int, tiles: str, tile: str) -> str:
+    return (
+        f"    n_tiles = {tiles}\n"
+        "    pid = gl.program_id(0)\n"
+        "    heads_total = gl.num_programs(0) // n_tiles\n"
+        f"    first = pid // ({group} * n_tiles) * {group}\n"
+        f"    size = gl.minimum(heads_total - first, {group})\n"
+        "    local = pid - first * n_tiles\n"
+        f"    tile = {tile}\n"
+    )
+
+
+def lpt_backward(group: int) -> tuple[tuple[str, str], ...]:
+    dkdv = (
+        "def _gluon_dkdv_cta(num_heads, kv_group, KEYS: gl.constexpr, n_ctx):\n"
+        '    """This dK/dV CTA\'s first key, batch, kv head and batch * kv heads."""\n'
+        "    kv_heads = num_heads // kv_group\n"
+        + _lpt_body(group, "n_ctx // (2 * KEYS)", "local // size")
+        + "    bkv = first + local % size\n"
+        "    return tile * (2 * KEYS), bkv // kv_heads, bkv % kv_heads, bkv\n"
+    )
+    dq = (
+        "def _gluon_dq_cta(ROWS: gl.constexpr, n_ctx):\n"
+        '    """This dQ CTA\'s first query row and batch * head."""\n'
+        + _lpt_body(group, "n_ctx // (2 * ROWS)", "n_tiles - 1 - local // size")
+        + "    return tile * (2 * ROWS), first + local % size\n"
+    )
+    return (
+        (
+            "def _gluon_dkdv_cta(num_heads, kv_group, KEYS: gl.constexpr):\n"
+            '    """This dK/dV CTA\'s first key, batch and kv head."""\n'
+            "    kv_heads = num_heads // kv_group\n"
+            "    return (\n"
+            "        gl.program_id(0) * (2 * KEYS),\n"
+            "        gl.program_id(1) // kv_heads,\n"
+            "        gl.program_id(1) % kv_heads,\n"
+            "    )\n",
+            dkdv,
+        ),
+        (
+            "    start_n, batch, kv_head = _gluon_dkdv_cta(num_heads, kv_group, KEYS)\n    k_lo",
+            "    start_n, batch, kv_head, bkv = _gluon_dkdv_cta(num_heads, kv_group, KEYS, n_ctx)\n"
+            "    k_lo",
+        ),
+        ("    row = gl.program_id(1) * n_ctx + k_lo\n", "    row = bkv * n_ctx + k_lo\n"),
+        (
+            "    start_n, batch, kv_head = _gluon_dkdv_cta(num_heads, kv_group, KEYS)\n"
+            "    kv_row = gl.program_id(1) * n_ctx + start_n\n",
+            "    start_n, batch, kv_head, bkv = _gluon_dkdv_cta(num_heads, kv_group, KEYS, n_ctx)\n"
+            "    kv_row = bkv * n_ctx + start_n\n",
+        ),
+        (
+            "def _gluon_dq_cta(ROWS: gl.constexpr):\n"
+            '    """This dQ CTA\'s first query row: the last rows (which see the most keys) first."""\n'
+            "    return (gl.num_programs(0) - 1 - gl.program_id(0)) * (2 * ROWS)\n",
+            dq,
+        ),
+        (
+            "    start_cta = _gluon_dq_cta(ROWS)\n    batch_head = gl.program_id(1)\n",
+            "    start_cta, batch_head = _gluon_dq_cta(ROWS, n_ctx)\n",
+        ),
+        (
+            "        (n // GLUON_BWD_BLOCK, batch * kv_heads),\n",
+            "        (n // GLUON_BWD_BLOCK * batch * kv_heads,),\n",
+        ),
+        (
+            "        (n // GLUON_BWD_BLOCK, batch * num_heads),\n",
+            "        (n // GLUON_BWD_BLOCK * batch * num_heads,),\n",
+        ),
+    )
+
+
+for group in (8, 16):
+    experiment(
+        f"plain_causal gluon-bwd lpt-{group}", "examples/plain_causal.attn", *lpt_backward(group)
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--only", nargs="+", default=list(EXPERIMENTS))
