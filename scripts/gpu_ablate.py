@@ -483,6 +483,11 @@ def lpt_forward(group: int) -> tuple[tuple[str, str], ...]:
     )
 
 
+experiment(
+    "plain_causal gluon-fwd stages 2",
+    "examples/plain_causal.attn",
+    ("GLUON_STAGES = 3", "GLUON_STAGES = 2"),
+)
 for group in (8, 16, 32):
     experiment(
         f"plain_causal gluon-fwd lpt-{group}", "examples/plain_causal.attn", *lpt_forward(group)
