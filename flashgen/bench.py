@@ -14,6 +14,12 @@ FlexAttention runs the same variant through the `score_mod` / `mask_mod` that
 and flash backends run where the variant is expressible there (plain scores,
 full or causal masks).  The outputs of FlexAttention and SDPA are compared with
 flashgen's, which cross-checks the semantics as well as the speed.
+
+With do_bench, each system's host time per forward + backward call is
+measured too (calls issued without waiting for the GPU): where it reaches the
+time measured, the GPU waited for the host, and the table marks the point
+"h": its number is the host's pace, not the kernels' (BENCHMARKS.md, entry
+19; `timer="cuda-graph"` times the kernels alone).
 """
 
 from __future__ import annotations
@@ -21,6 +27,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import sys
+import time
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
@@ -34,6 +41,9 @@ BACKWARD_FLOP_FACTOR = 2.5
 # Max |o_system - o_flashgen| above which the table flags a disagreement: a few
 # bf16 ulps of outputs of order 1.
 AGREEMENT = 3e-2
+# A forward + backward whose host time per call is at least this fraction of
+# the time measured for it ran at the host's pace.
+HOST_PACED = 0.9
 
 
 @dataclass(frozen=True)
@@ -50,6 +60,15 @@ class Measurement:
     max_diff: float | None = None  # against flashgen's output
     error: str = ""
     timer: str = "do_bench"  # a key of TIMERS
+    # Host time per forward + backward call, issued without waiting for the
+    # GPU (do_bench only), in ms.
+    host_ms: float | None = None
+
+    def host_paced(self) -> bool:
+        """Whether the forward + backward time measured is the host's pace."""
+        if self.host_ms is None or self.fwd_ms is None or self.bwd_ms is None:
+            return False
+        return self.host_ms >= HOST_PACED * (self.fwd_ms + self.bwd_ms)
 
     def tflops(self, backward: bool = False) -> float | None:
         ms = self.bwd_ms if backward else self.fwd_ms
@@ -111,6 +130,24 @@ def _do_bench(fn: Callable[[], object]) -> float:
     import triton.testing
 
     return triton.testing.do_bench(fn, warmup=50, rep=200, return_mode="median")
+
+
+def _host_ms(fn: Callable[[], object], calls: int = 20) -> float:
+    """Host time per call of `fn`, calls issued back to back without waiting
+    for the GPU (few enough that its launch queue never fills)."""
+    fn()
+    _synchronize()
+    start = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    host = (time.perf_counter() - start) / calls * 1e3
+    _synchronize()
+    return host
+
+
+def _synchronize() -> None:
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        torch.cuda.synchronize()
 
 
 def _do_bench_graph(fn: Callable[[], object]) -> float:
@@ -243,7 +280,7 @@ def _measure(
     base = dict(variant=name, system=system, batch=b, heads=h, seqlen=n, head_dim=d, density=frac)
     base["timer"] = timer_name
     inputs = [x.detach().requires_grad_() for x in (q, k, v)]
-    diff = fwd = bwd = None
+    diff = fwd = bwd = host = None
     error = ""
     try:  # a system that cannot run a case is reported, not fatal
         with torch.no_grad():
@@ -253,9 +290,11 @@ def _measure(
         fwd = timer(lambda: fn(*inputs))
         both = timer(lambda: torch.autograd.grad(fn(*inputs), inputs, do))
         bwd = max(both - fwd, 0.0)
+        if timer_name == "do_bench":
+            host = _host_ms(lambda: torch.autograd.grad(fn(*inputs), inputs, do))
     except Exception as exc:
         error = f"{type(exc).__name__}: {exc}"[:200]
-    return Measurement(**base, fwd_ms=fwd, bwd_ms=bwd, max_diff=diff, error=error)
+    return Measurement(**base, fwd_ms=fwd, bwd_ms=bwd, max_diff=diff, error=error, host_ms=host)
 
 
 def table(results: Sequence[Measurement]) -> str:
@@ -275,6 +314,7 @@ def table(results: Sequence[Measurement]) -> str:
         if r.error:
             return f"{'error':>13}"
         mark = "!" if r.max_diff is not None and r.max_diff > AGREEMENT else ""
+        mark = mark or ("h" if r.host_paced() else "")
         fwd, bwd = r.tflops(), r.tflops(True)  # None for a time of 0 (below the timer's noise)
         fwd = f"{fwd:6.0f}" if fwd is not None else f"{'-':>6}"
         bwd = f"{bwd:5.0f}" if bwd is not None else f"{'-':>5}"
@@ -298,6 +338,12 @@ def table(results: Sequence[Measurement]) -> str:
         lines.append(line)
     if any(r.max_diff is not None and r.max_diff > AGREEMENT for r in results):
         lines.append(f"! output differs from flashgen's by more than {AGREEMENT}")
+    if any(r.host_paced() for r in results):
+        lines.append(
+            "h forward + backward ran at the host's pace (host time per call >= "
+            f"{HOST_PACED:.0%} of the time measured): the numbers are the host's, "
+            "not the kernels' (--timer cuda-graph times the kernels)"
+        )
     for r in results:
         if r.error:
             lines.append(f"error: {r.variant} N={r.seqlen} {r.system}: {r.error}")

@@ -136,7 +136,8 @@ def _parser() -> argparse.ArgumentParser:
         choices=("do_bench", "cuda-graph"),
         default="do_bench",
         help="do_bench: each call as an eager caller sees it, host launch cost included "
-        "(default); cuda-graph: calls replayed from a CUDA graph, the kernels' own time",
+        "(default; points where the host set the pace are marked h); cuda-graph: calls "
+        "replayed from a CUDA graph, the kernels' own time",
     )
     bench.add_argument(
         "--systems",

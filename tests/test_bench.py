@@ -142,6 +142,32 @@ def test_bench_timers(monkeypatch):
     assert "/    -" in text[3]  # a backward time of 0 has no TFLOP/s: shown as "-"
     for name in bench.TIMERS:  # the CLI offers every timer
         assert _parser().parse_args(["bench", "a.attn", "--timer", name]).timer == name
+    assert results[0].host_ms is None  # host time is do_bench's question only
+
+
+def test_host_paced_points_are_measured_and_marked(monkeypatch):
+    """With do_bench, each system's host time per forward + backward call is
+    measured; a point whose host time reaches the time measured is marked
+    "h" in the table, with a footnote, and the JSON keeps the host time."""
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    variant = _variant("attention tiny { head_dim = 16; dtype = fp32; mask = causal }")
+    monkeypatch.setitem(bench.TIMERS, "do_bench", lambda fn: (fn(), 2.0)[1])
+    (measured,) = bench.bench(
+        [variant], seqlens=[32], batch=1, heads=2, device="cpu", systems=("flashgen",),
+        progress=False,
+    )  # fmt: skip
+    assert not measured.error, measured.error
+    assert measured.timer == "do_bench" and measured.host_ms > 0
+    fast_host = dataclasses.replace(measured, fwd_ms=1.0, bwd_ms=1.0, host_ms=0.5)
+    slow_host = dataclasses.replace(fast_host, system="flex", host_ms=1.9)
+    assert not fast_host.host_paced() and slow_host.host_paced()
+    lines = bench.table([fast_host, slow_host]).splitlines()
+    row = lines[3]
+    assert row.count("h") == 1 and "h " in row.split("tiny")[1]  # flex's cell, not ours
+    assert lines[-1].startswith("h forward + backward ran at the host's pace")
+    assert "host's pace" not in bench.table([fast_host])
+    rows = json.loads(bench.to_json([fast_host, slow_host]))
+    assert [r["host_ms"] for r in rows] == [0.5, 1.9]
 
 
 def test_bench_cli_needs_a_gpu(tmp_path, capsys):
