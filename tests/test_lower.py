@@ -11,6 +11,7 @@ speed.
 
 from __future__ import annotations
 
+import dataclasses
 import types
 
 import numpy as np
@@ -503,3 +504,40 @@ def test_band_recognition():
 def test_gluon_forward_only_for_plain_full_and_causal(mask, score, dtype, head_dim, expected):
     variant = make_variant(mask, score, dtype=dtype, head_dim=head_dim)
     assert lower.lower(variant).gluon_forward == expected
+
+
+@pytest.mark.parametrize(
+    "mask, score, dtype, head_dim, expected",
+    [
+        ("full", None, ir.DType.BF16, 128, True),
+        ("causal & window(64, 0)", "s + alibi", ir.DType.FP16, 64, True),  # any mask and score
+        ("prefix(16)", "softcap(s, 20.0)", ir.DType.BF16, 128, True),
+        ("causal", None, ir.DType.FP32, 128, False),  # no 16-bit tensor-core path
+        ("causal", None, ir.DType.BF16, 80, False),  # written for d64 and d128
+        ("causal", None, ir.DType.BF16, 256, False),
+    ],
+)
+def test_gluon_backward_for_16_bit_d64_and_d128(mask, score, dtype, head_dim, expected):
+    variant = make_variant(mask, score, dtype=dtype, head_dim=head_dim)
+    assert lower.lower(variant).gluon_backward is expected
+
+
+@pytest.mark.parametrize(
+    "mask, score, expected",
+    [
+        ("full", None, "full"),  # the plain modes keep their own code
+        ("causal", None, "causal"),
+        ("causal & window(64, 0)", None, "any"),
+        ("causal", "s + alibi", "any"),
+        ("k <= q", None, "any"),
+    ],
+)
+def test_gluon_forward_for_any_mask_only_when_switched_on(mask, score, expected, monkeypatch):
+    variant = make_variant(mask, score, dtype=ir.DType.BF16, head_dim=128)
+    plain = expected if expected != "any" else None
+    assert lower.lower(variant).gluon_forward == plain  # off by default
+    monkeypatch.setattr(lower, "GLUON_FORWARD_ANY", True)
+    assert lower.lower(variant).gluon_forward == expected
+    rescaled = make_variant(mask, score, dtype=ir.DType.BF16, head_dim=128, rescale_threshold=8.0)
+    assert lower.lower(rescaled).gluon_forward == plain  # conditional rescale: Triton only
+    assert lower.lower(dataclasses.replace(variant, head_dim=64)).gluon_forward is None
