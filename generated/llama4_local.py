@@ -1477,6 +1477,19 @@ def _gluon_layout(rows: int, d: int, dtype) -> "gl.NVMMASharedLayout":
     return gl.NVMMASharedLayout.get_default_for([rows, d], dtype)
 
 
+def _gluon_fits(
+    block: int, q: torch.Tensor, k: torch.Tensor, *tensors: torch.Tensor
+) -> bool:
+    """Whether the Gluon kernels can take these tensors: an sm90 GPU, Nq = Nk
+    a multiple of `block`, q, k and `tensors` contiguous and 16-byte aligned."""
+    if _interpreting() or q.device.type != "cuda" or _capability(q.device) != (9, 0):
+        return False
+    n = q.shape[2]
+    if k.shape[2] != n or n % block:
+        return False
+    return all(x.is_contiguous() and x.data_ptr() % 16 == 0 for x in (q, k, *tensors))
+
+
 def _gluon_descriptor(x: torch.Tensor, rows: int) -> "GluonTensorDescriptor":
     """A TMA descriptor of [rows, D] blocks over contiguous x seen as (B * heads * N, D)."""
     d = x.shape[-1]
@@ -2154,14 +2167,8 @@ def _gluon_attn_bwd_dq(
 def _gluon_backward_supported(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: torch.Tensor
 ) -> bool:
-    """Whether this call can take the Gluon backward: an sm90 GPU, Nq = Nk a
-    multiple of GLUON_BWD_BLOCK, contiguous 16-byte aligned inputs."""
-    if _interpreting() or q.device.type != "cuda" or _capability(q.device) != (9, 0):
-        return False
-    n = q.shape[2]
-    if k.shape[2] != n or n % GLUON_BWD_BLOCK:
-        return False
-    return all(x.is_contiguous() and x.data_ptr() % 16 == 0 for x in (q, k, v, do))
+    """Whether this call can take the Gluon backward (`_gluon_fits`)."""
+    return _gluon_fits(GLUON_BWD_BLOCK, q, k, v, do)
 
 
 def _gluon_backward(

@@ -1471,6 +1471,19 @@ def _gluon_layout(rows: int, d: int, dtype) -> "gl.NVMMASharedLayout":
     return gl.NVMMASharedLayout.get_default_for([rows, d], dtype)
 
 
+def _gluon_fits(
+    block: int, q: torch.Tensor, k: torch.Tensor, *tensors: torch.Tensor
+) -> bool:
+    """Whether the Gluon kernels can take these tensors: an sm90 GPU, Nq = Nk
+    a multiple of `block`, q, k and `tensors` contiguous and 16-byte aligned."""
+    if _interpreting() or q.device.type != "cuda" or _capability(q.device) != (9, 0):
+        return False
+    n = q.shape[2]
+    if k.shape[2] != n or n % block:
+        return False
+    return all(x.is_contiguous() and x.data_ptr() % 16 == 0 for x in (q, k, *tensors))
+
+
 def _gluon_descriptor(x: torch.Tensor, rows: int) -> "GluonTensorDescriptor":
     """A TMA descriptor of [rows, D] blocks over contiguous x seen as (B * heads * N, D)."""
     d = x.shape[-1]
@@ -1806,18 +1819,9 @@ def _gluon_attn_fwd(
 def _gluon_supported(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float
 ) -> bool:
-    """Whether this call can take the Gluon forward: an sm90 GPU, Nq = Nk a
-    multiple of GLUON_BLOCK, contiguous 16-byte
-    aligned inputs, a positive scale (the kernel takes each row's max before
-    scaling)."""
-    if _interpreting() or q.device.type != "cuda" or scale <= 0:
-        return False
-    if _capability(q.device) != (9, 0):
-        return False
-    n = q.shape[2]
-    if k.shape[2] != n or n % GLUON_BLOCK:
-        return False
-    return all(x.is_contiguous() and x.data_ptr() % 16 == 0 for x in (q, k, v))
+    """Whether this call can take the Gluon forward (`_gluon_fits`), with a
+    positive scale (the kernel takes each row's max before scaling)."""
+    return scale > 0 and _gluon_fits(GLUON_BLOCK, q, k, v)
 
 
 def _gluon_forward(q, k, v, o, lse, scale: float) -> None:
@@ -2495,14 +2499,8 @@ def _gluon_attn_bwd_dq(
 def _gluon_backward_supported(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: torch.Tensor
 ) -> bool:
-    """Whether this call can take the Gluon backward: an sm90 GPU, Nq = Nk a
-    multiple of GLUON_BWD_BLOCK, contiguous 16-byte aligned inputs."""
-    if _interpreting() or q.device.type != "cuda" or _capability(q.device) != (9, 0):
-        return False
-    n = q.shape[2]
-    if k.shape[2] != n or n % GLUON_BWD_BLOCK:
-        return False
-    return all(x.is_contiguous() and x.data_ptr() % 16 == 0 for x in (q, k, v, do))
+    """Whether this call can take the Gluon backward (`_gluon_fits`)."""
+    return _gluon_fits(GLUON_BWD_BLOCK, q, k, v, do)
 
 
 def _gluon_backward(

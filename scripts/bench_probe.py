@@ -36,15 +36,7 @@ from flashgen.api import load_variant
 from flashgen.cli import _check_sources, _read
 from flashgen.flex import flex_mods
 from flashgen.verify import torch_dtype
-from host_probe import per_call_us  # scripts/, beside this file
-
-
-def _repeat(fn, calls: int) -> None:
-    """Call fn `calls` times, dropping each result: a list of the results
-    would keep every output alive, and each call's allocations would then go
-    to cudaMalloc instead of the caching allocator's free blocks."""
-    for _ in range(calls):
-        fn()
+from host_probe import _repeat, per_call_us  # scripts/, beside this file
 
 
 def kernel_ms(fn, calls: int = 20) -> float:

@@ -444,18 +444,26 @@ for spec in ("full", "plain_causal", "prefix_lm"):
 # group's K and V (GROUP x 512 KB at N=1024) stay in L2.  Run at --seqlen
 # 1024; at long N a group's K and V outgrow L2 (8 MB a head at N=16384), so
 # a template version would size GROUP from N.
+def _lpt_body(group: int, tiles: str, tile: str) -> str:
+    return (
+        f"    n_tiles = {tiles}\n"
+        "    pid = gl.program_id(0)\n"
+        "    heads_total = gl.num_programs(0) // n_tiles\n"
+        f"    first = pid // ({group} * n_tiles) * {group}\n"
+        f"    size = gl.minimum(heads_total - first, {group})\n"
+        "    local = pid - first * n_tiles\n"
+        f"    tile = {tile}\n"
+    )
+
+
 def lpt_tile_rows(group: int) -> str:
-    return f"""def _gluon_tile_rows(n_ctx):
-    \"\"\"(first query row, batch * head) of this CTA: heads in groups of {group},
-    the heaviest tiles of a group's heads first.\"\"\"
-    n_tiles = n_ctx // (2 * 64)
-    pid = gl.program_id(0)
-    heads_total = gl.num_programs(0) // n_tiles
-    first = pid // ({group} * n_tiles) * {group}
-    size = gl.minimum(heads_total - first, {group})
-    local = pid - first * n_tiles
-    return (n_tiles - 1 - local // size) * (2 * 64), first + local % size
-"""
+    return (
+        "def _gluon_tile_rows(n_ctx):\n"
+        f'    """(first query row, batch * head) of this CTA: heads in groups of {group},\n'
+        '    the heaviest tiles of a group\'s heads first."""\n'
+        + _lpt_body(group, "n_ctx // (2 * 64)", "n_tiles - 1 - local // size")
+        + "    return tile * (2 * 64), first + local % size\n"
+    )
 
 
 def lpt_forward(group: int) -> tuple[tuple[str, str], ...]:
@@ -496,18 +504,6 @@ for group in (8, 16, 32):
 
 # The same order for the Gluon backward of plain_causal: dK/dV CTAs take the
 # first keys (which the most queries see) first, dQ CTAs the last rows.
-def _lpt_body(group: int, tiles: str, tile: str) -> str:
-    return (
-        f"    n_tiles = {tiles}\n"
-        "    pid = gl.program_id(0)\n"
-        "    heads_total = gl.num_programs(0) // n_tiles\n"
-        f"    first = pid // ({group} * n_tiles) * {group}\n"
-        f"    size = gl.minimum(heads_total - first, {group})\n"
-        "    local = pid - first * n_tiles\n"
-        f"    tile = {tile}\n"
-    )
-
-
 def lpt_backward(group: int) -> tuple[tuple[str, str], ...]:
     dkdv = (
         "def _gluon_dkdv_cta(num_heads, kv_group, KEYS: gl.constexpr, n_ctx):\n"

@@ -25,7 +25,7 @@ from hypothesis import HealthCheck, given, settings
 
 from flashgen import ir
 from flashgen.reference import mask_matrix
-from kernel_utils import DEVICE, build, example_variants, shrink_masks
+from kernel_utils import DEVICE, build, example_variants, make_variant, shrink_masks
 from strategies import variants
 
 pytestmark = pytest.mark.skipif(DEVICE != "cpu", reason="interpreter test")
@@ -90,27 +90,31 @@ def _walk(
                 _paint(fwd_ptr, n_ctx, q_lo, k_lo, tl.where(whole, 2, 1))
 
 
-def check_walk(variant: ir.Variant, n: int = 384, heads: int = 3) -> None:
-    """Both kernels' walks over an n x n problem against the dense mask."""
-    module = build(dataclasses.replace(variant, dtype=ir.DType.FP16, head_dim=64))
-    visible = mask_matrix(variant, n, n, heads)
+def paint(module, n: int, heads: int) -> dict[str, torch.Tensor]:
+    """What each kernel of `module` computes of an n x n problem, per head:
+    SKIPPED, MASKED or WHOLE for every (query, key) pair."""
     painted = {name: torch.zeros(heads, n, n, dtype=torch.int8) for name in ("dkdv", "dq", "fwd")}
     _walk[(n // 128, heads)](
-        painted["dkdv"],
-        painted["dq"],
-        painted["fwd"],
+        *painted.values(),
         n,
         heads,
         module._gluon_query_rows,
         module._gluon_key_cols,
         module._gluon_tile_class,
     )
-    for name, paint in painted.items():
-        missed = visible & (paint == SKIPPED)
+    return painted
+
+
+def check_walk(variant: ir.Variant, n: int = 384, heads: int = 3) -> None:
+    """The kernels' walks over an n x n problem against the dense mask."""
+    module = build(dataclasses.replace(variant, dtype=ir.DType.FP16, head_dim=64))
+    visible = mask_matrix(variant, n, n, heads)
+    for name, painted in paint(module, n, heads).items():
+        missed = visible & (painted == SKIPPED)
         assert (
             not missed.any()
         ), f"{name}: visible pairs in skipped tiles, e.g. {missed.nonzero()[0]}"
-        unmasked = ~visible & (paint == WHOLE)
+        unmasked = ~visible & (painted == WHOLE)
         assert not unmasked.any(), f"{name}: a masked pair computed whole: {unmasked.nonzero()[0]}"
 
 
@@ -129,24 +133,13 @@ def test_gluon_walk_skips_tiles():
     """The walk is not a full sweep: under a narrow band most half-tiles are
     skipped and the interior is computed without the mask (the check above
     would pass for a walk that masks everything)."""
-    from kernel_utils import make_variant
-
-    variant = make_variant("window(40, 40)", dtype=ir.DType.FP16, head_dim=64)
-    module = build(variant)
     n = 512
-    painted = [torch.zeros(1, n, n, dtype=torch.int8) for _ in range(3)]
-    _walk[(n // 128, 1)](
-        *painted, n, 1, module._gluon_query_rows, module._gluon_key_cols, module._gluon_tile_class
-    )
-    for paint in painted[:2]:
-        tiles = paint[0, ::64, ::64]
+    band = paint(build(make_variant("window(40, 40)", dtype=ir.DType.FP16, head_dim=64)), n, 1)
+    for name in ("dkdv", "dq"):
+        tiles = band[name][0, ::64, ::64]
         assert (tiles == SKIPPED).sum() > tiles.numel() // 2
-    causal = build(make_variant("causal", dtype=ir.DType.FP16, head_dim=64))
-    painted = [torch.zeros(1, n, n, dtype=torch.int8) for _ in range(3)]
-    _walk[(n // 128, 1)](
-        *painted, n, 1, causal._gluon_query_rows, causal._gluon_key_cols, causal._gluon_tile_class
-    )
-    for paint in painted[:2]:
-        tiles = paint[0, ::64, ::64]
+    causal = paint(build(make_variant("causal", dtype=ir.DType.FP16, head_dim=64)), n, 1)
+    for name in ("dkdv", "dq"):
+        tiles = causal[name][0, ::64, ::64]
         assert (tiles == WHOLE).sum() == 28  # below the diagonal of 8 x 8 tiles
         assert (tiles == MASKED).sum() == 8  # the diagonal

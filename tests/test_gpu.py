@@ -46,6 +46,15 @@ def _record(variant: ir.Variant, result) -> None:
             )
 
 
+def _count_calls(monkeypatch, module, name: str) -> list:
+    """A list that grows by one on each call of module.<name>, so that a test
+    of a kernel path cannot pass on the path it falls back to."""
+    calls = []
+    fn = getattr(module, name)
+    monkeypatch.setattr(module, name, lambda *a: calls.append(1) or fn(*a))
+    return calls
+
+
 @pytest.mark.parametrize("variant", example_variants(), ids=lambda v: v.name)
 @pytest.mark.parametrize("dtype", [ir.DType.FP16, ir.DType.BF16, ir.DType.FP32])
 def test_examples_on_gpu(variant, dtype):
@@ -136,11 +145,7 @@ def test_gluon_forward_on_gpu(name, dtype, monkeypatch):
     (variant,) = [v for v in example_variants() if v.name == name]
     variant = dataclasses.replace(variant, dtype=dtype)
     module = build(variant)
-    launches = []
-    gluon_forward = module._gluon_forward
-    monkeypatch.setattr(
-        module, "_gluon_forward", lambda *a: launches.append(1) or gluon_forward(*a)
-    )
+    launches = _count_calls(monkeypatch, module, "_gluon_forward")
     shapes = [Shape(1, 2, 2, 128, 128), Shape(2, 4, 2, 384, 384), Shape(1, 4, 1, 2048, 2048)]
     for i, shape in enumerate(shapes):
         for magnitude in (1.0, 5.0):
@@ -181,11 +186,7 @@ def test_gluon_backward_on_gpu(mask, score, head_dim, dtype, monkeypatch):
     cannot pass on the Triton fallback."""
     variant = make_variant(mask, score, dtype=dtype, head_dim=head_dim)
     module = build(variant)
-    launches = []
-    gluon_backward = module._gluon_backward
-    monkeypatch.setattr(
-        module, "_gluon_backward", lambda *a: launches.append(1) or gluon_backward(*a)
-    )
+    launches = _count_calls(monkeypatch, module, "_gluon_backward")
     shapes = [Shape(1, 2, 2, 128, 128), Shape(2, 4, 2, 384, 384), Shape(1, 2, 1, 1024, 1024)]
     for i, shape in enumerate(shapes):
         for magnitude in (1.0, 5.0):
@@ -207,11 +208,7 @@ def test_gluon_forward_any_mask_on_gpu(mask, score, dtype, monkeypatch):
     monkeypatch.setattr(lower, "GLUON_FORWARD_ANY", True)
     variant = make_variant(mask, score, dtype=dtype, head_dim=128)
     module = build(variant)
-    launches = []
-    gluon_forward = module._gluon_forward
-    monkeypatch.setattr(
-        module, "_gluon_forward", lambda *a: launches.append(1) or gluon_forward(*a)
-    )
+    launches = _count_calls(monkeypatch, module, "_gluon_forward")
     shapes = [Shape(1, 2, 2, 128, 128), Shape(2, 4, 2, 384, 384), Shape(1, 2, 1, 1024, 1024)]
     for i, shape in enumerate(shapes):
         for magnitude in (1.0, 5.0):
