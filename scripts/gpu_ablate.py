@@ -486,7 +486,7 @@ def lpt_forward(group: int) -> tuple[tuple[str, str], ...]:
         ),
         (
             "        (n // GLUON_BLOCK, batch * num_heads),\n",
-            "        (n // GLUON_BLOCK * batch * num_heads,),\n",
+            "        (n // GLUON_BLOCK * batch * num_heads, 1),\n",
         ),
     )
 
@@ -555,11 +555,11 @@ def lpt_backward(group: int) -> tuple[tuple[str, str], ...]:
         ),
         (
             "        (n // GLUON_BWD_BLOCK, batch * kv_heads),\n",
-            "        (n // GLUON_BWD_BLOCK * batch * kv_heads,),\n",
+            "        (n // GLUON_BWD_BLOCK * batch * kv_heads, 1),\n",
         ),
         (
             "        (n // GLUON_BWD_BLOCK, batch * num_heads),\n",
-            "        (n // GLUON_BWD_BLOCK * batch * num_heads,),\n",
+            "        (n // GLUON_BWD_BLOCK * batch * num_heads, 1),\n",
         ),
     )
 
