@@ -1496,16 +1496,13 @@ def _gluon_descriptor(x: torch.Tensor, rows: int) -> "GluonTensorDescriptor":
 # --------------------------------------------------------------------------- #
 # The warp-specialized forward for Hopper (sm90), in Gluon.
 #
-# One CTA owns two tiles of 128 query rows, one after the other (one CTA
-# per SM: this hides the second tile's start behind the first's end).  A
-# one-warp producer partition issues every TMA copy: K and V tile by tile
-# into GLUON_STAGES buffers, each refilled once both consumers have released
-# it, and the two 64-row halves of Q of each query tile once both consumers
-# have issued their last product with the previous one.  Two consumer
-# partitions of one warp group each run the online softmax over their own 64
-# rows, and within each the product S(j+1) = Q K(j+1)^T is issued before the
-# softmax of tile j, so the tensor cores keep working while the softmax runs;
-# the warp scheduler interleaves the two consumers too.
+# One CTA owns 128 query rows.  A one-warp producer partition issues every TMA
+# copy: the two 64-row halves of Q, then K and V tile by tile into
+# GLUON_STAGES buffers, each refilled once both consumers have released it.
+# Two consumer partitions of one warp group each run the online softmax over
+# their own 64 rows, and within each the product S(j+1) = Q K(j+1)^T is
+# issued before the softmax of tile j, so the tensor cores keep working while
+# the softmax runs; the warp scheduler interleaves the two consumers too.
 # Used when the call allows it (`_gluon_supported`), else the Triton kernel.
 # --------------------------------------------------------------------------- #
 
@@ -1528,16 +1525,9 @@ def _gluon_softmax_step(
 
 
 @gluon.jit
-def _gluon_query_tiles(n_ctx):
-    """How many query tiles of 128 rows this CTA owns: two, or one where
-    the tiles run out."""
-    return gl.minimum(n_ctx // (2 * 64) - 2 * gl.program_id(0), 2)
-
-
-@gluon.jit
-def _gluon_tile_rows(n_ctx, item):
-    """The first query row of this CTA's query tile `item` (0 or 1)."""
-    return (2 * gl.program_id(0) + item) * (2 * 64)
+def _gluon_tile_rows():
+    """The first query row of this CTA: heaviest tiles first under a causal mask."""
+    return gl.program_id(0) * (2 * 64)
 
 
 @gluon.jit
@@ -1552,7 +1542,7 @@ def _gluon_fwd_consumer(args, HALF: gl.constexpr):
         q_desc,
         k_desc,
         v_desc,
-        o_ptr,
+        o_desc,
         lse_ptr,
         qk_scale,
         n_ctx,
@@ -1561,8 +1551,7 @@ def _gluon_fwd_consumer(args, HALF: gl.constexpr):
         q_smem,
         k_smem,
         v_smem,
-        q_ready,
-        q_empty,
+        q_bars,
         k_ready,
         v_ready,
         k_empty,
@@ -1585,120 +1574,106 @@ def _gluon_fwd_consumer(args, HALF: gl.constexpr):
     s_rows: gl.constexpr = gl.SliceLayout(1, s_layout)
     o_rows: gl.constexpr = gl.SliceLayout(1, o_layout)
 
+    start_cta = _gluon_tile_rows()
+    start_m = start_cta + HALF * ROWS
     batch_head = gl.program_id(1)
     head = batch_head % num_heads
+    key0, n_tiles = _gluon_key_tiles(start_cta, n_ctx, head, num_heads, BLOCK_N)
     q_buf = q_smem.index(HALF)
+
+    q_idx = start_m + gl.arange(0, ROWS, layout=s_rows)
+    m_i = gl.full([ROWS], float("-inf"), gl.float32, s_rows)
+    l_i = gl.full([ROWS], 0.0, gl.float32, s_rows)
+    acc = gl.zeros([ROWS, HEAD_DIM], gl.float32, o_layout)
     s_zero = gl.zeros([ROWS, BLOCK_N], gl.float32, s_layout)
-    o_cols = gl.expand_dims(
-        gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, o_layout)), 0
+
+    mbarrier.wait(q_bars.index(HALF), 0)
+    mbarrier.wait(k_ready.index(0), 0)
+    s = warpgroup_mma(
+        q_buf, k_smem.index(0).permute((1, 0)), s_zero, use_acc=False, is_async=True
     )
-    o_lines = gl.expand_dims(gl.arange(0, ROWS, layout=o_rows), 1) * HEAD_DIM
-
-    t0 = 0  # K/V tiles taken before this query tile: the position in the ring
-    for item in range(_gluon_query_tiles(n_ctx)):
-        start_cta = _gluon_tile_rows(n_ctx, item)
-        start_m = start_cta + HALF * ROWS
-        key0, n_tiles = _gluon_key_tiles(start_cta, n_ctx, head, num_heads, BLOCK_N)
-        q_idx = start_m + gl.arange(0, ROWS, layout=s_rows)
-        m_i = gl.full([ROWS], float("-inf"), gl.float32, s_rows)
-        l_i = gl.full([ROWS], 0.0, gl.float32, s_rows)
-        acc = gl.zeros([ROWS, HEAD_DIM], gl.float32, o_layout)
-
-        mbarrier.wait(q_ready.index(HALF), item & 1)
-        mbarrier.wait(k_ready.index(t0 % STAGES), (t0 // STAGES) & 1)
-        s = warpgroup_mma(
+    s = warpgroup_mma_wait(num_outstanding=0, deps=(s,))
+    mbarrier.arrive(k_empty.index(0), count=1)
+    last = n_tiles - 1
+    if n_tiles > 1:
+        # Tile 0, then tiles 1 .. last - 1 unmasked, each with S(j+1) in flight.
+        mbarrier.wait(k_ready.index(1 % STAGES), (1 // STAGES) & 1)
+        s_next = warpgroup_mma(
             q_buf,
-            k_smem.index(t0 % STAGES).permute((1, 0)),
+            k_smem.index(1 % STAGES).permute((1, 0)),
             s_zero,
             use_acc=False,
             is_async=True,
         )
-        s = warpgroup_mma_wait(num_outstanding=0, deps=(s,))
-        mbarrier.arrive(k_empty.index(t0 % STAGES), count=1)
-        last = n_tiles - 1
-        if n_tiles > 1:
-            # Tile 0, then tiles 1 .. last - 1 unmasked, each with S(j+1) in flight.
-            mbarrier.wait(k_ready.index((t0 + 1) % STAGES), ((t0 + 1) // STAGES) & 1)
+        p, m_i, l_i, alpha = _gluon_softmax_step(
+            s, m_i, l_i, qk_scale, q_idx, key0, False, o_rows
+        )
+        mbarrier.wait(v_ready.index(0), 0)
+        acc = warpgroup_mma(
+            gl.convert_layout(p.to(dtype), p_layout),
+            v_smem.index(0),
+            acc,
+            is_async=True,
+        )
+        s = warpgroup_mma_wait(num_outstanding=1, deps=(s_next,))
+        mbarrier.arrive(k_empty.index(1 % STAGES), count=1)
+        for j in range(1, last):
+            stage = j % STAGES
+            next_stage = (j + 1) % STAGES
+            mbarrier.wait(k_ready.index(next_stage), ((j + 1) // STAGES) & 1)
             s_next = warpgroup_mma(
                 q_buf,
-                k_smem.index((t0 + 1) % STAGES).permute((1, 0)),
+                k_smem.index(next_stage).permute((1, 0)),
                 s_zero,
                 use_acc=False,
                 is_async=True,
             )
             p, m_i, l_i, alpha = _gluon_softmax_step(
-                s, m_i, l_i, qk_scale, q_idx, key0, False, o_rows
+                s, m_i, l_i, qk_scale, q_idx, key0 + j * BLOCK_N, False, o_rows
             )
-            mbarrier.wait(v_ready.index(t0 % STAGES), (t0 // STAGES) & 1)
+            acc = warpgroup_mma_wait(
+                num_outstanding=1, deps=(acc,)
+            )  # P V of tile j - 1 is done
+            mbarrier.arrive(v_empty.index((j - 1) % STAGES), count=1)
+            acc = acc * gl.expand_dims(alpha, 1)
+            mbarrier.wait(v_ready.index(stage), (j // STAGES) & 1)
             acc = warpgroup_mma(
                 gl.convert_layout(p.to(dtype), p_layout),
-                v_smem.index(t0 % STAGES),
+                v_smem.index(stage),
                 acc,
                 is_async=True,
             )
-            s = warpgroup_mma_wait(num_outstanding=1, deps=(s_next,))
-            mbarrier.arrive(k_empty.index((t0 + 1) % STAGES), count=1)
-            for j in range(1, last):
-                t = t0 + j
-                mbarrier.wait(k_ready.index((t + 1) % STAGES), ((t + 1) // STAGES) & 1)
-                s_next = warpgroup_mma(
-                    q_buf,
-                    k_smem.index((t + 1) % STAGES).permute((1, 0)),
-                    s_zero,
-                    use_acc=False,
-                    is_async=True,
-                )
-                p, m_i, l_i, alpha = _gluon_softmax_step(
-                    s, m_i, l_i, qk_scale, q_idx, key0 + j * BLOCK_N, False, o_rows
-                )
-                acc = warpgroup_mma_wait(
-                    num_outstanding=1, deps=(acc,)
-                )  # P V of tile j - 1 is done
-                mbarrier.arrive(v_empty.index((t - 1) % STAGES), count=1)
-                acc = acc * gl.expand_dims(alpha, 1)
-                mbarrier.wait(v_ready.index(t % STAGES), (t // STAGES) & 1)
-                acc = warpgroup_mma(
-                    gl.convert_layout(p.to(dtype), p_layout),
-                    v_smem.index(t % STAGES),
-                    acc,
-                    is_async=True,
-                )
-                s = warpgroup_mma_wait(
-                    num_outstanding=1, deps=(s_next,)
-                )  # S(j + 1) is done
-                mbarrier.arrive(k_empty.index((t + 1) % STAGES), count=1)
-            mbarrier.arrive(
-                q_empty.index(HALF), count=1
-            )  # the last product with Q is done
-            p, m_i, l_i, alpha = _gluon_softmax_step(
-                s, m_i, l_i, qk_scale, q_idx, key0 + last * BLOCK_N, True, o_rows
-            )
-            acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
-            mbarrier.arrive(v_empty.index((t0 + last - 1) % STAGES), count=1)
-            acc = acc * gl.expand_dims(alpha, 1)
-        else:
-            mbarrier.arrive(q_empty.index(HALF), count=1)
-            p, m_i, l_i, alpha = _gluon_softmax_step(
-                s, m_i, l_i, qk_scale, q_idx, key0, True, o_rows
-            )
-        t = t0 + last
-        mbarrier.wait(v_ready.index(t % STAGES), (t // STAGES) & 1)
-        acc = warpgroup_mma(
-            gl.convert_layout(p.to(dtype), p_layout),
-            v_smem.index(t % STAGES),
-            acc,
-            is_async=True,
+            s = warpgroup_mma_wait(
+                num_outstanding=1, deps=(s_next,)
+            )  # S(j + 1) is done
+            mbarrier.arrive(k_empty.index(next_stage), count=1)
+        p, m_i, l_i, alpha = _gluon_softmax_step(
+            s, m_i, l_i, qk_scale, q_idx, key0 + last * BLOCK_N, True, o_rows
         )
         acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
-        mbarrier.arrive(v_empty.index(t % STAGES), count=1)
-        t0 += n_tiles
+        mbarrier.arrive(v_empty.index((last - 1) % STAGES), count=1)
+        acc = acc * gl.expand_dims(alpha, 1)
+    else:
+        p, m_i, l_i, alpha = _gluon_softmax_step(
+            s, m_i, l_i, qk_scale, q_idx, key0, True, o_rows
+        )
+    mbarrier.wait(v_ready.index(last % STAGES), (last // STAGES) & 1)
+    acc = warpgroup_mma(
+        gl.convert_layout(p.to(dtype), p_layout),
+        v_smem.index(last % STAGES),
+        acc,
+        is_async=True,
+    )
+    acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+    mbarrier.arrive(v_empty.index(last % STAGES), count=1)
 
-        acc = acc / gl.expand_dims(gl.convert_layout(l_i, o_rows), 1)
-        # O goes out from registers: Q's buffer already holds the next tile's rows.
-        row0 = (batch_head * n_ctx + start_m).to(gl.int64)
-        gl.store(o_ptr + row0 * HEAD_DIM + o_lines + o_cols, acc.to(dtype))
-        lse = (m_i + gl.log2(l_i)) * 0.6931471805599453
-        gl.store(lse_ptr + batch_head * n_ctx + q_idx, lse)
+    acc = acc / gl.expand_dims(gl.convert_layout(l_i, o_rows), 1)
+    q_buf.store(acc.to(dtype))  # Q is no longer needed: its buffer stages O
+    fence_async_shared()
+    gl_tma.async_copy_shared_to_global(o_desc, [batch_head * n_ctx + start_m, 0], q_buf)
+    lse = (m_i + gl.log2(l_i)) * 0.6931471805599453
+    gl.store(lse_ptr + batch_head * n_ctx + q_idx, lse)
+    gl_tma.store_wait(pendings=0)
 
 
 @gluon.jit
@@ -1707,7 +1682,7 @@ def _gluon_fwd_producer(args, HALF: gl.constexpr):
         q_desc,
         k_desc,
         v_desc,
-        o_ptr,
+        o_desc,
         lse_ptr,
         qk_scale,
         n_ctx,
@@ -1716,8 +1691,7 @@ def _gluon_fwd_producer(args, HALF: gl.constexpr):
         q_smem,
         k_smem,
         v_smem,
-        q_ready,
-        q_empty,
+        q_bars,
         k_ready,
         v_ready,
         k_empty,
@@ -1726,42 +1700,36 @@ def _gluon_fwd_producer(args, HALF: gl.constexpr):
     ROWS: gl.constexpr = q_desc.block_type.shape[0]
     BLOCK_N: gl.constexpr = k_desc.block_type.shape[0]
     STAGES: gl.constexpr = k_smem.type.shape[0]
+    start_cta = _gluon_tile_rows()
     batch_head = gl.program_id(1)
     kv_heads = num_heads // group
     batch_kv_head = batch_head // num_heads * kv_heads + batch_head % num_heads // group
-    t0 = 0
-    for item in range(_gluon_query_tiles(n_ctx)):
-        start_cta = _gluon_tile_rows(n_ctx, item)
-        key0, n_tiles = _gluon_key_tiles(
-            start_cta, n_ctx, batch_head % num_heads, num_heads, BLOCK_N
+    for i in gl.static_range(2):
+        mbarrier.expect(q_bars.index(i), q_desc.block_type.nbytes)
+        gl_tma.async_copy_global_to_shared(
+            q_desc,
+            [batch_head * n_ctx + start_cta + i * ROWS, 0],
+            q_bars.index(i),
+            q_smem.index(i),
         )
-        for j in range(n_tiles):
-            t = t0 + j
-            stage = t % STAGES
-            phase = (t // STAGES) & 1
-            row = batch_kv_head * n_ctx + key0 + j * BLOCK_N
-            # A barrier starts with phase 1 complete: the first STAGES waits pass.
-            mbarrier.wait(k_empty.index(stage), phase ^ 1)
-            mbarrier.expect(k_ready.index(stage), k_desc.block_type.nbytes)
-            gl_tma.async_copy_global_to_shared(
-                k_desc, [row, 0], k_ready.index(stage), k_smem.index(stage)
-            )
-            if j == 0:  # Q once each consumer is done with the previous query tile's
-                for i in gl.static_range(2):
-                    mbarrier.wait(q_empty.index(i), (item & 1) ^ 1)
-                    mbarrier.expect(q_ready.index(i), q_desc.block_type.nbytes)
-                    gl_tma.async_copy_global_to_shared(
-                        q_desc,
-                        [batch_head * n_ctx + start_cta + i * ROWS, 0],
-                        q_ready.index(i),
-                        q_smem.index(i),
-                    )
-            mbarrier.wait(v_empty.index(stage), phase ^ 1)
-            mbarrier.expect(v_ready.index(stage), v_desc.block_type.nbytes)
-            gl_tma.async_copy_global_to_shared(
-                v_desc, [row, 0], v_ready.index(stage), v_smem.index(stage)
-            )
-        t0 += n_tiles
+    key0, n_tiles = _gluon_key_tiles(
+        start_cta, n_ctx, batch_head % num_heads, num_heads, BLOCK_N
+    )
+    for j in range(n_tiles):
+        stage = j % STAGES
+        phase = (j // STAGES) & 1
+        row = batch_kv_head * n_ctx + key0 + j * BLOCK_N
+        # A barrier starts with phase 1 complete: the first STAGES waits pass.
+        mbarrier.wait(k_empty.index(stage), phase ^ 1)
+        mbarrier.expect(k_ready.index(stage), k_desc.block_type.nbytes)
+        gl_tma.async_copy_global_to_shared(
+            k_desc, [row, 0], k_ready.index(stage), k_smem.index(stage)
+        )
+        mbarrier.wait(v_empty.index(stage), phase ^ 1)
+        mbarrier.expect(v_ready.index(stage), v_desc.block_type.nbytes)
+        gl_tma.async_copy_global_to_shared(
+            v_desc, [row, 0], v_ready.index(stage), v_smem.index(stage)
+        )
 
 
 @gluon.jit
@@ -1769,7 +1737,7 @@ def _gluon_attn_fwd(
     q_desc,
     k_desc,
     v_desc,
-    o_ptr,
+    o_desc,
     lse_ptr,
     qk_scale,
     n_ctx,
@@ -1788,8 +1756,7 @@ def _gluon_attn_fwd(
     v_smem = gl.allocate_shared_memory(
         dtype, [STAGES, BLOCK_N, HEAD_DIM], v_desc.layout
     )
-    q_ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
-    q_empty = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    q_bars = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     k_ready = gl.allocate_shared_memory(
         gl.int64, [STAGES, 1], mbarrier.MBarrierLayout()
     )
@@ -1803,8 +1770,7 @@ def _gluon_attn_fwd(
         gl.int64, [STAGES, 1], mbarrier.MBarrierLayout()
     )
     for i in gl.static_range(2):
-        mbarrier.init(q_ready.index(i), count=1)
-        mbarrier.init(q_empty.index(i), count=1)  # released by consumer i
+        mbarrier.init(q_bars.index(i), count=1)
     for i in gl.static_range(STAGES):
         mbarrier.init(k_ready.index(i), count=1)
         mbarrier.init(v_ready.index(i), count=1)
@@ -1814,7 +1780,7 @@ def _gluon_attn_fwd(
         q_desc,
         k_desc,
         v_desc,
-        o_ptr,
+        o_desc,
         lse_ptr,
         qk_scale,
         n_ctx,
@@ -1823,8 +1789,7 @@ def _gluon_attn_fwd(
         q_smem,
         k_smem,
         v_smem,
-        q_ready,
-        q_empty,
+        q_bars,
         k_ready,
         v_ready,
         k_empty,
@@ -1853,13 +1818,12 @@ def _gluon_forward(q, k, v, o, lse, scale: float) -> None:
     batch, num_heads, n, d = q.shape
     descriptors = [
         _gluon_descriptor(x, rows)
-        for x, rows in ((q, 64), (k, GLUON_BLOCK), (v, GLUON_BLOCK))
+        for x, rows in ((q, 64), (k, GLUON_BLOCK), (v, GLUON_BLOCK), (o, 64))
     ]
     _launch(
         _gluon_attn_fwd,
-        ((n // GLUON_BLOCK + 1) // 2, batch * num_heads),  # two query tiles a CTA
+        (n // GLUON_BLOCK, batch * num_heads),
         *descriptors,
-        o,
         lse,
         scale * 1.4426950408889634,
         n,

@@ -76,7 +76,7 @@ def compile_kernel(fn, config, *, dtype: str, head_dim: int, head_dim_pad: int, 
 def compile_gluon(module, fn, descriptors, scalars, constants, options):
     """The same for a module's warp-specialized Gluon kernel `fn`:
     `descriptors` maps each descriptor parameter to its block's rows,
-    `scalars` each other parameter to its type ("*fp32", "*bf16", "fp32", "i32";
+    `scalars` each other parameter to its type ("*fp32", "fp32", "i32";
     pointers and n_ctx taken as divisible by 16)."""
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon._runtime import GluonASTSource
@@ -96,7 +96,7 @@ def compile_gluon(module, fn, descriptors, scalars, constants, options):
     attrs = {
         (i,): [["tt.divisibility", 16]]
         for i, (name, kind) in enumerate(signature.items())
-        if kind.startswith("*") or name == "n_ctx"
+        if kind == "*fp32" or name == "n_ctx"
     }
     kernel = triton.compile(
         GluonASTSource(fn, signature, constants, attrs),
@@ -111,14 +111,13 @@ def gluon_resources(module) -> list:
     found = []
     if hasattr(module, "_gluon_attn_fwd"):
         config = (64, 128, 4, module.GLUON_STAGES)  # rows per consumer, BLOCK_N, warps, buffers
-        o_ptr = "*bf16" if module.DTYPE == torch.bfloat16 else "*fp16"
-        scalars = dict(o_ptr=o_ptr, lse_ptr="*fp32", alibi_slopes_ptr="*fp32", qk_scale="fp32")
+        scalars = dict(lse_ptr="*fp32", alibi_slopes_ptr="*fp32", qk_scale="fp32")
         scalars.update(n_ctx="i32", num_heads="i32", group="i32")
         params = {p.name for p in module._gluon_attn_fwd.params}
         resources = compile_gluon(
             module,
             module._gluon_attn_fwd,
-            dict(q_desc=64, k_desc=128, v_desc=128),
+            dict(q_desc=64, k_desc=128, v_desc=128, o_desc=64),
             {name: kind for name, kind in scalars.items() if name in params},
             dict(STAGES=module.GLUON_STAGES),
             dict(num_warps=4, maxnreg=168),
