@@ -178,24 +178,29 @@ def check_backward(
 ) -> CaseResult:
     """Gradients through `module.attention` against float64 autograd of the
     reference, with the 3x rule.  The loss weights o by a random dO and, when
-    `with_lse`, the finite log-sum-exps by a random dlse."""
+    `with_lse`, the finite log-sum-exps by a random dlse; without, the module
+    is called without return_lse, so its backward gets no dlse at all."""
     device = q.device
     o_shape = q.shape
     do = torch.randn(o_shape, generator=generator).to(device=device, dtype=q.dtype)
     dlse = torch.randn(o_shape[:3], generator=generator).to(device)
-    if not with_lse:
-        dlse = torch.zeros_like(dlse)
 
     def grads(fn, dtype):
         inputs = [x.detach().to(dtype).requires_grad_() for x in (q, k, v)]
         o, lse = fn(*inputs)
-        weights = torch.where(torch.isfinite(lse), dlse.to(lse.dtype), 0.0)
-        lse = torch.where(torch.isfinite(lse), lse, 0.0)
-        loss = (o * do.to(o.dtype)).sum() + (lse * weights).sum()
+        loss = (o * do.to(o.dtype)).sum()
+        if with_lse:
+            weights = torch.where(torch.isfinite(lse), dlse.to(lse.dtype), 0.0)
+            loss = loss + (torch.where(torch.isfinite(lse), lse, 0.0) * weights).sum()
         loss.backward()
         return [x.grad for x in inputs]
 
-    kernel = grads(lambda a, b, c: module.attention(a, b, c, scale=scale, return_lse=True), q.dtype)
+    def kernel_fn(a, b, c):
+        if with_lse:
+            return module.attention(a, b, c, scale=scale, return_lse=True)
+        return module.attention(a, b, c, scale=scale), None
+
+    kernel = grads(kernel_fn, q.dtype)
     ref = grads(lambda a, b, c: attention_ref(variant, a, b, c, scale=scale), torch.float64)
     ordinary = grads(
         lambda a, b, c: attention_ref(variant, a, b, c, scale=scale, dtype=q.dtype), q.dtype

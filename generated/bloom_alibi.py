@@ -22,6 +22,7 @@ This file needs only torch and triton.
 import functools
 import math
 import os
+from typing import NamedTuple
 
 import torch
 import triton
@@ -1278,6 +1279,11 @@ def _attn_bwd(
         )
 
 
+def _cdiv(a: int, b: int) -> int:
+    """ceil(a / b) (triton.cdiv, a constexpr function, costs microseconds on the host)."""
+    return -(-a // b)
+
+
 def _interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET") == "1"
 
@@ -1306,13 +1312,24 @@ def _specialization(args) -> tuple:
             key.append(None)  # a float argument is always fp32
         elif isinstance(a, torch.Tensor):
             key.append((a.dtype, a.data_ptr() % 16))
-        else:  # a TMA descriptor
+        else:  # a TMA descriptor (a Gluon one's layout follows from its block and dtype)
             base = a.base
-            geometry = (*a.shape, *a.strides, *a.block_shape, a.padding)
             key.append(
-                (base.dtype, base.data_ptr() % 16, geometry, getattr(a, "layout", None))
+                (
+                    base.dtype,
+                    base.data_ptr() % 16,
+                    *a.shape,
+                    *a.strides,
+                    *a.block_shape,
+                    a.padding,
+                )
             )
     return tuple(key)
+
+
+def _triton_args(args) -> tuple:
+    """A launch's arguments as Triton's own launch path takes them."""
+    return tuple(a.descriptor() if type(a) is _GluonBlocks else a for a in args)
 
 
 def _launch(kernel, grid, *args, **options) -> None:
@@ -1331,7 +1348,7 @@ def _launch(kernel, grid, *args, **options) -> None:
         or _knobs.runtime.launch_enter_hook.calls  # a profiler sees each launch
         or _knobs.runtime.launch_exit_hook.calls
     ):
-        kernel[grid](*args, **options)
+        kernel[grid](*_triton_args(args), **options)
         return
     device = _driver.active.get_current_device()
     key = (kernel, device, _specialization(args), *options.items())
@@ -1339,7 +1356,7 @@ def _launch(kernel, grid, *args, **options) -> None:
     if compiled is None:
         if len(_COMPILED) >= 4096:  # e.g. a new sequence length on every call
             _COMPILED.clear()
-        _COMPILED[key] = kernel[grid](*args, **options)
+        _COMPILED[key] = kernel[grid](*_triton_args(args), **options)
         return
     stream = _driver.active.get_current_stream(device)
     # JITFunction.run's own call; without hooks it needs no launch metadata.
@@ -1470,8 +1487,10 @@ def _alibi_or_placeholder(num_heads: int, like: torch.Tensor) -> torch.Tensor:
 
 
 @functools.lru_cache(maxsize=None)
-def _gluon_layout(rows: int, d: int, dtype) -> "gl.NVMMASharedLayout":
-    return gl.NVMMASharedLayout.get_default_for([rows, d], dtype)
+def _gluon_layout(rows: int, d: int, dtype: torch.dtype) -> "gl.NVMMASharedLayout":
+    return gl.NVMMASharedLayout.get_default_for(
+        [rows, d], gl.bfloat16 if dtype == torch.bfloat16 else gl.float16
+    )
 
 
 def _gluon_fits(
@@ -1487,15 +1506,37 @@ def _gluon_fits(
     return all(x.is_contiguous() and x.data_ptr() % 16 == 0 for x in (q, k, *tensors))
 
 
-def _gluon_descriptor(x: torch.Tensor, rows: int) -> "GluonTensorDescriptor":
+class _GluonBlocks(NamedTuple):
+    """A TMA descriptor of [rows, D] blocks over a contiguous tensor seen as
+    (B * heads * N, D): what the launcher of Triton 3.6 reads of one (`base`,
+    `shape`, `strides`, `padding`).  Triton's own descriptor views the tensor
+    and checks every field when it is made, ~6 us of host time a descriptor
+    (11 per forward + backward) where short calls run at the host's pace
+    (BENCHMARKS.md, entry 30); it is made only for a launch through Triton."""
+
+    base: torch.Tensor
+    shape: tuple[int, int]
+    strides: tuple[int, int]
+    block_shape: tuple[int, int]
+    layout: "gl.NVMMASharedLayout"
+    padding: str = "zero"
+
+    def descriptor(self) -> "GluonTensorDescriptor":
+        """Triton's descriptor of the same blocks."""
+        return GluonTensorDescriptor(
+            self.base.view(self.shape),
+            [*self.shape],
+            [*self.strides],
+            [*self.block_shape],
+            self.layout,
+        )
+
+
+def _gluon_descriptor(x: torch.Tensor, rows: int) -> _GluonBlocks:
     """A TMA descriptor of [rows, D] blocks over contiguous x seen as (B * heads * N, D)."""
     d = x.shape[-1]
-    flat = x.view(-1, d)
-    layout = _gluon_layout(
-        rows, d, gl.bfloat16 if x.dtype == torch.bfloat16 else gl.float16
-    )
-    return GluonTensorDescriptor(
-        flat, list(flat.shape), list(flat.stride()), [rows, d], layout
+    return _GluonBlocks(
+        x, (x.numel() // d, d), (d, 1), (rows, d), _gluon_layout(rows, d, x.dtype)
     )
 
 
@@ -1505,13 +1546,15 @@ def _gluon_descriptor(x: torch.Tensor, rows: int) -> "GluonTensorDescriptor":
 # Two kernels, each with a one-warp producer partition that issues every TMA
 # copy and two consumer partitions of one warp group that issue the products
 # asynchronously.  Deterministic: no atomics.
+# - dQ, launched first: one CTA per 128 query rows, 64 per consumer.  Q and
+#   dO are loaded once, and each consumer first computes its rows' delta =
+#   rowsum(dO * O) - dlse (no separate launch) and stores it for the dK/dV
+#   kernel.  K and V stream through in 64-key tiles: S = Q K^T and
+#   dP = dO V^T, then dQ += dS K.
 # - dK/dV: one CTA per 128 keys, 64 per consumer.  K and V are loaded once,
 #   Q and dO stream through in 64-row tiles.  Per tile a consumer issues
 #   S^T = K Q^T and dP^T = V dO^T together, recomputes P^T while dP^T is in
 #   flight, then issues dV += P^T dO and dK += dS^T Q.
-# - dQ: one CTA per 128 query rows, 64 per consumer.  Q and dO are loaded
-#   once, K and V stream through in 64-key tiles: S = Q K^T and dP = dO V^T,
-#   then dQ += dS K.
 # The tiles walked come from the mask's bounds.  Each tile is classified by
 # the mask's interval code for the whole CTA, which decides what the producer
 # loads, and again for each consumer's half: skipped, masked, or whole.  The
@@ -1866,13 +1909,15 @@ def _gluon_dq_cta(ROWS: gl.constexpr):
 
 
 @gluon.jit
-def _gluon_dq_consumer(args, HALF: gl.constexpr):
+def _gluon_dq_consumer(args, HALF: gl.constexpr, HAS_DLSE: gl.constexpr):
     (
         q_desc,
         k_desc,
         v_desc,
         do_desc,
         dq_desc,
+        o_ptr,
+        dlse_ptr,
         lse_ptr,
         delta_ptr,
         alibi_slopes_ptr,
@@ -1913,7 +1958,21 @@ def _gluon_dq_consumer(args, HALF: gl.constexpr):
     q_idx = q_lo + gl.arange(0, ROWS, layout=row_vec)
     q_pos = gl.expand_dims(q_idx, 1)
     lse = gl.expand_dims(gl.load(lse_ptr + batch_head * n_ctx + q_idx), 1)
-    delta = gl.expand_dims(gl.load(delta_ptr + batch_head * n_ctx + q_idx), 1)
+    # delta = rowsum(dO * O) - dlse, the softmax backward's row term
+    # (`_attn_bwd_preprocess`), from O read here and dO once it has landed;
+    # stored for the dK/dV kernel, which runs next.
+    rows_layout: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
+    rows = (
+        batch_head * n_ctx
+        + q_lo
+        + gl.arange(0, ROWS, layout=gl.SliceLayout(1, rows_layout))
+    )
+    cols = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, rows_layout))
+    o = gl.load(
+        o_ptr
+        + gl.expand_dims(rows.to(gl.int64) * HEAD_DIM, 1)
+        + gl.expand_dims(cols, 0)
+    )
     alibi_slope = gl.load(alibi_slopes_ptr + head)
     q_buf = q_smem.index(HALF)
     do_buf = do_smem.index(HALF)
@@ -1921,6 +1980,11 @@ def _gluon_dq_consumer(args, HALF: gl.constexpr):
     dq = gl.zeros([ROWS, HEAD_DIM], gl.float32, acc_layout)
 
     mbarrier.wait(q_bar, 0)
+    row_delta = gl.sum(do_buf.load(rows_layout).to(gl.float32) * o.to(gl.float32), 1)
+    if HAS_DLSE:
+        row_delta -= gl.load(dlse_ptr + rows)
+    gl.store(delta_ptr + rows, row_delta)
+    delta = gl.expand_dims(gl.convert_layout(row_delta, row_vec), 1)
     lo, hi = _gluon_key_cols(
         start_cta, start_cta + 2 * ROWS - 1, n_ctx, head, num_heads, BLOCK_N
     )
@@ -2010,6 +2074,8 @@ def _gluon_dq_producer(args, HALF: gl.constexpr):
         v_desc,
         do_desc,
         dq_desc,
+        o_ptr,
+        dlse_ptr,
         lse_ptr,
         delta_ptr,
         alibi_slopes_ptr,
@@ -2080,6 +2146,8 @@ def _gluon_attn_bwd_dq(
     v_desc,
     do_desc,
     dq_desc,
+    o_ptr,
+    dlse_ptr,
     lse_ptr,
     delta_ptr,
     alibi_slopes_ptr,
@@ -2087,9 +2155,11 @@ def _gluon_attn_bwd_dq(
     n_ctx,
     num_heads,
     kv_group,
+    HAS_DLSE: gl.constexpr,
     STAGES: gl.constexpr,
 ):
-    """Grid: (N / 128, batch * heads).  dQ (scaled) of 128 query rows."""
+    """Grid: (N / 128, batch * heads).  dQ (scaled) of 128 query rows, and
+    their delta = rowsum(dO * O) - dlse (dlse read only if HAS_DLSE)."""
     dtype: gl.constexpr = q_desc.dtype
     ROWS: gl.constexpr = q_desc.block_type.shape[0]
     HEAD_DIM: gl.constexpr = q_desc.block_type.shape[1]
@@ -2123,6 +2193,8 @@ def _gluon_attn_bwd_dq(
         v_desc,
         do_desc,
         dq_desc,
+        o_ptr,
+        dlse_ptr,
         lse_ptr,
         delta_ptr,
         alibi_slopes_ptr,
@@ -2141,8 +2213,8 @@ def _gluon_attn_bwd_dq(
     )
     gl.warp_specialize(
         [
-            (_gluon_dq_consumer, (args, 0)),
-            (_gluon_dq_consumer, (args, 1)),
+            (_gluon_dq_consumer, (args, 0, HAS_DLSE)),
+            (_gluon_dq_consumer, (args, 1, HAS_DLSE)),
             (_gluon_dq_producer, (args, 0)),
         ],
         [4, 1],  # warps of the second consumer and of the producer
@@ -2151,21 +2223,39 @@ def _gluon_attn_bwd_dq(
 
 
 def _gluon_backward_supported(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: torch.Tensor
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor, do: torch.Tensor
 ) -> bool:
     """Whether this call can take the Gluon backward (`_gluon_fits`)."""
-    return _gluon_fits(GLUON_BWD_BLOCK, q, k, v, do)
+    return _gluon_fits(GLUON_BWD_BLOCK, q, k, v, o, do)
 
 
 def _gluon_backward(
-    q, k, v, do, lse, delta, dq, dk, dv, alibi_slopes, scale: float
+    q, k, v, o, do, lse, dlse, delta, dq, dk, dv, alibi_slopes, scale: float
 ) -> None:
+    """dQ and delta first (the dQ kernel computes delta), then dK and dV."""
     batch, num_heads, n, _ = q.shape
     kv_heads = k.shape[1]
     q_desc, k_desc, v_desc, do_desc, dq_desc, dk_desc, dv_desc = (
         _gluon_descriptor(x, GLUON_BWD_TILE) for x in (q, k, v, do, dq, dk, dv)
     )
-    common = (lse, delta, alibi_slopes, scale, n, num_heads, num_heads // kv_heads)
+    common = (alibi_slopes, scale, n, num_heads, num_heads // kv_heads)
+    _launch(
+        _gluon_attn_bwd_dq,
+        (n // GLUON_BWD_BLOCK, batch * num_heads),
+        q_desc,
+        k_desc,
+        v_desc,
+        do_desc,
+        dq_desc,
+        o,
+        delta if dlse is None else dlse,
+        lse,
+        delta,
+        *common,
+        dlse is not None,
+        GLUON_BWD_STAGES[1],
+        num_warps=4,
+    )
     _launch(
         _gluon_attn_bwd_dkdv,
         (n // GLUON_BWD_BLOCK, batch * kv_heads),
@@ -2175,20 +2265,10 @@ def _gluon_backward(
         do_desc,
         dk_desc,
         dv_desc,
+        lse,
+        delta,
         *common,
         GLUON_BWD_STAGES[0],
-        num_warps=4,
-    )
-    _launch(
-        _gluon_attn_bwd_dq,
-        (n // GLUON_BWD_BLOCK, batch * num_heads),
-        q_desc,
-        k_desc,
-        v_desc,
-        do_desc,
-        dq_desc,
-        *common,
-        GLUON_BWD_STAGES[1],
         num_warps=4,
     )
 
@@ -2243,7 +2323,7 @@ def _forward(
     if o.numel() == 0:
         return o, lse.fill_(float("-inf"))
     use_tma = n_keys > 0 and _use_tma(tma, GPU_TMA, k, v)
-    grid = (triton.cdiv(n_queries, block_m), batch * num_heads)
+    grid = (_cdiv(n_queries, block_m), batch * num_heads)
     _launch(
         _attn_fwd,
         grid,
@@ -2359,7 +2439,12 @@ def _backward(
         dlse = dlse.to(torch.float32).contiguous()
     delta = torch.empty_like(lse)
     alibi_slopes = _alibi_or_placeholder(num_heads, lse)
-    grid = (triton.cdiv(n_queries, block_m), batch * num_heads)
+    if not explicit and _gluon_backward_supported(q, k, v, o, do):
+        _gluon_backward(
+            q, k, v, o, do, lse, dlse, delta, dq, dk, dv, alibi_slopes, scale
+        )
+        return dq, dk, dv
+    grid = (_cdiv(n_queries, block_m), batch * num_heads)
     _launch(
         _attn_bwd_preprocess,
         grid,
@@ -2376,14 +2461,8 @@ def _backward(
         block_m,
         dlse is not None,  # the constexprs
     )
-    if not explicit and _gluon_backward_supported(q, k, v, do):
-        _gluon_backward(q, k, v, do, lse, delta, dq, dk, dv, alibi_slopes, scale)
-        return dq, dk, dv
     use_tma = _use_tma(tma, GPU_BWD_TMA, q, k, v, do)
-    grid = (
-        triton.cdiv(n_keys, block_n) + triton.cdiv(n_queries, block_n),
-        batch * num_heads,
-    )
+    grid = (_cdiv(n_keys, block_n) + _cdiv(n_queries, block_n), batch * num_heads)
     _launch(
         _attn_bwd,
         grid,

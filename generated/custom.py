@@ -1209,6 +1209,11 @@ def _attn_bwd(
         )
 
 
+def _cdiv(a: int, b: int) -> int:
+    """ceil(a / b) (triton.cdiv, a constexpr function, costs microseconds on the host)."""
+    return -(-a // b)
+
+
 def _interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET") == "1"
 
@@ -1237,13 +1242,24 @@ def _specialization(args) -> tuple:
             key.append(None)  # a float argument is always fp32
         elif isinstance(a, torch.Tensor):
             key.append((a.dtype, a.data_ptr() % 16))
-        else:  # a TMA descriptor
+        else:  # a TMA descriptor (a Gluon one's layout follows from its block and dtype)
             base = a.base
-            geometry = (*a.shape, *a.strides, *a.block_shape, a.padding)
             key.append(
-                (base.dtype, base.data_ptr() % 16, geometry, getattr(a, "layout", None))
+                (
+                    base.dtype,
+                    base.data_ptr() % 16,
+                    *a.shape,
+                    *a.strides,
+                    *a.block_shape,
+                    a.padding,
+                )
             )
     return tuple(key)
+
+
+def _triton_args(args) -> tuple:
+    """A launch's arguments as Triton's own launch path takes them."""
+    return args
 
 
 def _launch(kernel, grid, *args, **options) -> None:
@@ -1262,7 +1278,7 @@ def _launch(kernel, grid, *args, **options) -> None:
         or _knobs.runtime.launch_enter_hook.calls  # a profiler sees each launch
         or _knobs.runtime.launch_exit_hook.calls
     ):
-        kernel[grid](*args, **options)
+        kernel[grid](*_triton_args(args), **options)
         return
     device = _driver.active.get_current_device()
     key = (kernel, device, _specialization(args), *options.items())
@@ -1270,7 +1286,7 @@ def _launch(kernel, grid, *args, **options) -> None:
     if compiled is None:
         if len(_COMPILED) >= 4096:  # e.g. a new sequence length on every call
             _COMPILED.clear()
-        _COMPILED[key] = kernel[grid](*args, **options)
+        _COMPILED[key] = kernel[grid](*_triton_args(args), **options)
         return
     stream = _driver.active.get_current_stream(device)
     # JITFunction.run's own call; without hooks it needs no launch metadata.
@@ -1450,7 +1466,7 @@ def _forward(
     if o.numel() == 0:
         return o, lse.fill_(float("-inf"))
     use_tma = n_keys > 0 and _use_tma(tma, GPU_TMA, k, v)
-    grid = (triton.cdiv(n_queries, block_m), batch * num_heads)
+    grid = (_cdiv(n_queries, block_m), batch * num_heads)
     _launch(
         _attn_fwd,
         grid,
@@ -1563,7 +1579,7 @@ def _backward(
         dlse = dlse.to(torch.float32).contiguous()
     delta = torch.empty_like(lse)
     alibi_slopes = _alibi_or_placeholder(num_heads, lse)
-    grid = (triton.cdiv(n_queries, block_m), batch * num_heads)
+    grid = (_cdiv(n_queries, block_m), batch * num_heads)
     _launch(
         _attn_bwd_preprocess,
         grid,
@@ -1581,10 +1597,7 @@ def _backward(
         dlse is not None,  # the constexprs
     )
     use_tma = _use_tma(tma, GPU_BWD_TMA, q, k, v, do)
-    grid = (
-        triton.cdiv(n_keys, block_n) + triton.cdiv(n_queries, block_n),
-        batch * num_heads,
-    )
+    grid = (_cdiv(n_keys, block_n) + _cdiv(n_queries, block_n), batch * num_heads)
     _launch(
         _attn_bwd,
         grid,

@@ -16,13 +16,17 @@ FlexAttention four ways:
 Systems: flashgen, flashgen with its Triton backward kernel instead of the
 Gluon ones (where the module has them), FlexAttention.
 
-    python3 scripts/bench_probe.py examples/encoder_band.attn:128:4096 ...
+    [BASE=DIR] python3 scripts/bench_probe.py examples/encoder_band.attn:128:4096 ...
+
+With BASE set, an older build of each module, DIR/{name}_d{head_dim}.py (e.g.
+built from another commit), is a fourth system.
 """
 
 from __future__ import annotations
 
 import cProfile
 import dataclasses
+import importlib.util
 import os
 import pstats
 import sys
@@ -69,10 +73,22 @@ def _refuse(*args) -> bool:
     return False
 
 
-def probe(path: str, head_dim: int, n: int) -> None:
+def _base_build(base: str | None, name: str, head_dim: int):
+    """An older build of the module from BASE (`{base}/{name}_d{head_dim}.py`), if there is one."""
+    path = base and os.path.join(base, f"{name}_d{head_dim}.py")
+    if not path or not os.path.exists(path):
+        return None
+    spec = importlib.util.spec_from_file_location(f"base_{name}_d{head_dim}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def probe(path: str, head_dim: int, n: int, base: str | None = None) -> None:
     (variant,), _ = _check_sources(_read([path]))
     variant = dataclasses.replace(variant, head_dim=head_dim)
     module = load_variant(variant)
+    base_module = _base_build(base, variant.name, head_dim)
     dtype = torch_dtype(variant.dtype)
     scale = variant.scale if variant.scale is not None else head_dim**-0.5
     heads, b = 16, max(1, 16384 // n)
@@ -94,6 +110,7 @@ def probe(path: str, head_dim: int, n: int) -> None:
     systems = {
         "flashgen": _launching(module, direct=True),
         "flashgen (Triton backward)": _launching(module, direct=True, gluon_backward=False),
+        **({"flashgen (base build)": _launching(base_module, direct=True)} if base_module else {}),
         "flex": lambda a, b_, c: flex(
             a, b_, c, score_mod=mods.score_mod, block_mask=block_mask, scale=scale
         ),
@@ -134,6 +151,7 @@ def probe(path: str, head_dim: int, n: int) -> None:
 
 
 if __name__ == "__main__":
+    base = os.environ.get("BASE")
     for arg in sys.argv[1:]:
         path, d, n = arg.split(":")
-        probe(path, int(d), int(n))
+        probe(path, int(d), int(n), base)

@@ -84,19 +84,21 @@ def compile_gluon(module, fn, descriptors, scalars, constants, options):
 
     dtype = {"torch.float16": gl.float16, "torch.bfloat16": gl.bfloat16}[str(module.DTYPE)]
     flat = torch.empty(4 * 16 * 4096, module.HEAD_DIM, dtype=module.DTYPE)
-    signature = {}
+    kinds = dict(scalars)
     for name, rows in descriptors.items():
         layout = gl.NVMMASharedLayout.get_default_for([rows, module.HEAD_DIM], dtype)
         desc = module.GluonTensorDescriptor(
             flat, list(flat.shape), list(flat.stride()), [rows, module.HEAD_DIM], layout
         )
-        signature[name] = mangle_type(desc)
-    signature.update(scalars)
-    signature.update({name: "constexpr" for name in constants})
+        kinds[name] = mangle_type(desc)
+    kinds.update({name: "constexpr" for name in constants})
+    # In the kernel's parameter order; "*DTYPE" is a pointer to the module's dtype.
+    element = {"torch.float16": "*fp16", "torch.bfloat16": "*bf16"}[str(module.DTYPE)]
+    signature = {p.name: element if kinds[p.name] == "*DTYPE" else kinds[p.name] for p in fn.params}
     attrs = {
         (i,): [["tt.divisibility", 16]]
         for i, (name, kind) in enumerate(signature.items())
-        if kind == "*fp32" or name == "n_ctx"
+        if kind.startswith("*") or name == "n_ctx"
     }
     kernel = triton.compile(
         GluonASTSource(fn, signature, constants, attrs),
@@ -134,16 +136,20 @@ def gluon_resources(module) -> list:
             num_heads="i32",
             kv_group="i32",
         )
-        for kernel, names, stages in (
-            ("_gluon_attn_bwd_dkdv", ("q", "k", "v", "do", "dk", "dv"), module.GLUON_BWD_STAGES[0]),
-            ("_gluon_attn_bwd_dq", ("q", "k", "v", "do", "dq"), module.GLUON_BWD_STAGES[1]),
+        dq_scalars = dict(scalars, o_ptr="*DTYPE", dlse_ptr="*fp32")
+        for kernel, names, more, constants in (
+            ("_gluon_attn_bwd_dkdv", ("q", "k", "v", "do", "dk", "dv"), scalars, {}),
+            ("_gluon_attn_bwd_dq", ("q", "k", "v", "do", "dq"), dq_scalars, dict(HAS_DLSE=False)),
         ):
+            fn = getattr(module, kernel)
+            params = {p.name for p in fn.params}
+            stages = module.GLUON_BWD_STAGES[kernel.endswith("_dq")]
             resources = compile_gluon(
                 module,
-                getattr(module, kernel),
+                fn,
                 {f"{name}_desc": tile for name in names},
-                scalars,
-                dict(STAGES=stages),
+                {name: kind for name, kind in more.items() if name in params},
+                {name: v for name, v in dict(constants, STAGES=stages).items() if name in params},
                 dict(num_warps=4),
             )
             found.append(Resources(kernel, (tile, tile, 4, stages), True, *resources))
@@ -239,7 +245,9 @@ def report(variant, args) -> None:
     try:
         found = module_resources(module, args.forward_config, args.backward_config, not args.no_tma)
     except Exception as e:  # noqa: BLE001 - a report, keep going
-        print(f"{variant.name:<16} failed: {type(e).__name__}: {str(e)[:200]}")
+        print(
+            f"{variant.name:<16} failed: {type(e).__name__}: {str(e)[-1500:] if os.environ.get('FULL_ERRORS') else str(e)[:200]}"
+        )
         return
     for r in found:
         if args.json:

@@ -45,6 +45,14 @@ def test_example_gradients(variant, shape):
     assert_ok(run_grad_case(variant, shape, seed=shape.n_queries))
 
 
+@pytest.mark.parametrize("name", ["mistral_sliding", "bloom_alibi"])
+def test_gradients_without_the_log_sum_exp(name):
+    """attention() without return_lse: the backward gets no dlse."""
+    (variant,) = [v for v in example_variants() if v.name == name]
+    variant = shrink_masks(interpretable(variant))
+    assert_ok(run_grad_case(variant, Shape(1, 2, 1, 77, 77), seed=3, with_lse=False))
+
+
 @settings(
     max_examples=30,
     deadline=None,

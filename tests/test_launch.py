@@ -115,3 +115,34 @@ def test_float_arguments_do_not_split_the_cache(module):
     module._launch(kernel, (1, 1), x, 0.25)
     assert [entry[0] for entry in kernel.log] == ["triton", "direct"]
     assert kernel.log[1][1][-1] == 0.25
+
+
+def test_gluon_descriptors_reach_triton_as_its_own(module):
+    """`_GluonBlocks` stands in for Triton's Gluon descriptor on direct
+    launches, and is made into one for a launch through Triton: the same
+    pointer, shape, strides, block and layout as a descriptor made directly
+    over the tensor seen as (B * heads * N, D)."""
+    from triton.backends.nvidia.driver import make_tensordesc_arg
+
+    x = torch.zeros(2, 3, 128, 64, dtype=torch.float16)
+    blocks = module._gluon_descriptor(x, 64)
+    flat = x.view(-1, 64)
+    layout = module.gl.NVMMASharedLayout.get_default_for([64, 64], module.gl.float16)
+    want = module.GluonTensorDescriptor(flat, [768, 64], [64, 1], [64, 64], layout)
+    got = blocks.descriptor()
+    assert type(got) is module.GluonTensorDescriptor
+    assert (got.base.data_ptr(), got.base.shape) == (x.data_ptr(), flat.shape)
+    assert (got.shape, got.strides, got.block_shape) == (want.shape, want.strides, want.block_shape)
+    assert (got.layout, got.padding) == (want.layout, want.padding)
+    # What Triton's launcher reads of each (`make_tensordesc_arg`).
+    as_launched = make_tensordesc_arg(blocks, None)
+    assert as_launched[0].data_ptr() == x.data_ptr()
+    assert as_launched[1:] == make_tensordesc_arg(want, None)[1:]
+
+    kernel = _Kernel()
+    module._launch(kernel, (1, 1), blocks, 7)
+    module._launch(kernel, (1, 1), module._gluon_descriptor(x, 64), 7)
+    (_, _, (through_triton, _), _), (_, direct) = kernel.log
+    assert type(through_triton) is module.GluonTensorDescriptor
+    assert type(direct[-2]) is module._GluonBlocks  # the stand-in, read by the launcher
+    assert direct[-2].base is x and direct[-2][1:] == blocks[1:]

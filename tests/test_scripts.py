@@ -23,3 +23,21 @@ def test_ablation_edits_apply(name):
     for _, new in edits:
         assert new in source
     compile(source, f"<{name}>", "exec")
+
+
+def test_host_stub_runs_the_gluon_paths():
+    """scripts/host_stub.py times a module's Python as on an sm90 GPU: the
+    Gluon forward and backward are the paths it takes, through `_launch`."""
+    import host_stub
+    import torch
+
+    path = os.path.join(os.path.dirname(__file__), "..", "generated", "full.py")
+    module = host_stub.load(path)
+    taken = []
+    for name in ("_gluon_forward", "_gluon_backward", "_launch"):
+        fn = getattr(module, name)
+        setattr(module, name, lambda *a, fn=fn, name=name, **k: taken.append(name) or fn(*a, **k))
+    q, k, v, do = (torch.randn(1, 2, 128, 128, dtype=module.DTYPE) for _ in range(4))
+    o, lse = module._forward(q, k, v, 0.1)
+    module._backward(q, k, v, o, lse, do, None, 0.1)
+    assert taken == ["_gluon_forward", "_launch", "_gluon_backward", "_launch", "_launch"]

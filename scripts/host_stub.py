@@ -1,0 +1,112 @@
+"""A generated module's own host time, on the CPU, with stub kernels.
+
+The module's Python runs as on an sm90 GPU (Gluon paths taken, repeat
+launches direct), but each kernel is a stub whose launcher only reads its
+arguments the way Triton 3.6's launcher does (a TMA descriptor's base,
+shape, strides).  What remains is the module's own Python: input checks,
+allocations, descriptors, launch keys, and autograd's hand-off.  No GPU is
+needed; the absolute numbers belong to this CPU (the H200 machine's host is
+about twice as slow), the differences between two builds carry over.
+
+    python3 scripts/host_stub.py MODULE.py [MODULE.py ...] [--profile]
+"""
+
+from __future__ import annotations
+
+import cProfile
+import importlib.util
+import pstats
+import sys
+import timeit
+import types
+
+import torch
+
+KERNELS = (
+    "_attn_fwd",
+    "_attn_bwd_preprocess",
+    "_attn_bwd",
+    "_gluon_attn_fwd",
+    "_gluon_attn_bwd_dkdv",
+    "_gluon_attn_bwd_dq",
+)
+
+
+class _Compiled:
+    function, packed_metadata = 1, 2
+
+    def run(self, *args):
+        for a in args:
+            if hasattr(a, "base") and hasattr(a, "strides"):  # a TMA descriptor
+                assert a.strides[-1] == 1
+                [a.base.data_ptr(), *a.shape, *a.strides]
+
+
+class _Kernel:
+    def __getitem__(self, grid):
+        return lambda *args, **options: _Compiled()
+
+
+def load(path: str):
+    spec = importlib.util.spec_from_file_location(f"stub_{abs(hash(path))}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    for name in KERNELS:
+        if hasattr(module, name):
+            setattr(module, name, _Kernel())
+    active = types.SimpleNamespace(
+        get_current_device=lambda: 0, get_current_stream=lambda device: 0
+    )
+    module._driver = types.SimpleNamespace(active=active)
+    module.DIRECT_LAUNCH = True
+    no, yes = (lambda: False), (lambda: True)
+    module._interpreting = no
+    check = module._check_inputs
+
+    def check_inputs(q, k, v):  # CPU tensors pass the device check as under the interpreter
+        module._interpreting = yes
+        try:
+            check(q, k, v)
+        finally:
+            module._interpreting = no
+
+    module._check_inputs = check_inputs
+    if hasattr(module, "_gluon_fits"):  # the same checks, less the device's
+        module._capability = lambda device: (9, 0)
+
+        def fits(block, q, k, *tensors):
+            n = q.shape[2]
+            if k.shape[2] != n or n % block:
+                return False
+            return all(x.is_contiguous() and x.data_ptr() % 16 == 0 for x in (q, k, *tensors))
+
+        module._gluon_fits = fits
+    return module
+
+
+def measure(path: str, profile: bool) -> None:
+    module = load(path)
+    shape = (4, 16, 1024, module.HEAD_DIM)
+    q, k, v, do = (torch.randn(shape, dtype=module.DTYPE) for _ in range(4))
+    o, lse = module._forward(q, k, v, 0.1)
+    inputs = [x.detach().requires_grad_() for x in (q, k, v)]
+    calls = {
+        "forward": lambda: module._forward(q, k, v, 0.1),
+        "backward": lambda: module._backward(q, k, v, o, lse, do, None, 0.1),
+        "autograd forward + backward": lambda: torch.autograd.grad(
+            module.attention(*inputs), inputs, do
+        ),
+    }
+    for name, fn in calls.items():
+        fn()
+        us = min(timeit.repeat(fn, number=2000, repeat=5)) / 2000 * 1e6
+        print(f"{path}: {name}: {us:.1f} us")
+    if profile:
+        stats = cProfile.Profile()
+        stats.runcall(lambda: [calls["autograd forward + backward"]() for _ in range(2000)])
+        pstats.Stats(stats).sort_stats("tottime").print_stats(20)
+
+
+if __name__ == "__main__":
+    for path in [a for a in sys.argv[1:] if a != "--profile"]:
+        measure(path, "--profile" in sys.argv)
