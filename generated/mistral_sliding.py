@@ -2384,12 +2384,13 @@ def backward(
     a multiple of 128, the Gluon kernels run instead (`_gluon_backward_supported`).
     """
     _check_inputs(q, k, v)
+    _check_backward_inputs(q, o, lse, do, dlse)
     return _backward(
         q,
         k,
         v,
         o,
-        lse,
+        lse.contiguous(),
         do,
         dlse,
         _resolve_scale(scale),
@@ -2399,6 +2400,32 @@ def backward(
         num_stages,
         tma,
     )
+
+
+def _check_backward_inputs(q: torch.Tensor, o, lse, do, dlse) -> None:
+    """backward()'s own arguments: o and do shaped and typed as q's output,
+    lse and dlse as its log-sum-exp (the kernels index them by shape)."""
+    rows = tuple(q.shape[:3])
+    for name, x, shape, dtypes in (
+        ("o", o, tuple(q.shape), (DTYPE,)),
+        ("lse", lse, rows, (torch.float32,)),
+        ("do", do, tuple(q.shape), (DTYPE,)),
+        ("dlse", dlse, rows, (torch.float16, torch.bfloat16, torch.float32)),
+    ):
+        if x is None and name in ("do", "dlse"):
+            continue
+        if not isinstance(x, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+        if tuple(x.shape) != shape:
+            raise ValueError(
+                f"{name} must have shape {shape} (from q), got {tuple(x.shape)}"
+            )
+        if x.dtype not in dtypes:
+            raise TypeError(
+                f"{name} has dtype {x.dtype}, expected {' or '.join(map(str, dtypes))}"
+            )
+        if x.device != q.device:
+            raise ValueError(f"{name} is on {x.device}, but q is on {q.device}")
 
 
 def _backward(

@@ -293,3 +293,42 @@ def test_tanh_is_accurate():
     """softcap and tanh compute tanh with exp2 (and, for float32 modules, a
     polynomial near 0): its error is part of every softcap kernel's budget."""
     assert_tanh_accurate()
+
+
+@pytest.mark.parametrize(
+    "name,bad,error,match",
+    [
+        ("o", lambda o: o[:, :, :4], ValueError, r"o must have shape \(2, 4, 8, 32\)"),
+        ("o", lambda o: [1], TypeError, "o must be a torch.Tensor"),
+        ("lse", lambda lse: lse[:, :1], ValueError, r"lse must have shape \(2, 4, 8\)"),
+        ("lse", lambda lse: lse.half(), TypeError, "lse has dtype torch.float16"),
+        ("do", lambda do: do[..., :16], ValueError, "do must have shape"),
+        ("do", lambda do: do.double(), TypeError, "do has dtype torch.float64"),
+        ("dlse", lambda lse: lse[:, :, :3], ValueError, "dlse must have shape"),
+    ],
+)
+def test_bad_backward_inputs_get_named_errors(name, bad, error, match):
+    """backward() checks its own tensors: the kernels index o, lse, do and
+    dlse by q's shape, so a wrong one would be read out of bounds."""
+    module = build(make_variant("causal"))
+    q = torch.randn(2, 4, 8, 32, device=DEVICE)
+    o, lse = module.forward(q, q, q)
+    args = dict(o=o, lse=lse, do=torch.randn_like(o), dlse=lse.clone())
+    args[name] = bad(args[name])
+    with pytest.raises(error, match=match):
+        module.backward(q, q, q, args["o"], args["lse"], args["do"], args["dlse"])
+
+
+def test_backward_takes_strided_lse_and_do():
+    """A log-sum-exp or dO laid out differently (here transposed copies) gives
+    the same gradients: backward() does not assume their strides."""
+    module = build(make_variant("causal & window(5)"))
+    gen = torch.Generator().manual_seed(0)
+    q, k, v, do = (torch.randn(1, 2, 16, 32, generator=gen).to(DEVICE) for _ in range(4))
+    o, lse = module.forward(q, k, v)
+    want = module.backward(q, k, v, o, lse, do)
+    lse_t = lse.transpose(1, 2).contiguous().transpose(1, 2)
+    do_t = do.transpose(2, 3).contiguous().transpose(2, 3)
+    assert not lse_t.is_contiguous() and not do_t.is_contiguous()
+    for got, expected in zip(module.backward(q, k, v, o, lse_t, do_t), want):
+        assert torch.equal(got, expected)
