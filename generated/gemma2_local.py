@@ -1439,6 +1439,12 @@ def _check_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         )
 
 
+def _on_other_gpu(x: torch.Tensor) -> bool:
+    """Whether x is on a GPU other than the current one (kernels launch on the
+    current device, so a call on another GPU's tensors switches to it)."""
+    return x.device.type == "cuda" and x.device.index != torch.cuda.current_device()
+
+
 def _resolve_scale(scale) -> float:
     if scale is None:
         return DEFAULT_SCALE
@@ -1528,6 +1534,19 @@ def forward(
     strides), False through pointers, None as GPU_TMA says where possible.
     """
     _check_inputs(q, k, v)
+    if _on_other_gpu(q):
+        with torch.cuda.device(q.device):
+            return _forward(
+                q,
+                k,
+                v,
+                _resolve_scale(scale),
+                block_m,
+                block_n,
+                num_warps,
+                num_stages,
+                tma,
+            )
     return _forward(
         q, k, v, _resolve_scale(scale), block_m, block_n, num_warps, num_stages, tma
     )
@@ -1615,7 +1634,7 @@ def backward(
     """
     _check_inputs(q, k, v)
     _check_backward_inputs(q, o, lse, do, dlse)
-    return _backward(
+    args = (
         q,
         k,
         v,
@@ -1630,6 +1649,10 @@ def backward(
         num_stages,
         tma,
     )
+    if _on_other_gpu(q):
+        with torch.cuda.device(q.device):
+            return _backward(*args)
+    return _backward(*args)
 
 
 def _check_backward_inputs(q: torch.Tensor, o, lse, do, dlse) -> None:
@@ -1788,5 +1811,9 @@ def attention(
     (0.0625).
     """
     _check_inputs(q, k, v)
-    o, lse = _Attention.apply(q, k, v, _resolve_scale(scale))
+    if _on_other_gpu(q):  # autograd runs the backward on q's GPU by itself
+        with torch.cuda.device(q.device):
+            o, lse = _Attention.apply(q, k, v, _resolve_scale(scale))
+    else:
+        o, lse = _Attention.apply(q, k, v, _resolve_scale(scale))
     return (o, lse) if return_lse else o

@@ -40,7 +40,7 @@ else
   group examples-fp16 "example and FP16"
   group examples-bf16 "example and BF16"
   group examples-fp32 "examples_on_gpu and FP32"
-  group random-forward "random_specs_on_gpu or tanh or direct_launches or (gluon_forward and not any_mask)"
+  group random-forward "random_specs_on_gpu or tanh or direct_launches or another_gpu or (gluon_forward and not any_mask)"
   group random-gradients "random_spec_gradients"
 fi
 wait

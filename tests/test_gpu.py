@@ -270,3 +270,33 @@ def test_direct_launches_on_gpu(name, monkeypatch):
     monkeypatch.setattr(module, "DIRECT_LAUNCH", False)
     for got_part, want in zip(got, run(misaligned)):
         assert torch.equal(got_part, want)
+
+
+@pytest.mark.parametrize("name", ["full", "mistral_sliding"])
+def test_inputs_on_another_gpu(name):
+    """Inputs on a GPU other than the current one: the kernels launch on the
+    inputs' GPU (forward, backward through autograd, and backward()), with the
+    same results as on the current GPU, bit for bit."""
+    import torch
+
+    if torch.cuda.device_count() < 2:
+        pytest.skip("needs two GPUs")
+    (variant,) = [v for v in example_variants() if v.name == name]
+    module = build(dataclasses.replace(variant, dtype=ir.DType.FP16))
+    gen = torch.Generator(device="cuda:0").manual_seed(0)
+    shape = (2, 4, 384, module.HEAD_DIM)
+    inputs = [
+        torch.randn(shape, device="cuda:0", dtype=torch.float16, generator=gen) for _ in range(4)
+    ]
+
+    def run(device):
+        q, k, v, do = (x.to(device) for x in inputs)
+        leaves = [x.detach().requires_grad_() for x in (q, k, v)]
+        o, lse = module.attention(*leaves, return_lse=True)
+        grads = torch.autograd.grad(o, leaves, do)
+        direct = module.backward(q, k, v, *module.forward(q, k, v), do)
+        return [x.to("cuda:0") for x in (o, lse, *grads, *direct)]
+
+    assert torch.cuda.current_device() == 0
+    for got, want in zip(run("cuda:1"), run("cuda:0")):
+        assert torch.equal(got, want)
