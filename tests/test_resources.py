@@ -114,3 +114,26 @@ def test_gluon_forward_for_any_mask_compiles_for_sm90():
     assert set(gluon) == {"mistral_sliding", "bloom_alibi"}, out.stdout[-2000:]
     # A few spilled registers today (8-48 B at maxnreg 168), none in the hundreds.
     assert all(r["spill_stores"] <= 64 for r in gluon.values()), gluon
+
+
+def test_persistent_forward_prototype_compiles_for_sm90():
+    """scripts/gluon_fwd_persistent.py (BENCHMARKS.md entry 32, not yet run on
+    a GPU) compiles for sm_90a, full and causal, with its double-buffered Q
+    within shared memory and at most a few spilled bytes, so that its first
+    device call measures it instead of failing to build."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    out = subprocess.run(
+        [sys.executable, "scripts/gluon_fwd_persistent.py", "--compile-only"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    rows = [line for line in out.stdout.splitlines() if line.startswith("persistent_attn_fwd")]
+    assert len(rows) == 2, out.stdout[-2000:]
+    for row in rows:  # "... regs R, spills S / L B, smem M"
+        spills, smem = row.split("spills ")[1].split(" B, smem ")
+        stores, loads = (int(x) for x in spills.split(" / "))
+        assert stores <= 16 and loads <= 32 and int(smem) <= 227 * 1024, row

@@ -43,12 +43,24 @@ def test_host_stub_runs_the_gluon_paths():
     assert taken == ["_gluon_forward", "_launch", "_gluon_backward", "_launch", "_launch"]
 
 
-def test_persistent_forward_prototype_compiles_for_sm90():
-    """scripts/gluon_fwd_persistent.py (BENCHMARKS.md entry 32) compiles for
-    sm_90a with its double-buffered Q in shared memory and next to no spills,
-    so its first GPU run measures it rather than fails to build."""
-    import gluon_fwd_persistent
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("n, batch_heads", [(1024, 256), (4096, 64), (16384, 16), (384, 3)])
+def test_persistent_forward_schedule(n, batch_heads, causal):
+    """The prototype's host schedule gives every work item to exactly one CTA,
+    in the offsets-then-items layout its kernel reads, and evens the CTAs'
+    work out: none above the mean by more than the largest item."""
+    import gluon_fwd_persistent as proto
 
-    for causal, regs, stores, loads, smem in gluon_fwd_persistent.compile_only(128, 2):
-        assert smem <= 227 * 1024
-        assert stores <= 16 and loads <= 32, (causal, stores, loads)
+    grid = min(132, n // 128 * batch_heads)
+    group_heads = proto._group_heads(batch_heads, n, 128, 2)
+    flat = proto._schedule(n, batch_heads, group_heads, grid, causal, "cpu").tolist()
+    offsets, items = flat[: grid + 1], flat[grid + 1 :]
+    assert offsets[0] == 0 and offsets == sorted(offsets) and offsets[-1] == len(items)
+    q_tiles = n // 128
+    assert sorted(items) == list(range(q_tiles * batch_heads))
+
+    def cost(code):
+        return (code % q_tiles + 1 if causal else q_tiles) + proto.FIXED_COST
+
+    loads = [sum(cost(c) for c in items[lo:hi]) for lo, hi in zip(offsets, offsets[1:])]
+    assert max(loads) - sum(loads) / grid <= q_tiles + proto.FIXED_COST
