@@ -155,6 +155,8 @@ class KernelModel:
     # or None (see `_gluon_forward`), and its number of K/V buffers.
     gluon_forward: str | None = None
     gluon_stages: int = 3
+    # The fewest keys a call needs for the Gluon forward (0: any number).
+    gluon_min_keys: int = 0
     # The warp-specialized Gluon backward for Hopper (see `_gluon_backward`),
     # its streamed buffers (dK/dV kernel, dQ kernel), and whether its dQ CTAs
     # take the last query rows first (they see the most keys).
@@ -1212,30 +1214,116 @@ def _gpu_tma(head_dim_pad: int, dtype: ir.DType) -> tuple[bool, bool]:
     return False, head_dim_pad >= 128 and dtype is not ir.DType.FP32
 
 
-# The Gluon forward for any mask and score ("any" below) is written and
-# compiles for sm_90a, but has not run on a GPU yet: off until the GPU tests
-# and an A/B against the Triton forward have (scripts/gluon_ab.py --any-mask).
-GLUON_FORWARD_ANY = False
+# The Gluon forward for any mask and score ("any" below) against the Triton
+# forward on the same spec (BENCHMARKS.md, entry 29; d128, bf16): 0.84-0.99x
+# at N = 1024, 1.02-1.07x at N = 4096 and 16384 when a query row sees
+# thousands of keys, 0.85-0.91x for a 257-key band at every N.  It runs when
+# a query row can see at least GLUON_ANY_MIN_KEYS keys: the module's mask
+# must allow that many (`key_span`), the call's sequence must be that long.
+GLUON_FORWARD_ANY = True
+GLUON_ANY_MIN_KEYS = 4096
+
+
+def key_span(e: ir.Expr) -> int | None:
+    """The most keys one query position can see, when a constant bounds it
+    (None: not bounded, or not by a form recognized here).
+
+    A band lo <= k - q <= hi (the comparisons of an & chain) sees at most
+    hi - lo + 1 keys, a chunk C (q div C == k div C) at most C, k < P at
+    most P; & keeps the smallest bound of its operands, | adds its
+    operands' bounds.
+    """
+    if isinstance(e, ir.Binary) and e.op is ir.BinOp.OR:
+        left, right = key_span(e.left), key_span(e.right)
+        return None if left is None or right is None else left + right
+    lo, hi = -math.inf, math.inf
+    spans: list[int] = []
+
+    def walk(x: ir.Expr) -> None:
+        nonlocal lo, hi
+        if isinstance(x, ir.Binary) and x.op is ir.BinOp.AND:
+            walk(x.left)
+            walk(x.right)
+            return
+        if isinstance(x, ir.Binary) and x.op is ir.BinOp.OR:
+            span = key_span(x)
+            if span is not None:
+                spans.append(span)
+            return
+        few = _chunk_size(x)
+        if few is None:
+            few = _keys_below(x)
+        if few is not None:
+            spans.append(few)
+            return
+        read = _k_minus_q(x)
+        if read is None:
+            return
+        op, bound = read
+        if op in (ir.BinOp.LE, ir.BinOp.LT, ir.BinOp.EQ):
+            hi = min(hi, bound - (op is ir.BinOp.LT))
+        if op in (ir.BinOp.GE, ir.BinOp.GT, ir.BinOp.EQ):
+            lo = max(lo, bound + (op is ir.BinOp.GT))
+
+    walk(e)
+    if lo > -math.inf and hi < math.inf:
+        spans.append(max(0, int(hi - lo) + 1))
+    return min(spans) if spans else None
+
+
+def _keys_below(e: ir.Expr) -> int | None:
+    """P for `k < P` or `k <= P - 1` (the keys 0 to P - 1), 1 for `k == P`."""
+    if not _is_comparison(e):
+        return None
+    d = _difference(e)
+    if d is None:
+        return None
+    c = d.pop("", 0)
+    if d not in ({"k": 1}, {"k": -1}):
+        return None
+    # sign * k + c  op  0   <=>   k  op'  -sign * c
+    op = e.op if d["k"] == 1 else _FLIPPED[e.op]
+    bound = -d["k"] * c
+    if op is ir.BinOp.EQ:
+        return int(bound >= 0)
+    if op not in (ir.BinOp.LT, ir.BinOp.LE):
+        return None
+    return max(0, bound + (op is ir.BinOp.LE))
+
+
+def _chunk_size(e: ir.Expr) -> int | None:
+    """C for `q div C == k div C` (either side first), else None."""
+    if not (isinstance(e, ir.Binary) and e.op is ir.BinOp.EQ):
+        return None
+    sides = (e.left, e.right)
+    if not all(isinstance(x, ir.Binary) and x.op is ir.BinOp.FLOORDIV for x in sides):
+        return None
+    if {sides[0].left, sides[1].left} != {_Q, _K} or sides[0].right != sides[1].right:
+        return None
+    if not isinstance(sides[0].right, ir.Num) or _int_arg(sides[0].right) <= 0:
+        return None
+    return _int_arg(sides[0].right)
 
 
 def _gluon_forward(v: ir.Variant) -> str | None:
     """Whether the module gets the warp-specialized Gluon forward for sm90
-    (BENCHMARKS.md, entries 13 and 16): "full" or "causal", else None.
+    (BENCHMARKS.md, entries 13, 16 and 29): "full", "causal", "any" or None.
 
     Written for the plain variants that race cuDNN: a full or causal mask,
     the score s, 16-bit inputs, head dim 128.  With GLUON_FORWARD_ANY, "any"
     for every other mask and score at 16 bits and head dim 128 without a
-    rescale threshold (it reuses the Gluon backward's mask functions).  The
-    module still checks each call's shapes and falls back to the Triton
-    kernel.
+    rescale threshold (it reuses the Gluon backward's mask functions) whose
+    query rows may see GLUON_ANY_MIN_KEYS keys or more.  The module still
+    checks each call's shapes and falls back to the Triton kernel.
     """
     if v.dtype is ir.DType.FP32 or v.head_dim != 128:
         return None
     if v.score == ir.IDENTITY_SCORE and v.mask in (ir.FULL, ir.Name("causal")):
         return {ir.FULL: "full", ir.Name("causal"): "causal"}[v.mask]
-    if GLUON_FORWARD_ANY and v.rescale_threshold == 0 and _gluon_backward(v):
-        return "any"
-    return None
+    if not (GLUON_FORWARD_ANY and v.rescale_threshold == 0 and _gluon_backward(v)):
+        return None
+    span = key_span(negation_normal_form(desugar_mask(v.mask)))
+    return "any" if span is None or span >= GLUON_ANY_MIN_KEYS else None
 
 
 def _gluon_backward(v: ir.Variant) -> bool:
@@ -1352,6 +1440,7 @@ def lower(v: ir.Variant, tuning: Tuning | None = None) -> KernelModel:
         gpu_bwd_tma=_pick(tuning.backward_tma if tuning else None, default_tma[1]),
         tuned_on=tuning.device if tuning else None,
         gluon_forward=gluon,
+        gluon_min_keys=GLUON_ANY_MIN_KEYS if gluon == "any" else 0,
         gluon_backward=_gluon_backward(v),
         gluon_dq_heavy_last=keys_before_queries(mask),
     )

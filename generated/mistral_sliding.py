@@ -1544,6 +1544,388 @@ def _gluon_descriptor(x: torch.Tensor, rows: int) -> _GluonBlocks:
 
 
 # --------------------------------------------------------------------------- #
+# The warp-specialized forward for Hopper (sm90), in Gluon.
+#
+# One CTA owns 128 query rows.  A one-warp producer partition issues every TMA
+# copy: the two 64-row halves of Q, then K and V tile by tile into
+# GLUON_STAGES buffers, each refilled once both consumers have released it.
+# Two consumer partitions of one warp group each run the online softmax over
+# their own 64 rows, and within each the product S(j+1) = Q K(j+1)^T is
+# issued before the softmax of tile j, so the tensor cores keep working while
+# the softmax runs; the warp scheduler interleaves the two consumers too.
+# Used when the call allows it (`_gluon_supported`), else the Triton kernel.
+# This module's mask or score is neither plain full nor plain causal: the
+# keys walked come from the mask's bounds, each tile is classified for each
+# consumer's rows (whole, or masked), and the scores are the Triton kernels'
+# `_scores_log2`.  It beats the Triton forward once a query row sees
+# thousands of keys, so calls shorter than GLUON_MIN_KEYS take the Triton
+# kernel (flashgen's BENCHMARKS.md, entry 29).
+# --------------------------------------------------------------------------- #
+
+GLUON_BLOCK = 128  # query rows per CTA and keys per tile
+GLUON_STAGES = 3
+GLUON_MIN_KEYS = 4096  # shorter sequences: the Triton forward
+
+
+@gluon.jit
+def _gluon_softmax_step(
+    s, m_i, l_i, sm_scale, q_idx, k_start, o_rows: gl.constexpr, pos
+):
+    """One tile of the online softmax: P (unnormalized), the new running max
+    and sum (log2 units), and the accumulator's rescale factor laid out for
+    the output rows.  The tile is masked unless every pair of it is visible;
+    a row that has seen no visible key yet keeps m = -inf and measures from 0."""
+    n_ctx, head, num_heads, alibi_slope, q_lo = pos
+    k_idx = k_start + gl.arange(0, s.shape[1], layout=gl.SliceLayout(0, s.type.layout))
+    q_pos = gl.expand_dims(q_idx, 1)
+    k_pos = gl.expand_dims(k_idx, 0)
+    whole, _ = _gluon_tile_class(
+        q_lo, q_lo + s.shape[0] - 1, k_start, k_start + s.shape[1] - 1, head, num_heads
+    )
+    if whole:
+        s2 = _scores_log2(
+            s, q_pos, k_pos, n_ctx, head, num_heads, alibi_slope, sm_scale, False
+        )
+    else:
+        s2 = _scores_log2(
+            s, q_pos, k_pos, n_ctx, head, num_heads, alibi_slope, sm_scale, True
+        )
+    m_new = gl.maximum(m_i, gl.max(s2, 1))
+    m_ref = gl.where(m_new == float("-inf"), 0.0, m_new)
+    alpha = gl.exp2(m_i - m_ref)
+    p = gl.exp2(s2 - gl.expand_dims(m_ref, 1))
+    l_i = l_i * alpha + gl.sum(p, 1)
+    return p, m_new, l_i, gl.convert_layout(alpha, o_rows)
+
+
+@gluon.jit
+def _gluon_tile_rows():
+    """The first query row of this CTA: heaviest tiles first under a causal mask."""
+    return (gl.num_programs(0) - 1 - gl.program_id(0)) * (2 * 64)
+
+
+@gluon.jit
+def _gluon_key_tiles(start_cta, n_ctx, head, num_heads, BLOCK_N: gl.constexpr):
+    """The first key and the number of key tiles of this CTA's rows."""
+    lo, hi = _gluon_key_cols(
+        start_cta, start_cta + 2 * 64 - 1, n_ctx, head, num_heads, BLOCK_N
+    )
+    # At least one tile: rows that see no key take one fully masked tile,
+    # which leaves them o = 0 and lse = -inf.
+    lo = gl.minimum(lo, n_ctx - BLOCK_N)
+    return lo, gl.maximum((hi - lo + BLOCK_N - 1) // BLOCK_N, 1)
+
+
+@gluon.jit
+def _gluon_fwd_consumer(args, HALF: gl.constexpr):
+    (
+        q_desc,
+        k_desc,
+        v_desc,
+        o_desc,
+        lse_ptr,
+        qk_scale,
+        n_ctx,
+        num_heads,
+        group,
+        q_smem,
+        k_smem,
+        v_smem,
+        q_bars,
+        k_ready,
+        v_ready,
+        k_empty,
+        v_empty,
+    ) = args
+    dtype: gl.constexpr = q_desc.dtype
+    ROWS: gl.constexpr = q_desc.block_type.shape[0]
+    HEAD_DIM: gl.constexpr = q_desc.block_type.shape[1]
+    BLOCK_N: gl.constexpr = k_desc.block_type.shape[0]
+    STAGES: gl.constexpr = k_smem.type.shape[0]
+    s_layout: gl.constexpr = gl.NVMMADistributedLayout(
+        version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BLOCK_N, 16]
+    )
+    o_layout: gl.constexpr = gl.NVMMADistributedLayout(
+        version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, HEAD_DIM, 16]
+    )
+    p_layout: gl.constexpr = gl.DotOperandLayout(
+        operand_index=0, parent=o_layout, k_width=2
+    )
+    s_rows: gl.constexpr = gl.SliceLayout(1, s_layout)
+    o_rows: gl.constexpr = gl.SliceLayout(1, o_layout)
+
+    start_cta = _gluon_tile_rows()
+    start_m = start_cta + HALF * ROWS
+    batch_head = gl.program_id(1)
+    head = batch_head % num_heads
+    key0, n_tiles = _gluon_key_tiles(start_cta, n_ctx, head, num_heads, BLOCK_N)
+    q_buf = q_smem.index(HALF)
+    alibi_slope = 0.0
+    pos = (n_ctx, head, num_heads, alibi_slope, start_m)
+    sm_scale = qk_scale * 0.6931471805599453  # _scores_log2 applies log2(e) itself
+
+    q_idx = start_m + gl.arange(0, ROWS, layout=s_rows)
+    m_i = gl.full([ROWS], float("-inf"), gl.float32, s_rows)
+    l_i = gl.full([ROWS], 0.0, gl.float32, s_rows)
+    acc = gl.zeros([ROWS, HEAD_DIM], gl.float32, o_layout)
+    s_zero = gl.zeros([ROWS, BLOCK_N], gl.float32, s_layout)
+
+    mbarrier.wait(q_bars.index(HALF), 0)
+    mbarrier.wait(k_ready.index(0), 0)
+    s = warpgroup_mma(
+        q_buf, k_smem.index(0).permute((1, 0)), s_zero, use_acc=False, is_async=True
+    )
+    s = warpgroup_mma_wait(num_outstanding=0, deps=(s,))
+    mbarrier.arrive(k_empty.index(0), count=1)
+    last = n_tiles - 1
+    if n_tiles > 1:
+        # Tile 0, then tiles 1 .. last - 1, each with S(j+1) in flight.
+        mbarrier.wait(k_ready.index(1 % STAGES), (1 // STAGES) & 1)
+        s_next = warpgroup_mma(
+            q_buf,
+            k_smem.index(1 % STAGES).permute((1, 0)),
+            s_zero,
+            use_acc=False,
+            is_async=True,
+        )
+        p, m_i, l_i, alpha = _gluon_softmax_step(
+            s, m_i, l_i, sm_scale, q_idx, key0, o_rows, pos
+        )
+        mbarrier.wait(v_ready.index(0), 0)
+        acc = warpgroup_mma(
+            gl.convert_layout(p.to(dtype), p_layout),
+            v_smem.index(0),
+            acc,
+            is_async=True,
+        )
+        s = warpgroup_mma_wait(num_outstanding=1, deps=(s_next,))
+        mbarrier.arrive(k_empty.index(1 % STAGES), count=1)
+        for j in range(1, last):
+            stage = j % STAGES
+            next_stage = (j + 1) % STAGES
+            mbarrier.wait(k_ready.index(next_stage), ((j + 1) // STAGES) & 1)
+            s_next = warpgroup_mma(
+                q_buf,
+                k_smem.index(next_stage).permute((1, 0)),
+                s_zero,
+                use_acc=False,
+                is_async=True,
+            )
+            p, m_i, l_i, alpha = _gluon_softmax_step(
+                s, m_i, l_i, sm_scale, q_idx, key0 + j * BLOCK_N, o_rows, pos
+            )
+            acc = warpgroup_mma_wait(
+                num_outstanding=1, deps=(acc,)
+            )  # P V of tile j - 1 is done
+            mbarrier.arrive(v_empty.index((j - 1) % STAGES), count=1)
+            acc = acc * gl.expand_dims(alpha, 1)
+            mbarrier.wait(v_ready.index(stage), (j // STAGES) & 1)
+            acc = warpgroup_mma(
+                gl.convert_layout(p.to(dtype), p_layout),
+                v_smem.index(stage),
+                acc,
+                is_async=True,
+            )
+            s = warpgroup_mma_wait(
+                num_outstanding=1, deps=(s_next,)
+            )  # S(j + 1) is done
+            mbarrier.arrive(k_empty.index(next_stage), count=1)
+        p, m_i, l_i, alpha = _gluon_softmax_step(
+            s, m_i, l_i, sm_scale, q_idx, key0 + last * BLOCK_N, o_rows, pos
+        )
+        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+        mbarrier.arrive(v_empty.index((last - 1) % STAGES), count=1)
+        acc = acc * gl.expand_dims(alpha, 1)
+    else:
+        p, m_i, l_i, alpha = _gluon_softmax_step(
+            s, m_i, l_i, sm_scale, q_idx, key0, o_rows, pos
+        )
+    mbarrier.wait(v_ready.index(last % STAGES), (last // STAGES) & 1)
+    acc = warpgroup_mma(
+        gl.convert_layout(p.to(dtype), p_layout),
+        v_smem.index(last % STAGES),
+        acc,
+        is_async=True,
+    )
+    acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+    mbarrier.arrive(v_empty.index(last % STAGES), count=1)
+
+    # Rows that saw no visible key: l = 0, o = 0 and lse = -inf.
+    l_safe = gl.where(l_i == 0.0, 1.0, l_i)
+    acc = acc / gl.expand_dims(gl.convert_layout(l_safe, o_rows), 1)
+    q_buf.store(acc.to(dtype))  # Q is no longer needed: its buffer stages O
+    fence_async_shared()
+    gl_tma.async_copy_shared_to_global(o_desc, [batch_head * n_ctx + start_m, 0], q_buf)
+    lse = gl.where(
+        l_i == 0.0, float("-inf"), (m_i + gl.log2(l_safe)) * 0.6931471805599453
+    )
+    gl.store(lse_ptr + batch_head * n_ctx + q_idx, lse)
+    gl_tma.store_wait(pendings=0)
+
+
+@gluon.jit
+def _gluon_fwd_producer(args, HALF: gl.constexpr):
+    (
+        q_desc,
+        k_desc,
+        v_desc,
+        o_desc,
+        lse_ptr,
+        qk_scale,
+        n_ctx,
+        num_heads,
+        group,
+        q_smem,
+        k_smem,
+        v_smem,
+        q_bars,
+        k_ready,
+        v_ready,
+        k_empty,
+        v_empty,
+    ) = args
+    ROWS: gl.constexpr = q_desc.block_type.shape[0]
+    BLOCK_N: gl.constexpr = k_desc.block_type.shape[0]
+    STAGES: gl.constexpr = k_smem.type.shape[0]
+    start_cta = _gluon_tile_rows()
+    batch_head = gl.program_id(1)
+    kv_heads = num_heads // group
+    batch_kv_head = batch_head // num_heads * kv_heads + batch_head % num_heads // group
+    for i in gl.static_range(2):
+        mbarrier.expect(q_bars.index(i), q_desc.block_type.nbytes)
+        gl_tma.async_copy_global_to_shared(
+            q_desc,
+            [batch_head * n_ctx + start_cta + i * ROWS, 0],
+            q_bars.index(i),
+            q_smem.index(i),
+        )
+    key0, n_tiles = _gluon_key_tiles(
+        start_cta, n_ctx, batch_head % num_heads, num_heads, BLOCK_N
+    )
+    for j in range(n_tiles):
+        stage = j % STAGES
+        phase = (j // STAGES) & 1
+        row = batch_kv_head * n_ctx + key0 + j * BLOCK_N
+        # A barrier starts with phase 1 complete: the first STAGES waits pass.
+        mbarrier.wait(k_empty.index(stage), phase ^ 1)
+        mbarrier.expect(k_ready.index(stage), k_desc.block_type.nbytes)
+        gl_tma.async_copy_global_to_shared(
+            k_desc, [row, 0], k_ready.index(stage), k_smem.index(stage)
+        )
+        mbarrier.wait(v_empty.index(stage), phase ^ 1)
+        mbarrier.expect(v_ready.index(stage), v_desc.block_type.nbytes)
+        gl_tma.async_copy_global_to_shared(
+            v_desc, [row, 0], v_ready.index(stage), v_smem.index(stage)
+        )
+
+
+@gluon.jit
+def _gluon_attn_fwd(
+    q_desc,
+    k_desc,
+    v_desc,
+    o_desc,
+    lse_ptr,
+    qk_scale,
+    n_ctx,
+    num_heads,
+    group,
+    STAGES: gl.constexpr,
+):
+    dtype: gl.constexpr = q_desc.dtype
+    ROWS: gl.constexpr = q_desc.block_type.shape[0]
+    HEAD_DIM: gl.constexpr = q_desc.block_type.shape[1]
+    BLOCK_N: gl.constexpr = k_desc.block_type.shape[0]
+    q_smem = gl.allocate_shared_memory(dtype, [2, ROWS, HEAD_DIM], q_desc.layout)
+    k_smem = gl.allocate_shared_memory(
+        dtype, [STAGES, BLOCK_N, HEAD_DIM], k_desc.layout
+    )
+    v_smem = gl.allocate_shared_memory(
+        dtype, [STAGES, BLOCK_N, HEAD_DIM], v_desc.layout
+    )
+    q_bars = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    k_ready = gl.allocate_shared_memory(
+        gl.int64, [STAGES, 1], mbarrier.MBarrierLayout()
+    )
+    v_ready = gl.allocate_shared_memory(
+        gl.int64, [STAGES, 1], mbarrier.MBarrierLayout()
+    )
+    k_empty = gl.allocate_shared_memory(
+        gl.int64, [STAGES, 1], mbarrier.MBarrierLayout()
+    )
+    v_empty = gl.allocate_shared_memory(
+        gl.int64, [STAGES, 1], mbarrier.MBarrierLayout()
+    )
+    for i in gl.static_range(2):
+        mbarrier.init(q_bars.index(i), count=1)
+    for i in gl.static_range(STAGES):
+        mbarrier.init(k_ready.index(i), count=1)
+        mbarrier.init(v_ready.index(i), count=1)
+        mbarrier.init(k_empty.index(i), count=2)  # released by both consumers
+        mbarrier.init(v_empty.index(i), count=2)
+    args = (
+        q_desc,
+        k_desc,
+        v_desc,
+        o_desc,
+        lse_ptr,
+        qk_scale,
+        n_ctx,
+        num_heads,
+        group,
+        q_smem,
+        k_smem,
+        v_smem,
+        q_bars,
+        k_ready,
+        v_ready,
+        k_empty,
+        v_empty,
+    )
+    gl.warp_specialize(
+        [
+            (_gluon_fwd_consumer, (args, 0)),
+            (_gluon_fwd_consumer, (args, 1)),
+            (_gluon_fwd_producer, (args, 0)),
+        ],
+        [4, 1],  # warps of the second consumer and of the producer
+        [240, 24],  # their registers per thread; the first consumer gets the rest
+    )
+
+
+def _gluon_supported(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float
+) -> bool:
+    """Whether this call can take the Gluon forward (`_gluon_fits`), with a
+    positive scale (the kernel takes each row's max before scaling) and at
+    least GLUON_MIN_KEYS keys."""
+    if k.shape[2] < GLUON_MIN_KEYS:
+        return False
+    return scale > 0 and _gluon_fits(GLUON_BLOCK, q, k, v)
+
+
+def _gluon_forward(q, k, v, o, lse, scale: float) -> None:
+    batch, num_heads, n, d = q.shape
+    descriptors = [
+        _gluon_descriptor(x, rows)
+        for x, rows in ((q, 64), (k, GLUON_BLOCK), (v, GLUON_BLOCK), (o, 64))
+    ]
+    _launch(
+        _gluon_attn_fwd,
+        (n // GLUON_BLOCK, batch * num_heads),
+        *descriptors,
+        lse,
+        scale * 1.4426950408889634,
+        n,
+        num_heads,
+        num_heads // k.shape[1],
+        GLUON_STAGES,
+        num_warps=4,
+        maxnreg=168,
+    )
+
+
+# --------------------------------------------------------------------------- #
 # The warp-specialized backward for Hopper (sm90), in Gluon.
 #
 # Two kernels, each with a one-warp producer partition that issues every TMA
@@ -2300,6 +2682,9 @@ def forward(
     (B, H, Nq) in float32, natural log.  Block sizes are powers of two >= 16.
     tma=True loads key tiles through TMA descriptors (sm90+, 16-byte aligned
     strides), False through pointers, None as GPU_TMA says where possible.
+    Without a launch configuration or tma=False, on an sm90 GPU with Nq = Nk
+    a multiple of 128 and at least GLUON_MIN_KEYS keys, the Gluon kernel
+    runs instead (`_gluon_supported`).
     """
     _check_inputs(q, k, v)
     if _on_other_gpu(q):
@@ -2332,6 +2717,7 @@ def _forward(
     tma=None,
 ):
     """forward() on checked inputs and a resolved scale."""
+    explicit = (block_m, block_n, num_warps, num_stages) != (None,) * 4 or tma is False
     default = _launch_config(q.device)
     block_m, block_n = block_m or default[0], block_n or default[1]
     _check_blocks(block_m, block_n)
@@ -2343,6 +2729,9 @@ def _forward(
     )
     if o.numel() == 0:
         return o, lse.fill_(float("-inf"))
+    if not explicit and _gluon_supported(q, k, v, scale):
+        _gluon_forward(q, k, v, o, lse, scale)
+        return o, lse
     use_tma = n_keys > 0 and _use_tma(tma, GPU_TMA, k, v)
     grid = (_cdiv(n_queries, block_m), batch * num_heads)
     _launch(

@@ -10,9 +10,9 @@ cuDNN's first.
     python3 scripts/gluon_ab.py [--seqlens 1024 2048 4096 16384] [MODULE.py ...]
 
 With --any-mask SPEC ..., instead: the Gluon forward for any mask and score
-(`lower.GLUON_FORWARD_ANY`, off by default until measured) of each spec at
-d128 against the same module's Triton forward, outputs compared, forward
-TFLOP/s with the mask's real density.
+(`lower.GLUON_FORWARD_ANY`, forced on at every length and band width) of
+each spec at d128 against the same module's Triton forward, outputs
+compared, forward TFLOP/s with the mask's real density.
 """
 
 from __future__ import annotations
@@ -102,7 +102,7 @@ def any_mask(paths: list[str], seqlens: list[int]) -> None:
     from flashgen import bench
     from flashgen.verify import torch_dtype
 
-    lower.GLUON_FORWARD_ANY = True
+    lower.GLUON_ANY_MIN_KEYS = 0
     for path in paths:
         (variant,), _ = _check_sources(_read([path]))
         variant = dataclasses.replace(variant, head_dim=128)

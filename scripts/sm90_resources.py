@@ -226,10 +226,12 @@ def main() -> None:
     parser.add_argument(
         "--gluon-forward-any",
         action="store_true",
-        help="the Gluon forward for any mask and score (lower.GLUON_FORWARD_ANY) on",
+        help="the Gluon forward for any mask and score at every band width"
+        " (lower.GLUON_ANY_MIN_KEYS = 0)",
     )
     args = parser.parse_args()
-    lower.GLUON_FORWARD_ANY = args.gluon_forward_any
+    if args.gluon_forward_any:
+        lower.GLUON_ANY_MIN_KEYS = 0
     if os.environ.get("TRITON_INTERPRET") == "1":
         parser.error("unset TRITON_INTERPRET: the kernels must be compiled, not interpreted")
     for path in args.specs:

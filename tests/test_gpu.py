@@ -203,13 +203,13 @@ def test_gluon_backward_on_gpu(mask, score, head_dim, dtype, monkeypatch):
 @pytest.mark.parametrize("mask, score", [(m, s) for m, s, d in GLUON_BACKWARD_CASES if d == 128])
 @pytest.mark.parametrize("dtype", [ir.DType.FP16, ir.DType.BF16])
 def test_gluon_forward_any_mask_on_gpu(mask, score, dtype, monkeypatch):
-    """The Gluon forward for any mask and score (`lower.GLUON_FORWARD_ANY`,
-    off in the generated modules until this test and an A/B have run on a
-    GPU): forward against the float64 reference, rows that see no key
-    included, and gradients through its log-sum-exp.  Counts its launches."""
+    """The Gluon forward for any mask and score, forced on at every length
+    and band width (`lower.GLUON_ANY_MIN_KEYS` = 0): forward against the
+    float64 reference, rows that see no key included, and gradients through
+    its log-sum-exp.  Counts its launches."""
     from flashgen import lower
 
-    monkeypatch.setattr(lower, "GLUON_FORWARD_ANY", True)
+    monkeypatch.setattr(lower, "GLUON_ANY_MIN_KEYS", 0)
     variant = make_variant(mask, score, dtype=dtype, head_dim=128)
     module = build(variant)
     launches = _count_calls(monkeypatch, module, "_gluon_forward")
@@ -223,6 +223,29 @@ def test_gluon_forward_any_mask_on_gpu(mask, score, dtype, monkeypatch):
     result = run_grad_case(variant, Shape(1, 4, 2, 512, 512), seed=7, device="cuda")
     _record(variant, result)
     assert_ok(result)
+
+
+@pytest.mark.parametrize("name", ["mistral_sliding", "llama4_local", "bloom_alibi"])
+def test_gluon_forward_any_mask_dispatch_on_gpu(name, monkeypatch):
+    """The example modules as generated: the Gluon forward from
+    GLUON_MIN_KEYS keys on (checked against the float64 reference, forward
+    and gradients), the Triton forward below."""
+    (variant,) = [v for v in example_variants() if v.name == name]
+    module = build(variant)
+    assert module.GLUON_MIN_KEYS == 4096
+    launches = _count_calls(monkeypatch, module, "_gluon_forward")
+    result = run_case(variant, Shape(1, 2, 1, 2048, 2048), seed=0, device="cuda")
+    _record(variant, result)
+    assert_ok(result)
+    assert not launches
+    result = run_case(variant, Shape(1, 2, 1, 4096, 4096), seed=1, device="cuda", magnitude=5.0)
+    _record(variant, result)
+    assert_ok(result)
+    assert len(launches) == 1
+    result = run_grad_case(variant, Shape(1, 2, 2, 4096, 4096), seed=2, device="cuda")
+    _record(variant, result)
+    assert_ok(result)
+    assert len(launches) == 2
 
 
 @pytest.mark.parametrize("name", ["full", "mistral_sliding"])

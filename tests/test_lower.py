@@ -495,13 +495,15 @@ def test_band_recognition():
         ("causal", None, ir.DType.FP32, 128, None),  # no 16-bit tensor-core path
         ("causal", None, ir.DType.BF16, 64, None),  # written and measured at d128 only
         ("causal", None, ir.DType.BF16, 120, None),
-        ("causal", "s + 1", ir.DType.BF16, 128, None),
-        ("k <= q", None, ir.DType.BF16, 128, None),  # causal spelled out: the Triton kernel
+        ("causal", "s + 1", ir.DType.BF16, 128, "any"),
+        ("k <= q", None, ir.DType.BF16, 128, "any"),  # causal spelled out: the general mode
         ("causal & window(64, 0)", None, ir.DType.BF16, 128, None),
         ("prefix(16)", None, ir.DType.BF16, 128, None),
     ],
 )
-def test_gluon_forward_only_for_plain_full_and_causal(mask, score, dtype, head_dim, expected):
+def test_gluon_forward_own_code_only_for_plain_full_and_causal(
+    mask, score, dtype, head_dim, expected
+):
     variant = make_variant(mask, score, dtype=dtype, head_dim=head_dim)
     assert lower.lower(variant).gluon_forward == expected
 
@@ -527,17 +529,72 @@ def test_gluon_backward_for_16_bit_d64_and_d128(mask, score, dtype, head_dim, ex
     [
         ("full", None, "full"),  # the plain modes keep their own code
         ("causal", None, "causal"),
-        ("causal & window(64, 0)", None, "any"),
+        ("causal & window(4095)", None, "any"),  # a query row may see 4096 keys
+        ("causal & window(4094)", None, None),  # 4095 at most: the Triton forward
+        ("window(128, 128)", None, None),
+        ("causal & chunk(8192)", None, "any"),
+        ("causal | prefix(256)", None, "any"),
         ("causal", "s + alibi", "any"),
         ("k <= q", None, "any"),
     ],
 )
-def test_gluon_forward_for_any_mask_only_when_switched_on(mask, score, expected, monkeypatch):
+def test_gluon_forward_for_any_mask(mask, score, expected, monkeypatch):
     variant = make_variant(mask, score, dtype=ir.DType.BF16, head_dim=128)
-    plain = expected if expected != "any" else None
-    assert lower.lower(variant).gluon_forward == plain  # off by default
-    monkeypatch.setattr(lower, "GLUON_FORWARD_ANY", True)
-    assert lower.lower(variant).gluon_forward == expected
+    model = lower.lower(variant)
+    assert model.gluon_forward == expected
+    assert model.gluon_min_keys == (4096 if expected == "any" else 0)
     rescaled = make_variant(mask, score, dtype=ir.DType.BF16, head_dim=128, rescale_threshold=8.0)
+    plain = expected if expected != "any" else None
     assert lower.lower(rescaled).gluon_forward == plain  # conditional rescale: Triton only
     assert lower.lower(dataclasses.replace(variant, head_dim=64)).gluon_forward is None
+    monkeypatch.setattr(lower, "GLUON_ANY_MIN_KEYS", 0)  # forced on: every mask
+    forced = lower.lower(variant)
+    assert forced.gluon_forward == (plain or "any")
+    assert forced.gluon_min_keys == 0
+    monkeypatch.setattr(lower, "GLUON_FORWARD_ANY", False)
+    assert lower.lower(variant).gluon_forward == plain
+
+
+@settings(max_examples=200, deadline=None)
+@given(mask=masks(), n_queries=st.integers(1, 300), n_keys=st.integers(1, 300))
+def test_key_span_bounds_every_row(mask, n_queries, n_keys):
+    """No query row of the dense mask sees more keys than `key_span` says."""
+    span = lower.key_span(lower.negation_normal_form(lower.desugar_mask(mask)))
+    if span is not None:
+        variant = ir.Variant("m", 16, ir.DType.FP32, mask=mask)
+        assert int(mask_matrix(variant, n_queries, n_keys, 3).sum(-1).max()) <= span
+
+
+@pytest.mark.parametrize(
+    "mask, span",
+    [
+        ("full", None),
+        ("causal", None),
+        ("window(10)", 11),
+        ("window(128, 128)", 257),
+        ("causal & window(4095)", 4096),
+        ("window(3, 5) & k >= q", 6),  # k - q in [0, 5]
+        ("k - q > 2 & k - q < 2", 0),  # empty
+        ("q == k", 1),
+        ("chunk(256)", 256),
+        ("causal & chunk(256) & window(99)", 100),
+        ("window(10) | window(2, 30)", 44),  # a union sees at most the sum
+        ("window(10) | causal", None),
+        ("causal | prefix(256)", None),
+        ("causal & (window(7) | chunk(64))", 72),
+        ("prefix(256)", 256),
+        ("k <= 9 | k == 300", 11),
+        ("k > 9", None),
+        ("q div 64 == k div 32", None),
+        ("!(k > q + 3) & k >= q - 3", 7),
+    ],
+)
+def test_key_span(mask, span):
+    """The most keys a query sees, checked against the dense mask."""
+    variant = make_variant(mask)
+    assert lower.key_span(lower.negation_normal_form(lower.desugar_mask(variant.mask))) == span
+    if span is not None:
+        n = span + 300
+        most = int(mask_matrix(variant, n, n, 1).sum(-1).max())
+        assert most <= span
+        assert most == span or "|" in mask  # a union's parts may overlap

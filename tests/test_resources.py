@@ -95,9 +95,10 @@ def test_gluon_backward_compiles_for_sm90(resources):
 
 
 def test_gluon_forward_for_any_mask_compiles_for_sm90():
-    """The Gluon forward for any mask and score, off in the generated modules
-    until measured on a GPU (`lower.GLUON_FORWARD_ANY`), compiles for sm_90a
-    with a window (mask bounds) and ALiBi (a per-head argument)."""
+    """The Gluon forward for any mask and score compiles for sm_90a with a
+    window (mask bounds), ALiBi (a per-head argument) and a narrow band
+    (forced on: `lower.GLUON_ANY_MIN_KEYS` keeps it out of encoder_band's
+    module)."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     specs = ["examples/mistral_sliding.attn", "examples/bloom_alibi.attn"]
     out = subprocess.run(

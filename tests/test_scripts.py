@@ -43,6 +43,35 @@ def test_host_stub_runs_the_gluon_paths():
     assert taken == ["_gluon_forward", "_launch", "_gluon_backward", "_launch", "_launch"]
 
 
+@pytest.mark.parametrize("name", ["mistral_sliding", "bloom_alibi"])
+def test_any_mask_gluon_forward_from_4096_keys(name):
+    """A module with the Gluon forward for a general mask takes it, as on an
+    sm90 GPU, from GLUON_MIN_KEYS keys on, and the Triton forward below, with
+    Nq != Nk, or with a launch config given."""
+    import host_stub
+    import torch
+
+    generated = os.path.join(os.path.dirname(__file__), "..", "generated")
+    module = host_stub.load(os.path.join(generated, f"{name}.py"))
+    assert module.GLUON_MIN_KEYS == 4096
+    taken = []
+    fn = module._gluon_forward
+    module._gluon_forward = lambda q, *a: taken.append(q.shape[2]) or fn(q, *a)
+
+    def run(n_queries, n_keys, **config):
+        q = torch.randn(1, 2, n_queries, 128, dtype=module.DTYPE)
+        k, v = (torch.randn(1, 2, n_keys, 128, dtype=module.DTYPE) for _ in range(2))
+        module._forward(q, k, v, 0.1, **config)
+
+    run(2048, 2048)
+    run(3968, 3968)
+    run(4096, 4096)
+    run(4096, 4224)
+    run(4224, 4224)
+    run(4096, 4096, block_m=64)
+    assert taken == [4096, 4224]
+
+
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("n, batch_heads", [(1024, 256), (4096, 64), (16384, 16), (384, 3)])
 def test_persistent_forward_schedule(n, batch_heads, causal):
