@@ -1,13 +1,17 @@
 """The `flashgen` command: a thin shell over parse, check, emit and verify.
 
 In: command-line arguments.  Out: files, text on stdout/stderr, and an exit
-status: 0 success, 1 spec errors (or out-of-date files, failed verification),
-2 usage errors (bad arguments, unreadable files).
+status: 0 success, 1 spec errors (or out-of-date files, failed verification,
+files that could not be written), 2 usage errors (bad arguments, unreadable
+files, no GPU for bench or tune).
 
     flashgen check SPEC...              report problems; "ok: ..." when clean
     flashgen build SPEC... -o DIR       write DIR/<block>.py, only where changed
     flashgen build [--check]            in the repo root: examples/*.attn -> generated/
     flashgen verify SPEC... [--device cpu|cuda] [--examples N] [--seed S] [--name NAME]
+    flashgen bench SPEC... [--seqlens N...] [--head-dim D...] [--systems ...]
+                   [--timer do_bench|cuda-graph] [--json PATH] [--plot PNG]
+    flashgen tune SPEC... [--head-dim D...] [--passes forward|backward] [--quick]
 
 `--check` builds in memory and compares with the files on disk instead of
 writing: it lists every missing, different or stale module (a stale one is a
@@ -20,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import importlib.util
 import os
 import sys
 from collections.abc import Sequence
@@ -129,7 +134,11 @@ def _parser() -> argparse.ArgumentParser:
         "--head-dim", type=_positive, nargs="+", metavar="D", help="override the specs' head dims"
     )
     bench.add_argument("--json", metavar="PATH", help="write every measurement as JSON")
-    bench.add_argument("--plot", metavar="PNG", help="plot TFLOP/s against sequence length")
+    bench.add_argument(
+        "--plot",
+        metavar="PNG",
+        help="plot TFLOP/s against sequence length (needs matplotlib: flashgen[plot])",
+    )
     bench.add_argument("--name", help="bench only this block")
     bench.add_argument(
         "--timer",
@@ -204,6 +213,9 @@ def _gpu_variants(args: argparse.Namespace, command: str) -> list[ir.Variant]:
 
 
 def _bench(args: argparse.Namespace) -> int:
+    if args.plot and importlib.util.find_spec("matplotlib") is None:
+        # Checked first: the plot is drawn after the whole run.
+        raise _UsageError("bench: --plot needs matplotlib (pip install 'flashgen[plot]')")
     variants = _gpu_variants(args, "bench")
     from flashgen import bench
 

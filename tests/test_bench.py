@@ -179,6 +179,25 @@ def test_bench_cli_needs_a_gpu(tmp_path, capsys):
     assert "needs a CUDA GPU" in capsys.readouterr().err
 
 
+def test_bench_plot_needs_matplotlib_before_it_runs(tmp_path, capsys, monkeypatch):
+    """Without matplotlib, --plot is refused before anything runs (the plot
+    is drawn after the whole bench), in one line and with no traceback."""
+    import importlib.util
+
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util,
+        "find_spec",
+        lambda name, *a: None if name == "matplotlib" else find_spec(name, *a),
+    )
+    spec = tmp_path / "a.attn"
+    spec.write_text("attention a { head_dim = 16; dtype = fp16 }\n")
+    assert main(["bench", str(spec), "--plot", str(tmp_path / "b.png")]) == 2
+    err = capsys.readouterr().err
+    assert "--plot needs matplotlib" in err and "Traceback" not in err
+    assert not (tmp_path / "b.png").exists()
+
+
 def test_flex_is_compiled_afresh_for_each_case(monkeypatch):
     """Past torch._dynamo's recompile limit FlexAttention would run uncompiled
     (8 TFLOP/s on the H200, BENCHMARKS.md entry 16): each (spec, N) case gets
