@@ -52,7 +52,7 @@ def run_case(
     **launch: int,
 ):
     """Random inputs of `shape`; returns the verify CaseResult."""
-    q, k, v, _ = _inputs(variant, shape, seed, device, magnitude)
+    q, k, v, _ = kernel_inputs(variant, shape, seed, device, magnitude)
     return check_forward(variant, build(variant), q, k, v, scale=scale, **launch)
 
 
@@ -67,13 +67,13 @@ def run_grad_case(
     with_lse: bool = True,
 ):
     """Random inputs of `shape`; judges dq, dk, dv (CaseResult)."""
-    q, k, v, generator = _inputs(variant, shape, seed, device, magnitude)
+    q, k, v, generator = kernel_inputs(variant, shape, seed, device, magnitude)
     return check_backward(
         variant, build(variant), q, k, v, scale=scale, generator=generator, with_lse=with_lse
     )
 
 
-def _inputs(variant: ir.Variant, shape: Shape, seed: int, device: str, magnitude: float):
+def kernel_inputs(variant: ir.Variant, shape: Shape, seed: int, device: str, magnitude: float):
     """q, k, v from a generator seeded with `seed`, and that generator."""
     generator = torch.Generator().manual_seed(seed)
     q, k, v = random_inputs(
@@ -161,14 +161,15 @@ def interpretable(variant: ir.Variant) -> ir.Variant:
     return variant
 
 
-_tanh = None  # a generated module's _tanh, for _tanh_kernel
-
-
 @triton.jit
-def _tanh_kernel(x_ptr, y_ptr, n, BLOCK: tl.constexpr):
+def _tanh_kernel(x_ptr, y_ptr, n, TANH: tl.constexpr, BLOCK: tl.constexpr):
+    """y = TANH(x), TANH a generated module's `_tanh`.  It comes in as a
+    constexpr, which is part of the compiled kernel's key: a global read by
+    the kernel is not (Triton hashes a called function once), so a global
+    set per dtype would run the first dtype's function every time."""
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     x = tl.load(x_ptr + offs, mask=offs < n)
-    tl.store(y_ptr + offs, _tanh(x), mask=offs < n)
+    tl.store(y_ptr + offs, TANH(x), mask=offs < n)
 
 
 def tanh_errors(dtype: ir.DType, device: str = DEVICE) -> tuple[float, float]:
@@ -176,15 +177,14 @@ def tanh_errors(dtype: ir.DType, device: str = DEVICE) -> tuple[float, float]:
     and in the tails), inf and 0: the largest in fp32 ulps of the true value
     where |x| >= 0.25 (everywhere for float32 modules, whose tanh keeps its
     relative accuracy near 0), and the largest absolute one."""
-    global _tanh
-    _tanh = build(make_variant("causal", score="softcap(s, 20.0)", dtype=dtype))._tanh
+    tanh = build(make_variant("causal", score="softcap(s, 20.0)", dtype=dtype))._tanh
     grid = np.concatenate(
         [np.linspace(-30, 30, 60001), np.geomspace(1e-30, 30, 20000), [0.0, np.inf, -np.inf]]
     )
     grid = np.concatenate([grid, -grid])
     x = torch.tensor(grid, dtype=torch.float32, device=device)
     y = torch.empty_like(x)
-    _tanh_kernel[(triton.cdiv(x.numel(), 1024),)](x, y, x.numel(), BLOCK=1024)
+    _tanh_kernel[(triton.cdiv(x.numel(), 1024),)](x, y, x.numel(), TANH=tanh, BLOCK=1024)
     exact = torch.tanh(x.double()).cpu()
     error = (y.double().cpu() - exact).abs()
     ulp = torch.tensor(np.spacing(exact.abs().float().numpy()), dtype=torch.float64)

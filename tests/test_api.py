@@ -13,6 +13,7 @@ import torch
 import flashgen
 from flashgen import api, diagnostics
 from flashgen.reference import attention_ref
+from flashgen.verify import check_forward
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 
@@ -195,6 +196,7 @@ def test_loaded_kernel_runs_and_matches_the_reference(cache):
     ref_o, ref_lse = attention_ref(variant, q, k, v)
     torch.testing.assert_close(o.double(), ref_o, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(lse.double(), ref_lse, atol=1e-5, rtol=1e-5)
+    assert check_forward(variant, module, q, k, v).ok  # and by the usual rule
 
 
 def test_load_variant_shares_the_cache_with_load(cache):

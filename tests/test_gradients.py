@@ -62,8 +62,9 @@ def test_gradients_without_the_log_sum_exp(name):
     variant=variants(),
     kv_heads=st.integers(1, 2),
     group=st.sampled_from((1, 2)),
-    n_queries=st.sampled_from((1, 2, 17, 31, 64, 97)),
-    n_keys=st.sampled_from((1, 3, 16, 33, 61, 101)),
+    # Hypothesis draws the first values most often: multi-tile lengths first.
+    n_queries=st.sampled_from((31, 97, 17, 64, 2, 1)),
+    n_keys=st.sampled_from((33, 61, 101, 16, 3, 1)),
     seed=st.integers(0, 2**16),
 )
 def test_random_spec_gradients(variant, kv_heads, group, n_queries, n_keys, seed):

@@ -27,6 +27,7 @@ from kernel_utils import (
     make_variant,
     run_case,
     run_grad_case,
+    kernel_inputs,
     shrink_masks,
 )
 from strategies import variants
@@ -65,8 +66,9 @@ def test_examples(variant, shape):
     batch=st.integers(1, 2),
     kv_heads=st.integers(1, 2),
     group=st.sampled_from((1, 2)),
-    n_queries=st.sampled_from((1, 2, 5, 17, 31, 47, 64, 97, 113, 160)),
-    n_keys=st.sampled_from((1, 3, 16, 29, 33, 61, 64, 101, 127, 203)),
+    # Hypothesis draws the first values most often: multi-tile lengths first.
+    n_queries=st.sampled_from((47, 113, 17, 97, 31, 160, 64, 5, 2, 1)),
+    n_keys=st.sampled_from((61, 101, 33, 203, 29, 127, 64, 16, 3, 1)),
     blocks=st.sampled_from(BLOCKS),
     seed=st.integers(0, 2**16),
 )
@@ -141,14 +143,30 @@ def test_floor_division_of_negative_positions(mask):
 @pytest.mark.parametrize("dtype", [ir.DType.FP32, ir.DType.FP16])
 @pytest.mark.parametrize("score", [None, "softcap(s, 30.0)", "s + alibi"])
 def test_large_scores(threshold, dtype, score):
-    """Scale 10 and inputs x5: scores in the thousands, no overflow, no NaN."""
+    """Scale 10 and inputs x5: scores in the thousands, no overflow, no NaN.
+
+    In fp16 the ordinary implementation's scores are rounded to fp16 (an ulp
+    of 1-2 at these magnitudes), so the usual bound is loose; the kernel,
+    which multiplies fp16 inputs exactly and accumulates in fp32, is also
+    held to what it must reach: o within an fp16 ulp of max |o| (its
+    rounding) plus half an ulp of max |v| (P is rounded to fp16 for P V), and
+    lse within 4 fp32 ulps of max |lse|."""
+    from flashgen.reference import attention_ref
+
     variant = make_variant(
         "causal", score=score, dtype=dtype, rescale_threshold=threshold, scale=10.0
     )
-    result = run_case(
-        variant, Shape(1, 2, 2, 67, 90), seed=3, magnitude=5.0, block_m=16, block_n=16
-    )
+    shape = Shape(1, 2, 2, 67, 90)
+    result = run_case(variant, shape, seed=3, magnitude=5.0, block_m=16, block_n=16)
     assert_ok(result)
+    if dtype is ir.DType.FP16:
+        q, k, v, _ = kernel_inputs(variant, shape, 3, DEVICE, 5.0)
+        o, lse = build(variant).forward(q, k, v, block_m=16, block_n=16)
+        o_ref, lse_ref = attention_ref(variant, q.double(), k.double(), v.double())
+        o_bound = 2.0**-10 * o_ref.abs().max() + 2.0**-11 * v.double().abs().max()
+        assert (o.double() - o_ref).abs().max() <= o_bound
+        lse_bound = 4 * 2.0**-23 * lse_ref.abs().max()
+        assert (lse.double() - lse_ref).abs().max() <= lse_bound
 
 
 @pytest.mark.parametrize("threshold", [4.0, 8.0, 15.0])
@@ -189,14 +207,13 @@ def test_any_strides():
     o = module.attention(q, k, v)
     o_ref = module.attention(q.contiguous(), k.contiguous(), v.contiguous())
     torch.testing.assert_close(o, o_ref, rtol=0, atol=0)
-    from flashgen.reference import attention_ref
+    from flashgen.verify import check_forward
 
-    ref, _ = attention_ref(variant, q.double(), k.double(), v.double())
-    torch.testing.assert_close(o.double(), ref, rtol=1e-4, atol=1e-5)
+    assert check_forward(variant, module, q, k, v).ok  # the strided inputs, by the usual rule
 
 
 @pytest.mark.parametrize("variant", example_variants(), ids=lambda v: v.name)
-def test_tma_path_matches_pointer_path(variant):
+def test_tma_path_matches_pointer_path(variant, monkeypatch):
     """TMA descriptor loads (sm90+, here the interpreter) and pointer loads
     read the same values, zeros past the last row and in the head-dim padding,
     so forward and backward agree exactly; a padded head dim and ragged,
@@ -211,6 +228,8 @@ def test_tma_path_matches_pointer_path(variant):
     if DEVICE == "cuda":  # compiled code may round differently: judge each path
         for tma in (False, True):
             assert_ok(run_case(variant, Shape(1, 4, 2, 45, 77), tma=tma, **launch))
+            monkeypatch.setattr(module, "GPU_BWD_TMA", tma)  # the backward's default
+            assert_ok(run_grad_case(variant, Shape(1, 4, 2, 45, 77)))
         return
     o, lse = module.forward(q, k, v, tma=False, **launch)
     o_tma, lse_tma = module.forward(q, k, v, tma=True, **launch)
@@ -221,13 +240,17 @@ def test_tma_path_matches_pointer_path(variant):
         assert torch.equal(g, g_tma)
 
 
-def test_tma_needs_aligned_strides():
+def test_tma_needs_aligned_strides(monkeypatch):
+    """tma=True refuses rows that are not 16-byte aligned.  Automatic mode
+    with TMA as the default then loads through pointers: on a GPU that is the
+    fallback; the interpreter's automatic mode never takes TMA."""
     module = build(make_variant("causal", dtype=ir.DType.FP16, head_dim=40))
+    monkeypatch.setattr(module, "GPU_TMA", True)
     q = torch.randn(1, 1, 20, 40, device=DEVICE, dtype=torch.float16)
     k = torch.randn(1, 1, 20, 41, device=DEVICE, dtype=torch.float16)[..., :40]  # 82-byte rows
     with pytest.raises(ValueError, match="tma=True needs"):
         module.forward(q, k, k, tma=True)
-    o, _ = module.forward(q, k, k)  # automatic: falls back to pointer loads
+    o, _ = module.forward(q, k, k)
     o_ref, _ = module.forward(q, k.contiguous(), k.contiguous(), tma=False)
     assert torch.equal(o, o_ref)
 
@@ -319,6 +342,34 @@ def test_bad_backward_inputs_get_named_errors(name, bad, error, match):
         module.backward(q, q, q, args["o"], args["lse"], args["do"], args["dlse"])
 
 
+def test_backward_takes_any_strides():
+    """q, k, v, o and dO laid out as (B, N, H, D) and viewed as (B, H, N, D),
+    k and v sliced, with GQA: the kernels read every tensor through its own
+    strides (last stride 1, so nothing is copied), and the gradients equal,
+    bit for bit, those of contiguous copies.  Through autograd too."""
+    module = build(make_variant("causal & window(9)", score="s + alibi"))
+    gen = torch.Generator().manual_seed(3)
+
+    def bnhd(heads, n, d=32):
+        return torch.randn(2, n, heads, d, generator=gen).to(DEVICE).transpose(1, 2)
+
+    q, do = bnhd(4, 37), bnhd(4, 37)
+    k = torch.randn(2, 2, 50, 48, generator=gen).to(DEVICE)[..., 8:40]
+    v = bnhd(2, 60)[:, :, 5:55]
+    o = torch.empty(2, 37, 4, 32, device=DEVICE).transpose(1, 2)
+    o_c, lse = module.forward(q.contiguous(), k.contiguous(), v.contiguous())
+    o.copy_(o_c)
+    assert not any(x.is_contiguous() for x in (q, k, v, o, do))
+    contiguous = [x.contiguous() for x in (q, k, v, o)]
+    want = module.backward(*contiguous, lse, do.contiguous())
+    for got, expected in zip(module.backward(q, k, v, o, lse, do), want):
+        assert torch.equal(got, expected)
+    leaves = [x.detach().requires_grad_() for x in (q, k, v)]
+    grads = torch.autograd.grad(module.attention(*leaves), leaves, do)
+    for got, expected in zip(grads, want):
+        assert torch.equal(got, expected)
+
+
 def test_backward_takes_strided_lse_and_do():
     """A log-sum-exp or dO laid out differently (here transposed copies) gives
     the same gradients: backward() does not assume their strides."""
@@ -332,3 +383,51 @@ def test_backward_takes_strided_lse_and_do():
     assert not lse_t.is_contiguous() and not do_t.is_contiguous()
     for got, expected in zip(module.backward(q, k, v, o, lse_t, do_t), want):
         assert torch.equal(got, expected)
+
+
+class _Perturbed:
+    """A module whose outputs (forward) or gradients (attention) are off by
+    a relative `eps`: a stand-in for a kernel with a subtle bug."""
+
+    def __init__(self, module, eps: float):
+        self.module, self.eps = module, eps
+
+    def forward(self, *args, **kwargs):
+        o, lse = self.module.forward(*args, **kwargs)
+        return o * (1 + self.eps), lse
+
+    def attention(self, q, k, v, **kwargs):
+        eps = self.eps
+
+        class Scale(torch.autograd.Function):
+            @staticmethod
+            def forward(ctx, x):
+                return x.clone()
+
+            @staticmethod
+            def backward(ctx, g):
+                return g * (1 + eps)
+
+        return self.module.attention(Scale.apply(q), k, v, **kwargs)
+
+
+@pytest.mark.parametrize("dtype", [ir.DType.FP32, ir.DType.FP16])
+def test_the_checks_reject_wrong_kernels(dtype):
+    """Negative controls for `verify`: a mask off by the diagonal fails, and
+    so do outputs or dq off by 2^-13 relative in fp32 (far below an fp16
+    rounding: TF32 products or a 16-bit P would show more) or 2^-7 in fp16
+    (a few fp16 roundings); the kernels themselves pass."""
+    from flashgen.verify import check_backward, check_forward
+
+    variant = make_variant("causal & window(8)", score="s + alibi", dtype=dtype)
+    shape = Shape(1, 2, 1, 40, 40)
+    q, k, v, gen = kernel_inputs(variant, shape, 0, DEVICE, 1.0)
+    module = build(variant)
+    assert check_forward(variant, module, q, k, v).ok
+    assert check_backward(variant, module, q, k, v, generator=gen).ok
+    strict = build(dataclasses.replace(variant, mask=make_variant("k < q & window(8)").mask))
+    assert not check_forward(variant, strict, q, k, v).ok
+    wrong = _Perturbed(module, 2.0**-13 if dtype is ir.DType.FP32 else 2.0**-7)
+    assert not check_forward(variant, wrong, q, k, v).ok
+    q, k, v, gen = kernel_inputs(variant, shape, 0, DEVICE, 1.0)
+    assert not check_backward(variant, wrong, q, k, v, generator=gen).ok

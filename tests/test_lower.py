@@ -446,7 +446,9 @@ def test_dense_edges_have_no_empty_tiles_in_bounds(mask, block):
 
 
 def test_diagonal_masks_are_recognised():
-    """The strategy above reaches the class: the property test is not vacuous."""
+    """`_diagonal_rows` accepts these hand-written members of its class (the
+    kinds `_diagonal_masks` draws) and rejects near misses, and the accepted
+    ones have no empty tile in their bounds."""
     n, b = ir.Name, ir.Binary
     dense = [
         _named("causal_prefix"),
