@@ -30,8 +30,14 @@ SPECS = sorted(
 # d128 runs the tiles `flashgen tune` measured fastest, (64, 64, 4, 2), which
 # spill 112 B and still beat the spill-free ones by 43%: BENCHMARKS.md, 14.)
 SPILL_FREE_BACKWARD = {("full", 128), ("full", 64), ("plain_causal", 64), ("encoder_band", 64)}
-# The modules with a warp-specialized Gluon forward (`lower._gluon_forward`).
+# The modules with a warp-specialized Gluon forward (`lower._gluon_forward`):
+# its own code for full and causal, and its mode for any other mask at d128
+# whose rows may see 4096 keys (not encoder_band's 257-key band, nor
+# gemma2_local with its rescale threshold).
 GLUON = {("full", 128), ("plain_causal", 128)}
+GLUON_ANY = {
+    (name, 128) for name in ("bloom_alibi", "llama4_local", "mistral_sliding", "prefix_lm")
+}
 # Every 16-bit module at d64 and d128 has the Gluon backward's two kernels
 # (`lower._gluon_backward`).  Its dQ kernel is free of spills, and so is its
 # dK/dV kernel at d64; at d128 the dK/dV consumers (two accumulators of
@@ -52,9 +58,9 @@ def resources() -> list[dict]:
     )
     assert out.returncode == 0, out.stderr[-2000:]
     rows = [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
-    # Forward and backward per spec and head dim, the Gluon forward of full
-    # and plain_causal at d128, and the two Gluon backward kernels.
-    expected = 2 * 2 * len(SPECS) + len(GLUON) + 2 * len(GLUON_BACKWARD)
+    # Forward and backward per spec and head dim, the Gluon forwards at d128,
+    # and the two Gluon backward kernels.
+    expected = 2 * 2 * len(SPECS) + len(GLUON | GLUON_ANY) + 2 * len(GLUON_BACKWARD)
     assert len(rows) == expected, out.stdout[-2000:]
     return rows
 
@@ -75,9 +81,12 @@ def test_backward_kernels_do_not_spill(resources):
 
 
 def test_gluon_forward_compiles_for_sm90_without_spills(resources):
+    """Full and causal without spills; the mode for any mask with a few
+    spilled registers today (0-20 B at maxnreg 168), none in the hundreds."""
     gluon = [r for r in resources if r["kernel"] == "_gluon_attn_fwd"]
-    assert {(r["name"], r["head_dim"]) for r in gluon} == GLUON
-    assert not [r for r in gluon if r["spill_stores"]]
+    assert {(r["name"], r["head_dim"]) for r in gluon} == GLUON | GLUON_ANY
+    assert not [r for r in gluon if (r["name"], r["head_dim"]) in GLUON and r["spill_stores"]]
+    assert all(r["spill_stores"] <= 64 for r in gluon), gluon
 
 
 def test_gluon_backward_compiles_for_sm90(resources):
