@@ -7,7 +7,10 @@ B = 16384 / N, H = 16: the module's Gluon forward, its Triton forward (an explic
 cuDNN, as forward TFLOP/s (median of do_bench).  Outputs are checked against
 cuDNN's first.
 
-    python3 scripts/gluon_ab.py [--seqlens 1024 2048 4096 16384] [MODULE.py ...]
+    python3 scripts/gluon_ab.py [--seqlens 1024 2048 4096 16384] [--persistent] [MODULE.py ...]
+
+--persistent adds a build with the persistent Gluon forward forced on
+(`lower.GLUON_PERSISTENT_UP_TO`, off in the generated modules until measured).
 
 With --any-mask SPEC ..., instead: the Gluon forward for any mask and score
 (`lower.GLUON_FORWARD_ANY`, forced on at every length and band width) of
@@ -48,6 +51,11 @@ def main() -> None:
         "--head-dim", type=int, default=128, help="not 128: the Gluon path forced on (a trial)"
     )
     parser.add_argument("--any-mask", nargs="+", metavar="SPEC", default=[])
+    parser.add_argument(
+        "--persistent",
+        action="store_true",
+        help="also the persistent Gluon forward, forced on (lower.GLUON_PERSISTENT_UP_TO)",
+    )
     args = parser.parse_args()
     if args.any_mask:
         any_mask(args.any_mask, args.seqlens)
@@ -60,6 +68,10 @@ def main() -> None:
     for spec in ("full", "plain_causal"):
         (variant,), _ = _check_sources(_read([f"examples/{spec}.attn"]))
         builds[(spec, "current")] = load_variant(dataclasses.replace(variant, head_dim=d))
+        if args.persistent:
+            up_to, lower.GLUON_PERSISTENT_UP_TO = lower.GLUON_PERSISTENT_UP_TO, 1 << 30
+            builds[(spec, "persistent")] = load_variant(dataclasses.replace(variant, head_dim=d))
+            lower.GLUON_PERSISTENT_UP_TO = up_to
     for path in args.modules:
         module = from_file(path)
         causal = "causal" in os.path.basename(path)

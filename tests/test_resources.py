@@ -126,14 +126,16 @@ def test_gluon_forward_for_any_mask_compiles_for_sm90():
     assert all(r["spill_stores"] <= 64 for r in gluon.values()), gluon
 
 
-def test_persistent_forward_prototype_compiles_for_sm90():
-    """scripts/gluon_fwd_persistent.py (BENCHMARKS.md entry 32, not yet run on
-    a GPU) compiles for sm_90a, full and causal, with its double-buffered Q
-    within shared memory and at most a few spilled bytes, so that its first
-    device call measures it instead of failing to build."""
+def test_persistent_gluon_forward_compiles_for_sm90():
+    """The persistent Gluon forward (`lower.GLUON_PERSISTENT_UP_TO`, off in
+    the generated modules until measured on a GPU) compiles for sm_90a, full
+    and causal, without spills and with its double-buffered Q within shared
+    memory, so that its first device call measures it instead of failing to
+    build."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    specs = ["examples/full.attn", "examples/plain_causal.attn"]
     out = subprocess.run(
-        [sys.executable, "scripts/gluon_fwd_persistent.py", "--compile-only"],
+        [sys.executable, "scripts/sm90_resources.py", *specs, "--gluon-persistent", "--json"],
         cwd=ROOT,
         env=env,
         capture_output=True,
@@ -141,9 +143,8 @@ def test_persistent_forward_prototype_compiles_for_sm90():
         timeout=900,
     )
     assert out.returncode == 0, out.stderr[-2000:]
-    rows = [line for line in out.stdout.splitlines() if line.startswith("persistent_attn_fwd")]
-    assert len(rows) == 2, out.stdout[-2000:]
-    for row in rows:  # "... regs R, spills S / L B, smem M"
-        spills, smem = row.split("spills ")[1].split(" B, smem ")
-        stores, loads = (int(x) for x in spills.split(" / "))
-        assert stores <= 16 and loads <= 32 and int(smem) <= 227 * 1024, row
+    rows = [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
+    persistent = {r["name"]: r for r in rows if r["kernel"] == "_gluon_attn_fwd_persistent"}
+    assert set(persistent) == {"full", "plain_causal"}, out.stdout[-2000:]
+    for r in persistent.values():
+        assert r["spill_stores"] == 0 and r["shared"] <= 227 * 1024, r

@@ -72,24 +72,80 @@ def test_any_mask_gluon_forward_from_4096_keys(name):
     assert taken == [4096, 4224]
 
 
-@pytest.mark.parametrize("causal", [False, True])
-@pytest.mark.parametrize("n, batch_heads", [(1024, 256), (4096, 64), (16384, 16), (384, 3)])
-def test_persistent_forward_schedule(n, batch_heads, causal):
-    """The prototype's host schedule gives every work item to exactly one CTA,
-    in the offsets-then-items layout its kernel reads, and evens the CTAs'
-    work out: none above the mean by more than the largest item."""
-    import gluon_fwd_persistent as proto
+def _persistent_module(name: str):
+    """The example module of `name` with the persistent Gluon forward (off in
+    the generated modules until measured), loaded with stub kernels."""
+    import host_stub
 
+    from flashgen import lower
+    from flashgen.api import load_variant
+    from flashgen.cli import _check_sources, _read
+
+    up_to, lower.GLUON_PERSISTENT_UP_TO = lower.GLUON_PERSISTENT_UP_TO, 2048
+    try:
+        examples = os.path.join(os.path.dirname(__file__), "..", "examples")
+        (variant,), _ = _check_sources(_read([os.path.join(examples, f"{name}.attn")]))
+        path = load_variant(variant).__file__
+    finally:
+        lower.GLUON_PERSISTENT_UP_TO = up_to
+    module = host_stub.load(path)
+    module._gluon_sm_count = lambda device: 132
+    return module
+
+
+@pytest.mark.parametrize("name", ["full", "plain_causal"])
+def test_persistent_forward_dispatch(name, tmp_path, monkeypatch):
+    """Calls of up to GLUON_PERSISTENT_UP_TO keys take the persistent kernel,
+    on min(items, SMs) CTAs and the schedule made for their shape; longer
+    ones the other Gluon forward."""
+    import torch
+
+    monkeypatch.setenv("FLASHGEN_CACHE_DIR", str(tmp_path))
+    module = _persistent_module(name)
+    assert module.GLUON_PERSISTENT_UP_TO == 2048
+    launches = []
+    launch = module._launch
+    module._launch = lambda kernel, grid, *a, **k: launches.append((kernel, grid, a)) or launch(
+        kernel, grid, *a, **k
+    )
+    for n, batch, heads in ((1024, 2, 16), (256, 1, 2), (2048, 1, 4), (2176, 1, 2)):
+        q = torch.randn(batch, heads, n, 128, dtype=module.DTYPE)
+        k, v = (torch.randn(batch, 2, n, 128, dtype=module.DTYPE) for _ in range(2))
+        module._forward(q, k, v, 0.1)
+    kernels = [(kernel is module._gluon_attn_fwd_persistent, grid) for kernel, grid, _ in launches]
+    assert kernels == [(True, (132, 1)), (True, (4, 1)), (True, (64, 1)), (False, (17, 2))]
+    schedule = launches[0][2][5]  # after the four descriptors and lse
+    assert schedule.dtype == torch.int32 and schedule[:133].tolist()[-1] == 2 * 16 * 8
+
+
+@pytest.mark.parametrize("name", ["full", "plain_causal"])
+@pytest.mark.parametrize("n, batch_heads", [(1024, 256), (4096, 64), (16384, 16), (384, 3)])
+def test_persistent_forward_schedule(name, n, batch_heads, tmp_path, monkeypatch):
+    """The module's schedule gives every work item to exactly one CTA, in the
+    offsets-then-items layout its kernel reads, and evens the CTAs' work
+    out: none above the mean by more than the largest item; under a causal
+    mask each CTA takes its items heaviest first within a group of heads."""
+    monkeypatch.setenv("FLASHGEN_CACHE_DIR", str(tmp_path))
+    module = _persistent_module(name)
+    causal = name == "plain_causal"
     grid = min(132, n // 128 * batch_heads)
-    group_heads = proto._group_heads(batch_heads, n, 128, 2)
-    flat = proto._schedule(n, batch_heads, group_heads, grid, causal, "cpu").tolist()
+    group_heads = max(1, min(batch_heads, module.GLUON_L2_BYTES // (2 * n * 128 * 2)))
+    flat = module._gluon_schedule(n, batch_heads, group_heads, grid, "cpu").tolist()
     offsets, items = flat[: grid + 1], flat[grid + 1 :]
     assert offsets[0] == 0 and offsets == sorted(offsets) and offsets[-1] == len(items)
     q_tiles = n // 128
     assert sorted(items) == list(range(q_tiles * batch_heads))
 
     def cost(code):
-        return (code % q_tiles + 1 if causal else q_tiles) + proto.FIXED_COST
+        return (code % q_tiles + 1 if causal else q_tiles) + module.GLUON_ITEM_COST
 
     loads = [sum(cost(c) for c in items[lo:hi]) for lo, hi in zip(offsets, offsets[1:])]
-    assert max(loads) - sum(loads) / grid <= q_tiles + proto.FIXED_COST
+    assert max(loads) - sum(loads) / grid <= q_tiles + module.GLUON_ITEM_COST
+    if causal:
+        for lo, hi in zip(offsets, offsets[1:]):
+            mine = items[lo:hi]
+            groups = [c // q_tiles // group_heads for c in mine]
+            assert groups == sorted(groups)
+            for g in set(groups):
+                tiles = [c % q_tiles for c, h in zip(mine, groups) if h == g]
+                assert tiles == sorted(tiles, reverse=True)
