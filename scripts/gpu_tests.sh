@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
-# tests/test_gpu.py in eight parallel processes (examples in fp16, in bf16, fp32
-# example outputs, fp32 example gradients, random forward specs and the Gluon
-# forward, the Gluon backward, the any-mask Gluon forward, random gradient specs),
-# spread over the machine's GPUs, each within SECONDS.  The per-case error table
+# tests/test_gpu.py in ten parallel processes (examples in fp16, in bf16, fp32
+# example outputs, fp32 example gradients in two halves, random forward specs and
+# the Gluon forward, the Gluon backward, the any-mask Gluon forward, the persistent
+# Gluon forward on its own (a hang there stops only its group), random gradient
+# specs), spread over the machine's GPUs, each within SECONDS.  The per-case error table
 # goes to $OUT/gpu_summary.txt, each group's log tail to stdout.  On a machine
-# whose time is rationed this is the check after every kernel change.  The
-# longest group, the fp32 example gradients, took 477 s on two H200s beside two
-# other groups (run 10a), the Gluon backward 396 s and the any-mask forward 326 s:
-# give the whole suite 540 s on two GPUs.  GPUS=1 puts every group on GPU 0,
+# whose time is rationed this is the check after every kernel change.  In run
+# 10a the fp32 example gradients took 477 s as one group on two H200s (now two
+# halves), the Gluon backward 396 s and the any-mask forward 326 s (it has
+# gained three N=4096 tests since): give the whole suite 540 s on two GPUs.  GPUS=1 puts every group on GPU 0,
 # leaving the others free.
 #   [FLASHGEN_GPU_EXAMPLES=16] [BACKWARD_ONLY=1] [GPUS=N] bash scripts/gpu_tests.sh SECONDS
 set -uo pipefail
@@ -34,13 +35,15 @@ if [ -n "${BACKWARD_ONLY:-}" ]; then  # a change to the backward kernels only
   group random-gradients "random_spec_gradients"
   group gluon-backward "gluon_backward"
 else
-  group examples-fp32-gradients "example_gradients and FP32"
+  group examples-fp32-gradients-a "example_gradients and FP32 and (bloom or custom or encoder or full or gemma)"
+  group examples-fp32-gradients-b "example_gradients and FP32 and (llama4 or mistral or plain_causal or prefix)"
   group gluon-backward "gluon_backward"
   group gluon-any-mask "gluon_forward_any"
+  group gluon-persistent "gluon_forward_persistent"
   group examples-fp16 "example and FP16"
   group examples-bf16 "example and BF16"
   group examples-fp32 "examples_on_gpu and FP32"
-  group random-forward "random_specs_on_gpu or tanh or direct_launches or another_gpu or (gluon_forward and not any_mask)"
+  group random-forward "random_specs_on_gpu or tanh or direct_launches or another_gpu or (gluon_forward and not any_mask and not persistent)"
   group random-gradients "random_spec_gradients"
 fi
 wait
