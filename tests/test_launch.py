@@ -146,3 +146,82 @@ def test_gluon_descriptors_reach_triton_as_its_own(module):
     assert type(through_triton) is module.GluonTensorDescriptor
     assert type(direct[-2]) is module._GluonBlocks  # the stand-in, read by the launcher
     assert direct[-2].base is x and direct[-2][1:] == blocks[1:]
+
+
+class _CudaLauncher:
+    """Triton 3.6's CudaLauncher as far as `_launch` reads it: `launch` is
+    Triton's own wrapper (`wrap_handle_tensordesc`) around a C launcher,
+    here one that records its arguments."""
+
+    launch_cooperative_grid, launch_pdl = False, True
+    global_scratch_size = profile_scratch_size = 0
+
+    def __init__(self, log, signature, metas):
+        from triton.backends.nvidia import driver
+
+        self.launch = driver.wrap_handle_tensordesc(
+            lambda *args: log.append(("C", args)), signature, metas
+        )
+
+    def __call__(self, gridX, gridY, gridZ, stream, function, *args):
+        # CudaLauncher.__call__ without scratch buffers.
+        self.launch(gridX, gridY, gridZ, stream, function, False, True, None, None, *args)
+
+
+def test_tma_cache_launches_as_triton_does(module, monkeypatch):
+    """With TMA_CACHE, a direct launch hands the C launcher exactly the
+    arguments Triton's wrapper would, and encodes each TMA map once per
+    address, geometry and block: a new address or shape encodes again."""
+    from triton.backends.nvidia import driver
+
+    encoded = []
+
+    def encode(arg, meta):  # make_tensordesc_arg without a GPU
+        encoded.append(arg.base.data_ptr())
+        return [("map", arg.base.data_ptr(), tuple(meta["block_size"])), *arg.shape, *arg.strides]
+
+    monkeypatch.setattr(driver, "make_tensordesc_arg", encode)
+    monkeypatch.setattr(module, "_tensordesc_arg", encode)
+    monkeypatch.setattr(module, "_TMA_LAUNCHERS", {})
+    monkeypatch.setattr(module, "_TMA_ARGS", {})
+    meta = dict(swizzle=3, elem_size=2, elem_type=1, block_size=[64, 64], fp4_padded=False)
+    signature = {"a": "tensordesc<fp16[64, 64]>", "n": "i32", "b": "tensordesc<fp16[64, 64]>"}
+    log = []
+    compiled = _Compiled(log)  # a CompiledKernel: hashable, by identity
+    compiled.run = _CudaLauncher(log, signature, [meta, dict(meta, block_size=[128, 64])])
+    x, y = (torch.zeros(2, 3, 128, 64, dtype=torch.float16) for _ in range(2))
+
+    def launch(a, b):
+        args = (module._gluon_descriptor(a, 64), 7, module._gluon_descriptor(b, 128))
+        # As `_launch` calls it after the first launch of a specialization.
+        compiled.run(5, 6, 1, 1234, "function", "metadata", None, None, None, *args)
+        assert module._launch_with_tma_cache(compiled, (5, 6), 1234, args)
+
+    launch(x, y)
+    (_, through_triton), (_, cached) = log
+    assert cached == through_triton
+    assert through_triton[-5][0] == "map" and through_triton[-5][2] == (
+        128,
+        64,
+    )  # b: map, shape, strides
+    assert len(encoded) == 4  # Triton's wrapper twice, the cache twice
+    launch(x, y)
+    assert log[3] == log[2] and len(encoded) == 6  # the cache encoded nothing
+    launch(y, x)  # other addresses for each descriptor
+    assert log[5] == log[4] and len(encoded) == 10
+    z = torch.zeros(2, 3, 256, 64, dtype=torch.float16)
+    launch(x, z[:, :, :128].contiguous())  # y's geometry at a new address, then a new shape
+    launch(x, z)
+    assert log[7] == log[6] and log[9] == log[8] and len(encoded) == 16
+
+
+def test_tma_cache_leaves_kernels_without_descriptors_to_triton(module, monkeypatch):
+    """A kernel without TMA descriptors (its launcher is the C function
+    itself) is launched as usual."""
+    monkeypatch.setattr(module, "TMA_CACHE", True)
+    monkeypatch.setattr(module, "_TMA_LAUNCHERS", {})
+    kernel = _Kernel()
+    x = torch.zeros(4, 4)
+    module._launch(kernel, (1, 1), *_args(x))
+    module._launch(kernel, (1, 1), *_args(x))
+    assert [entry[0] for entry in kernel.log] == ["triton", "direct"]
