@@ -1237,9 +1237,9 @@ def key_span(e: ir.Expr) -> int | None:
     (None: not bounded, or not by a form recognized here).
 
     A band lo <= k - q <= hi (the comparisons of an & chain) sees at most
-    hi - lo + 1 keys, a chunk C (q div C == k div C) at most C, k < P at
-    most P; & keeps the smallest bound of its operands, | adds its
-    operands' bounds.
+    hi - lo + 1 keys, `abs(q - k) < c` 2c - 1, a chunk C (q div C == k div C)
+    at most C, k < P at most P; & keeps the smallest bound of its operands,
+    | adds its operands' bounds.
     """
     if isinstance(e, ir.Binary) and e.op is ir.BinOp.OR:
         left, right = key_span(e.left), key_span(e.right)
@@ -1257,6 +1257,10 @@ def key_span(e: ir.Expr) -> int | None:
             span = key_span(x)
             if span is not None:
                 spans.append(span)
+            return
+        near = _abs_band(x)
+        if near is not None:  # -near <= k - q <= near
+            lo, hi = max(lo, -near), min(hi, near)
             return
         few = _chunk_size(x)
         if few is None:
@@ -1297,6 +1301,24 @@ def _keys_below(e: ir.Expr) -> int | None:
     if op not in (ir.BinOp.LT, ir.BinOp.LE):
         return None
     return max(0, bound + (op is ir.BinOp.LE))
+
+
+def _abs_band(e: ir.Expr) -> int | None:
+    """The largest |k - q| that `abs(q - k) < c` (either difference, either
+    side) allows, c - 1, or c for `<=`; None for other forms."""
+    if not _is_comparison(e):
+        return None
+    for a, b, op in ((e.left, e.right, e.op), (e.right, e.left, _FLIPPED.get(e.op))):
+        if not (isinstance(a, ir.Call) and a.fn == "abs" and isinstance(b, ir.Num)):
+            continue
+        d = affine(a.args[0])
+        if d is None or _clean(d) not in _K_MINUS_Q or not isinstance(b.value, int):
+            continue
+        if op is ir.BinOp.LT:
+            return b.value - 1
+        if op is ir.BinOp.LE:
+            return b.value
+    return None
 
 
 def _chunk_size(e: ir.Expr) -> int | None:

@@ -586,6 +586,10 @@ def test_key_span_bounds_every_row(mask, n_queries, n_keys):
         ("causal & (window(7) | chunk(64))", 72),
         ("prefix(256)", 256),
         ("k <= 9 | k == 300", 11),
+        ("abs(q - k) < 100", 199),
+        ("abs(k - q) <= 4 & causal", 5),  # the band k - q in [-4, 0]
+        ("7 > abs(q - k)", 13),
+        ("abs(q - k) > 7", None),
         ("k > 9", None),
         ("q div 64 == k div 32", None),
         ("!(k > q + 3) & k >= q - 3", 7),
