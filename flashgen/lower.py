@@ -1001,14 +1001,20 @@ def is_band(e: ir.Expr) -> bool:
         read = _k_minus_q(x)
         if read is None or read[0] is ir.BinOp.NE:
             return False
-        op, bound = read
-        if op in (ir.BinOp.LE, ir.BinOp.LT, ir.BinOp.EQ):
-            hi = min(hi, bound - (op is ir.BinOp.LT))
-        if op in (ir.BinOp.GE, ir.BinOp.GT, ir.BinOp.EQ):
-            lo = max(lo, bound + (op is ir.BinOp.GT))
+        lo, hi = _narrow_band(lo, hi, *read)
         return True
 
     return walk(e) and lo <= hi
+
+
+def _narrow_band(lo: float, hi: float, op: ir.BinOp, bound: int) -> tuple[float, float]:
+    """The band lo <= k - q <= hi intersected with `k - q  op  bound`
+    (unchanged by !=)."""
+    if op in (ir.BinOp.LE, ir.BinOp.LT, ir.BinOp.EQ):
+        hi = min(hi, bound - (op is ir.BinOp.LT))
+    if op in (ir.BinOp.GE, ir.BinOp.GT, ir.BinOp.EQ):
+        lo = max(lo, bound + (op is ir.BinOp.GT))
+    return lo, hi
 
 
 def edges_dense(e: ir.Expr) -> bool:
@@ -1269,13 +1275,8 @@ def key_span(e: ir.Expr) -> int | None:
             spans.append(few)
             return
         read = _k_minus_q(x)
-        if read is None:
-            return
-        op, bound = read
-        if op in (ir.BinOp.LE, ir.BinOp.LT, ir.BinOp.EQ):
-            hi = min(hi, bound - (op is ir.BinOp.LT))
-        if op in (ir.BinOp.GE, ir.BinOp.GT, ir.BinOp.EQ):
-            lo = max(lo, bound + (op is ir.BinOp.GT))
+        if read is not None:
+            lo, hi = _narrow_band(lo, hi, *read)
 
     walk(e)
     if lo > -math.inf and hi < math.inf:
