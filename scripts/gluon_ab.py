@@ -10,7 +10,9 @@ cuDNN's first.
     python3 scripts/gluon_ab.py [--seqlens 1024 2048 4096 16384] [--persistent] [MODULE.py ...]
 
 --persistent adds a build with the persistent Gluon forward forced on
-(`lower.GLUON_PERSISTENT_UP_TO`, off in the generated modules until measured).
+(`lower.GLUON_PERSISTENT_UP_TO`, off in the generated modules until measured),
+timed with each of PERSISTENT_STAGES (K and V buffers).  --repeat R times
+every system R times, interleaved, one line per round.
 
 With --any-mask SPEC ..., instead: the Gluon forward for any mask and score
 (`lower.GLUON_FORWARD_ANY`, forced on at every length and band width) of
@@ -34,6 +36,8 @@ from flashgen import lower  # noqa: E402
 from flashgen.api import load_variant  # noqa: E402
 from flashgen.cli import _check_sources, _read  # noqa: E402
 
+PERSISTENT_STAGES = [(3, 2), (2, 2)]  # the module's default first; (2, 2) is entry 34's kernel
+
 
 def from_file(path: str):
     name = "ab_" + os.path.basename(path).removesuffix(".py") + f"_{abs(hash(path)) % 10**6}"
@@ -56,6 +60,7 @@ def main() -> None:
         action="store_true",
         help="also the persistent Gluon forward, forced on (lower.GLUON_PERSISTENT_UP_TO)",
     )
+    parser.add_argument("--repeat", type=int, default=1, help="rounds of every timing")
     args = parser.parse_args()
     if args.any_mask:
         any_mask(args.any_mask, args.seqlens)
@@ -81,33 +86,43 @@ def main() -> None:
         q, k, v = (torch.randn(b, h, n, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
         for spec, causal in (("full", False), ("plain_causal", True)):
             flops = 4 * b * h * n * n * d * ((n + 1) / (2 * n) if causal else 1.0)
-            with torch.nn.attention.sdpa_kernel(torch.nn.attention.SDPBackend.CUDNN_ATTENTION):
-                ref = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal)
-                cudnn = triton.testing.do_bench(
-                    lambda: torch.nn.functional.scaled_dot_product_attention(
-                        q, k, v, is_causal=causal
-                    ),
-                    warmup=50,
-                    rep=200,
-                )
-            line = f"{spec:13s} N={n:6d} cuDNN {flops / cudnn / 1e9:6.1f}"
+            cudnn_backend = torch.nn.attention.SDPBackend.CUDNN_ATTENTION
+            sdpa = lambda: torch.nn.functional.scaled_dot_product_attention(  # noqa: E731
+                q, k, v, is_causal=causal
+            )
+            with torch.nn.attention.sdpa_kernel(cudnn_backend):
+                ref = sdpa()
+            systems = {}
             for (name, label), module in builds.items():
                 if name != spec:
                     continue
-                gluon = lambda: module.forward(q, k, v)  # noqa: E731
-                err = (gluon()[0].float() - ref.float()).abs().max().item()
-                ms = triton.testing.do_bench(gluon, warmup=50, rep=200)
-                line += (
-                    f" | {os.path.basename(label)} gluon {flops / ms / 1e9:6.1f} (err {err:.1e})"
-                )
+                stages = PERSISTENT_STAGES if label == "persistent" else [None]
+                for kv in stages:
+                    tag = os.path.basename(label) + (f" {kv[0]}/{kv[1]}" if kv else "")
+                    systems[tag] = (module, kv)
             current = builds[(spec, "current")]
             config = dict(
                 zip(("block_m", "block_n", "num_warps", "num_stages"), current.GPU_CONFIG)
             )
             triton_fwd = lambda: current.forward(q, k, v, **config, tma=current.GPU_TMA)  # noqa
-            ms = triton.testing.do_bench(triton_fwd, warmup=50, rep=200)
-            line += f" | triton {flops / ms / 1e9:6.1f}"
-            print(line, flush=True)
+            errors = {}
+            for tag, (module, kv) in systems.items():
+                if kv:
+                    module.GLUON_PERSISTENT_STAGES = kv
+                errors[tag] = (module.forward(q, k, v)[0].float() - ref.float()).abs().max().item()
+            for _ in range(args.repeat):
+                with torch.nn.attention.sdpa_kernel(cudnn_backend):
+                    cudnn = triton.testing.do_bench(sdpa, warmup=50, rep=200)
+                line = f"{spec:13s} N={n:6d} cuDNN {flops / cudnn / 1e9:6.1f}"
+                for tag, (module, kv) in systems.items():
+                    if kv:
+                        module.GLUON_PERSISTENT_STAGES = kv
+                    gluon = lambda: module.forward(q, k, v)  # noqa: E731
+                    ms = triton.testing.do_bench(gluon, warmup=50, rep=200)
+                    line += f" | {tag} gluon {flops / ms / 1e9:6.1f} (err {errors[tag]:.1e})"
+                ms = triton.testing.do_bench(triton_fwd, warmup=50, rep=200)
+                line += f" | triton {flops / ms / 1e9:6.1f}"
+                print(line, flush=True)
 
 
 def any_mask(paths: list[str], seqlens: list[int]) -> None:

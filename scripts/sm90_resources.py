@@ -134,11 +134,11 @@ def gluon_resources(module) -> list:
             module._gluon_attn_fwd_persistent,
             dict(q_desc=64, k_desc=128, v_desc=128, o_desc=64),
             scalars,
-            dict(STAGES=stages),
+            dict(K_STAGES=stages[0], V_STAGES=stages[1]),
             dict(num_warps=4, maxnreg=168),
         )
         found.append(
-            Resources("_gluon_attn_fwd_persistent", (64, 128, 4, stages), True, *resources)
+            Resources("_gluon_attn_fwd_persistent", (64, 128, 4, *stages), True, *resources)
         )
     if hasattr(module, "_gluon_attn_bwd_dkdv"):
         tile = module.GLUON_BWD_TILE
@@ -193,7 +193,7 @@ def ptxas_report(ptx: str) -> tuple[int, int, int]:
 @dataclasses.dataclass(frozen=True)
 class Resources:
     kernel: str
-    config: tuple[int, int, int, int]
+    config: tuple[int, ...]  # block_m, block_n, warps, stages (the persistent forward: K's, V's)
     tma: bool
     registers: int
     spill_stores: int
