@@ -200,10 +200,8 @@ def test_tma_cache_launches_as_triton_does(module, monkeypatch):
     launch(x, y)
     (_, through_triton), (_, cached) = log
     assert cached == through_triton
-    assert through_triton[-5][0] == "map" and through_triton[-5][2] == (
-        128,
-        64,
-    )  # b: map, shape, strides
+    b_map = through_triton[-5]  # b's arguments: map, shape, strides
+    assert b_map[0] == "map" and b_map[2] == (128, 64)
     assert len(encoded) == 4  # Triton's wrapper twice, the cache twice
     launch(x, y)
     assert log[3] == log[2] and len(encoded) == 6  # the cache encoded nothing

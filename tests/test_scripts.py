@@ -129,7 +129,7 @@ def test_persistent_forward_schedule(name, n, batch_heads, tmp_path, monkeypatch
     module = _persistent_module(name)
     causal = name == "plain_causal"
     grid = min(132, n // 128 * batch_heads)
-    group_heads = max(1, min(batch_heads, module.GLUON_L2_BYTES // (2 * n * 128 * 2)))
+    group_heads = module._gluon_group_heads(batch_heads, n, 128, 2)
     flat = module._gluon_schedule(n, batch_heads, group_heads, grid, "cpu").tolist()
     offsets, items = flat[: grid + 1], flat[grid + 1 :]
     assert offsets[0] == 0 and offsets == sorted(offsets) and offsets[-1] == len(items)
