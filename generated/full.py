@@ -1645,9 +1645,10 @@ def _gluon_descriptor(x: torch.Tensor, rows: int) -> _GluonBlocks:
 # copy: the two 64-row halves of Q, then K and V tile by tile into
 # GLUON_STAGES buffers, each refilled once both consumers have released it.
 # Two consumer partitions of one warp group each run the online softmax over
-# their own 64 rows, and within each the product S(j+1) = Q K(j+1)^T is
-# issued before the softmax of tile j, so the tensor cores keep working while
-# the softmax runs; the warp scheduler interleaves the two consumers too.
+# their own 64 rows.  The consumers take turns at the tensor cores
+# (ping-pong): each issues its products for a tile and hands the turn over, so
+# one consumer's softmax runs while the other's products keep the tensor
+# cores busy (flashgen's BENCHMARKS.md, entry 37).
 # Used when the call allows it (`_gluon_supported`), else the Triton kernel.
 # --------------------------------------------------------------------------- #
 
@@ -1732,76 +1733,91 @@ def _gluon_fwd_consumer(args, HALF: gl.constexpr):
     acc = gl.zeros([ROWS, HEAD_DIM], gl.float32, o_layout)
     s_zero = gl.zeros([ROWS, BLOCK_N], gl.float32, s_layout)
 
+    # The two consumers take turns at the tensor cores (ping-pong): in its
+    # turn a consumer issues S(j) = Q K(j)^T and then P(j-1) V(j-1), and hands
+    # the turn over, so that its softmax of tile j runs while the other
+    # consumer's products keep the tensor cores busy.  Turns are q_bars 2 and
+    # 3: consumer h waits on 2 + h and arrives on 3 - h; a fresh barrier's
+    # phase 1 counts as complete, so consumer 0's first wait passes.  Each
+    # consumer takes n_tiles + 1 turns.
     mbarrier.wait(q_bars.index(HALF), 0)
+    turn = q_bars.index(2 + HALF)
+    other = q_bars.index(3 - HALF)
+    mbarrier.wait(turn, 1 - HALF)  # turn 0: S(0)
     mbarrier.wait(k_ready.index(0), 0)
     s = warpgroup_mma(
         q_buf, k_smem.index(0).permute((1, 0)), s_zero, use_acc=False, is_async=True
     )
+    mbarrier.arrive(other, count=1)
     s = warpgroup_mma_wait(num_outstanding=0, deps=(s,))
     mbarrier.arrive(k_empty.index(0), count=1)
     last = n_tiles - 1
     if n_tiles > 1:
-        # Tile 0, then tiles 1 .. last - 1 unmasked, each with S(j+1) in flight.
-        mbarrier.wait(k_ready.index(1 % STAGES), (1 // STAGES) & 1)
-        s_next = warpgroup_mma(
-            q_buf,
-            k_smem.index(1 % STAGES).permute((1, 0)),
-            s_zero,
-            use_acc=False,
-            is_async=True,
-        )
+        # Tiles 0 .. last - 1 unmasked; turn j issues S(j), then P(j - 1) V(j - 1).
         p, m_i, l_i, alpha = _gluon_softmax_step(
             s, m_i, l_i, qk_scale, q_idx, key0, False, o_rows
         )
-        mbarrier.wait(v_ready.index(0), 0)
-        acc = warpgroup_mma(
-            gl.convert_layout(p.to(dtype), p_layout),
-            v_smem.index(0),
-            acc,
-            is_async=True,
-        )
-        s = warpgroup_mma_wait(num_outstanding=1, deps=(s_next,))
-        mbarrier.arrive(k_empty.index(1 % STAGES), count=1)
         for j in range(1, last):
             stage = j % STAGES
-            next_stage = (j + 1) % STAGES
-            mbarrier.wait(k_ready.index(next_stage), ((j + 1) // STAGES) & 1)
-            s_next = warpgroup_mma(
+            prev = (j - 1) % STAGES
+            mbarrier.wait(turn, (j & 1) ^ (1 - HALF))
+            mbarrier.wait(k_ready.index(stage), (j // STAGES) & 1)
+            s = warpgroup_mma(
                 q_buf,
-                k_smem.index(next_stage).permute((1, 0)),
+                k_smem.index(stage).permute((1, 0)),
                 s_zero,
                 use_acc=False,
                 is_async=True,
             )
-            p, m_i, l_i, alpha = _gluon_softmax_step(
-                s, m_i, l_i, qk_scale, q_idx, key0 + j * BLOCK_N, False, o_rows
-            )
-            acc = warpgroup_mma_wait(
-                num_outstanding=1, deps=(acc,)
-            )  # P V of tile j - 1 is done
-            mbarrier.arrive(v_empty.index((j - 1) % STAGES), count=1)
             acc = acc * gl.expand_dims(alpha, 1)
-            mbarrier.wait(v_ready.index(stage), (j // STAGES) & 1)
+            mbarrier.wait(v_ready.index(prev), ((j - 1) // STAGES) & 1)
             acc = warpgroup_mma(
                 gl.convert_layout(p.to(dtype), p_layout),
-                v_smem.index(stage),
+                v_smem.index(prev),
                 acc,
                 is_async=True,
             )
-            s = warpgroup_mma_wait(
-                num_outstanding=1, deps=(s_next,)
-            )  # S(j + 1) is done
-            mbarrier.arrive(k_empty.index(next_stage), count=1)
+            mbarrier.arrive(other, count=1)
+            s = warpgroup_mma_wait(num_outstanding=1, deps=(s,))  # S(j) is done
+            mbarrier.arrive(k_empty.index(stage), count=1)
+            p, m_i, l_i, alpha = _gluon_softmax_step(
+                s, m_i, l_i, qk_scale, q_idx, key0 + j * BLOCK_N, False, o_rows
+            )
+            acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+            mbarrier.arrive(v_empty.index(prev), count=1)
+        stage = last % STAGES  # turn last: the boundary tile
+        prev = (last - 1) % STAGES
+        mbarrier.wait(turn, (last & 1) ^ (1 - HALF))
+        mbarrier.wait(k_ready.index(stage), (last // STAGES) & 1)
+        s = warpgroup_mma(
+            q_buf,
+            k_smem.index(stage).permute((1, 0)),
+            s_zero,
+            use_acc=False,
+            is_async=True,
+        )
+        acc = acc * gl.expand_dims(alpha, 1)
+        mbarrier.wait(v_ready.index(prev), ((last - 1) // STAGES) & 1)
+        acc = warpgroup_mma(
+            gl.convert_layout(p.to(dtype), p_layout),
+            v_smem.index(prev),
+            acc,
+            is_async=True,
+        )
+        mbarrier.arrive(other, count=1)
+        s = warpgroup_mma_wait(num_outstanding=1, deps=(s,))
+        mbarrier.arrive(k_empty.index(stage), count=1)
         p, m_i, l_i, alpha = _gluon_softmax_step(
             s, m_i, l_i, qk_scale, q_idx, key0 + last * BLOCK_N, True, o_rows
         )
         acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
-        mbarrier.arrive(v_empty.index((last - 1) % STAGES), count=1)
-        acc = acc * gl.expand_dims(alpha, 1)
+        mbarrier.arrive(v_empty.index(prev), count=1)
     else:
         p, m_i, l_i, alpha = _gluon_softmax_step(
             s, m_i, l_i, qk_scale, q_idx, key0, True, o_rows
         )
+    mbarrier.wait(turn, ((last + 1) & 1) ^ (1 - HALF))  # the last turn: P(last) V(last)
+    acc = acc * gl.expand_dims(alpha, 1)
     mbarrier.wait(v_ready.index(last % STAGES), (last // STAGES) & 1)
     acc = warpgroup_mma(
         gl.convert_layout(p.to(dtype), p_layout),
@@ -1809,6 +1825,7 @@ def _gluon_fwd_consumer(args, HALF: gl.constexpr):
         acc,
         is_async=True,
     )
+    mbarrier.arrive(other, count=1)
     acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
     mbarrier.arrive(v_empty.index(last % STAGES), count=1)
 
@@ -1901,7 +1918,7 @@ def _gluon_attn_fwd(
     v_smem = gl.allocate_shared_memory(
         dtype, [STAGES, BLOCK_N, HEAD_DIM], v_desc.layout
     )
-    q_bars = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    q_bars = gl.allocate_shared_memory(gl.int64, [4, 1], mbarrier.MBarrierLayout())
     k_ready = gl.allocate_shared_memory(
         gl.int64, [STAGES, 1], mbarrier.MBarrierLayout()
     )
@@ -1914,7 +1931,7 @@ def _gluon_attn_fwd(
     v_empty = gl.allocate_shared_memory(
         gl.int64, [STAGES, 1], mbarrier.MBarrierLayout()
     )
-    for i in gl.static_range(2):
+    for i in gl.static_range(4):  # Q's halves, then the consumers' turns
         mbarrier.init(q_bars.index(i), count=1)
     for i in gl.static_range(STAGES):
         mbarrier.init(k_ready.index(i), count=1)

@@ -570,64 +570,48 @@ for group in (8, 16):
     )
 
 
-# Ping-pong between the Gluon forward's two consumers (BENCHMARKS.md entry 37):
-# each consumer issues its products for a key tile (S(j) = Q K(j)^T, then
-# P(j-1) V(j-1)) only in its turn, and hands the turn to the other consumer
-# right after issuing, so that one consumer's softmax runs while the other's
-# products keep the tensor cores busy, instead of both reaching their softmax
-# at once.  The turns are two more mbarriers (count 1) after Q's two: consumer
-# h waits on barrier 2 + h and arrives on barrier 3 - h; consumer 0's first
-# wait passes (a fresh barrier's phase 1 counts as complete).  Both consumers
-# take n_tiles + 1 turns.
-PINGPONG_LOOP = """\
+# Ping-pong between the Gluon forward's two consumers (BENCHMARKS.md entry 37)
+# is in the modules; "no-pingpong" puts back the loop it replaced, where each
+# consumer issues S(j+1) before the softmax of tile j and the two consumers
+# run unsynchronized (the warp scheduler interleaves them).  The softmax step
+# is called as the module calls it: with the tile's masked flag for full and
+# causal, with the mask's positions for any other mask.
+SEQUENTIAL_LOOP = """\
     mbarrier.wait(q_bars.index(HALF), 0)
-    turn = q_bars.index(2 + HALF)
-    other = q_bars.index(3 - HALF)
-    mbarrier.wait(turn, 1 - HALF)  # turn 0: S(0)
     mbarrier.wait(k_ready.index(0), 0)
     s = warpgroup_mma(q_buf, k_smem.index(0).permute((1, 0)), s_zero, use_acc=False, is_async=True)
-    mbarrier.arrive(other, count=1)
     s = warpgroup_mma_wait(num_outstanding=0, deps=(s,))
     mbarrier.arrive(k_empty.index(0), count=1)
     last = n_tiles - 1
     if n_tiles > 1:
-        p, m_i, l_i, alpha = _gluon_softmax_step(s, m_i, l_i, qk_scale, q_idx, key0, False, o_rows)
-        for j in range(1, last):  # turn j: S(j), then P(j - 1) V(j - 1)
+        mbarrier.wait(k_ready.index(1 % STAGES), (1 // STAGES) & 1)
+        s_next = warpgroup_mma(q_buf, k_smem.index(1 % STAGES).permute((1, 0)), s_zero, use_acc=False, is_async=True)
+        p, m_i, l_i, alpha = {first}
+        mbarrier.wait(v_ready.index(0), 0)
+        acc = warpgroup_mma(gl.convert_layout(p.to(dtype), p_layout), v_smem.index(0), acc, is_async=True)
+        s = warpgroup_mma_wait(num_outstanding=1, deps=(s_next,))
+        mbarrier.arrive(k_empty.index(1 % STAGES), count=1)
+        for j in range(1, last):
             stage = j % STAGES
-            prev = (j - 1) % STAGES
-            mbarrier.wait(turn, (j & 1) ^ (1 - HALF))
-            mbarrier.wait(k_ready.index(stage), (j // STAGES) & 1)
-            s = warpgroup_mma(q_buf, k_smem.index(stage).permute((1, 0)), s_zero, use_acc=False, is_async=True)
+            next_stage = (j + 1) % STAGES
+            mbarrier.wait(k_ready.index(next_stage), ((j + 1) // STAGES) & 1)
+            s_next = warpgroup_mma(q_buf, k_smem.index(next_stage).permute((1, 0)), s_zero, use_acc=False, is_async=True)
+            p, m_i, l_i, alpha = {middle}
+            acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc,))
+            mbarrier.arrive(v_empty.index((j - 1) % STAGES), count=1)
             acc = acc * gl.expand_dims(alpha, 1)
-            mbarrier.wait(v_ready.index(prev), ((j - 1) // STAGES) & 1)
-            acc = warpgroup_mma(gl.convert_layout(p.to(dtype), p_layout), v_smem.index(prev), acc, is_async=True)
-            mbarrier.arrive(other, count=1)
-            s = warpgroup_mma_wait(num_outstanding=1, deps=(s,))  # S(j) is done
-            mbarrier.arrive(k_empty.index(stage), count=1)
-            p, m_i, l_i, alpha = _gluon_softmax_step(s, m_i, l_i, qk_scale, q_idx, key0 + j * BLOCK_N, False, o_rows)
-            acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
-            mbarrier.arrive(v_empty.index(prev), count=1)
-        stage = last % STAGES  # turn last: the masked tile
-        prev = (last - 1) % STAGES
-        mbarrier.wait(turn, (last & 1) ^ (1 - HALF))
-        mbarrier.wait(k_ready.index(stage), (last // STAGES) & 1)
-        s = warpgroup_mma(q_buf, k_smem.index(stage).permute((1, 0)), s_zero, use_acc=False, is_async=True)
-        acc = acc * gl.expand_dims(alpha, 1)
-        mbarrier.wait(v_ready.index(prev), ((last - 1) // STAGES) & 1)
-        acc = warpgroup_mma(gl.convert_layout(p.to(dtype), p_layout), v_smem.index(prev), acc, is_async=True)
-        mbarrier.arrive(other, count=1)
-        s = warpgroup_mma_wait(num_outstanding=1, deps=(s,))
-        mbarrier.arrive(k_empty.index(stage), count=1)
-        p, m_i, l_i, alpha = _gluon_softmax_step(s, m_i, l_i, qk_scale, q_idx, key0 + last * BLOCK_N, True, o_rows)
+            mbarrier.wait(v_ready.index(stage), (j // STAGES) & 1)
+            acc = warpgroup_mma(gl.convert_layout(p.to(dtype), p_layout), v_smem.index(stage), acc, is_async=True)
+            s = warpgroup_mma_wait(num_outstanding=1, deps=(s_next,))
+            mbarrier.arrive(k_empty.index(next_stage), count=1)
+        p, m_i, l_i, alpha = {last}
         acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
-        mbarrier.arrive(v_empty.index(prev), count=1)
+        mbarrier.arrive(v_empty.index((last - 1) % STAGES), count=1)
+        acc = acc * gl.expand_dims(alpha, 1)
     else:
-        p, m_i, l_i, alpha = _gluon_softmax_step(s, m_i, l_i, qk_scale, q_idx, key0, True, o_rows)
-    mbarrier.wait(turn, ((last + 1) & 1) ^ (1 - HALF))  # the last turn: P(last) V(last)
-    acc = acc * gl.expand_dims(alpha, 1)
+        p, m_i, l_i, alpha = {only}
     mbarrier.wait(v_ready.index(last % STAGES), (last // STAGES) & 1)
     acc = warpgroup_mma(gl.convert_layout(p.to(dtype), p_layout), v_smem.index(last % STAGES), acc, is_async=True)
-    mbarrier.arrive(other, count=1)
     acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
     mbarrier.arrive(v_empty.index(last % STAGES), count=1)
 
@@ -636,32 +620,36 @@ PINGPONG_LOOP = """\
 
 def _consumer_loop(spec: str) -> str:
     """The Gluon forward consumer's main loop in examples/<spec>'s generated
-    module (identical for full and plain_causal), from its wait for Q to the
-    epilogue: the text the ping-pong experiment replaces."""
+    module, from its wait for Q to the epilogue: the text "no-pingpong"
+    replaces."""
     with open(os.path.join(ROOT, "generated", f"{spec}.py")) as f:
         source = f.read()
     start = source.index("    mbarrier.wait(q_bars.index(HALF), 0)\n")
-    end = source.index("    acc = acc / gl.expand_dims(gl.convert_layout(l_i, o_rows), 1)\n", start)
+    end = source.index("    acc = acc / gl.expand_dims(", start)
+    if "# Rows that saw no visible key" in source[start:end]:
+        end = source.index("    # Rows that saw no visible key", start)
     return source[start:end]
 
 
-def pingpong(spec: str) -> tuple[tuple[str, str], ...]:
-    return (
-        (_consumer_loop(spec), PINGPONG_LOOP),
-        (
-            "q_bars = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())",
-            "q_bars = gl.allocate_shared_memory(gl.int64, [4, 1], mbarrier.MBarrierLayout())",
-        ),
-        (
-            "    for i in gl.static_range(2):\n        mbarrier.init(q_bars.index(i), count=1)\n",
-            "    for i in gl.static_range(4):  # Q's halves, then the consumers' turns\n"
-            "        mbarrier.init(q_bars.index(i), count=1)\n",
-        ),
+def no_pingpong(spec: str, any_mask: bool) -> tuple[tuple[str, str], ...]:
+    def step(k_start: str, masked: bool) -> str:
+        if any_mask:
+            return f"_gluon_softmax_step(s, m_i, l_i, sm_scale, q_idx, {k_start}, o_rows, pos)"
+        return f"_gluon_softmax_step(s, m_i, l_i, qk_scale, q_idx, {k_start}, {masked}, o_rows)"
+
+    loop = SEQUENTIAL_LOOP.format(
+        first=step("key0", False),
+        middle=step("key0 + j * BLOCK_N", False),
+        last=step("key0 + last * BLOCK_N", True),
+        only=step("key0", True),
     )
+    return ((_consumer_loop(spec), loop),)
 
 
-for spec in ("full", "plain_causal"):
-    experiment(f"{spec} gluon-fwd pingpong", f"examples/{spec}.attn", *pingpong(spec))
+for spec, any_mask in (("full", False), ("plain_causal", False), ("mistral_sliding", True)):
+    experiment(
+        f"{spec} gluon-fwd no-pingpong", f"examples/{spec}.attn", *no_pingpong(spec, any_mask)
+    )
 
 
 def main() -> None:
