@@ -157,9 +157,6 @@ class KernelModel:
     gluon_stages: int = 3
     # The fewest keys a call needs for the Gluon forward (0: any number).
     gluon_min_keys: int = 0
-    # The most keys of a call that takes the persistent Gluon forward (0: the
-    # module has none).
-    gluon_persistent_up_to: int = 0
     # The warp-specialized Gluon backward for Hopper (see `_gluon_backward`),
     # its streamed buffers (dK/dV kernel, dQ kernel), and whether its dQ CTAs
     # take the last query rows first (they see the most keys).
@@ -1231,11 +1228,6 @@ def _gpu_tma(head_dim_pad: int, dtype: ir.DType) -> tuple[bool, bool]:
 # must allow that many (`key_span`), the call's sequence must be that long.
 GLUON_FORWARD_ANY = True
 GLUON_ANY_MIN_KEYS = 4096
-# The persistent variant of the full and causal Gluon forward
-# (templates/gluon_forward_persistent.py.j2, BENCHMARKS.md entries 32 and 34)
-# serves calls of up to this many keys; 0 leaves it out of the modules.  Not
-# yet measured on a GPU: off.
-GLUON_PERSISTENT_UP_TO = 0
 
 
 def key_span(e: ir.Expr) -> int | None:
@@ -1472,7 +1464,6 @@ def lower(v: ir.Variant, tuning: Tuning | None = None) -> KernelModel:
         tuned_on=tuning.device if tuning else None,
         gluon_forward=gluon,
         gluon_min_keys=GLUON_ANY_MIN_KEYS if gluon == "any" else 0,
-        gluon_persistent_up_to=GLUON_PERSISTENT_UP_TO if gluon in ("full", "causal") else 0,
         gluon_backward=_gluon_backward(v),
         gluon_dq_heavy_last=keys_before_queries(mask),
     )

@@ -7,12 +7,9 @@ B = 16384 / N, H = 16: the module's Gluon forward, its Triton forward (an explic
 cuDNN, as forward TFLOP/s (median of do_bench).  Outputs are checked against
 cuDNN's first.
 
-    python3 scripts/gluon_ab.py [--seqlens 1024 2048 4096 16384] [--persistent] [MODULE.py ...]
+    python3 scripts/gluon_ab.py [--seqlens 1024 2048 4096 16384] [--repeat R] [MODULE.py ...]
 
---persistent adds a build with the persistent Gluon forward forced on
-(`lower.GLUON_PERSISTENT_UP_TO`, off in the generated modules until measured),
-timed with each of PERSISTENT_STAGES (K and V buffers).  --repeat R times
-every system R times, interleaved, one line per round.
+--repeat R times every system R times, interleaved, one line per round.
 
 With --any-mask SPEC ..., instead: the Gluon forward for any mask and score
 (`lower.GLUON_FORWARD_ANY`, forced on at every length and band width) of
@@ -36,8 +33,6 @@ from flashgen import lower  # noqa: E402
 from flashgen.api import load_variant  # noqa: E402
 from flashgen.cli import _check_sources, _read  # noqa: E402
 
-PERSISTENT_STAGES = [(3, 2), (2, 2)]  # the module's default first; (2, 2) is entry 34's kernel
-
 
 def from_file(path: str):
     name = "ab_" + os.path.basename(path).removesuffix(".py") + f"_{abs(hash(path)) % 10**6}"
@@ -55,11 +50,6 @@ def main() -> None:
         "--head-dim", type=int, default=128, help="not 128: the Gluon path forced on (a trial)"
     )
     parser.add_argument("--any-mask", nargs="+", metavar="SPEC", default=[])
-    parser.add_argument(
-        "--persistent",
-        action="store_true",
-        help="also the persistent Gluon forward, forced on (lower.GLUON_PERSISTENT_UP_TO)",
-    )
     parser.add_argument("--repeat", type=int, default=1, help="rounds of every timing")
     args = parser.parse_args()
     if args.any_mask:
@@ -73,10 +63,6 @@ def main() -> None:
     for spec in ("full", "plain_causal"):
         (variant,), _ = _check_sources(_read([f"examples/{spec}.attn"]))
         builds[(spec, "current")] = load_variant(dataclasses.replace(variant, head_dim=d))
-        if args.persistent:
-            up_to, lower.GLUON_PERSISTENT_UP_TO = lower.GLUON_PERSISTENT_UP_TO, 1 << 30
-            builds[(spec, "persistent")] = load_variant(dataclasses.replace(variant, head_dim=d))
-            lower.GLUON_PERSISTENT_UP_TO = up_to
     for path in args.modules:
         module = from_file(path)
         causal = "causal" in os.path.basename(path)
@@ -92,31 +78,24 @@ def main() -> None:
             )
             with torch.nn.attention.sdpa_kernel(cudnn_backend):
                 ref = sdpa()
-            systems = {}
-            for (name, label), module in builds.items():
-                if name != spec:
-                    continue
-                stages = PERSISTENT_STAGES if label == "persistent" else [None]
-                for kv in stages:
-                    tag = os.path.basename(label) + (f" {kv[0]}/{kv[1]}" if kv else "")
-                    systems[tag] = (module, kv)
+            systems = {
+                os.path.basename(label): module
+                for (name, label), module in builds.items()
+                if name == spec
+            }
             current = builds[(spec, "current")]
             config = dict(
                 zip(("block_m", "block_n", "num_warps", "num_stages"), current.GPU_CONFIG)
             )
             triton_fwd = lambda: current.forward(q, k, v, **config, tma=current.GPU_TMA)  # noqa
             errors = {}
-            for tag, (module, kv) in systems.items():
-                if kv:
-                    module.GLUON_PERSISTENT_STAGES = kv
+            for tag, module in systems.items():
                 errors[tag] = (module.forward(q, k, v)[0].float() - ref.float()).abs().max().item()
             for _ in range(args.repeat):
                 with torch.nn.attention.sdpa_kernel(cudnn_backend):
                     cudnn = triton.testing.do_bench(sdpa, warmup=50, rep=200)
                 line = f"{spec:13s} N={n:6d} cuDNN {flops / cudnn / 1e9:6.1f}"
-                for tag, (module, kv) in systems.items():
-                    if kv:
-                        module.GLUON_PERSISTENT_STAGES = kv
+                for tag, module in systems.items():
                     gluon = lambda: module.forward(q, k, v)  # noqa: E731
                     ms = triton.testing.do_bench(gluon, warmup=50, rep=200)
                     line += f" | {tag} gluon {flops / ms / 1e9:6.1f} (err {errors[tag]:.1e})"

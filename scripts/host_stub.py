@@ -27,7 +27,6 @@ KERNELS = (
     "_attn_bwd_preprocess",
     "_attn_bwd",
     "_gluon_attn_fwd",
-    "_gluon_attn_fwd_persistent",
     "_gluon_attn_bwd_dkdv",
     "_gluon_attn_bwd_dq",
 )

@@ -125,21 +125,6 @@ def gluon_resources(module) -> list:
             dict(num_warps=4, maxnreg=168),
         )
         found.append(Resources("_gluon_attn_fwd", config, True, *resources))
-    if hasattr(module, "_gluon_attn_fwd_persistent"):
-        stages = module.GLUON_PERSISTENT_STAGES
-        scalars = dict(lse_ptr="*fp32", schedule_ptr="*i32", qk_scale="fp32")
-        scalars.update(n_ctx="i32", num_heads="i32", group="i32")
-        resources = compile_gluon(
-            module,
-            module._gluon_attn_fwd_persistent,
-            dict(q_desc=64, k_desc=128, v_desc=128, o_desc=64),
-            scalars,
-            dict(K_STAGES=stages[0], V_STAGES=stages[1]),
-            dict(num_warps=4, maxnreg=168),
-        )
-        found.append(
-            Resources("_gluon_attn_fwd_persistent", (64, 128, 4, *stages), True, *resources)
-        )
     if hasattr(module, "_gluon_attn_bwd_dkdv"):
         tile = module.GLUON_BWD_TILE
         scalars = dict(
@@ -193,7 +178,7 @@ def ptxas_report(ptx: str) -> tuple[int, int, int]:
 @dataclasses.dataclass(frozen=True)
 class Resources:
     kernel: str
-    config: tuple[int, ...]  # block_m, block_n, warps, stages (the persistent forward: K's, V's)
+    config: tuple[int, ...]  # block_m, block_n, warps, stages
     tma: bool
     registers: int
     spill_stores: int
@@ -244,17 +229,9 @@ def main() -> None:
         help="the Gluon forward for any mask and score at every band width"
         " (lower.GLUON_ANY_MIN_KEYS = 0)",
     )
-    parser.add_argument(
-        "--gluon-persistent",
-        action="store_true",
-        help="the persistent Gluon forward of full and causal in the modules"
-        " (lower.GLUON_PERSISTENT_UP_TO)",
-    )
     args = parser.parse_args()
     if args.gluon_forward_any:
         lower.GLUON_ANY_MIN_KEYS = 0
-    if args.gluon_persistent:
-        lower.GLUON_PERSISTENT_UP_TO = 1 << 30
     if os.environ.get("TRITON_INTERPRET") == "1":
         parser.error("unset TRITON_INTERPRET: the kernels must be compiled, not interpreted")
     for path in args.specs:

@@ -160,39 +160,6 @@ def test_gluon_forward_on_gpu(name, dtype, monkeypatch):
     assert len(launches) > 2 * len(shapes)
 
 
-@pytest.mark.parametrize("name", ["full", "plain_causal"])
-@pytest.mark.parametrize("dtype", [ir.DType.FP16, ir.DType.BF16])
-def test_gluon_forward_persistent_on_gpu(name, dtype, monkeypatch):
-    """The persistent Gluon forward, forced on at every length
-    (`lower.GLUON_PERSISTENT_UP_TO`): one item per CTA, then several per CTA
-    (512 items on the GPU's SMs, with GQA), where each consumer overlaps an
-    item's epilogue with the next item's first product; gradients through
-    its log-sum-exp.  Counts its launches."""
-    from flashgen import lower
-
-    monkeypatch.setattr(lower, "GLUON_PERSISTENT_UP_TO", 1 << 30)
-    (variant,) = [v for v in example_variants() if v.name == name]
-    variant = dataclasses.replace(variant, dtype=dtype)
-    module = build(variant)
-    launches = _count_calls(monkeypatch, module, "_gluon_forward_persistent")
-    shapes = [
-        Shape(1, 2, 2, 128, 128),
-        Shape(2, 4, 2, 384, 384),
-        Shape(16, 8, 2, 512, 512),
-        Shape(2, 16, 4, 2048, 2048),
-    ]
-    for i, shape in enumerate(shapes):
-        for magnitude in (1.0, 5.0):
-            result = run_case(variant, shape, seed=i, device="cuda", magnitude=magnitude)
-            _record(variant, result)
-            assert_ok(result)
-    assert len(launches) == 2 * len(shapes)
-    result = run_grad_case(variant, Shape(4, 8, 2, 1024, 1024), seed=7, device="cuda")
-    _record(variant, result)
-    assert_ok(result)
-    assert len(launches) == 2 * len(shapes) + 1
-
-
 # Masks and scores for the Gluon backward: the mask's bounds, its interior
 # and its per-tile classification (non-affine terms, heads, rows that see no
 # key at all), score modifiers with a derivative, ALiBi.
