@@ -3,8 +3,8 @@
 # time limit so that a hang costs only that part.  Outputs to $OUT.
 #   bash scripts/gpu_pending.sh forward   (about 7 minutes on an H200)
 #     1. the GPU tests of the Gluon forward with the consumers' ping-pong
-#        (entry 37): full and causal (GLUON_FORWARD_ONLY's groups) and the
-#        any-mask kernel with the modules' dispatch, in parallel;
+#        (entry 37): `GLUON_FORWARD_ONLY=1 scripts/gpu_tests.sh`, full, causal
+#        and the any-mask kernel with the modules' dispatch, in parallel;
 #     2. ping-pong against the loop it replaced (scripts/gpu_ablate.py
 #        "no-pingpong": outputs checked against dense attention, forward and
 #        backward timed), d128, N = 4096: full, causal and mistral_sliding
@@ -18,21 +18,7 @@ set -uo pipefail
 source "$(dirname "$0")/gpu_env.sh"
 case "${1:-forward}" in
 forward)
-  logs=$(mktemp -d)
-  t() {  # name, selection: a pytest process in the background
-    FLASHGEN_GPU_SUMMARY="$logs/$1.sum" timeout 330 python3 -m pytest -q -p no:cacheprovider -rf \
-      tests/test_gpu.py -k "$2" >"$logs/$1.log" 2>&1
-    echo "== $1: exit $?"
-    grep -E "passed|failed|FAILED|Error" "$logs/$1.log" | tail -8
-  }
-  t gluon-forward "gluon_forward_on_gpu" &
-  t examples-fp16 "(full or plain_causal) and example and FP16" &
-  t examples-bf16 "(full or plain_causal) and example and BF16" &
-  t any-mask-fp16 "gluon_forward_any and FP16" &
-  t any-mask-bf16 "gluon_forward_any and (BF16 or dispatch)" &
-  wait
-  cat "$logs"/*.sum >"$OUT/gpu_summary.txt" 2>/dev/null
-  echo "cases: $(wc -l <"$OUT/gpu_summary.txt") checks, $(grep -c FAIL "$OUT/gpu_summary.txt") failed"
+  GLUON_FORWARD_ONLY=1 bash "$(dirname "$0")/gpu_tests.sh" 330
   timeout 200 python3 scripts/gpu_ablate.py --seqlen 4096 --only full "full gluon-fwd no-pingpong" \
     plain_causal "plain_causal gluon-fwd no-pingpong" mistral_sliding \
     "mistral_sliding gluon-fwd no-pingpong" 2>&1 | tee "$OUT/ablate-pingpong-4096.txt"

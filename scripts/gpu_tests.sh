@@ -13,9 +13,9 @@
 # the any-mask forward ran out at 550 s.  There run PART=1 and PART=2 as two
 # calls (part 2's groups took 190-495 s with everything else running).
 # GPUS=1 puts every group on GPU 0, leaving the others free.
-# GLUON_FORWARD_ONLY=1: the tests that run the full and causal Gluon forward
-# (its own test, and the 16-bit full and plain_causal examples, outputs and
-# gradients), for a change to that kernel alone.
+# GLUON_FORWARD_ONLY=1: the tests that run the Gluon forward (its own test,
+# the 16-bit full and plain_causal examples, outputs and gradients, and the
+# any-mask kernel with the modules' dispatch), for a change to that kernel alone.
 #   [FLASHGEN_GPU_EXAMPLES=16] [PART=1|2] [BACKWARD_ONLY=1 | GLUON_FORWARD_ONLY=1] [GPUS=N] \
 #     bash scripts/gpu_tests.sh SECONDS
 set -uo pipefail
@@ -35,10 +35,12 @@ _group() {
   echo "== $name (GPU $gpu): exit $?"
   grep -E "passed|failed|FAILED|Error" "$logs/$name.log" | tail -8
 }
-if [ -n "${GLUON_FORWARD_ONLY:-}" ]; then  # a change to the full/causal Gluon forward only
+if [ -n "${GLUON_FORWARD_ONLY:-}" ]; then  # a change to the Gluon forward only
   group gluon-forward "gluon_forward_on_gpu"
   group gluon-examples-fp16 "(full or plain_causal) and example and FP16"
   group gluon-examples-bf16 "(full or plain_causal) and example and BF16"
+  group gluon-any-mask-fp16 "gluon_forward_any and FP16"
+  group gluon-any-mask-bf16 "gluon_forward_any and (BF16 or dispatch)"
 elif [ -n "${BACKWARD_ONLY:-}" ]; then  # a change to the backward kernels only
   group gradients-fp16 "example_gradients and FP16"
   group gradients-bf16 "example_gradients and BF16"
