@@ -37,10 +37,6 @@ try:  # what `_launch` needs to call a compiled kernel directly (Triton 3.6)
     from triton.runtime.driver import driver as _driver
 except ImportError:  # pragma: no cover
     _knobs = _driver = None
-try:  # how Triton 3.6 turns a host TMA descriptor into launch arguments
-    from triton.backends.nvidia.driver import make_tensordesc_arg as _tensordesc_arg
-except ImportError:  # pragma: no cover
-    _tensordesc_arg = None
 from triton.experimental import gluon  # Triton >= 3.5
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (
@@ -69,10 +65,6 @@ GPU_BWD_TMA = False
 # Repeat launches call the compiled kernel directly (`_launch`): on the Triton
 # this was written against.  False sends every launch through kernel[grid].
 DIRECT_LAUNCH = _driver is not None and triton.__version__.startswith("3.6.")
-# Direct launches reuse the TMA maps they encoded (`_launch_with_tma_cache`)
-# instead of encoding every descriptor on every launch.  Off until run on a
-# GPU (BENCHMARKS.md, entry 35).
-TMA_CACHE = False
 INTERPRETER_CONFIG = (32, 32, 1, 1)
 
 
@@ -1304,10 +1296,6 @@ def _capability(device: torch.device) -> tuple[int, int]:
 
 # Compiled kernels by (kernel, device, specialization, launch options).
 _COMPILED: dict = {}
-# What `_launch_with_tma_cache` needs of each compiled kernel, and the launch
-# arguments of each TMA map encoded so far.
-_TMA_LAUNCHERS: dict = {}
-_TMA_ARGS: dict = {}
 
 
 def _specialization(args) -> tuple:
@@ -1370,95 +1358,9 @@ def _launch(kernel, grid, *args, **options) -> None:
         _COMPILED[key] = kernel[grid](*_triton_args(args), **options)
         return
     stream = _driver.active.get_current_stream(device)
-    if TMA_CACHE and _launch_with_tma_cache(compiled, grid, stream, args):
-        return
     # JITFunction.run's own call; without hooks it needs no launch metadata.
     handles = (compiled.function, compiled.packed_metadata, None, None, None)
     compiled.run(grid[0], grid[1], 1, stream, *handles, *args)
-
-
-def _tma_launcher(compiled):
-    """(C launcher, {argument index: TMA metadata}, its cache keys, flags) of
-    a compiled kernel whose launcher expands TMA descriptors, else None.
-
-    Triton 3.6 wraps the C launcher of such a kernel in a closure
-    (`wrap_handle_tensordesc`) that encodes each descriptor's TMA map on
-    every launch (`make_tensordesc_arg`): about 15-30 us a map on the H200
-    machine's host (BENCHMARKS.md, entry 35).  Anything unexpected: None,
-    and the launch goes through `compiled.run`."""
-    run = compiled.run
-    inner = getattr(run, "launch", None)
-    if _tensordesc_arg is None or getattr(inner, "__closure__", None) is None:
-        return None
-    if run.global_scratch_size or run.profile_scratch_size:
-        return None
-    cells = dict(
-        zip(inner.__code__.co_freevars, (c.cell_contents for c in inner.__closure__))
-    )
-    launcher, indices, metas = (
-        cells.get(n) for n in ("launcher", "tensordesc_indices", "tensordesc_meta")
-    )
-    if (
-        not callable(launcher)
-        or not indices
-        or not metas
-        or any(m is None for m in metas)
-    ):
-        return None
-    positions = {i: meta for i, meta in zip(sorted(indices), metas)}
-    keys = {
-        i: (
-            m["swizzle"],
-            m["elem_size"],
-            m["elem_type"],
-            tuple(m["block_size"]),
-            m["fp4_padded"],
-        )
-        for i, m in positions.items()
-    }
-    return launcher, positions, keys, run.launch_cooperative_grid, run.launch_pdl
-
-
-def _launch_with_tma_cache(compiled, grid, stream, args) -> bool:
-    """compiled.run's launch with each TMA map encoded once per (address,
-    shape, strides, block, element type): a map holds nothing else, so one
-    encoded for a freed tensor is the same map for a new tensor at the same
-    address.  False when the kernel has no TMA descriptors to expand (the
-    caller launches it as usual)."""
-    if compiled not in _TMA_LAUNCHERS:
-        if len(_TMA_LAUNCHERS) >= 4096:
-            _TMA_LAUNCHERS.clear()
-        _TMA_LAUNCHERS[compiled] = _tma_launcher(compiled)
-    found = _TMA_LAUNCHERS[compiled]
-    if found is None:
-        return False
-    launcher, positions, keys, cooperative, pdl = found
-    final = [
-        grid[0],
-        grid[1],
-        1,
-        stream,
-        compiled.function,
-        cooperative,
-        pdl,
-        None,
-        None,
-    ]
-    final += [compiled.packed_metadata, None, None, None]
-    for i, a in enumerate(args):
-        meta = positions.get(i)
-        if meta is None:
-            final.append(a)
-            continue
-        key = (a.base.data_ptr(), tuple(a.shape), tuple(a.strides), a.padding, keys[i])
-        encoded = _TMA_ARGS.get(key)
-        if encoded is None:
-            if len(_TMA_ARGS) >= 1024:
-                _TMA_ARGS.clear()
-            encoded = _TMA_ARGS[key] = tuple(_tensordesc_arg(a, meta))
-        final += encoded
-    launcher(*final)
-    return True
 
 
 @functools.lru_cache(maxsize=None)

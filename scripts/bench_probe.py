@@ -16,14 +16,13 @@ FlexAttention four ways:
   d64 and 0.77 ms at d128: the same host work); with PROFILE=1 set, where
   flashgen's host time goes (cProfile).
 
-Systems: flashgen, flashgen with its TMA maps cached (`TMA_CACHE`),
-flashgen with its Triton backward kernel instead of the Gluon ones (where
-the module has them), FlexAttention.
+Systems: flashgen, flashgen with its Triton backward kernel instead of the
+Gluon ones (where the module has them), FlexAttention.
 
     [BASE=DIR] python3 scripts/bench_probe.py examples/encoder_band.attn:128:4096 ...
 
 With BASE set, an older build of each module, DIR/{name}_d{head_dim}.py (e.g.
-built from another commit), is a fourth system.
+built from another commit), is one more system.
 """
 
 from __future__ import annotations
@@ -61,16 +60,13 @@ def kernel_ms(fn, calls: int = 20) -> float:
     return total_us / calls / 1e3
 
 
-def _launching(module, direct: bool, gluon_backward: bool = True, tma_cache: bool = False):
-    """module.attention with repeat launches direct (`_launch`) or not, with
-    the Gluon backward kernels where the module has them, or refused, and
-    with its TMA maps encoded on every launch or cached (`TMA_CACHE`)."""
+def _launching(module, direct: bool, gluon_backward: bool = True):
+    """module.attention with repeat launches direct (`_launch`) or not, and
+    with the Gluon backward kernels where the module has them, or refused."""
     supported = getattr(module, "_gluon_backward_supported", None)
 
     def attention(q, k, v):
         module.DIRECT_LAUNCH = direct
-        if hasattr(module, "TMA_CACHE"):
-            module.TMA_CACHE = tma_cache
         if supported is not None:
             module._gluon_backward_supported = supported if gluon_backward else _refuse
         return module.attention(q, k, v)
@@ -118,7 +114,6 @@ def probe(path: str, head_dim: int, n: int, base: str | None = None) -> None:
     )
     systems = {
         "flashgen": _launching(module, direct=True),
-        "flashgen (TMA cache)": _launching(module, direct=True, tma_cache=True),
         "flashgen (Triton backward)": _launching(module, direct=True, gluon_backward=False),
         **({"flashgen (base build)": _launching(base_module, direct=True)} if base_module else {}),
         "flex": lambda a, b_, c: flex(
