@@ -10,7 +10,10 @@ of cancelling out.  Integer parts of an expression (positions, head indices,
 `div`, `%`) are evaluated exactly in int64; real parts in the requested dtype.
 
 Shapes: q (B, H, Nq, D); k and v (B, Hkv, Nk, D) with Hkv dividing H, query head
-h reading kv head h // (H // Hkv).
+h reading kv head h // (H // Hkv).  `rows` (optional, everywhere) restricts the
+result to those query rows, indices into Nq: each keeps the position it has in
+the full problem, so a band of rows around a mask edge of a long sequence costs
+len(rows) * Nk instead of Nq * Nk.
 """
 
 from __future__ import annotations
@@ -289,6 +292,26 @@ def _evaluate(node: ir.Expr, scope: _Scope) -> torch.Tensor:
     return handler(node, scope)
 
 
+Rows = torch.Tensor | list[int] | tuple[int, ...] | range | None
+
+
+def _row_index(rows: Rows, nq: int, device: torch.device | str | None) -> torch.Tensor | None:
+    """`rows` as an int64 index tensor (None: every row), checked against Nq."""
+    if rows is None:
+        return None
+    if isinstance(rows, torch.Tensor):
+        index = rows
+    elif all(isinstance(r, int) and not isinstance(r, bool) for r in rows):
+        index = torch.tensor(list(rows), dtype=torch.int64)
+    else:
+        raise ValueError("rows must be a 1-D sequence of integer query row indices")
+    if index.dim() != 1 or index.dtype not in (torch.int64, torch.int32):
+        raise ValueError("rows must be a 1-D sequence of integer query row indices")
+    if index.numel() and (int(index.min()) < 0 or int(index.max()) >= nq):
+        raise ValueError(f"rows must lie in 0..{nq - 1} (Nq = {nq})")
+    return index.to(device=device, dtype=torch.int64)
+
+
 def _scope(
     nq: int,
     nk: int,
@@ -298,8 +321,11 @@ def _scope(
     s: torch.Tensor | None,
     real: torch.dtype,
     device: torch.device | str | None,
+    rows: torch.Tensor | None = None,
 ) -> _Scope:
     q_pos, k_pos = positions(nq, nk, align, device=device)
+    if rows is not None:
+        q_pos = q_pos[rows]
     return _Scope(
         q=q_pos[:, None],
         k=k_pos[None, :],
@@ -321,17 +347,24 @@ def mask_matrix(
     nk: int,
     num_heads: int,
     device: torch.device | str | None = None,
+    *,
+    rows: Rows = None,
 ) -> torch.Tensor:
-    """Boolean (num_heads, Nq, Nk): True where query i may see key j.
+    """Boolean (num_heads, Nq, Nk): True where query i may see key j
+    ((num_heads, len(rows), Nk) for the given `rows`).
 
     Real sub-expressions of a mask are evaluated in float64 whatever the
     variant's dtype: the mask is exact by definition.
     """
-    scope = _scope(nq, nk, num_heads, variant.align, s=None, real=torch.float64, device=device)
+    index = _row_index(rows, nq, device)
+    scope = _scope(
+        nq, nk, num_heads, variant.align, s=None, real=torch.float64, device=device, rows=index
+    )
     visible = _evaluate(variant.mask, scope)
     if not _is_bool(visible):
         raise ValueError("the mask expression must be boolean")
-    return visible.expand(num_heads, nq, nk).clone()
+    n_rows = nq if index is None else index.numel()
+    return visible.expand(num_heads, n_rows, nk).clone()
 
 
 def _check_shapes(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor | None) -> None:
@@ -358,7 +391,9 @@ def _scores(
     k: torch.Tensor,
     scale: float | None,
     dtype: torch.dtype,
+    rows: torch.Tensor | None = None,
 ) -> torch.Tensor:
+    """Scores of the query rows `rows` (every row for None)."""
     if q.shape[-1] != variant.head_dim:
         raise ValueError(
             f"head dim {q.shape[-1]} of the inputs differs from the variant's "
@@ -371,8 +406,10 @@ def _scores(
     _, num_heads, nq, _ = q.shape
     nk = k.shape[2]
     k = _expand_kv(k.to(dtype), num_heads)
+    if rows is not None:
+        q = q[:, :, rows]
     s = (q.to(dtype) @ k.transpose(-2, -1)) * scale
-    scope = _scope(nq, nk, num_heads, variant.align, s=s, real=dtype, device=q.device)
+    scope = _scope(nq, nk, num_heads, variant.align, s=s, real=dtype, device=q.device, rows=rows)
     scored = _evaluate(variant.score, scope)
     if _is_bool(scored):
         raise ValueError("the score expression must be a number")
@@ -384,14 +421,18 @@ def scores(
     q: torch.Tensor,
     k: torch.Tensor,
     scale: float | None = None,
+    *,
+    rows: Rows = None,
 ) -> torch.Tensor:
-    """float64 (B, H, Nq, Nk): the score expression applied to s = q k^T * scale.
+    """float64 (B, H, Nq, Nk): the score expression applied to s = q k^T * scale
+    ((B, H, len(rows), Nk) for the given `rows`).
 
     `scale` defaults to the variant's, else 1/sqrt(head_dim).  The mask is not
     applied.
     """
     _check_shapes(q, k, None)
-    return _scores(variant, q, k, scale, torch.float64)
+    index = _row_index(rows, q.shape[2], q.device)
+    return _scores(variant, q, k, scale, torch.float64, index)
 
 
 def attention_ref(
@@ -402,19 +443,24 @@ def attention_ref(
     *,
     scale: float | None = None,
     dtype: torch.dtype = torch.float64,
+    rows: Rows = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Dense attention of `variant`, every operation in `dtype`.
 
     Returns o (B, H, Nq, D) in `dtype` and lse (B, H, Nq), the natural-log
     log-sum-exp of the scores over visible keys, in `dtype` (float32 when
-    `dtype` is 16-bit).  A fully masked row gets o = 0 and lse = -inf, and
-    zero gradients; no NaN appears forward or backward.
+    `dtype` is 16-bit).  A fully masked row (every row when Nk = 0) gets
+    o = 0 and lse = -inf, and zero gradients; no NaN appears forward or
+    backward.  With `rows`, o is (B, H, len(rows), D) and lse (B, H,
+    len(rows)): those query rows only, at their positions in the full
+    problem; gradients still flow to the whole q (zero on other rows).
     """
     _check_shapes(q, k, v)
     _, num_heads, nq, _ = q.shape
     nk = k.shape[2]
-    s = _scores(variant, q, k, scale, dtype)
-    visible = mask_matrix(variant, nq, nk, num_heads, device=q.device)
+    index = _row_index(rows, nq, q.device)
+    s = _scores(variant, q, k, scale, dtype, index)
+    visible = mask_matrix(variant, nq, nk, num_heads, device=q.device, rows=index)
     any_visible = visible.any(dim=-1, keepdim=True)
 
     # Safe softmax.  The row max is only a shift (the result does not depend
@@ -423,8 +469,8 @@ def attention_ref(
     # through `where`, whose backward sends them no gradient.
     neg_inf = torch.tensor(float("-inf"), dtype=dtype, device=q.device)
     s = torch.where(visible, s, neg_inf)
-    if nk == 0:
-        row_max = torch.zeros_like(s[..., :1])
+    if nk == 0:  # s[..., :1] would keep the empty key axis: build the (.., 1) column
+        row_max = s.new_zeros(s.shape[:-1] + (1,))
     else:
         row_max = s.detach().amax(dim=-1, keepdim=True)
         row_max = torch.where(any_visible, row_max, torch.zeros_like(row_max))

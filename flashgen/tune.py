@@ -3,35 +3,36 @@
 In: checked `Variant`s and a CUDA device.  Out: one `Tuning` per variant (the
 fastest forward and backward (BLOCK_M, BLOCK_N, num_warps, num_stages) among
 the candidates, by median time over the given sequence lengths), saved in a
-sidecar `SPEC.tune.json` next to the spec.  The sidecar keeps one tuning per
-block and (head_dim, dtype), since the best configs change with the head dim
-and a spec may be built at other head dims (`flashgen bench --head-dim`):
-
-    {"blocks": {"NAME": [{"device": ..., "forward": [BLOCK_M, BLOCK_N, warps,
-     stages], "backward": [...], "head_dim": 64, "dtype": "bf16",
-     "forward_tma": true, "backward_tma": null}, ...]}}
+sidecar `SPEC.tune.json` next to the spec (`flashgen.sidecar`: its format,
+reading, validation and writing).  The sidecar keeps one tuning per block and
+(head_dim, dtype), since the best configs change with the head dim and a spec
+may be built at other head dims (`flashgen bench --head-dim`).
 
 `flashgen build` and `flashgen.load` read the sidecar and write the configs of
 the variant's head dim and dtype into the generated module as plain constants,
 so a user's first call never autotunes.
-
-The sidecar is data from disk: it is validated field by field, and only
-integers and a GPU name of plain characters reach the generated module.
 """
 
 from __future__ import annotations
 
 import itertools
-import json
 import re
-from pathlib import Path
 from typing import Callable, Sequence
 
 from flashgen import ir
 from flashgen.lower import LaunchConfig, Tuning
 
-SIDECAR_SUFFIX = ".tune.json"
-_DEVICE_NAME = re.compile(r"^[A-Za-z0-9 _.()+-]{1,64}$")
+# The sidecar lives in flashgen.sidecar; these names stay importable from
+# here (flashgen.api and flashgen.cli import them from tune).
+from flashgen.sidecar import (  # noqa: F401
+    SIDECAR_SUFFIX,
+    SidecarError,
+    as_list,
+    read_tuning,
+    sidecar_path,
+    tuning_for,
+    write_tuning,
+)
 
 # The space of the anchors' calibration kernel (24 forward configs), and a
 # backward space kept as small: each candidate costs a compilation (seconds).
@@ -74,130 +75,8 @@ QUICK_BACKWARD_CANDIDATES = tuple(
 PASSES = ("forward", "backward")
 
 
-class TuningError(ValueError):
-    """A sidecar that does not hold valid tuning data."""
-
-
-def sidecar_path(spec_path: str | Path) -> Path:
-    path = Path(spec_path)
-    return path.with_name(path.stem + SIDECAR_SUFFIX)
-
-
-def read_tuning(path: str | Path) -> dict[str, tuple[Tuning, ...]]:
-    """Block name -> its Tunings, one per (head_dim, dtype), from a sidecar;
-    {} if there is none."""
-    path = Path(path)
-    if not path.exists():
-        return {}
-    try:
-        data = json.loads(path.read_text())
-        blocks = data["blocks"]
-        if not isinstance(blocks, dict):
-            raise TypeError("'blocks' is not an object")
-        return {name: _tunings(name, entries) for name, entries in blocks.items()}
-    except (ValueError, KeyError, TypeError) as e:
-        raise TuningError(f"{path}: not a valid tuning file ({e})") from None
-
-
-def tuning_for(variant: ir.Variant) -> Tuning | None:
-    """The sidecar's tuning of a variant read from a file, if any.
-
-    The one measured at the variant's head dim and dtype (`flashgen bench
-    --head-dim` rebuilds a spec at other head dims, whose best configs
-    differ), else one that names neither (an older sidecar's, for any).
-    """
-    if variant.path.startswith("<"):
-        return None
-    tunings = read_tuning(sidecar_path(variant.path)).get(variant.name, ())
-    by_key = {_key(t): t for t in tunings}
-    return by_key.get((variant.head_dim, variant.dtype.value), by_key.get((None, None)))
-
-
-def _key(tuning: Tuning) -> tuple[int | None, str | None]:
-    return tuning.head_dim, tuning.dtype
-
-
-def _order(tuning: Tuning) -> tuple[bool, int, str]:
-    """Sidecar order: by head dim then dtype, (None, None) first."""
-    return tuning.head_dim is not None, tuning.head_dim or 0, tuning.dtype or ""
-
-
-def _tunings(name: str, entries) -> tuple[Tuning, ...]:
-    if isinstance(entries, dict):  # a sidecar from before one entry per head dim
-        entries = [entries]
-    if not isinstance(entries, list) or not entries:
-        raise TypeError(f"block {name!r} does not hold a list of tunings")
-    tunings = tuple(_tuning(entry) for entry in entries)
-    keys = [_key(t) for t in tunings]
-    for key in keys:
-        if keys.count(key) > 1:
-            head_dim, dtype = key
-            raise ValueError(
-                f"block {name!r} has two tunings for head_dim {head_dim}, dtype {dtype}"
-            )
-    return tunings
-
-
-def _config(values) -> LaunchConfig:
-    if not (isinstance(values, list) and len(values) == 4):
-        raise TypeError("a config is [BLOCK_M, BLOCK_N, num_warps, num_stages]")
-    if not all(isinstance(x, int) and not isinstance(x, bool) for x in values):
-        raise TypeError("config entries must be integers")
-    block_m, block_n, warps, stages = values
-    for block in (block_m, block_n):
-        if block < 16 or block > 256 or block & (block - 1):
-            raise ValueError(f"block size {block} is not a power of two in 16..256")
-    if warps not in (1, 2, 4, 8, 16) or not 1 <= stages <= 8:
-        raise ValueError(f"bad num_warps {warps} or num_stages {stages}")
-    return LaunchConfig(block_m, block_n, warps, stages)
-
-
-def _tuning(entry) -> Tuning:
-    device = entry["device"]
-    if not isinstance(device, str) or not _DEVICE_NAME.match(device):
-        raise ValueError(f"device name {device!r} has unexpected characters")
-    head_dim, dtype = entry.get("head_dim"), entry.get("dtype")
-    if head_dim is not None and (
-        not isinstance(head_dim, int) or isinstance(head_dim, bool) or not 1 <= head_dim <= 1024
-    ):
-        raise ValueError(f"head_dim {head_dim!r} is not an integer in 1..1024")
-    if dtype is not None and dtype not in {d.value for d in ir.DType}:
-        raise ValueError(f"dtype {dtype!r} is not one of the spec dtypes")
-    tma = [entry.get("forward_tma"), entry.get("backward_tma")]
-    if any(x is not None and not isinstance(x, bool) for x in tma):
-        raise ValueError(f"forward_tma / backward_tma must be true, false or null, got {tma}")
-    return Tuning(
-        device, _config(entry["forward"]), _config(entry["backward"]), head_dim, dtype, *tma
-    )
-
-
-def write_tuning(path: str | Path, tunings: dict[str, Tuning]) -> None:
-    """Merge `tunings` into the sidecar at `path`: each replaces its block's
-    entry of the same head dim and dtype; every other entry stays."""
-    merged = {name: {_key(t): t for t in ts} for name, ts in read_tuning(path).items()}
-    for name, tuning in tunings.items():
-        merged.setdefault(name, {})[_key(tuning)] = tuning
-    blocks = {
-        name: [_entry(t) for t in sorted(by_key.values(), key=_order)]
-        for name, by_key in sorted(merged.items())
-    }
-    Path(path).write_text(json.dumps({"blocks": blocks}, indent=2) + "\n")
-
-
-def _entry(tuning: Tuning) -> dict:
-    return {
-        "device": tuning.device,
-        "forward": as_list(tuning.forward),
-        "backward": as_list(tuning.backward),
-        "head_dim": tuning.head_dim,
-        "dtype": tuning.dtype,
-        "forward_tma": tuning.forward_tma,
-        "backward_tma": tuning.backward_tma,
-    }
-
-
-def as_list(config: LaunchConfig) -> list[int]:
-    return [config.block_m, config.block_n, config.num_warps, config.num_stages]
+# The sidecar's error, under the name the CLI has caught it by.
+TuningError = SidecarError
 
 
 def _do_bench(fn: Callable[[], object]) -> float:

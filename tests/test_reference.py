@@ -548,3 +548,70 @@ def test_window_and_chunk_property(nq, nk, left, right, c, top_left):
     )
     chk = mask_matrix(variant(call("chunk", num(c)), align=align), nq, nk, 1)
     assert torch.equal(chk, loop_mask(lambda q, k, h, H: q // c == k // c, nq, nk, 1, align))
+
+
+# --------------------------------------------------------------------------- #
+# Empty key sequences and row subsets
+# --------------------------------------------------------------------------- #
+
+
+@pytest.mark.parametrize("expr", [name("full"), CAUSAL])
+def test_no_keys_gives_minus_inf_lse_and_zero_output(expr):
+    """Nk = 0: every row is fully masked, so lse is -inf per row (shape
+    (B, H, Nq), not (B, H, Nq, 0)) and o is zero, with zero gradients."""
+    q, k, v = rand_qkv(2, 3, 1, 4, 0, 16, grad=True)
+    o, lse = attention_ref(variant(expr), q, k, v)
+    assert o.shape == (2, 3, 4, 16) and lse.shape == (2, 3, 4)
+    assert torch.equal(o, torch.zeros_like(o))
+    assert torch.equal(lse, torch.full((2, 3, 4), NEG_INF, dtype=torch.float64))
+    o.sum().backward()
+    assert torch.equal(q.grad, torch.zeros_like(q))
+
+
+ROW_VARIANTS = {
+    "window_br": variant(call("window", num(3), num(1))),
+    "chunk_tl": variant(bin_(ir.BinOp.AND, CAUSAL, call("chunk", num(4))), align=TL),
+    "prefix_alibi": variant(
+        bin_(ir.BinOp.OR, CAUSAL, call("prefix", num(3))),
+        bin_(ir.BinOp.ADD, name("s"), name("alibi")),
+    ),
+}
+
+
+@pytest.mark.parametrize("key", list(ROW_VARIANTS))
+@pytest.mark.parametrize("nq,nk", [(9, 9), (11, 5), (4, 13)])
+def test_rows_select_the_same_rows_of_the_full_problem(key, nq, nk):
+    """`rows` keeps each row at its position in the full problem: the
+    result equals the full result's rows (an index that shifted positions,
+    say to 0..len(rows)-1, would move the window, chunk and ALiBi terms)."""
+    var = ROW_VARIANTS[key]
+    q, k, v = rand_qkv(1, 2, 1, nq, nk, 16, seed=5)
+    rows = [nq - 1, 0, nq // 2]
+    o, lse = attention_ref(var, q, k, v)
+    o_rows, lse_rows = attention_ref(var, q, k, v, rows=rows)
+    assert o_rows.shape == (1, 2, 3, 16) and lse_rows.shape == (1, 2, 3)
+    torch.testing.assert_close(o_rows, o[:, :, rows], rtol=0, atol=1e-14)
+    torch.testing.assert_close(lse_rows, lse[:, :, rows], rtol=0, atol=1e-14)
+    assert torch.equal(mask_matrix(var, nq, nk, 2, rows=rows), mask_matrix(var, nq, nk, 2)[:, rows])
+    torch.testing.assert_close(scores(var, q, k, rows=rows), scores(var, q, k)[:, :, rows])
+
+
+def test_row_gradients_are_those_of_a_loss_on_those_rows():
+    var = ROW_VARIANTS["window_br"]
+    q, k, v = rand_qkv(1, 2, 2, 7, 10, 16, seed=2, grad=True)
+    rows = [1, 5]
+    attention_ref(var, q, k, v, rows=rows)[0].sum().backward()
+    got = [t.grad.clone() for t in (q, k, v)]
+    for t in (q, k, v):
+        t.grad = None
+    attention_ref(var, q, k, v)[0][:, :, rows].sum().backward()
+    for g, t in zip(got, (q, k, v)):
+        torch.testing.assert_close(g, t.grad, rtol=0, atol=1e-13)
+    assert torch.equal(got[0][:, :, [0, 2, 3, 4, 6]], torch.zeros(1, 2, 5, 16, dtype=torch.float64))
+
+
+@pytest.mark.parametrize("rows", [[7], [-1], [[0, 1]], [0.5], [True]])
+def test_bad_rows_raise_value_error(rows):
+    q, k, v = rand_qkv(1, 1, 1, 7, 7, 16)
+    with pytest.raises(ValueError, match="rows"):
+        attention_ref(variant(), q, k, v, rows=rows)

@@ -12,7 +12,7 @@ import json
 
 import pytest
 
-from flashgen import ir, tune
+from flashgen import ir, sidecar, tune
 from flashgen.api import check_sources
 from flashgen.emit import render_module
 from flashgen.lower import LaunchConfig, Tuning
@@ -295,6 +295,6 @@ def test_a_pass_left_out_keeps_the_module_config(spec_file, monkeypatch):
 
 def test_quick_candidates_are_valid_configs():
     for config in tune.QUICK_FORWARD_CANDIDATES + tune.QUICK_BACKWARD_CANDIDATES:
-        assert tune._config(tune.as_list(config)) == config
+        assert sidecar.parse_config(sidecar.as_list(config)) == config
     assert set(tune.QUICK_FORWARD_CANDIDATES) <= set(tune.FORWARD_CANDIDATES)
     assert set(tune.QUICK_BACKWARD_CANDIDATES) <= set(tune.BACKWARD_CANDIDATES)

@@ -1,0 +1,160 @@
+"""`flashgen.verify`: shapes chosen from the mask's edges, row bands, and the
+report's coverage lines.  Kernels run under the Triton interpreter."""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+
+import pytest
+import torch
+
+from flashgen import ir
+from flashgen.api import check_sources, load_variant
+from flashgen.reference import positions
+from flashgen.verify import (
+    EDGE_MARGIN,
+    check_backward,
+    check_forward,
+    plan_edges,
+    random_inputs,
+    random_shapes,
+    verify,
+)
+
+
+@pytest.fixture(autouse=True)
+def _interpreter(monkeypatch):
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+
+
+def _variant(mask: str, align: str = "bottom_right") -> ir.Variant:
+    text = f"attention w {{ head_dim = 16; dtype = fp32; mask = {mask}; align = {align} }}"
+    (variant,), _ = check_sources({"<w>": text})
+    return variant
+
+
+def _module(mask: str, name: str = "w"):
+    return load_variant(dataclasses.replace(_variant(mask), name=name))
+
+
+def test_window_255_is_crossed_on_the_cpu():
+    """The old lengths (at most 128 on the CPU) never reached window(255)'s
+    edge; now a shape's compared rows sit well past it."""
+    variant = _variant("causal & window(255)")
+    plan = plan_edges(variant, "cpu")
+    assert not plan.unchecked and not plan.no_effect
+    [(shape, rows, names)] = plan.cases
+    assert names == ("window(255) left edge 255",)
+    assert shape.n_queries != shape.n_keys
+    q_pos, _ = positions(shape.n_queries, shape.n_keys, variant.align)
+    # Some compared row has at least a margin of keys beyond the window's edge.
+    assert max(q_pos[list(rows)].tolist()) - 255 >= EDGE_MARGIN["cpu"] - 1
+    report = verify(variant, examples=1)
+    assert report.ok and report.complete
+    assert report.crossed == (f"{shape}, rows 0-{shape.n_queries - 1}: window(255) left edge 255",)
+    assert report.table().endswith("ok: 4 of 4 cases within tolerance, every mask edge crossed")
+
+
+@pytest.mark.parametrize("wrong", ["causal & window(256)", "causal & window(254)"])
+def test_a_window_off_by_one_fails_at_the_edge(wrong):
+    """Negative control: a module built from a window one key wider (or
+    narrower) passes every shape of the old capped lengths, and fails
+    verify now."""
+    variant = _variant("causal & window(255)")
+    module = _module(wrong)
+    generator = torch.Generator().manual_seed(0)
+    for shape in random_shapes(random.Random(0), 8, 128):  # the old CPU default
+        q, k, v = random_inputs(shape, 16, torch.float32, "cpu", generator=generator)
+        assert check_forward(variant, module, q, k, v).ok
+    report = verify(variant, examples=1, module=module)
+    assert not report.ok
+    assert [r.ok for r in report.results] == [True, True, False, False]  # random, then edge
+    assert "FAIL  (rows 0-63)" in report.table()
+    assert report.table().splitlines()[-1].startswith("FAILED: 2 of 4")
+
+
+def test_an_edge_beyond_the_cpu_budget_is_not_checked_and_not_ok():
+    variant = _variant("causal & window(4095)")
+    report = verify(variant, examples=1, max_len=16, gradients=False)
+    assert report.passed and not report.complete and not report.ok
+    [line] = report.unchecked
+    assert line.startswith("window(4095) left edge 4095 (needs Nq=64 Nk=4223")
+    assert line.endswith("use --device cuda)")
+    table = report.table()
+    assert f"not checked: {line}" in table
+    assert table.endswith("INCOMPLETE: 1 of 1 cases within tolerance, but 1 mask edge not checked")
+    partial = dataclasses.replace(report, accept_partial=True)
+    assert partial.ok
+    assert partial.table().endswith(
+        "ok (partial): 1 of 1 cases within tolerance, 1 mask edge not checked"
+    )
+
+
+def test_the_gpu_budget_reaches_the_long_examples():
+    for mask in ("causal & window(4095)", "causal & chunk(8192)"):
+        plan = plan_edges(_variant(mask), "cuda")
+        assert not plan.unchecked and len(plan.cases) == 1
+        shape, rows, _ = plan.cases[0]
+        assert shape.n_keys > 4095 + EDGE_MARGIN["cuda"] and len(rows) <= shape.n_queries
+
+
+def test_top_left_needs_long_query_sequences_and_compares_a_band():
+    variant = _variant("window(300)", "top_left")
+    [(shape, rows, _)] = plan_edges(variant, "cpu").cases
+    # Top-left: query i sits at position i, so the rows past the edge are the
+    # last ones; only a band around where the edge starts to show is compared.
+    assert shape.n_queries > 300 and rows[0] > 0 and len(rows) < shape.n_queries
+    assert 301 in rows
+
+
+def test_prefix_under_causal_is_crossed_by_rows_before_its_end():
+    """`causal | prefix(256)`: the prefix shows only on rows before 256
+    (later rows see every earlier key anyway)."""
+    variant = _variant("causal | prefix(256)")
+    [(shape, rows, names)] = plan_edges(variant, "cpu").cases
+    q_pos, _ = positions(shape.n_queries, shape.n_keys, variant.align)
+    assert names == ("prefix(256) end 256",) and shape.n_keys > 256
+    assert min(q_pos[list(rows)].tolist()) < 256
+
+
+def test_a_hidden_bound_has_no_effect_and_a_chunk_of_one_moves_one_way():
+    plan = plan_edges(_variant("causal & window(8, 5)"), "cpu")
+    assert plan.no_effect == ("window(8, 5) right edge 5",) and not plan.unchecked
+    assert [names for _, _, names in plan.cases] == [("window(8, 5) left edge 8",)]
+    plan = plan_edges(_variant("chunk(1)"), "cpu")  # chunk(0) is not a mask
+    assert [names for _, _, names in plan.cases] == [("chunk(1) boundaries 1",)]
+
+
+def test_comparison_constants_are_edges():
+    plan = plan_edges(_variant("causal & (q - k) % 3 == 0 & k >= 70"), "cpu")
+    names = {name for _, _, ns in plan.cases for name in ns}
+    assert names == {
+        "(q - k) % 3 == 0 constant 3",
+        "(q - k) % 3 == 0 constant 0",
+        "k >= 70 constant 70",
+    }
+    assert not plan.unchecked
+
+
+def test_random_shapes_include_unequal_lengths():
+    for seed in range(20):
+        shapes = random_shapes(random.Random(seed), 2, 128)
+        assert any(s.n_queries != s.n_keys for s in shapes)
+
+
+def test_row_bands_judge_only_their_rows_but_every_gradient():
+    """With rows, the reference covers just those rows; a right module passes
+    forward and backward, a module off by one at the edge fails both even
+    when a single row is compared."""
+    variant = _variant("causal & window(40)")
+    generator = torch.Generator().manual_seed(1)
+    shape = random_shapes(random.Random(0), 1, 16)[0]
+    shape = dataclasses.replace(shape, n_queries=20, n_keys=90)
+    q, k, v = random_inputs(shape, 16, torch.float32, "cpu", generator=generator)
+    right, wrong = _module("causal & window(40)"), _module("causal & window(41)")
+    # Bottom-right: rows at positions 70..89 all reach past the edge at q - 40.
+    assert check_forward(variant, right, q, k, v, rows=[0, 5, 19]).ok
+    assert check_backward(variant, right, q, k, v, rows=[0, 5, 19], generator=generator).ok
+    assert not check_forward(variant, wrong, q, k, v, rows=[3]).ok
+    assert not check_backward(variant, wrong, q, k, v, rows=[3], generator=generator).ok
