@@ -347,7 +347,7 @@ def _check_rescale_threshold(value: ir.Expr, report: _Reporter) -> float | None:
     if 0 < threshold < _FLOAT32_MIN:
         report(
             value.span,
-            f"{rule} that is 0 or at least 2^-126, got {threshold!r}",
+            f"`rescale_threshold` must be 0 or at least 2^-126, got {threshold!r}",
             note=_FLOAT32_NOTE,
         )
         return None

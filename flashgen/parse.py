@@ -49,11 +49,16 @@ def parse(text: str, path: str = "<string>") -> tuple[ir.SpecFile | None, list[D
     """Parse one `.attn` file.  See the module docstring for the contract."""
     parser = _Recovering(text, path)
     tree = parser.run()
-    if tree is None and not parser.diagnostics:  # recovery gave up; never silently
-        parser.diagnostics.append(Diagnostic(path, ir.Span(1, 1, 1, 1), "cannot parse this file"))
-    if parser.diagnostics:
-        return None, parser.diagnostics
-    diagnostics = _drop_oversized_settings(tree, path)
+    diagnostics = parser.diagnostics
+    if tree is None and not diagnostics:  # recovery gave up; never silently
+        diagnostics.append(Diagnostic(path, ir.Span(1, 1, 1, 1), "cannot parse this file"))
+    if tree is not None:
+        # Also after syntax errors: the statements that parsed are all there.
+        oversized = _drop_oversized_settings(tree, path)
+        if oversized:
+            diagnostics = sorted(diagnostics + oversized, key=lambda d: d.span.line)
+    if diagnostics:
+        return None, diagnostics
     builder = _ToIR(path)
     blocks = builder.transform(tree)
     diagnostics += builder.diagnostics
