@@ -17,6 +17,16 @@ What a Variant holds (see `ir.Variant`):
 * Defaults: mask `ir.FULL`, score `ir.IDENTITY_SCORE`, align bottom_right,
   rescale_threshold 0.0, scale None.
 
+Beyond kinds, a mask or score is accepted only when kernels can compute it
+exactly as the reference does (docs/LANGUAGE.md, "Limits"):
+`integer_magnitude` bounds every integer subexpression, comparison
+difference and named-mask definition within ±ir.INT_MAGNITUDE_MAX (int32
+with room for tile bounds); every real constant, `scale`, softcap cap and
+`rescale_threshold` must be 0 or a normal float32; expressions deeper or
+larger than ir.MAX_EXPR_DEPTH / ir.MAX_EXPR_NODES are refused before
+anything recurses into them; block names that would shadow a module or name
+generated code relies on (`reserved_block_name`) are refused.
+
 `div` is floor division and `%` its remainder, so with the positive divisor
 that is required here `%` always lies in [0, divisor).
 """
