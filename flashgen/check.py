@@ -17,24 +17,36 @@ What a Variant holds (see `ir.Variant`):
 * Defaults: mask `ir.FULL`, score `ir.IDENTITY_SCORE`, align bottom_right,
   rescale_threshold 0.0, scale None.
 
+Beyond kinds, a mask or score is accepted only when kernels can compute it
+exactly as the reference does (docs/LANGUAGE.md, "Limits"):
+`integer_magnitude` bounds every integer subexpression, comparison
+difference and named-mask definition within ±ir.INT_MAGNITUDE_MAX (int32
+with room for tile bounds); every real constant, `scale`, softcap cap and
+`rescale_threshold` must be 0 or a normal float32; expressions deeper or
+larger than ir.MAX_EXPR_DEPTH / ir.MAX_EXPR_NODES are refused before
+anything recurses into them; block names that would shadow a module or name
+generated code relies on (`reserved_block_name`) are refused.
+
 `div` is floor division and `%` its remainder, so with the positive divisor
 that is required here `%` always lies in [0, divisor).
 """
 
 from __future__ import annotations
 
+import builtins
 import difflib
 import keyword
 import math
 import re
+import sys
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 
 from flashgen import ir
-from flashgen.diagnostics import Diagnostic
+from flashgen.diagnostics import Diagnostic, expression_too_deep, expression_too_large
 from flashgen.printer import print_expr
 
-__all__ = ["check"]
+__all__ = ["check", "integer_magnitude", "reserved_block_name"]
 
 Kind = ir.Kind
 
@@ -43,6 +55,27 @@ _INT32_LIMIT = 2**31
 # keywords, `attention` and `div`, never get here: the parser refuses them.)
 _BLOCK_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_]*\Z")
 _BLOCK_NAME_MAX = 64
+# A block becomes `<name>.py` (`flashgen build`) or a module of the package
+# `flashgen_generated` (`flashgen.load`).  Names that such a file would shadow
+# for code beside it, or that read as something else, are refused, ignoring
+# case as case-insensitive file systems do.  Each maps to why.
+_RESERVED_BLOCK_NAMES: dict[str, str] = {}
+for _name in sorted(dir(builtins)):
+    _RESERVED_BLOCK_NAMES.setdefault(_name.casefold(), f"`{_name}` is a Python builtin")
+for _name in sorted(sys.stdlib_module_names):
+    _RESERVED_BLOCK_NAMES[_name.casefold()] = f"`{_name}` is a module of Python's standard library"
+# Top-level modules templates/attention.py.j2 imports (the standard-library
+# ones are covered above, but say so explicitly).
+for _name in ("functools", "math", "os", "typing", "torch", "triton"):
+    _RESERVED_BLOCK_NAMES[_name] = f"`{_name}` is a module that generated modules import"
+_RESERVED_BLOCK_NAMES["flashgen"] = "`flashgen` is flashgen's own package"
+_RESERVED_BLOCK_NAMES["flashgen_generated"] = (
+    "`flashgen_generated` is the package that `flashgen.load` puts modules in"
+)
+# The public names every generated module defines.
+for _name in ("SPEC", "HEAD_DIM", "DTYPE", "DEFAULT_SCALE", "RESCALE_THRESHOLD"):
+    _RESERVED_BLOCK_NAMES[_name.casefold()] = f"`{_name}` is a name every generated module defines"
+del _name
 
 _DTYPE_ALIASES = {
     "float16": "fp16",
@@ -166,7 +199,14 @@ def _check_block(block: ir.Block, report: _Reporter) -> ir.Variant | None:
                 note=None if hint else "settings are " + ", ".join(ir.SETTINGS),
             )
             continue
-        value = checker(setting.value, report)
+        size_problem = _size_problem(setting.value)
+        if size_problem is not None:
+            # `parse` never gives such a tree; one built by hand is refused here
+            # before anything recurses into it.
+            report(*size_problem)
+            value = None
+        else:
+            value = checker(setting.value, report)
         if setting.key in first_key_span:
             first = first_key_span[setting.key]
             report(
@@ -214,11 +254,25 @@ def _check_block_name(block: ir.Block, report: _Reporter) -> None:
             f"block name '{name}' is a Python keyword",
             note="block names become Python module names",
         )
+    elif (why := reserved_block_name(name)) is not None:
+        report(
+            block.name_span,
+            f"block name '{name}' is reserved: {why}",
+            note=f"block names become Python module names (`{name}.py`), and a module "
+            "of that name would shadow or be confused with it; names are compared "
+            "ignoring case",
+        )
     if len(name) > _BLOCK_NAME_MAX:
         report(
             block.name_span,
             f"block name is {len(name)} characters long; " f"the limit is {_BLOCK_NAME_MAX}",
         )
+
+
+def reserved_block_name(name: str) -> str | None:
+    """Why `name` cannot name a block (it would shadow or be confused with a
+    module or name generated code relies on), or None if it can."""
+    return _RESERVED_BLOCK_NAMES.get(name.casefold())
 
 
 def _check_head_dim(value: ir.Expr, report: _Reporter) -> int | None:
@@ -277,6 +331,13 @@ def _check_scale(value: ir.Expr, report: _Reporter) -> float | None:
     if not scale > 0:
         report(value.span, f"`scale` must be a positive constant, got {scale!r}")
         return None
+    if not _FLOAT32_MIN <= scale <= _LOG2E_FACTOR_MAX:
+        report(
+            value.span,
+            f"`scale` must be between 2^-126 and {_LOG2E_FACTOR_MAX:.6g}, got {scale!r}",
+            note=_LOG2E_FACTOR_NOTE.format(what="the scale"),
+        )
+        return None
     return float(scale)
 
 
@@ -291,6 +352,13 @@ def _check_rescale_threshold(value: ir.Expr, report: _Reporter) -> float | None:
             f"{rule}, got {threshold!r}",
             note="the threshold is in log2 units; probabilities up to 2^threshold "
             "must fit the input dtype",
+        )
+        return None
+    if 0 < threshold < _FLOAT32_MIN:
+        report(
+            value.span,
+            f"`rescale_threshold` must be 0 or at least 2^-126, got {threshold!r}",
+            note=_FLOAT32_NOTE,
         )
         return None
     return float(threshold) + 0.0  # no -0.0
@@ -308,12 +376,27 @@ def _check_mask(value: ir.Expr, report: _Reporter) -> ir.Expr | None:
             note="compare it, e.g. `q - k >= 0`",
         )
         return None
+    if _report_first(_integer_problems(expr), report):
+        return None
     return expr
 
 
 def _check_score(value: ir.Expr, report: _Reporter) -> ir.Expr | None:
     checked = _Expressions(report, in_mask=False).check(value)
-    return None if checked is None else checked[0]
+    if checked is None:
+        return None
+    expr = checked[0]
+    integer_bad = _report_first(_integer_problems(expr), report)
+    real_bad = _report_first(_real_constant_problems(expr), report)
+    return None if integer_bad or real_bad else expr
+
+
+def _report_first(problems: list[tuple[ir.Span, str, str | None]], report: _Reporter) -> bool:
+    """Report the first (innermost) problem of an expression, if any: the ones
+    after it are mostly the same overflow seen from enclosing expressions."""
+    if problems:
+        report(*problems[0])
+    return bool(problems)
 
 
 _SETTING_CHECKERS: dict[str, Callable[[ir.Expr, _Reporter], object]] = {
@@ -566,6 +649,14 @@ class _Expressions:
         if cap is not None and not cap > 0:
             self.report(e.args[1].span, f"{rule}, got {cap!r}")
             cap = None
+        elif cap is not None and not _FLOAT32_MIN <= cap <= _LOG2E_FACTOR_MAX:
+            self.report(
+                e.args[1].span,
+                f"the cap of `softcap` must be between 2^-126 and "
+                f"{_LOG2E_FACTOR_MAX:.6g}, got {cap!r}",
+                note=_LOG2E_FACTOR_NOTE.format(what="the cap"),
+            )
+            cap = None
         if x is None or cap is None:
             return None
         return (
@@ -695,3 +786,302 @@ class _Expressions:
 def _is_constant_zero(e: ir.Expr) -> bool:
     # A throwaway reporter: an expression that does not fold is just not zero.
     return _Constants(_Reporter("")).number(e, "") == 0
+
+
+# --------------------------------------------------------------------------- #
+# Expression size
+# --------------------------------------------------------------------------- #
+
+
+def _size_problem(e: ir.Expr) -> tuple[ir.Span, str, str] | None:
+    """(where, message, note) for the first node, in source order, that lies
+    deeper than `ir.MAX_EXPR_DEPTH` levels or past `ir.MAX_EXPR_NODES` nodes;
+    None within the limits.  Walks with an explicit stack."""
+    nodes = 0
+    stack = [(e, 0)]
+    while stack:
+        node, level = stack.pop()
+        nodes += 1
+        children: tuple[ir.Expr, ...] = ()
+        if isinstance(node, ir.Binary):
+            children = (node.left, node.right)
+        elif isinstance(node, ir.Unary):
+            children = (node.operand,)
+        elif isinstance(node, ir.Call):
+            children = node.args
+        if isinstance(node, (ir.Binary, ir.Unary, ir.Call)):
+            level += 1
+            if level > ir.MAX_EXPR_DEPTH:
+                return (node.span, *expression_too_deep())
+        if nodes > ir.MAX_EXPR_NODES:
+            return (node.span, *expression_too_large())
+        stack.extend((child, level) for child in reversed(children))
+    return None
+
+
+# --------------------------------------------------------------------------- #
+# Integer ranges
+# --------------------------------------------------------------------------- #
+
+_INT_LIMIT = ir.INT_MAGNITUDE_MAX
+_INT_RULE = (
+    f"integer expressions must stay within ±{'2^%d' % (_INT_LIMIT.bit_length() - 1)} "
+    f"for sequences of up to {ir.MAX_SEQ_LEN} positions"
+)
+_INT_NOTE = (
+    "kernels compute integers in 32 bits; the bound takes |q| and |k| up to "
+    f"{ir.POSITION_BOUND} (positions, with padding) and h and H up to {ir.MAX_HEADS}"
+)
+# Largest arguments of the named masks whose definitions stay within the
+# limit (see `_Magnitudes._named_mask`).
+WINDOW_MAX = _INT_LIMIT - 2 * ir.POSITION_BOUND
+PREFIX_MAX = _INT_LIMIT - ir.POSITION_BOUND
+CHUNK_MAX = _INT_LIMIT - ir.POSITION_BOUND
+# Every position lies in [-(MAX_SEQ_LEN - 1), MAX_SEQ_LEN - 1], so two differ
+# by at most this much.
+_SPAN_MAX = ir.MAX_SEQ_LEN - 1
+
+Problem = tuple[ir.Span, str, "str | None"]
+
+
+def integer_magnitude(e: ir.Expr) -> int | None:
+    """A bound on |e| over every position and head count a generated module
+    accepts, for `e` an expression of a checked mask or score: None when `e`
+    is real or boolean."""
+    return _Magnitudes().bound(e)
+
+
+def _integer_problems(e: ir.Expr) -> list[Problem]:
+    """Every integer quantity a kernel computes for `e` that can leave
+    ±ir.INT_MAGNITUDE_MAX, innermost first."""
+    magnitudes = _Magnitudes()
+    magnitudes.bound(e)
+    return magnitudes.problems
+
+
+class _Magnitudes:
+    """Sound bounds M(e) >= |e| for the integer subexpressions of a checked
+    expression, propagated bottom-up: M(q) = M(k) = ir.POSITION_BOUND,
+    M(h) = M(H) = ir.MAX_HEADS, M(a + b) = M(a) + M(b), M(a * b) = M(a) M(b),
+    and so on.  Besides every integer subexpression, it bounds what lowering
+    derives from them: the difference of the two sides of each comparison
+    (lowering rewrites a comparison as one affine expression and evaluates
+    partial sums of its terms at tile corners, each bounded by M(left) +
+    M(right)), the numerator that `div` and `%` shift by up to the divisor,
+    and the definitions of the named masks.  `problems` collects each bound
+    over the limit, children before parents."""
+
+    def __init__(self) -> None:
+        self.problems: list[Problem] = []
+
+    def bound(self, e: ir.Expr) -> int | None:
+        match e:
+            case ir.Num(value=value):
+                if isinstance(value, float):
+                    return None
+                if abs(value) > _INT_LIMIT:
+                    self.problems.append(
+                        (e.span, f"the integer {value} is too large; {_INT_RULE}", _INT_NOTE)
+                    )
+                return abs(value)
+            case ir.Name(id=name):
+                if name in ("q", "k"):
+                    return ir.POSITION_BOUND
+                if name in ("h", "H"):
+                    return ir.MAX_HEADS
+                return None
+            case ir.Unary(op=ir.UnaryOp.NEG, operand=operand):
+                return self.bound(operand)
+            case ir.Unary(operand=operand):
+                self.bound(operand)
+                return None
+            case ir.Binary(op=op, left=left, right=right):
+                return self._binary(e, op, left, right)
+            case ir.Call(fn=fn, args=args) if fn in ir.MASK_FUNCTIONS:
+                self._named_mask(e)
+                return None
+            case ir.Call(fn=fn, args=args):
+                bounds = [self.bound(a) for a in args]
+                if fn in ir.POLY_FUNCTIONS and None not in bounds:
+                    return max(bounds)  # abs, min, max
+                return None
+        raise TypeError(f"not an ir expression: {e!r}")
+
+    def _binary(self, e: ir.Binary, op: ir.BinOp, left: ir.Expr, right: ir.Expr) -> int | None:
+        if op in (ir.BinOp.FLOORDIV, ir.BinOp.MOD):
+            a = self.bound(left)
+            c = right.value  # a folded positive literal  # type: ignore[union-attr]
+            # `_floor_div` moves a negative numerator down by c - 1, and `%`
+            # subtracts the quotient times c: both within M(a) + c.
+            self._within(e, a + c, f"computing `{_text(e)}` takes values up to")
+            return a // c + 1 if op is ir.BinOp.FLOORDIV else c - 1
+        a, b = self.bound(left), self.bound(right)
+        if a is None or b is None:
+            return None
+        if op in ir.COMPARISONS:
+            self._within(e, a + b, f"the two sides of `{_text(e)}` can differ by")
+            return None
+        if op in (ir.BinOp.ADD, ir.BinOp.SUB):
+            return self._within(e, a + b)
+        if op is ir.BinOp.MUL:
+            return self._within(e, a * b)
+        return None  # `/` gives a real
+
+    def _within(self, e: ir.Expr, magnitude: int, what: str | None = None) -> int:
+        if magnitude > _INT_LIMIT:
+            what = what or f"`{_text(e)}` can reach"
+            self.problems.append(
+                (e.span, f"{what} {_power_words(magnitude)}; {_INT_RULE}", _INT_NOTE)
+            )
+        return magnitude
+
+    def _named_mask(self, e: ir.Call) -> None:
+        """window(L, R) is q - L <= k <= q + R: k - (q - L) is within
+        2 M(q) + L; prefix(P) is k < P, within M(k) + P; chunk(C) is
+        q div C == k div C, whose numerators reach M(q) + C."""
+        values = [a.value for a in e.args]  # folded literals  # type: ignore[union-attr]
+        largest = {"window": WINDOW_MAX, "prefix": PREFIX_MAX, "chunk": CHUNK_MAX}[e.fn]
+        what = {"window": "window size", "prefix": "prefix length", "chunk": "chunk size"}[e.fn]
+        for index, (arg, value) in enumerate(zip(e.args, values)):
+            if value > largest:
+                self.problems.append(
+                    (
+                        arg.span,
+                        f"{what} {value} is too large; the largest accepted is {largest}",
+                        _named_mask_note(e.fn, values, index),
+                    )
+                )
+
+
+def _named_mask_note(fn: str, values: list[int], index: int) -> str:
+    """Why a named-mask argument is bounded, and what to write instead."""
+    n = ir.MAX_SEQ_LEN
+    why = "kernels compute the mask's integers in 32 bits, within ±2^30; "
+    if fn == "prefix":
+        return (
+            why
+            + f"a prefix of {n} or more keys holds every key, so `prefix({values[0]})` is `full`"
+        )
+    if fn == "chunk":
+        return (
+            why + f"a chunk of {n} or more positions holds all of 0 to {n - 1}, so "
+            f"`chunk({values[0]})` is `q >= 0`"
+        )
+    left, right = values if len(values) == 2 else (values[0], 0)
+    open_left = index == 0 or left >= _SPAN_MAX
+    open_right = index == 1 or right >= _SPAN_MAX
+    if open_left and open_right:
+        instead = "full"
+    elif open_left:
+        instead = "causal" if right == 0 else f"k <= q + {right}"
+    else:
+        instead = f"q - {left} <= k" if left else "q <= k"
+    written = "window(" + ", ".join(str(v) for v in values) + ")"
+    return (
+        why + f"a window of {_SPAN_MAX} or more keys on a side hides nothing on that side "
+        f"in sequences of up to {n} positions, so `{written}` is `{instead}`"
+    )
+
+
+def _power_words(n: int) -> str:
+    if n & (n - 1) == 0:
+        return f"2^{n.bit_length() - 1}"
+    if n < 10**12:
+        return str(n)
+    return f"about 2^{math.log2(n):.1f}"
+
+
+def _text(e: ir.Expr) -> str:
+    text = print_expr(e)
+    return text if len(text) <= 60 else text[:56] + " ..."
+
+
+# --------------------------------------------------------------------------- #
+# Real constants
+# --------------------------------------------------------------------------- #
+
+# Kernels compute scores in float32.  A real constant must be 0 or a normal
+# float32: subnormals are flushed to zero on GPUs.
+_FLOAT32_MIN = 2.0**-126
+_FLOAT32_MAX = (2 - 2.0**-23) * 2.0**127  # 3.4028234663852886e38
+# Kernels work in base 2 and fold log2(e) into the scale and softcap caps.
+_LOG2E = math.log2(math.e)
+_LOG2E_FACTOR_MAX = _FLOAT32_MAX / _LOG2E
+_FLOAT32_NOTE = (
+    "kernels compute in float32: real constants must be 0 or between 2^-126 "
+    f"(about 1.18e-38) and {_FLOAT32_MAX!r} in magnitude"
+)
+_LOG2E_FACTOR_NOTE = (
+    "kernels compute in float32 and multiply {what} by log2(e) = 1.4427: it must be "
+    f"at least 2^-126 (about 1.18e-38, float32's smallest normal number) and at most "
+    f"{_FLOAT32_MAX!r} / log2(e) = {_LOG2E_FACTOR_MAX!r}"
+)
+
+
+def _in_float32(x: float) -> bool:
+    return x == 0 or _FLOAT32_MIN <= abs(x) <= _FLOAT32_MAX
+
+
+def _real_constant_problems(e: ir.Expr) -> list[Problem]:
+    """Every constant subexpression of a checked score that folds to a real
+    outside float32's range (or to no number at all), innermost first."""
+    problems: list[Problem] = []
+    _fold(e, problems)
+    return problems
+
+
+def _fold(e: ir.Expr, problems: list[Problem]) -> int | float | None:
+    """The value of `e` when it is constant, else None; appends to `problems`
+    each real constant out of range, children before parents."""
+    value: int | float | None
+    match e:
+        case ir.Num(value=value):
+            pass
+        case ir.Unary(op=ir.UnaryOp.NEG, operand=operand):
+            inner = _fold(operand, problems)
+            return None if inner is None else -inner
+        case ir.Binary(op=op, left=left, right=right):
+            a, b = _fold(left, problems), _fold(right, problems)
+            if a is None or b is None or op not in _ARITHMETIC:
+                return None
+            try:
+                value = _ARITHMETIC[op](a, b)
+            except OverflowError:  # an integer too large for a float
+                value = math.inf
+            except ZeroDivisionError:  # reported by the kind check already
+                return None
+        case ir.Call(fn=fn, args=args):
+            values = [_fold(a, problems) for a in args]
+            if None in values:
+                return None
+            if fn in ir.POLY_FUNCTIONS:
+                value = {"abs": abs, "min": min, "max": max}[fn](*values)
+                if any(isinstance(v, float) for v in values):
+                    value = float(value)
+            elif fn in ir.REAL_FUNCTIONS:
+                value = _real_function(fn, float(values[0]))
+            else:
+                return None
+        case _:
+            return None
+    if isinstance(value, float) and not _in_float32(value):
+        if isinstance(e, ir.Num):
+            message = (
+                f"the real {_text(e)} is outside the range of float32, which kernels compute in"
+            )
+        elif not math.isfinite(value):
+            message = f"`{_text(e)}` is not a finite number"
+        else:
+            message = f"`{_text(e)}` is {value:.6g}, outside the range of float32, which kernels compute in"
+        problems.append((e.span, message, _FLOAT32_NOTE))
+    return value
+
+
+def _real_function(fn: str, x: float) -> float:
+    if fn == "tanh":
+        return math.tanh(x)
+    if fn == "exp":
+        return math.exp(x) if x < 710 else math.inf
+    if fn == "log":
+        return math.log(x) if x > 0 else -math.inf if x == 0 else math.nan
+    return math.sqrt(x) if x >= 0 else math.nan

@@ -12,9 +12,11 @@ note line:
 
 The source line is shown without its own indentation, indented four spaces;
 carets underline the span (one caret for an empty span; a span running over
-several lines is underlined to the end of its first line).  `SpecError`
+several lines is underlined to the end of its first line; a line longer than
+`_SHOWN_MAX` characters is shown as an excerpt around the span).  `SpecError`
 carries diagnostics through the Python API as an exception whose `str()` is
-that text.  This module imports nothing of ours but `ir`.
+that text.  The wording of the limits that both `parse` and `check` enforce
+lives here too.  This module imports nothing of ours but `ir`.
 """
 
 from __future__ import annotations
@@ -25,6 +27,10 @@ from dataclasses import dataclass
 from flashgen import ir
 
 _TAB = "    "
+# Longest source line shown whole; longer ones (a 1 MiB one-line spec) are
+# cut to this many characters around the start of the span.
+_SHOWN_MAX = 120
+_ELLIPSIS = "..."
 
 
 @dataclass(frozen=True)
@@ -76,6 +82,23 @@ class SpecError(Exception):
         super().__init__(render_all(self.diagnostics, self.sources).rstrip("\n"))
 
 
+def expression_too_deep() -> tuple[str, str]:
+    """Message and note for an expression nested deeper than the limit."""
+    return (
+        f"expression nested more than {ir.MAX_EXPR_DEPTH} levels deep",
+        "operators, function calls and parentheses each add a level; `a + b + c` "
+        "is two levels, as operators group left to right",
+    )
+
+
+def expression_too_large() -> tuple[str, str]:
+    """Message and note for an expression with more nodes than the limit."""
+    return (
+        f"expression has more than {ir.MAX_EXPR_NODES} parts",
+        "names, numbers, operators and function calls count as parts",
+    )
+
+
 def _excerpt(span: ir.Span, source: str | None) -> list[str] | None:
     """The source line of `span` and the caret line under it."""
     if source is None:
@@ -97,9 +120,19 @@ def _excerpt(span: ir.Span, source: str | None) -> list[str] | None:
         end = len(raw)
     end = min(end, len(raw))
 
-    # Tabs are displayed as four spaces, so carets are counted in display width.
-    pad = _width(raw[indent:start])
-    width = max(1, _width(raw[start:end]))
+    if len(raw) - indent > _SHOWN_MAX:
+        # Show from a little before the span, cut to _SHOWN_MAX characters.
+        first = max(indent, start - _SHOWN_MAX // 4)
+        last = min(len(raw), first + _SHOWN_MAX)
+        head = _ELLIPSIS if first > indent else ""
+        tail = _ELLIPSIS if last < len(raw) else ""
+        shown = head + raw[first:last] + tail
+        pad = len(head) + _width(raw[first:start])
+        width = max(1, _width(raw[start : min(end, last)]))
+    else:
+        # Tabs are displayed as four spaces, so carets are counted in display width.
+        pad = _width(raw[indent:start])
+        width = max(1, _width(raw[start:end]))
     return [_TAB + shown.replace("\t", _TAB), _TAB + " " * pad + "^" * width]
 
 

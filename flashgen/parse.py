@@ -14,6 +14,14 @@ top level it resumes at the next `attention`.  That reports the first error of
 every broken statement.  Messages describe what was found and what was
 expected in words, never in Lark's terminal names.
 
+Nothing here recurses over the input: tokens are checked against the LALR
+table by replaying its reductions on the state stack (no copy of the parser
+per token), the parse tree becomes ir through lark's non-recursive
+transformer, and an expression nested deeper than `ir.MAX_EXPR_DEPTH` or
+larger than `ir.MAX_EXPR_NODES` nodes is diagnosed where it crosses the
+limit and its setting dropped, so later stages, which do recurse, only ever
+see bounded trees.
+
 This is the only module that imports lark; it builds ir nodes and nothing
 else, so no text of a spec is ever evaluated.
 """
@@ -26,12 +34,13 @@ import importlib.resources
 from collections.abc import Iterator
 from pathlib import Path
 
-from lark import Lark, Token, Transformer, Tree, v_args
+from lark import Lark, Token, Transformer_NonRecursive, Tree, v_args
 from lark.exceptions import UnexpectedCharacters, UnexpectedToken
+from lark.parsers.lalr_analysis import Shift
 from lark.parsers.lalr_interactive_parser import InteractiveParser
 
 from flashgen import ir
-from flashgen.diagnostics import Diagnostic
+from flashgen.diagnostics import Diagnostic, expression_too_deep, expression_too_large
 
 __all__ = ["parse"]
 
@@ -40,14 +49,21 @@ def parse(text: str, path: str = "<string>") -> tuple[ir.SpecFile | None, list[D
     """Parse one `.attn` file.  See the module docstring for the contract."""
     parser = _Recovering(text, path)
     tree = parser.run()
-    if tree is None and not parser.diagnostics:  # recovery gave up; never silently
-        parser.diagnostics.append(Diagnostic(path, ir.Span(1, 1, 1, 1), "cannot parse this file"))
-    if parser.diagnostics:
-        return None, parser.diagnostics
+    diagnostics = parser.diagnostics
+    if tree is None and not diagnostics:  # recovery gave up; never silently
+        diagnostics.append(Diagnostic(path, ir.Span(1, 1, 1, 1), "cannot parse this file"))
+    if tree is not None:
+        # Also after syntax errors: the statements that parsed are all there.
+        oversized = _drop_oversized_settings(tree, path)
+        if oversized:
+            diagnostics = sorted(diagnostics + oversized, key=lambda d: d.span.line)
+    if diagnostics:
+        return None, diagnostics
     builder = _ToIR(path)
     blocks = builder.transform(tree)
-    if builder.diagnostics:
-        return None, builder.diagnostics
+    diagnostics += builder.diagnostics
+    if diagnostics:
+        return None, sorted(diagnostics, key=lambda d: (d.span.line, d.span.column))
     return ir.SpecFile(blocks=blocks, path=path), []
 
 
@@ -76,6 +92,73 @@ def _lark() -> Lark:
         propagate_positions=True,
         maybe_placeholders=False,
     )
+
+
+# --------------------------------------------------------------------------- #
+# Expression size limits
+# --------------------------------------------------------------------------- #
+
+# Rules (and aliases) that become an ir node of their own; `paren` leaves none
+# but is a level of nesting.
+_NODE_RULES = frozenset({"binary", "unary", "call", "name", "int", "real"})
+_NESTING_RULES = frozenset({"binary", "unary", "call", "paren"})
+
+
+def _drop_oversized_settings(tree: Tree, path: str) -> list[Diagnostic]:
+    """Diagnose every setting whose expression is too deep or too large and
+    remove it from the tree, so that nothing builds or walks it."""
+    diagnostics = []
+    for block in tree.children:
+        if not isinstance(block, Tree):
+            continue
+        kept = []
+        for child in block.children:
+            problem = _size_problem(child.children[1]) if _is_setting(child) else None
+            if problem is None:
+                kept.append(child)
+            else:
+                span, message, note = problem
+                diagnostics.append(Diagnostic(path, span, message, note=note))
+        block.children = kept
+    return diagnostics
+
+
+def _is_setting(node) -> bool:
+    return isinstance(node, Tree) and node.data == "setting"
+
+
+def _size_problem(expr) -> tuple[ir.Span, str, str] | None:
+    """(where, message, note) for the first place, in source order, where the
+    expression crosses the depth or the node limit; None if it stays within."""
+    nodes = 0
+    stack = [(expr, 0)]  # (subtree, levels of nesting above it)
+    while stack:
+        node, level = stack.pop()
+        if not isinstance(node, Tree):
+            continue
+        if node.data in _NESTING_RULES:
+            level += 1
+            if level > ir.MAX_EXPR_DEPTH:
+                return (_nesting_span(node), *expression_too_deep())
+        if node.data in _NODE_RULES:
+            nodes += 1
+            if nodes > ir.MAX_EXPR_NODES:
+                return (_nesting_span(node), *expression_too_large())
+        stack.extend((child, level) for child in reversed(node.children))
+    return None
+
+
+def _nesting_span(node: Tree) -> ir.Span:
+    """The token that opens a level: an operator, a function name, a '('
+    (not the whole subtree, which may run over most of a long line)."""
+    if node.data == "binary":
+        return _span(node.children[1])
+    if node.data in ("unary", "call"):
+        return _span(node.children[0])
+    if node.data == "paren":
+        line, column = node.meta.line, node.meta.column
+        return ir.Span(line, column, line, column + 1)
+    return _span(node.meta)
 
 
 # --------------------------------------------------------------------------- #
@@ -111,7 +194,7 @@ def _span(node) -> ir.Span:
 
 
 @v_args(meta=True, inline=True)
-class _ToIR(Transformer):
+class _ToIR(Transformer_NonRecursive):
     """One method per grammar rule (or alias), each building the ir node of that name."""
 
     def __init__(self, path: str) -> None:
@@ -224,6 +307,7 @@ class _Recovering:
         self.block_name: Token | None = None
         self.open_parens: list[Token] = []
         self.skipping = False
+        self.value: _ValueLimits | None = None  # while inside a setting's value
 
     # -- main loop ---------------------------------------------------------- #
 
@@ -271,21 +355,52 @@ class _Recovering:
         self.ip.parser_state = self.checkpoint.copy(deepcopy_values=False)
         self.skipping = False
         self.open_parens.clear()
+        self.value = None
         if not self.in_block:
             self.in_header = False
 
     # -- feeding ------------------------------------------------------------ #
 
     def _feed(self, token: Token) -> None:
-        saved = self.ip.parser_state.copy(deepcopy_values=False)
-        try:
+        if self._acceptable(token.type):
             self.ip.feed_token(token)
-        except UnexpectedToken:
-            # LALR may have reduced before noticing; go back to a clean state.
-            self.ip.parser_state = saved
-            self._unexpected(token)
-        else:
             self._advanced(token)
+        else:
+            self._unexpected(token)
+
+    def _acceptable(self, kind: str) -> bool:
+        """Whether the parser would take a token of this kind now.
+
+        LALR may reduce before it notices that a token is wrong, so asking
+        only the current state is not enough, and copying the parser state
+        to undo a failed feed costs time in proportion to the nesting: the
+        reductions are replayed on the state numbers alone instead.
+        """
+        state = self.ip.parser_state
+        states, stack = state.parse_conf.states, state.state_stack
+        below = len(stack)  # stack[:below] is untouched by the replay
+        pushed: list = []  # states the replayed reductions put above it
+        while True:
+            action = states[pushed[-1] if pushed else stack[below - 1]].get(kind)
+            if action is None:
+                return False
+            what, arg = action
+            if what is Shift:
+                return True
+            size = len(arg.expansion)
+            popped = min(size, len(pushed))
+            del pushed[len(pushed) - popped :]
+            below -= size - popped
+            top = pushed[-1] if pushed else stack[below - 1]
+            pushed.append(states[top][arg.origin.name][1])
+            if kind == "$END" and pushed[-1] == state.parse_conf.end_state:
+                return True
+
+    def _accepts(self) -> set[str]:
+        """The terminals the parser would take now (lark's own `accepts`
+        deep-copies the parser, values included, for every terminal)."""
+        choices = self.ip.parser_state.parse_conf.states[self.ip.parser_state.position]
+        return {kind for kind in choices if kind.isupper() and self._acceptable(kind)}
 
     def _feed_or_give_up(self, token: Token) -> None:
         """Feed a token that recovery has made acceptable."""
@@ -313,6 +428,19 @@ class _Recovering:
             self.open_parens.append(token)
         elif kind == "RPAR" and self.open_parens:
             self.open_parens.pop()
+        if kind == "EQUAL" and self.in_block:
+            self.value = _ValueLimits()
+        elif kind in _STATEMENT_END:
+            self.value = None
+        elif self.value is not None:
+            problem = self.value.step(token)
+            if problem is not None:
+                # Skip the rest of the statement as after a syntax error: the
+                # setting is dropped and no tree of it is built.
+                span, message, note = problem
+                self.diagnostics.append(Diagnostic(self.path, span, message, note=note))
+                self.skipping = True
+                self.value = None
         at_boundary = (self.in_block and kind in {"_NL", "SEMICOLON", "LBRACE"}) or (
             not self.in_block and not self.in_header and kind in {"_NL", "RBRACE"}
         )
@@ -324,7 +452,7 @@ class _Recovering:
         if self.skipping:
             self._restore()
         if self.in_block:
-            if "RBRACE" not in self.ip.accepts():
+            if "RBRACE" not in self._accepts():
                 # The last statement is incomplete as well as the block.
                 self._error(end, self._unexpected_message(end))
                 self._restore()
@@ -347,7 +475,7 @@ class _Recovering:
         shown = _quote_char(bad.char)
         note = _CHARACTER_HINTS.get(bad.char)
         if note is None:
-            expected = self._expected_words(self.ip.accepts())
+            expected = self._expected_words(self._accepts())
             message = f"unexpected character {shown}; expected {expected}"
         else:
             message = f"unexpected character {shown}"
@@ -363,7 +491,7 @@ class _Recovering:
                 f"expected '}}' to close the block '{self.block_name}' "
                 f"started at line {self.block_keyword.line}, found keyword 'attention'",
             )
-            if "RBRACE" not in self.ip.accepts():
+            if "RBRACE" not in self._accepts():
                 self._restore()
             self._close_block_before(token)
             self._feed_or_give_up(token)
@@ -394,7 +522,7 @@ class _Recovering:
         self.diagnostics.append(Diagnostic(self.path, _token_span(token), message))
 
     def _unexpected_message(self, token: Token) -> str:
-        accepts = self.ip.accepts()
+        accepts = self._accepts()
         found = token.type
         if found == "EQUAL" and "EQ" in accepts:
             return "unexpected '='; use '==' to compare"
@@ -447,6 +575,53 @@ class _Recovering:
         if terminal is not None and terminal.pattern.type == "str":
             return f"'{terminal.pattern.value}'"
         return name.lower()
+
+
+class _ValueLimits:
+    """Follows one setting's value token by token, so that an expression far
+    over the size limits is diagnosed before a tree of it is built.
+
+    Every ir node has exactly one token (a name, a number, an operator, a
+    called function's name), so the count of parts is exact.  The nesting
+    counted here (open parentheses and calls, unary operators whose operand
+    has not ended) is a lower bound; operator nesting is measured on the tree
+    of what passes here (`_size_problem`).
+    """
+
+    def __init__(self) -> None:
+        self.parts = 0
+        self.levels: list[str] = []  # "(" or "-" (a unary operator)
+        self.expect_operand = True
+        self.previous: Token | None = None
+
+    def step(self, token: Token) -> tuple[ir.Span, str, str] | None:
+        kind = token.type
+        opened = None
+        if kind in ("MINUS", "NOT") and self.expect_operand:
+            self.parts += 1
+            self.levels.append("-")
+            opened = token
+        elif kind in _BINARY_OPERATOR_TERMINALS or kind in ("COMMA", "RPAR"):
+            # A unary operator's operand ends at the next binary operator
+            # (negation binds tighter than all of them), ',' or ')'.
+            while self.levels and self.levels[-1] == "-":
+                self.levels.pop()
+            if kind == "RPAR" and self.levels:
+                self.levels.pop()
+            self.parts += kind in _BINARY_OPERATOR_TERMINALS
+        elif kind == "LPAR":
+            self.levels.append("(")
+            called = self.previous is not None and self.previous.type == "NAME"
+            opened = self.previous if called else token
+        elif kind in ("NAME", "INT", "REAL"):
+            self.parts += 1
+        self.expect_operand = kind not in ("NAME", "INT", "REAL", "RPAR")
+        self.previous = token
+        if opened is not None and len(self.levels) > ir.MAX_EXPR_DEPTH:
+            return (_span(opened), *expression_too_deep())
+        if self.parts > ir.MAX_EXPR_NODES:
+            return (_span(token), *expression_too_large())
+        return None
 
 
 def _describe(token: Token) -> str:

@@ -6,7 +6,8 @@ comparisons; see grammars/attn.lark for the precedence ladder).
 `print_variant` writes one block in normal form: four-space indent, one
 setting per line in `ir.SETTINGS` order, every setting spelled out except
 `scale`, which appears only when set.  Integers print with `str`, reals with
-`repr(float)`, so `parse` of the output gives back equal values.
+`repr(float)` (infinity, which `parse` makes of a literal such as `1e999`, as
+`1e999`), so `parse` of the output gives back equal values.
 
 For a checked Variant, parse -> check of `print_variant(v)` gives back `v`
 (tests/test_roundtrip.py).  Imports nothing of ours but `ir`.
@@ -99,6 +100,11 @@ def _unparenthesized(e: ir.Expr) -> tuple[str, int]:
 
 
 def _real(value: float) -> str:
-    if not math.isfinite(value):
-        raise ValueError(f"cannot print the non-finite real {value!r}")
+    if math.isinf(value):
+        # `parse` reads a literal too large for a float, such as `1e999`, as
+        # infinity; print it as one that reads back the same, so that any
+        # tree `parse` gives (and `check` then reports on) can be shown.
+        return "-1e999" if value < 0 else "1e999"
+    if math.isnan(value):
+        raise ValueError("cannot print NaN: no `.attn` literal reads as it")
     return repr(value)

@@ -103,3 +103,20 @@ def test_spec_error_str_is_rendered_text():
     assert error.diagnostics == tuple(diagnostics)
     assert str(error) == render_all(diagnostics, {"a.attn": source}).rstrip("\n")
     assert str(error).startswith("a.attn:1:11: error: block 'a' is missing")
+
+
+def test_render_long_line_shows_an_excerpt_around_the_span():
+    source = "    score = " + "s + " * 300 + "BAD" + " + s" * 300 + "\n"
+    column = source.index("BAD") + 1
+    out = render(_diag(1, column, 1, column + 3), source).splitlines()
+    shown, carets = out[1], out[2]
+    assert shown.startswith("    ...") and shown.endswith("...")
+    assert len(shown) < 140
+    assert shown[carets.index("^") : len(carets)] == "BAD"
+
+
+def test_render_long_line_excerpt_at_its_start_has_no_leading_ellipsis():
+    source = "mask = " + "q + " * 100 + "k\n"
+    out = render(_diag(1, 8, 1, 9), source).splitlines()
+    assert out[1].startswith("    mask = q + ") and out[1].endswith("...")
+    assert out[2] == "    " + " " * 7 + "^"

@@ -415,3 +415,30 @@ def test_edited_examples_never_raise(position, length, insert):
     text = EXAMPLES[:position] + insert + EXAMPLES[position + length :]
     spec, diagnostics = parse(text)
     assert (spec is None) == bool(diagnostics)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.sampled_from(_PIECES), max_size=40))
+def test_replayed_reductions_agree_with_lark(pieces):
+    # parse decides whether a token fits by replaying LALR reductions on the
+    # state numbers (`_Recovering._accepts`); lark's own `accepts` copies the
+    # whole parser to find out.  They must agree at every step.
+    from flashgen import parse as parse_module
+
+    class Checked(parse_module._Recovering):
+        def _feed(self, token):
+            assert self._accepts() == self.ip.accepts()
+            super()._feed(token)
+
+    Checked(" ".join(pieces), "t.attn").run()
+
+
+def test_deep_nesting_does_not_slow_each_token():
+    # Feeding used to copy the parser state (proportional to the nesting) for
+    # every token: 10^5 nested parentheses took minutes.
+    import time
+
+    start = time.monotonic()
+    spec, diagnostics = parse("attention t { x = " + "(" * 100_000 + "q" + ")" * 100_000 + " }")
+    assert spec is None and len(diagnostics) == 1
+    assert time.monotonic() - start < 20
