@@ -179,6 +179,7 @@ def _kind(mode: int) -> str:
         (stat.S_ISSOCK, "a socket"),
         (stat.S_ISLNK, "a symbolic link"),
         (stat.S_ISDIR, "a directory"),
+        (stat.S_ISREG, "a regular file"),
     ):
         if test(mode):
             return kind
@@ -199,7 +200,10 @@ def read_spec(spec: Spec) -> tuple[str, str]:
             raise TypeError(f"spec: a bytes path is not supported, got {path!r}")
         return path, read_spec_file(path)
     if isinstance(spec, str):
-        if len(spec) > ir.MAX_SPEC_BYTES or len(spec.encode("utf-8")) > ir.MAX_SPEC_BYTES:
+        if (
+            len(spec) > ir.MAX_SPEC_BYTES
+            or len(spec.encode("utf-8", "surrogatepass")) > ir.MAX_SPEC_BYTES
+        ):
             raise ValueError(
                 f"spec: text longer than the {ir.MAX_SPEC_BYTES} bytes a spec may have"
             )

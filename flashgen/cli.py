@@ -99,6 +99,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         for message in e.messages:
             print(f"flashgen: error: {message}", file=sys.stderr)
         return 1
+    except api.CacheError as e:  # verify, bench, tune: the module cache is unsafe
+        print(f"flashgen: error: {e}", file=sys.stderr)
+        return 1
     except OSError as e:  # writing output
         where = f" '{e.filename}'" if e.filename else ""
         print(f"flashgen: error: cannot write{where}: {e.strerror or e}", file=sys.stderr)

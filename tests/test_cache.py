@@ -192,3 +192,12 @@ def test_a_loaded_module_is_registered_and_runs(cache):
     assert sys.modules[module.__name__] is module
     assert module.__file__ == str(_entry(cache))
     _run_forward(module)
+
+
+def test_a_cache_root_that_is_a_file_is_refused(tmp_path, monkeypatch):
+    monkeypatch.setattr(api, "_MODULES", {})
+    root = tmp_path / "file"
+    root.write_text("")
+    monkeypatch.setenv("FLASHGEN_CACHE_DIR", str(root))
+    with pytest.raises(api.CacheError, match=f"{root} is a regular file, not a directory"):
+        flashgen.load(TINY)

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import flashgen
-from flashgen import cli, ir, verify
+from flashgen import api, cli, ir, verify
 
 REPO = Path(__file__).resolve().parent.parent
 EXAMPLES = sorted((REPO / "examples").glob("*.attn"))
@@ -417,3 +417,42 @@ def _result(ok: bool) -> verify.CaseResult:
     check = verify.Check("o", error=0.0 if ok else 1.0, ordinary_error=0.0, bound=0.5, finite=True)
     shape = verify.Shape(1, 1, 1, 1, 1)
     return verify.CaseResult(shape, torch.float32, (check,))
+
+
+def test_verify_refuses_an_unsafe_module_cache(capsys, specs, monkeypatch):
+    shared = specs / "shared"
+    shared.mkdir()
+    shared.chmod(0o777)
+    monkeypatch.setenv("FLASHGEN_CACHE_DIR", str(shared))
+    monkeypatch.setattr(api, "_MODULES", {})
+    code, out, err = run(capsys, "verify", specs / "tiny.attn", "--examples", "1")
+    assert (code, out) == (1, "")
+    assert err.startswith(f"flashgen: error: flashgen cache: {shared} is writable by group")
+    assert "Traceback" not in err and list(shared.iterdir()) == []
+
+
+# --------------------------------------------------------------------------- #
+# python -m flashgen.demo
+# --------------------------------------------------------------------------- #
+
+
+def test_demo_runs_a_spec_file(capsys, specs, monkeypatch):
+    from flashgen import demo
+
+    monkeypatch.setattr(api, "_MODULES", {})
+    code = demo.main([str(specs / "tiny.attn")])
+    out, err = capsys.readouterr()
+    assert (code, err) == (0, ""), out + err
+    assert out.startswith(f"flashgen demo: tiny from {specs / 'tiny.attn'}\n")
+    assert out.count(")  ok\n") == 2  # o and lse within the bound
+
+
+def test_demo_refuses_what_is_not_a_spec_file(capsys, specs):
+    from flashgen import demo
+
+    assert demo.main(["/dev/null"]) == 2
+    assert capsys.readouterr().err == (
+        "demo: error: cannot read '/dev/null': not a regular file (a character device)\n"
+    )
+    assert demo.main([str(specs / "bad.attn")]) == 1
+    assert "error: unknown dtype 'bf17'" in capsys.readouterr().err
