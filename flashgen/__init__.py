@@ -9,7 +9,8 @@ The public Python API, imported on first use so that `import flashgen` (and
     build_sources(specs) -> {name: str}
     SpecError                            raised with every diagnostic of bad specs
 
-A spec is a path to a `.attn` file or the spec text itself.  See flashgen.api.
+A `str` spec is always the spec text itself; a `.attn` file is given as a
+`pathlib.Path` (any `os.PathLike`), never as a str.  See flashgen.api.
 """
 
 from __future__ import annotations

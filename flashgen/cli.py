@@ -13,16 +13,21 @@ files, no GPU for bench or tune).
                    [--timer do_bench|cuda-graph] [--json PATH] [--plot PNG]
     flashgen tune SPEC... [--head-dim D...] [--passes forward|backward] [--quick]
 
-`--check` builds in memory and compares with the files on disk instead of
-writing: it lists every missing, different or stale module (a stale one is a
-`@generated` file whose block no longer exists) and exits 1 if there is any.
-Bad input never shows a traceback: diagnostics are rendered, file errors take
-one line.
+A SPEC is the name of a regular file of at most `ir.MAX_SPEC_BYTES` bytes of
+UTF-8 text.  `build` is all or nothing: every spec is checked and every module
+rendered before any file is written, and it never replaces a file that does not
+begin with flashgen's `@generated` header (the error names it; nothing is
+written).  `--check` builds in memory and compares with the files on disk
+instead of writing: it lists every missing, different, foreign or stale module
+(a stale one is a `@generated` file whose block no longer exists) and exits 1
+if there is any.  Bad input never shows a traceback: diagnostics are rendered,
+file errors take one line, and text the terminal cannot encode is escaped.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import importlib.util
 import os
@@ -56,10 +61,26 @@ class _UsageError(Exception):
         self.messages = messages
 
 
+class _Failure(Exception):
+    """The run failed on something other than a spec: exit 1, one line per message."""
+
+    def __init__(self, *messages: str) -> None:
+        super().__init__("\n".join(messages))
+        self.messages = messages
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    _escape_unencodable_output()
     parser = _parser()
     try:
-        args = parser.parse_args(argv)
+        # parse_known_args, not parse_args: argparse reports a missing COMMAND
+        # before an unknown option, so `flashgen --bogus` would say "required:
+        # COMMAND" instead of naming --bogus.
+        args, unknown = parser.parse_known_args(argv)
+        if unknown:
+            parser.error(f"unrecognized arguments: {' '.join(unknown)}")
+        if args.command is None:
+            parser.error(f"a COMMAND is required: one of {', '.join(COMMANDS)}")
     except SystemExit as e:  # argparse's usage errors and --help
         return e.code if isinstance(e.code, int) else 2
     try:
@@ -74,10 +95,28 @@ def main(argv: Sequence[str] | None = None) -> int:
     except TuningError as e:
         print(f"flashgen: error: {e}", file=sys.stderr)
         return 1
+    except _Failure as e:
+        for message in e.messages:
+            print(f"flashgen: error: {message}", file=sys.stderr)
+        return 1
+    except api.CacheError as e:  # verify, bench, tune: the module cache is unsafe
+        print(f"flashgen: error: {e}", file=sys.stderr)
+        return 1
     except OSError as e:  # writing output
         where = f" '{e.filename}'" if e.filename else ""
         print(f"flashgen: error: cannot write{where}: {e.strerror or e}", file=sys.stderr)
         return 1
+
+
+def _escape_unencodable_output() -> None:
+    """Print what the terminal's encoding cannot hold (a non-ASCII path under
+    PYTHONIOENCODING=ascii, a file name with undecodable bytes) as backslash
+    escapes instead of failing with UnicodeEncodeError."""
+    for stream in (sys.stdout, sys.stderr):
+        reconfigure = getattr(stream, "reconfigure", None)
+        if reconfigure is not None:
+            with contextlib.suppress(ValueError, OSError):
+                reconfigure(errors="backslashreplace")
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -86,7 +125,7 @@ def _parser() -> argparse.ArgumentParser:
         description="Generate standalone Triton FlashAttention modules from .attn specs.",
     )
     parser.add_argument("--version", action="version", version=f"flashgen {__version__}")
-    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND")
 
     check = commands.add_parser("check", help="report problems in specs")
     check.add_argument("specs", nargs="+", metavar="SPEC", help=".attn file")
@@ -99,7 +138,7 @@ def _parser() -> argparse.ArgumentParser:
         f"changed.  With no SPEC: {EXAMPLES_GLOB} into {GENERATED_DIR}/.",
     )
     build.add_argument("specs", nargs="*", metavar="SPEC", help=".attn file")
-    build.add_argument("-o", "--out", metavar="DIR", help="output directory")
+    build.add_argument("-o", "--out", type=_directory, metavar="DIR", help="output directory")
     build.add_argument(
         "--check",
         action="store_true",
@@ -195,6 +234,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 SYSTEMS = ("flashgen", "flex", "sdpa-cudnn", "sdpa-flash")
+COMMANDS = ("check", "build", "verify", "bench", "tune")
 
 
 def _gpu_variants(args: argparse.Namespace, command: str) -> list[ir.Variant]:
@@ -273,10 +313,21 @@ def _tune(args: argparse.Namespace) -> int:
 
 
 def _positive(text: str) -> int:
-    value = int(text)
+    # ArgumentTypeError, not ValueError: argparse would print the function's
+    # name ("invalid _positive value").
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be positive, got {value}")
     return value
+
+
+def _directory(text: str) -> str:
+    if not text:
+        raise argparse.ArgumentTypeError("expected a directory name, got an empty string")
+    return text
 
 
 # --------------------------------------------------------------------------- #
@@ -301,15 +352,33 @@ def _build(args: argparse.Namespace) -> int:
         specs = sorted(str(p) for p in Path().glob(EXAMPLES_GLOB))
         if not specs:
             raise _UsageError(f"build: no SPEC given and no {EXAMPLES_GLOB} here")
-    out = Path(args.out or GENERATED_DIR)
+    out = Path(GENERATED_DIR if args.out is None else args.out)
     variants, _ = _check_sources(_read(specs))
-    modules = {v.name: render_module(v, tuning_for(v)) for v in variants}
+    modules = _render(variants)
     if args.check:
         return _compare(modules, out)
-    for name, text in modules.items():
-        path = out / f"{name}.py"
-        print(f"{'wrote' if api.write_if_changed(path, text) else 'unchanged'} {path}")
+    try:
+        written = api.write_files({out / f"{name}.py": text for name, text in modules.items()})
+    except api.OverwriteError as e:
+        raise _Failure(*(f"cannot write '{p}': {why}" for p, why in e.refused.items())) from None
+    for path, wrote in written.items():
+        print(f"{'wrote' if wrote else 'unchanged'} {path}")
     return 0
+
+
+def _render(variants: Sequence[ir.Variant]) -> dict[str, str]:
+    """Block name -> module source, with the tuning of each spec's sidecar."""
+    modules = {}
+    for v in variants:
+        try:
+            tuning = tuning_for(v)
+        except ValueError as e:  # a sidecar that is not valid tuning data
+            raise _Failure(str(e)) from None
+        except OSError as e:
+            where = f" '{e.filename}'" if e.filename else ""
+            raise _Failure(f"cannot read{where}: {e.strerror or e}") from None
+        modules[v.name] = render_module(v, tuning)
+    return modules
 
 
 def _compare(modules: dict[str, str], out: Path) -> int:
@@ -318,14 +387,16 @@ def _compare(modules: dict[str, str], out: Path) -> int:
     for name, text in sorted(modules.items()):
         path = out / f"{name}.py"
         try:
-            on_disk = path.read_text(encoding="utf-8")
-        except FileNotFoundError:
-            problems.append(f"missing: {path}")
+            state, why = api.disk_state(path, text)
+        except OSError as e:
+            problems.append(f"unreadable: {path} ({e.strerror or e})")
             continue
-        if on_disk != text:
-            problems.append(f"different: {path}")
+        if state == "foreign":
+            problems.append(f"foreign: {path} ({why})")
+        elif state != "same":
+            problems.append(f"{state}: {path}")
     for path in sorted(out.glob("*.py")):
-        if path.stem not in modules and _is_generated(path):
+        if path.stem not in modules and api.is_generated(path):
             problems.append(f"stale: {path} (no attention block '{path.stem}' in the specs)")
     if problems:
         print("\n".join(problems))
@@ -337,14 +408,6 @@ def _compare(modules: dict[str, str], out: Path) -> int:
         return 1
     print(f"ok: {_plural(len(modules), 'module')} in {out}/ up to date")
     return 0
-
-
-def _is_generated(path: Path) -> bool:
-    try:
-        with open(path, encoding="utf-8", errors="replace") as f:
-            return "@generated" in f.read(1000)
-    except OSError:
-        return False
 
 
 def _verify(args: argparse.Namespace) -> int:
@@ -385,16 +448,17 @@ def _verify(args: argparse.Namespace) -> int:
 
 
 def _read(paths: Sequence[str]) -> dict[str, str]:
-    """path -> text of every file; one error line per file that cannot be read."""
+    """path -> text of every file; one error line per file that cannot be read
+    (or that is not a regular file, is too large or is not UTF-8)."""
     sources: dict[str, str] = {}
     errors: list[str] = []
     for path in paths:
         try:
-            sources[path] = Path(path).read_text(encoding="utf-8")
+            sources[path] = api.read_spec_file(path)
         except OSError as e:
             errors.append(f"cannot read '{path}': {e.strerror or e}")
-        except UnicodeDecodeError as e:
-            errors.append(f"cannot read '{path}': not UTF-8 text (byte {e.start})")
+        except api.SpecFileError as e:
+            errors.append(f"cannot read '{path}': {e.reason}")
     if errors:
         raise _UsageError(*errors)
     return sources

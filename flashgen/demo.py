@@ -42,16 +42,27 @@ def main(argv: Sequence[str] | None = None) -> int:
     device = "cuda" if torch.cuda.is_available() else "cpu"
     if device == "cpu":
         os.environ["TRITON_INTERPRET"] = "1"
+    path = args.spec
     try:
-        path, text = api.read_spec(args.spec)
+        text = api.read_spec_file(path)
         variants, _ = api.check_sources({path: text})
-        module = flashgen.load(path)
     except OSError as e:
-        print(f"demo: error: cannot read '{args.spec}': {e.strerror or e}", file=sys.stderr)
+        print(f"demo: error: cannot read '{path}': {e.strerror or e}", file=sys.stderr)
         return 2
-    except (flashgen.SpecError, ValueError) as e:
+    except api.SpecFileError as e:
+        print(f"demo: error: cannot read '{path}': {e.reason}", file=sys.stderr)
+        return 2
+    except flashgen.SpecError as e:
         print(e, file=sys.stderr)
         return 1
+    if len(variants) != 1:
+        names = ", ".join(v.name for v in variants)
+        print(
+            f"demo: error: {path} defines {len(variants)} attention blocks ({names}); "
+            "the demo runs a spec with one",
+            file=sys.stderr,
+        )
+        return 2
     variant = variants[0]
     if device == "cpu" and variant.dtype is ir.DType.BF16:
         print(
@@ -59,6 +70,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             "cannot multiply; pick an fp16 or fp32 spec, or run on a GPU",
             file=sys.stderr,
         )
+        return 2
+
+    try:
+        module = api.load_variant(variant)
+    except (OSError, ValueError) as e:  # the module cache refused; a bad tuning sidecar
+        print(f"demo: error: {e}", file=sys.stderr)
         return 2
 
     dtype = torch_dtype(variant.dtype)

@@ -10,6 +10,7 @@ the spec's dtype, with the inputs' own footprint subtracted.
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 import torch
 
@@ -32,7 +33,7 @@ def peak(fn) -> int:
 def main(path: str = "examples/plain_causal.attn") -> None:
     spec, _ = parse(open(path).read(), path)
     (variant,), _ = check([spec])
-    module = flashgen.load(path)
+    module = flashgen.load(Path(path))  # a str would be spec text
     dtype = torch_dtype(variant.dtype)
     batch, heads, dim = 1, 4, variant.head_dim
     print(f"{variant.name}: B={batch} H={heads} D={dim} {dtype}; MiB above inputs")

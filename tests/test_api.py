@@ -1,17 +1,20 @@
-"""The Python API: specs as paths or text, the on-disk module cache, SpecError."""
+"""The Python API: specs as text (str) or files (os.PathLike), reading spec
+files, the on-disk module cache, SpecError.  The cache's defences against
+planted files are in test_cache.py, writing modules in test_files.py."""
 
 from __future__ import annotations
 
 import hashlib
 import os
 import sys
+import threading
 from pathlib import Path
 
 import pytest
 import torch
 
 import flashgen
-from flashgen import api, diagnostics
+from flashgen import api, diagnostics, ir
 from flashgen.reference import attention_ref
 from flashgen.verify import check_forward
 
@@ -65,16 +68,37 @@ def _age(path: Path) -> int:
 # --------------------------------------------------------------------------- #
 
 
-def test_build_sources_from_text_path_and_pathlike(tmp_path):
+def test_build_sources_from_text_and_pathlike(tmp_path):
     spec = tmp_path / "tiny.attn"
     spec.write_text(TINY)
     from_text = api.build_sources([TINY])
     assert list(from_text) == ["tiny"]
-    assert "@generated" in from_text["tiny"]
-    assert api.build_sources([str(spec)]) == from_text
+    assert from_text["tiny"].startswith(api.GENERATED_HEADER)
     assert api.build_sources([spec]) == from_text
     assert api.build_sources(spec) == from_text  # a lone spec, not in a list
     assert flashgen.build_source(TINY) == from_text["tiny"]
+
+
+def test_a_str_is_always_spec_text_never_a_file_name(tmp_path):
+    # Untrusted text must not become a file read: before, a str naming an
+    # existing file (or ending in .attn) was opened and its first line quoted.
+    secret = tmp_path / "secret.attn"
+    secret.write_text("SECRET-LINE in a file the caller never meant to share\n")
+    for text in (str(secret), str(tmp_path / "missing.attn"), "/etc/passwd"):
+        with pytest.raises(flashgen.SpecError) as info:
+            api.build_source(text)
+        message = str(info.value)
+        assert message.startswith("<string>:1:1: error:")
+        assert "SECRET-LINE" not in message
+        assert "root:" not in message
+    # A file name passed as a str gets a hint at pathlib.Path.
+    with pytest.raises(flashgen.SpecError, match=r"pass pathlib\.Path"):
+        api.build_source(str(secret))
+
+
+def test_spec_text_ending_in_a_comment_naming_a_file_builds():
+    text = TINY + "# the same mask as examples/gemma2.attn"  # no final newline
+    assert list(api.build_sources(text)) == ["tiny"]
 
 
 def test_build_sources_keeps_block_order():
@@ -116,8 +140,91 @@ def test_duplicate_block_names_across_specs_are_an_error(tmp_path):
 def test_missing_spec_file_raises_os_error(tmp_path):
     with pytest.raises(FileNotFoundError):
         api.build_sources([tmp_path / "missing.attn"])
-    with pytest.raises(FileNotFoundError):
-        api.build_sources([str(tmp_path / "missing.attn")])
+    with pytest.raises(IsADirectoryError):
+        api.build_sources([tmp_path])
+
+
+def test_specs_of_the_wrong_type_raise_type_error():
+    with pytest.raises(TypeError, match="spec"):
+        api.build_sources(TINY.encode())
+    with pytest.raises(TypeError, match="got int"):
+        api.build_sources([TINY, 42])
+
+
+# --------------------------------------------------------------------------- #
+# Reading spec files
+# --------------------------------------------------------------------------- #
+
+
+def _in_thread(fn, seconds: float = 20.0):
+    """fn()'s result or exception, or a test failure if it is still blocked
+    after `seconds` (opening a FIFO without O_NONBLOCK waits for a writer)."""
+    result: dict = {}
+
+    def run():
+        try:
+            result["value"] = fn()
+        except BaseException as e:  # noqa: BLE001 - handed to the test
+            result["error"] = e
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    thread.join(seconds)
+    return thread.is_alive(), result
+
+
+def test_a_fifo_is_refused_without_blocking(tmp_path):
+    fifo = tmp_path / "spec.attn"
+    os.mkfifo(fifo)
+    try:
+        blocked, result = _in_thread(lambda: api.read_spec_file(fifo))
+    finally:
+        # Unblock a reader stuck in open(), should there be one.
+        fd = os.open(fifo, os.O_WRONLY | os.O_NONBLOCK) if blocked else None
+        if fd is not None:
+            os.close(fd)
+    assert not blocked, "reading a FIFO blocked"
+    error = result.get("error")
+    assert isinstance(error, api.SpecFileError) and isinstance(error, ValueError)
+    assert str(error) == f"{fifo}: not a regular file (a FIFO)"
+    with pytest.raises(api.SpecFileError, match="a FIFO"):
+        _raise(_in_thread(lambda: api.build_sources(fifo))[1])
+
+
+def _raise(result: dict):
+    if "error" in result:
+        raise result["error"]
+    return result["value"]
+
+
+def test_a_device_is_refused():
+    # /dev/null, not /dev/zero: a regression here must fail, not fill memory.
+    with pytest.raises(api.SpecFileError, match=r"^/dev/null: not a regular file \(a character"):
+        api.build_sources(Path("/dev/null"))
+
+
+def test_spec_files_larger_than_the_limit_are_refused(tmp_path):
+    at_limit = tmp_path / "at_limit.attn"
+    padding = "#" * (ir.MAX_SPEC_BYTES - len(TINY) - 1) + "\n"
+    at_limit.write_text(TINY + padding)
+    assert at_limit.stat().st_size == ir.MAX_SPEC_BYTES
+    assert list(api.build_sources(at_limit)) == ["tiny"]
+
+    over = tmp_path / "over.attn"
+    over.write_text(TINY + "#" + padding)
+    with pytest.raises(api.SpecFileError, match=f"larger than the {ir.MAX_SPEC_BYTES} bytes"):
+        api.build_sources(over)
+    with pytest.raises(ValueError, match="spec: text longer than"):
+        api.build_sources(TINY + "#" + padding)
+
+
+def test_spec_files_must_be_utf8(tmp_path):
+    latin1 = tmp_path / "latin1.attn"
+    latin1.write_bytes(b"# caf\xe9\n")
+    with pytest.raises(api.SpecFileError) as info:
+        api.build_sources(latin1)
+    assert str(info.value) == f"{latin1}: not UTF-8 text (byte 5)"
+    assert info.value.path == str(latin1)
 
 
 # --------------------------------------------------------------------------- #
@@ -181,8 +288,10 @@ def test_load_all_and_load_by_name(cache):
 
 def test_load_from_a_path(cache):
     module = flashgen.load(EXAMPLES / "bloom_alibi.attn")
-    assert module is flashgen.load(str(EXAMPLES / "bloom_alibi.attn"))
+    assert module is flashgen.load(EXAMPLES / "bloom_alibi.attn")
     assert module.HEAD_DIM == 128
+    with pytest.raises(flashgen.SpecError, match="pass pathlib.Path"):
+        flashgen.load(str(EXAMPLES / "bloom_alibi.attn"))
 
 
 def test_loaded_kernel_runs_and_matches_the_reference(cache):
@@ -206,12 +315,13 @@ def test_load_variant_shares_the_cache_with_load(cache):
 
 def test_write_if_changed(tmp_path):
     path = tmp_path / "sub" / "m.py"
-    assert api.write_if_changed(path, "x = 1\n")
+    one = api.GENERATED_HEADER + "0.1.0\nx = 1\n"
+    assert api.write_if_changed(path, one)
     old = _age(path)
-    assert not api.write_if_changed(path, "x = 1\n")
+    assert not api.write_if_changed(path, one)
     assert path.stat().st_mtime_ns == old
-    assert api.write_if_changed(path, "x = 2\n")
-    assert path.read_text() == "x = 2\n"
+    assert api.write_if_changed(path, one.replace("1", "2"))
+    assert path.read_text() == one.replace("1", "2")
     assert [p.name for p in path.parent.iterdir()] == ["m.py"]
 
 
