@@ -53,7 +53,7 @@ from flashgen import __version__, ir
 from flashgen.check import check
 from flashgen.diagnostics import Diagnostic, SpecError
 from flashgen.emit import render_module
-from flashgen.tune import tuning_for
+from flashgen.sidecar import tuning_for
 from flashgen.parse import parse
 
 __all__ = [

@@ -413,6 +413,33 @@ def test_verify_exit_code_follows_the_reports(capsys, specs, monkeypatch):
     assert "no attention block named 'third' (blocks: tiny, second)" in err
 
 
+def test_verify_unreached_edges_fail_unless_partial_coverage_is_accepted(
+    capsys, specs, monkeypatch
+):
+    calls = []
+
+    def fake_verify(variant, **options):
+        calls.append(options)
+        return verify.Report(
+            variant.name,
+            (_result(True),),
+            unchecked=("window(4095) left edge 4095 (needs Nk=4223; use --device cuda)",),
+            accept_partial=options.get("accept_partial", False),
+        )
+
+    monkeypatch.setattr(verify, "verify", fake_verify)
+    code, out, _ = run(capsys, "verify", specs / "tiny.attn")
+    assert code == 1
+    assert "not checked: window(4095) left edge 4095" in out
+    assert calls == [{"device": "cpu"}]
+
+    calls.clear()
+    code, out, _ = run(capsys, "verify", specs / "tiny.attn", "--accept-partial")
+    assert code == 0
+    assert "not checked: window(4095) left edge 4095" in out
+    assert calls == [{"device": "cpu", "accept_partial": True}]
+
+
 def _result(ok: bool) -> verify.CaseResult:
     check = verify.Check("o", error=0.0 if ok else 1.0, ordinary_error=0.0, bound=0.5, finite=True)
     shape = verify.Shape(1, 1, 1, 1, 1)

@@ -14,7 +14,7 @@ import pytest
 
 from flashgen.check import check
 from flashgen.emit import render_module
-from flashgen.tune import tuning_for
+from flashgen.sidecar import tuning_for
 from flashgen.parse import parse
 
 ROOT = Path(__file__).resolve().parent.parent
