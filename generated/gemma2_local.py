@@ -160,7 +160,7 @@ def _scores_log2(
     s = qk * sm_scale
     # The score modifier times log2(e) (folded into a constant factor where
     # it has one), so that exp2 computes exp.
-    s2 = 72.13475204444816 * _tanh((s) * 0.02)
+    s2 = 72.13475036621094 * _tanh((s) * 0.02)
     if MASKED:
         visible = (k_pos < n_keys) & ((k_pos <= q_pos) & (k_pos >= (q_pos - 4095)))
         s2 = tl.where(visible, s2, float("-inf"))
@@ -171,7 +171,7 @@ def _scores_log2(
 def _score_grad(qk, s2, q_pos, k_pos, head, num_heads, alibi_slope, sm_scale):
     """d score / d s of the score modifier, derived from the spec; s2 is the
     score in log2 units."""
-    return 1.0 - (s2 * 0.013862943611198907) * (s2 * 0.013862943611198907)
+    return 1.0 - (s2 * 0.013862944208085537) * (s2 * 0.013862944208085537)
 
 
 @triton.jit
