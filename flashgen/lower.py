@@ -102,6 +102,9 @@ class KernelModel:
     head_dim: int
     head_dim_pad: int
     default_scale: float
+    # Call-time limits (ir.MAX_SEQ_LEN, ir.MAX_HEADS) that the module enforces.
+    max_seq_len: int
+    max_heads: int
     bottom_right: bool
     rescale_threshold: float
     # input_precision of every tl.dot, or None for the operands' own: float32
@@ -1621,6 +1624,8 @@ def lower(v: ir.Variant, tuning: Tuning | None = None) -> KernelModel:
         head_dim=v.head_dim,
         head_dim_pad=pad,
         default_scale=v.scale if v.scale is not None else 1.0 / math.sqrt(v.head_dim),
+        max_seq_len=ir.MAX_SEQ_LEN,
+        max_heads=ir.MAX_HEADS,
         bottom_right=v.align is ir.Align.BOTTOM_RIGHT,
         rescale_threshold=float(v.rescale_threshold),
         dot_precision="ieee" if v.dtype is ir.DType.FP32 else None,
