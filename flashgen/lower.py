@@ -641,8 +641,47 @@ _RANGES = {
 }
 
 
+# What the scalar names of tile code can hold, under the limits a generated
+# module enforces at call time: positions of real and padded rows and columns,
+# query heads, and the number of heads.
+_POSITIONS = (-ir.POSITION_BOUND, ir.POSITION_BOUND)
+_NAME_RANGES = {
+    "q_lo": _POSITIONS,
+    "q_hi": _POSITIONS,
+    "k_lo": _POSITIONS,
+    "k_hi": _POSITIONS,
+    "head": (0, ir.MAX_HEADS - 1),
+    "num_heads": (1, ir.MAX_HEADS),
+}
+_INT32 = (-(2**31), 2**31 - 1)
+
+
+def _fits_int32(terms: list[tuple[int, str]], const: int) -> bool:
+    """Whether every product and partial sum of sum(c * name) + const, taken
+    left to right, stays in int32 over `_NAME_RANGES`.
+
+    Check proves each integer subexpression of a spec within
+    ir.INT_MAGNITUDE_MAX, but normalising to an affine form merges terms:
+    `H * 16384 - 2^30 + H * 16384` has no subexpression beyond 2^30, while
+    its form 32768 * H - 2^30 overflows int32 at H = 2^16.
+    """
+    low = high = 0
+    for c, name in terms:
+        a, b = (c * x for x in _NAME_RANGES[name])
+        low, high = low + min(a, b), high + max(a, b)
+        if min(a, b) < _INT32[0] or max(a, b) > _INT32[1]:
+            return False
+        if low < _INT32[0] or high > _INT32[1]:
+            return False
+    return _INT32[0] <= low + const and high + const <= _INT32[1]
+
+
 def _linear(terms: list[tuple[int, str]], const: int) -> str:
-    """Readable code for sum(c * name) + const."""
+    """Readable code for sum(c * name) + const, in int64 where int32 might
+    overflow (see `_fits_int32`; never for the masks people write)."""
+    if terms and not _fits_int32(terms, const):
+        (c, name), *rest = terms
+        terms = [(c, f"{name}.to(tl.int64)"), *rest]
     parts: list[str] = []
     for c, name in terms:
         mag = abs(c)
@@ -726,7 +765,9 @@ class TileCode:
             # Exact while the range does not wrap around a multiple of c.
             name = self._tmp("mod")
             mod_lo, mod_hi = floor_mod(lo, c), floor_mod(hi, c)
-            self.lines.append(f"{name}_wraps = (({hi}) - ({lo}) >= {c}) | ({mod_lo} > {mod_hi})")
+            # hi - c >= lo, not hi - lo >= c: hi - lo can reach 2^31 when
+            # both bounds are near +-2^30, hi - c cannot (1 <= c <= 2^30).
+            self.lines.append(f"{name}_wraps = (({hi}) - {c} >= ({lo})) | ({mod_lo} > {mod_hi})")
             self.lines.append(f"{name}_lo = tl.where({name}_wraps, 0, {mod_lo})")
             self.lines.append(f"{name}_hi = tl.where({name}_wraps, {c - 1}, {mod_hi})")
             return f"{name}_lo", f"{name}_hi"
@@ -1052,7 +1093,28 @@ def _chunk_bounds(e: ir.Binary, var: str) -> Bounds | None:
     if match is None:
         return None
     lo, hi, c = match
-    return f"{floor_div(lo, c)} * {c}", f"{floor_div(hi, c)} * {c} + {c - 1}"
+    return _chunk_start(lo, c), _chunk_end(hi, c)
+
+
+# Chunks wider than this get their bounds clamped to the sentinel: the start
+# of A's chunk is A - (c - 1) at the least and its end A + c - 1, which for A
+# and c near 2^30 leaves int32 (and the kernels add a tile or q_offset more).
+_CLAMPED_CHUNK = ir.POSITION_BOUND
+
+
+def _chunk_start(a: str, c: int) -> str:
+    """Code for the first position of a's chunk of size c."""
+    start = f"{floor_div(a, c)} * {c}"
+    return start if c <= _CLAMPED_CHUNK else f"tl.maximum({start}, -{_FAR})"
+
+
+def _chunk_end(a: str, c: int) -> str:
+    """Code for the last position of a's chunk of size c.  Clamped for wide
+    chunks, which is sound for bounds of either kind: no position reaches
+    the sentinel."""
+    if c <= _CLAMPED_CHUNK:
+        return f"{floor_div(a, c)} * {c} + {c - 1}"
+    return f"tl.minimum({floor_div(a, c)} * {c}, {_FAR} - {c - 1}) + {c - 1}"
 
 
 def full_bounds(e: ir.Expr, var: str) -> Bounds | None:
@@ -1238,7 +1300,7 @@ def _chunk_full(e: ir.Binary, var: str) -> Bounds | None:
     if match is None:
         return None
     lo, hi, c = match
-    return f"{floor_div(hi, c)} * {c}", f"{floor_div(lo, c)} * {c} + {c - 1}"
+    return _chunk_start(hi, c), _chunk_end(lo, c)
 
 
 # --------------------------------------------------------------------------- #

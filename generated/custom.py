@@ -329,7 +329,7 @@ def _attn_fwd(
         m1_must = k_hi <= q_lo
         m1_may = k_lo <= q_hi
         # (q - k) % 2 == 0
-        mod2_wraps = ((-k_lo + q_hi) - (-k_hi + q_lo) >= 2) | (
+        mod2_wraps = ((-k_lo + q_hi) - 2 >= (-k_hi + q_lo)) | (
             ((-k_hi + q_lo) & 1) > ((-k_lo + q_hi) & 1)
         )
         mod2_lo = tl.where(mod2_wraps, 0, ((-k_hi + q_lo) & 1))
@@ -692,7 +692,7 @@ def _attn_bwd_dkdv(
             m1_must = k_hi <= q_lo
             m1_may = k_lo <= q_hi
             # (q - k) % 2 == 0
-            mod2_wraps = ((-k_lo + q_hi) - (-k_hi + q_lo) >= 2) | (
+            mod2_wraps = ((-k_lo + q_hi) - 2 >= (-k_hi + q_lo)) | (
                 ((-k_hi + q_lo) & 1) > ((-k_lo + q_hi) & 1)
             )
             mod2_lo = tl.where(mod2_wraps, 0, ((-k_hi + q_lo) & 1))
@@ -963,7 +963,7 @@ def _attn_bwd_dq(
         m1_must = k_hi <= q_lo
         m1_may = k_lo <= q_hi
         # (q - k) % 2 == 0
-        mod2_wraps = ((-k_lo + q_hi) - (-k_hi + q_lo) >= 2) | (
+        mod2_wraps = ((-k_lo + q_hi) - 2 >= (-k_hi + q_lo)) | (
             ((-k_hi + q_lo) & 1) > ((-k_lo + q_hi) & 1)
         )
         mod2_lo = tl.where(mod2_wraps, 0, ((-k_hi + q_lo) & 1))
