@@ -536,9 +536,7 @@ class ElementCode:
         t = f"_tanh(({x}) * {_float_literal(1.0 / cap)})"
         if abs(c * cap) > FLOAT32_MAX:  # a cap near float32's max: c * cap overflows
             return f"{_float_literal(c)} * ({_float_literal(cap)} * {t})"
-        # Within 2 ulps of c * cap, a factor with an exact float32 reciprocal,
-        # which `score_code` divides the score by to recover tanh.
-        return f"{_float_literal(reciprocal_pair(c * cap)[0])} * {t}"
+        return f"{_float_literal(c * cap)} * {t}"
 
     def real(self, e: ir.Expr) -> str:
         """Code for `e` as a float32 value."""
@@ -1331,14 +1329,13 @@ def score_code(score: ir.Expr, elements: ElementCode) -> tuple[str, str, str | N
         and abs(LOG2E * float(expr.args[1].value)) <= FLOAT32_MAX
     ):
         # d/ds c tanh(s / c) = 1 - tanh(s / c)^2, and tanh(s / c) is the
-        # score s2 = fl(log2(e) c) tanh(s / c) over fl(log2(e) c): no second
-        # tanh in the backward.  The reciprocal is chosen so that a saturated
-        # tanh (+-1, where every pair sits when the cap is tiny) gives t = +-1
-        # exactly and a derivative of 0, not a few ulps of noise.
-        cap = float(expr.args[1].value)
-        factor, inverse = reciprocal_pair(LOG2E * cap)
-        t = f"(s2 * {_float_literal(inverse or math.log(2) / cap)})"
-        grad_code = f"1.0 - {t} * {t}"
+        # score s2 = fl32(log2(e) c) tanh(s / c) read back as s2 * r: no
+        # second tanh in the backward.  r is chosen so that a saturated tanh
+        # (+-1, where every pair sits when the cap is tiny) gives a
+        # derivative of exactly 0, not a few ulps of noise.
+        inverse, exact = tanh_reader(LOG2E * float(expr.args[1].value))
+        t = f"(s2 * {_float_literal(inverse)})"
+        grad_code = f"1.0 - {t} * {t}" if exact else f"1.0 - tl.minimum({t} * {t}, 1.0)"
     elif kind == "general":
         derivative = grad.derivative(expr)
         if derivative != grad.ONE:
@@ -1360,22 +1357,21 @@ def _f32_neighbour(x: float, steps: int) -> float:
     return struct.unpack("f", struct.pack("i", bits + (steps if x > 0 else -steps)))[0]
 
 
-def reciprocal_pair(x: float) -> tuple[float, float | None]:
-    """(a, r): a float32 a within 2 ulps of x and a float32 r with
-    fl32(a * r) == 1 exactly (products of two float32 values are exact in
-    float64), or (fl32(x), None) when x is not a normal float32 or no such
-    pair is found."""
-    a = _f32(x)
-    if not 2.0**-126 <= abs(a) <= FLOAT32_MAX:
-        return a, None
-    for a_step in (0, -1, 1, -2, 2):
-        candidate = _f32_neighbour(a, a_step)
-        r = _f32(1.0 / candidate)
-        for r_step in (0, -1, 1):
-            inverse = _f32_neighbour(r, r_step)
-            if _f32(candidate * inverse) == 1.0:
-                return candidate, inverse
-    return a, None
+def tanh_reader(factor: float) -> tuple[float, bool]:
+    """(r, exact) for reading tanh back from s2 = fl32(factor) * tanh as
+    s2 * r, r a float32 (products of two float32 values are exact in
+    float64, so fl32 of them is the kernel's product).  exact: fl32(a * r)
+    is 1, so a saturated tanh (+-1) reads back as exactly +-1.  Otherwise r
+    makes it at least 1 in magnitude, and the derivative 1 - t^2 needs a
+    clamp at 0."""
+    a = _f32(factor)
+    r = _f32(1.0 / a)
+    candidates = [_f32_neighbour(r, step) for step in (0, -1, 1, 2)]
+    for candidate in candidates:
+        if _f32(a * candidate) == 1.0:
+            return candidate, True
+    above = [c for c in candidates if _f32(a * c) > 1.0]
+    return (min(above, key=lambda c: a * c) if above else _f32_neighbour(r, 3)), False
 
 
 def _score_parts(score: ir.Expr) -> tuple[str, ir.Expr | None]:

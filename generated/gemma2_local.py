@@ -164,7 +164,7 @@ def _scores_log2(
     s = qk * sm_scale
     # The score modifier times log2(e) (folded into a constant factor where
     # it has one), so that exp2 computes exp.
-    s2 = 72.13475036621094 * _tanh((s) * 0.02)
+    s2 = 72.13475204444816 * _tanh((s) * 0.02)
     if MASKED:
         visible = (k_pos < n_keys) & ((k_pos <= q_pos) & (k_pos >= (q_pos - 4095)))
         s2 = tl.where(visible, s2, float("-inf"))
