@@ -899,3 +899,19 @@ def test_wide_affine_forms_are_evaluated_in_int64():
     plain = lower.TileCode()
     plain.truth(nnf_of(_mask("causal & window(1000000000)")))
     assert not any("int64" in line for line in plain.lines)
+
+
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_spec_at_the_nesting_limit_takes_the_gluon_paths(head_dim, monkeypatch):
+    """What tests/test_gpu.py's nesting-limit test relies on: in 16 bits the
+    deep spec gets the Gluon backward, and at head dim 128 the "any" Gluon
+    forward when GLUON_ANY_MIN_KEYS is 0; its module renders and imports."""
+    from kernel_utils import build, deep_variant
+
+    monkeypatch.setattr(lower, "GLUON_ANY_MIN_KEYS", 0)
+    variant = deep_variant(ir.DType.FP16, head_dim)
+    model = lower.lower(variant)
+    assert model.gluon_backward
+    assert model.gluon_forward == ("any" if head_dim == 128 else None)
+    module = build(variant)
+    assert hasattr(module, "_gluon_backward")
