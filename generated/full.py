@@ -1521,11 +1521,13 @@ def _gluon_fits(
     block: int, q: torch.Tensor, k: torch.Tensor, *tensors: torch.Tensor
 ) -> bool:
     """Whether the Gluon kernels can take these tensors: an sm90 GPU, Nq = Nk
-    a multiple of `block`, q, k and `tensors` contiguous and 16-byte aligned."""
+    a multiple of `block`, q, k and `tensors` contiguous and 16-byte aligned,
+    and fewer than 2^31 rows of q in all (the kernels address rows as
+    (batch * heads + head) * N + row, and TMA coordinates, in int32)."""
     if _interpreting() or q.device.type != "cuda" or _capability(q.device) != (9, 0):
         return False
     n = q.shape[2]
-    if k.shape[2] != n or n % block:
+    if k.shape[2] != n or n % block or q.shape[0] * q.shape[1] * n >= 2**31:
         return False
     return all(x.is_contiguous() and x.data_ptr() % 16 == 0 for x in (q, k, *tensors))
 

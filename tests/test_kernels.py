@@ -507,3 +507,26 @@ def test_extreme_accepted_scales_run(scale):
     top of the range, scale * q.k itself overflows float32 for ordinary
     inputs, as any float32 kernel would.)"""
     assert_ok(run_case(make_variant("causal"), Shape(1, 1, 1, 9, 12), scale=scale))
+
+
+def test_gluon_kernels_refuse_2_31_rows(monkeypatch):
+    """The Gluon kernels address rows of the (B * H * N, D) view in int32:
+    from 2^31 rows on, the call falls back to the Triton kernels.  (Checked
+    with stand-in tensors on a pretended sm90 GPU: no memory is needed.)"""
+    import types
+
+    module = build(make_variant("causal", dtype=ir.DType.FP16, head_dim=128))
+    monkeypatch.setattr(module, "_interpreting", lambda: False)
+    monkeypatch.setattr(module, "_capability", lambda device: (9, 0))
+
+    def fake(batch, heads, n):
+        return types.SimpleNamespace(
+            shape=(batch, heads, n, 128),
+            device=types.SimpleNamespace(type="cuda"),
+            is_contiguous=lambda: True,
+            data_ptr=lambda: 0,
+        )
+
+    assert module._gluon_fits(128, fake(1, 127, 2**24), fake(1, 1, 2**24))
+    assert not module._gluon_fits(128, fake(1, 128, 2**24), fake(1, 1, 2**24))
+    assert not module._gluon_fits(128, fake(2, 64, 2**24), fake(2, 1, 2**24))
