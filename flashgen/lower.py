@@ -6,7 +6,10 @@ Three pieces of analysis happen on the way:
 
 * **Element code.**  The mask and the score expression are translated into
   Triton expressions over the tile's position vectors (`q_pos`, `k_pos`), the
-  query head (`head`, `num_heads`) and the scaled score `s`.
+  query head (`head`, `num_heads`) and the scaled score `s`.  Expressions
+  without variables are folded to one literal (`constant_value`), an int in
+  integer contexts and a float in real ones, so that no Python constant
+  meets `.to()` or a tl function in any backend.
 
 * **Tile classification.**  Each integer sub-expression of the mask gets an
   interval over a (query tile x key tile) rectangle, and each boolean one a

@@ -1,4 +1,6 @@
-"""Build generated modules for tests and judge them with the one tolerance rule."""
+"""Build generated modules for tests and judge them with the one tolerance rule;
+draw specs from the whole language (`language_variants`, `deep_variant`) for the
+forward-and-backward tests that run on both the interpreter and the GPU."""
 
 from __future__ import annotations
 
@@ -14,8 +16,10 @@ import numpy as np
 import torch
 import triton
 import triton.language as tl
+from hypothesis import strategies as st
 
 from flashgen import ir
+from flashgen.ir import BinOp, Call, Name, Num, Unary, UnaryOp
 from flashgen.emit import render_module
 from flashgen.verify import Shape, check_backward, check_forward, random_inputs, torch_dtype
 
@@ -209,10 +213,6 @@ def assert_tanh_accurate(device: str = DEVICE) -> None:
 # Specs from the whole language, for forward-and-backward tests on both the
 # interpreter and the GPU (tests/test_gradients.py, tests/test_gpu.py)
 # --------------------------------------------------------------------------- #
-
-from hypothesis import strategies as st  # noqa: E402
-
-from flashgen.ir import BinOp, Call, Name, Num, Unary, UnaryOp  # noqa: E402
 
 _S, _Q, _K = Name("s"), Name("q"), Name("k")
 
