@@ -6,7 +6,10 @@ Three pieces of analysis happen on the way:
 
 * **Element code.**  The mask and the score expression are translated into
   Triton expressions over the tile's position vectors (`q_pos`, `k_pos`), the
-  query head (`head`, `num_heads`) and the scaled score `s`.
+  query head (`head`, `num_heads`) and the scaled score `s`.  Expressions
+  without variables are folded to one literal (`constant_value`), an int in
+  integer contexts and a float in real ones, so that no Python constant
+  meets `.to()` or a tl function in any backend.
 
 * **Tile classification.**  Each integer sub-expression of the mask gets an
   interval over a (query tile x key tile) rectangle, and each boolean one a
@@ -35,13 +38,16 @@ from __future__ import annotations
 
 import hashlib
 import math
+import operator
 import re
+import struct
 from dataclasses import dataclass
 
 from flashgen import grad, ir
 from flashgen.printer import print_expr, print_variant
 
 LOG2E = 1.4426950408889634
+FLOAT32_MAX = 3.4028234663852886e38
 
 _TORCH_DTYPES = {
     ir.DType.FP16: "torch.float16",
@@ -99,6 +105,9 @@ class KernelModel:
     head_dim: int
     head_dim_pad: int
     default_scale: float
+    # Call-time limits (ir.MAX_SEQ_LEN, ir.MAX_HEADS) that the module enforces.
+    max_seq_len: int
+    max_heads: int
     bottom_right: bool
     rescale_threshold: float
     # input_precision of every tl.dot, or None for the operands' own: float32
@@ -141,9 +150,10 @@ class KernelModel:
     # Helpers the element code calls.
     needs_floor_div: bool
     needs_tanh: bool
-    # tanh keeps its relative accuracy near 0 (a polynomial branch) only for
-    # float32 specs: for 16-bit ones an absolute error of ~2^-22 is far below
-    # the inputs' rounding, and the branch costs 15-20% of a softcap kernel.
+    # tanh keeps its relative accuracy near 0 (a polynomial branch) for
+    # float32 specs and wherever its error is amplified (see `_tanh_small_poly`);
+    # for 16-bit softcaps with a moderate cap an absolute error of ~2^-22 is
+    # far below the inputs' rounding, and the branch costs 15-20% of the kernel.
     tanh_small_poly: bool
     gpu_config: LaunchConfig
     cpu_config: LaunchConfig
@@ -362,11 +372,114 @@ _REAL_CALLS = {"exp": "tl.exp", "log": "tl.log", "sqrt": "tl.sqrt", "tanh": "_ta
 
 
 def _float_literal(x: float) -> str:
-    return repr(float(x))
+    """A Python float literal that Triton, its interpreter and Gluon all read
+    as the same float32 constant (infinities and NaN as `float("...")`)."""
+    x = float(x)
+    if math.isnan(x):
+        return 'float("nan")'
+    if math.isinf(x):
+        return 'float("inf")' if x > 0 else 'float("-inf")'
+    return repr(x)
+
+
+def _ieee(op, *args: float) -> float:
+    """op(*args) in float64 with IEEE results where Python's math raises."""
+    try:
+        return op(*args)
+    except OverflowError:
+        return math.inf
+    except (ValueError, ZeroDivisionError):
+        return math.nan
+
+
+def _real_divide(a: float, b: float) -> float:
+    if b == 0:  # IEEE: x / +-0 is +-inf, 0 / 0 is NaN
+        if a == 0 or math.isnan(a):
+            return math.nan
+        return math.copysign(math.inf, b) * math.copysign(1.0, a)
+    return _ieee(operator.truediv, a, b)
+
+
+def _log(x: float) -> float:
+    return -math.inf if x == 0 else _ieee(math.log, x)
+
+
+def _nan_or(fn, a: int | float, b: int | float) -> int | float:
+    """min / max that propagate NaN, as torch.minimum and tl.minimum do."""
+    if isinstance(a, float) and math.isnan(a) or isinstance(b, float) and math.isnan(b):
+        return math.nan
+    result = fn(a, b)
+    return float(result) if isinstance(a, float) or isinstance(b, float) else result
+
+
+_CONSTANT_CALLS = {
+    "exp": lambda x: _ieee(math.exp, x),
+    "log": _log,
+    "sqrt": lambda x: _ieee(math.sqrt, x),
+    "tanh": math.tanh,
+}
+
+
+def constant_value(e: ir.Expr) -> int | float | None:
+    """The value of an expression without variables (`2 - 3`, `exp(1.0)`, the
+    constants of grad's derivatives, `-1` for `-s`), or None when it mentions
+    a variable.  An int for an integer expression, exactly (`div` and `%` by
+    floor, as the kernels and the reference compute them); a float for a real
+    one, evaluated in float64 with IEEE results (inf, NaN), as Triton folds
+    Python constants itself.  Kernels get such expressions as one literal:
+    a Python int or float has no `.to()`, and tl/gl functions want tensors.
+    """
+    if isinstance(e, ir.Num):
+        return e.value
+    if isinstance(e, ir.Unary):
+        if e.op is not ir.UnaryOp.NEG:
+            return None
+        value = constant_value(e.operand)
+        return None if value is None else -value
+    if isinstance(e, ir.Binary):
+        if e.op in ir.COMPARISONS or e.op in (ir.BinOp.AND, ir.BinOp.OR):
+            return None
+        a = constant_value(e.left)
+        b = None if a is None else constant_value(e.right)
+        if b is None:
+            return None
+        if e.op is ir.BinOp.DIV:
+            return _real_divide(float(a), float(b))
+        if isinstance(a, int) and isinstance(b, int):
+            return {
+                ir.BinOp.ADD: a + b,
+                ir.BinOp.SUB: a - b,
+                ir.BinOp.MUL: a * b,
+                ir.BinOp.FLOORDIV: a // b if b > 0 else None,
+                ir.BinOp.MOD: a % b if b > 0 else None,
+            }[e.op]
+        a, b = float(a), float(b)
+        if e.op is ir.BinOp.ADD:
+            return a + b
+        if e.op is ir.BinOp.SUB:
+            return a - b
+        return a * b if e.op is ir.BinOp.MUL else None
+    if not isinstance(e, ir.Call) or e.fn in (grad.SIGN, grad.SELECT):
+        return None
+    args = [constant_value(a) for a in e.args]
+    if None in args:
+        return None
+    if e.fn in _CONSTANT_CALLS:
+        return _CONSTANT_CALLS[e.fn](float(args[0]))
+    if e.fn == ir.SOFTCAP:
+        x, cap = float(args[0]), float(args[1])
+        return cap * math.tanh(_real_divide(x, cap))
+    if e.fn == "abs":
+        return abs(args[0])
+    if e.fn in ("min", "max"):
+        return _nan_or(min if e.fn == "min" else max, *args)
+    return None
 
 
 def _atom(code: str, e: ir.Expr) -> str:
     """Parenthesise `code`, the translation of `e`, unless it is atomic."""
+    if constant_value(e) is not None:  # one literal
+        return f"({code})" if code.startswith("-") else code
     if isinstance(e, ir.Name) and e.id == ir.ALIBI:
         return f"({code})"
     if isinstance(e, (ir.Name, ir.Call)) or (isinstance(e, ir.Num) and e.value >= 0):
@@ -391,14 +504,16 @@ class ElementCode:
         """Code for c * e as a float32 value, with c folded into a constant
         factor of e where there is one (`50.0 * _tanh(...)` times log2(e) is
         `72.13... * _tanh(...)`): one multiplication per element less."""
+        value = constant_value(e)
+        if value is not None:
+            return _float_literal(c * value)
         if isinstance(e, ir.Unary) and e.op is ir.UnaryOp.NEG:
             return self.scaled(e.operand, -c)
-        if isinstance(e, ir.Num):
-            return _float_literal(c * e.value)
         if isinstance(e, ir.Binary) and e.op is ir.BinOp.MUL:
             for factor, rest in ((e.left, e.right), (e.right, e.left)):
-                if isinstance(factor, ir.Num):
-                    return self.scaled(rest, c * factor.value)
+                value = constant_value(factor)
+                if value is not None and math.isfinite(c * value):
+                    return self.scaled(rest, c * value)
         if isinstance(e, ir.Name) and e.id == ir.ALIBI:
             return self._alibi(c)
         if isinstance(e, ir.Call) and e.fn == ir.SOFTCAP:
@@ -421,19 +536,24 @@ class ElementCode:
         self.needs_tanh = True
         cap = float(e.args[1].value)  # type: ignore[union-attr]
         x = self.real(e.args[0])
-        return f"{_float_literal(c * cap)} * _tanh(({x}) * {_float_literal(1.0 / cap)})"
+        t = f"_tanh(({x}) * {_float_literal(1.0 / cap)})"
+        if abs(c * cap) > FLOAT32_MAX:  # a cap near float32's max: c * cap overflows
+            return f"{_float_literal(c)} * ({_float_literal(cap)} * {t})"
+        return f"{_float_literal(c * cap)} * {t}"
 
     def real(self, e: ir.Expr) -> str:
         """Code for `e` as a float32 value."""
-        if isinstance(e, ir.Num):
-            return _float_literal(e.value)
+        value = constant_value(e)
+        if value is not None:
+            return _float_literal(value)
         if _kind(e) is ir.Kind.INT:
             return f"({self.expr(e)}).to(tl.float32)"
         return self.expr(e)
 
     def expr(self, e: ir.Expr) -> str:
-        if isinstance(e, ir.Num):
-            return str(e.value) if isinstance(e.value, int) else _float_literal(e.value)
+        value = constant_value(e)
+        if value is not None:
+            return str(value) if isinstance(value, int) else _float_literal(value)
         if isinstance(e, ir.Name):
             if e.id == ir.ALIBI:
                 return self._alibi(1.0)
@@ -522,8 +642,47 @@ _RANGES = {
 }
 
 
+# What the scalar names of tile code can hold, under the limits a generated
+# module enforces at call time: positions of real and padded rows and columns,
+# query heads, and the number of heads.
+_POSITIONS = (-ir.POSITION_BOUND, ir.POSITION_BOUND)
+_NAME_RANGES = {
+    "q_lo": _POSITIONS,
+    "q_hi": _POSITIONS,
+    "k_lo": _POSITIONS,
+    "k_hi": _POSITIONS,
+    "head": (0, ir.MAX_HEADS - 1),
+    "num_heads": (1, ir.MAX_HEADS),
+}
+_INT32 = (-(2**31), 2**31 - 1)
+
+
+def _fits_int32(terms: list[tuple[int, str]], const: int) -> bool:
+    """Whether every product and partial sum of sum(c * name) + const, taken
+    left to right, stays in int32 over `_NAME_RANGES`.
+
+    Check proves each integer subexpression of a spec within
+    ir.INT_MAGNITUDE_MAX, but normalising to an affine form merges terms:
+    `H * 16384 - 2^30 + H * 16384` has no subexpression beyond 2^30, while
+    its form 32768 * H - 2^30 overflows int32 at H = 2^16.
+    """
+    low = high = 0
+    for c, name in terms:
+        a, b = (c * x for x in _NAME_RANGES[name])
+        low, high = low + min(a, b), high + max(a, b)
+        if min(a, b) < _INT32[0] or max(a, b) > _INT32[1]:
+            return False
+        if low < _INT32[0] or high > _INT32[1]:
+            return False
+    return _INT32[0] <= low + const and high + const <= _INT32[1]
+
+
 def _linear(terms: list[tuple[int, str]], const: int) -> str:
-    """Readable code for sum(c * name) + const."""
+    """Readable code for sum(c * name) + const, in int64 where int32 might
+    overflow (see `_fits_int32`; never for the masks people write)."""
+    if terms and not _fits_int32(terms, const):
+        (c, name), *rest = terms
+        terms = [(c, f"{name}.to(tl.int64)"), *rest]
     parts: list[str] = []
     for c, name in terms:
         mag = abs(c)
@@ -569,6 +728,9 @@ class TileCode:
         return f"{name}_lo", f"{name}_hi"
 
     def interval(self, e: ir.Expr) -> tuple[str, str]:
+        value = constant_value(e)
+        if value is not None:  # `abs(-2)`: one literal, not tl calls on ints
+            return str(value), str(value)
         a = affine(e)
         if a is not None:
             a = _clean(a)
@@ -604,7 +766,9 @@ class TileCode:
             # Exact while the range does not wrap around a multiple of c.
             name = self._tmp("mod")
             mod_lo, mod_hi = floor_mod(lo, c), floor_mod(hi, c)
-            self.lines.append(f"{name}_wraps = (({hi}) - ({lo}) >= {c}) | ({mod_lo} > {mod_hi})")
+            # hi - c >= lo, not hi - lo >= c: hi - lo can reach 2^31 when
+            # both bounds are near +-2^30, hi - c cannot (1 <= c <= 2^30).
+            self.lines.append(f"{name}_wraps = (({hi}) - {c} >= ({lo})) | ({mod_lo} > {mod_hi})")
             self.lines.append(f"{name}_lo = tl.where({name}_wraps, 0, {mod_lo})")
             self.lines.append(f"{name}_hi = tl.where({name}_wraps, {c - 1}, {mod_hi})")
             return f"{name}_lo", f"{name}_hi"
@@ -930,7 +1094,28 @@ def _chunk_bounds(e: ir.Binary, var: str) -> Bounds | None:
     if match is None:
         return None
     lo, hi, c = match
-    return f"{floor_div(lo, c)} * {c}", f"{floor_div(hi, c)} * {c} + {c - 1}"
+    return _chunk_start(lo, c), _chunk_end(hi, c)
+
+
+# Chunks wider than this get their bounds clamped to the sentinel: the start
+# of A's chunk is A - (c - 1) at the least and its end A + c - 1, which for A
+# and c near 2^30 leaves int32 (and the kernels add a tile or q_offset more).
+_CLAMPED_CHUNK = ir.POSITION_BOUND
+
+
+def _chunk_start(a: str, c: int) -> str:
+    """Code for the first position of a's chunk of size c."""
+    start = f"{floor_div(a, c)} * {c}"
+    return start if c <= _CLAMPED_CHUNK else f"tl.maximum({start}, -{_FAR})"
+
+
+def _chunk_end(a: str, c: int) -> str:
+    """Code for the last position of a's chunk of size c.  Clamped for wide
+    chunks, which is sound for bounds of either kind: no position reaches
+    the sentinel."""
+    if c <= _CLAMPED_CHUNK:
+        return f"{floor_div(a, c)} * {c} + {c - 1}"
+    return f"tl.minimum({floor_div(a, c)} * {c}, {_FAR} - {c - 1}) + {c - 1}"
 
 
 def full_bounds(e: ir.Expr, var: str) -> Bounds | None:
@@ -1116,7 +1301,7 @@ def _chunk_full(e: ir.Binary, var: str) -> Bounds | None:
     if match is None:
         return None
     lo, hi, c = match
-    return f"{floor_div(hi, c)} * {c}", f"{floor_div(lo, c)} * {c} + {c - 1}"
+    return _chunk_start(hi, c), _chunk_end(lo, c)
 
 
 # --------------------------------------------------------------------------- #
@@ -1133,17 +1318,27 @@ def score_code(score: ir.Expr, elements: ElementCode) -> tuple[str, str, str | N
     if kind == "identity":
         return kind, "", None
     log2_code = elements.scaled(expr, LOG2E)
+    if kind == "general" and not grad.depends_on_s(expr):
+        # A score without s (`2.0`, `q * 0.5`, `h`) may be a scalar or one
+        # row or column; the softmax needs it broadcast to the tile.  s is
+        # finite, so s * 0.0 adds nothing but the shape (and its layout).
+        log2_code = f"s * 0.0 + ({log2_code})"
     grad_code = None
     if (
         kind == "general"
         and isinstance(expr, ir.Call)
         and expr.fn == ir.SOFTCAP
         and expr.args[0] == _S
+        and abs(LOG2E * float(expr.args[1].value)) <= FLOAT32_MAX
     ):
         # d/ds c tanh(s / c) = 1 - tanh(s / c)^2, and tanh(s / c) is the
-        # score (s2 / log2(e)) over c: no second tanh in the backward.
-        t = f"(s2 * {_float_literal(math.log(2) / float(expr.args[1].value))})"
-        grad_code = f"1.0 - {t} * {t}"
+        # score s2 = fl32(log2(e) c) tanh(s / c) read back as s2 * r: no
+        # second tanh in the backward.  r is chosen so that a saturated tanh
+        # (+-1, where every pair sits when the cap is tiny) gives a
+        # derivative of exactly 0, not a few ulps of noise.
+        inverse, exact = tanh_reader(LOG2E * float(expr.args[1].value))
+        t = f"(s2 * {_float_literal(inverse)})"
+        grad_code = f"1.0 - {t} * {t}" if exact else f"1.0 - tl.minimum({t} * {t}, 1.0)"
     elif kind == "general":
         derivative = grad.derivative(expr)
         if derivative != grad.ONE:
@@ -1152,6 +1347,34 @@ def score_code(score: ir.Expr, elements: ElementCode) -> tuple[str, str, str | N
 
 
 LOG2E = 1.4426950408889634
+
+
+def _f32(x: float) -> float:
+    """x rounded to float32 (to nearest, ties to even)."""
+    return struct.unpack("f", struct.pack("f", x))[0]
+
+
+def _f32_neighbour(x: float, steps: int) -> float:
+    """The float32 `steps` units in the last place above x (a float32)."""
+    bits = struct.unpack("i", struct.pack("f", x))[0]
+    return struct.unpack("f", struct.pack("i", bits + (steps if x > 0 else -steps)))[0]
+
+
+def tanh_reader(factor: float) -> tuple[float, bool]:
+    """(r, exact) for reading tanh back from s2 = fl32(factor) * tanh as
+    s2 * r, r a float32 (products of two float32 values are exact in
+    float64, so fl32 of them is the kernel's product).  exact: fl32(a * r)
+    is 1, so a saturated tanh (+-1) reads back as exactly +-1.  Otherwise r
+    makes it at least 1 in magnitude, and the derivative 1 - t^2 needs a
+    clamp at 0."""
+    a = _f32(factor)
+    r = _f32(1.0 / a)
+    candidates = [_f32_neighbour(r, step) for step in (0, -1, 1, 2)]
+    for candidate in candidates:
+        if _f32(a * candidate) == 1.0:
+            return candidate, True
+    above = [c for c in candidates if _f32(a * c) > 1.0]
+    return (min(above, key=lambda c: a * c) if above else _f32_neighbour(r, 3)), False
 
 
 def _score_parts(score: ir.Expr) -> tuple[str, ir.Expr | None]:
@@ -1357,6 +1580,40 @@ def _gluon_backward(v: ir.Variant) -> bool:
     return v.dtype is not ir.DType.FP32 and v.head_dim in (64, 128)
 
 
+# Largest softcap cap for which 16-bit modules compute tanh without the
+# polynomial branch near 0: there tanh's absolute error (~2^-25, from rounding
+# exp(-2|x|) near 1) times the cap stays below 2^-17, far below the fp16
+# rounding of any score that is not itself tiny.
+FAST_TANH_MAX_CAP = 256.0
+
+
+def _tanh_small_poly(v: ir.Variant) -> bool:
+    """Whether `_tanh` needs its polynomial branch near 0.
+
+    softcap(x, c) is c * tanh(x / c): an absolute error e of tanh becomes
+    c * e in a score that is about x for |x| << c, so a huge cap (3e38 gave
+    0 for every score) needs tanh's relative accuracy near 0.  A plain `tanh`
+    may be scaled by anything, so it gets the branch too.
+    """
+    if v.dtype is ir.DType.FP32:
+        return True
+
+    def amplified(e: ir.Expr) -> bool:
+        if isinstance(e, ir.Call):
+            if e.fn == "tanh":
+                return True
+            if e.fn == ir.SOFTCAP and float(e.args[1].value) > FAST_TANH_MAX_CAP:
+                return True
+            return any(amplified(a) for a in e.args)
+        if isinstance(e, ir.Unary):
+            return amplified(e.operand)
+        if isinstance(e, ir.Binary):
+            return amplified(e.left) or amplified(e.right)
+        return False
+
+    return amplified(v.score)
+
+
 # The Triton interpreter runs each program instance in numpy: bigger tiles mean
 # fewer Python-level steps.
 _CPU_CONFIG = LaunchConfig(32, 32, 1, 1)
@@ -1428,6 +1685,8 @@ def lower(v: ir.Variant, tuning: Tuning | None = None) -> KernelModel:
         head_dim=v.head_dim,
         head_dim_pad=pad,
         default_scale=v.scale if v.scale is not None else 1.0 / math.sqrt(v.head_dim),
+        max_seq_len=ir.MAX_SEQ_LEN,
+        max_heads=ir.MAX_HEADS,
         bottom_right=v.align is ir.Align.BOTTOM_RIGHT,
         rescale_threshold=float(v.rescale_threshold),
         dot_precision="ieee" if v.dtype is ir.DType.FP32 else None,
@@ -1455,7 +1714,7 @@ def lower(v: ir.Variant, tuning: Tuning | None = None) -> KernelModel:
         query_full_hi=query_full[1] if query_full else None,
         needs_floor_div=needs_floor_div,
         needs_tanh=scores.needs_tanh,
-        tanh_small_poly=v.dtype is ir.DType.FP32,
+        tanh_small_poly=_tanh_small_poly(v),
         gpu_config=(tuning.forward if tuning else _gpu_config(pad, v.dtype, not mask_is_full)),
         cpu_config=_CPU_CONFIG,
         gpu_bwd_config=tuning.backward if tuning else _gpu_bwd_config(pad, v.dtype),

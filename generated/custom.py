@@ -42,6 +42,10 @@ SPEC = "attention custom {\n    head_dim = 80\n    dtype = fp32\n    scale = 0.1
 HEAD_DIM = 80
 DTYPE = torch.float32
 DEFAULT_SCALE = 0.1
+# The longest query or key sequence and the most query heads a call may have:
+# the kernels' int32 position arithmetic was proven safe up to these.
+MAX_SEQ_LEN = 16777216
+MAX_HEADS = 65536
 
 # (BLOCK_M, BLOCK_N, num_warps, num_stages)
 GPU_CONFIG = (32, 16, 4, 2)
@@ -325,7 +329,7 @@ def _attn_fwd(
         m1_must = k_hi <= q_lo
         m1_may = k_lo <= q_hi
         # (q - k) % 2 == 0
-        mod2_wraps = ((-k_lo + q_hi) - (-k_hi + q_lo) >= 2) | (
+        mod2_wraps = ((-k_lo + q_hi) - 2 >= (-k_hi + q_lo)) | (
             ((-k_hi + q_lo) & 1) > ((-k_lo + q_hi) & 1)
         )
         mod2_lo = tl.where(mod2_wraps, 0, ((-k_hi + q_lo) & 1))
@@ -688,7 +692,7 @@ def _attn_bwd_dkdv(
             m1_must = k_hi <= q_lo
             m1_may = k_lo <= q_hi
             # (q - k) % 2 == 0
-            mod2_wraps = ((-k_lo + q_hi) - (-k_hi + q_lo) >= 2) | (
+            mod2_wraps = ((-k_lo + q_hi) - 2 >= (-k_hi + q_lo)) | (
                 ((-k_hi + q_lo) & 1) > ((-k_lo + q_hi) & 1)
             )
             mod2_lo = tl.where(mod2_wraps, 0, ((-k_hi + q_lo) & 1))
@@ -959,7 +963,7 @@ def _attn_bwd_dq(
         m1_must = k_hi <= q_lo
         m1_may = k_lo <= q_hi
         # (q - k) % 2 == 0
-        mod2_wraps = ((-k_lo + q_hi) - (-k_hi + q_lo) >= 2) | (
+        mod2_wraps = ((-k_lo + q_hi) - 2 >= (-k_hi + q_lo)) | (
             ((-k_hi + q_lo) & 1) > ((-k_lo + q_hi) & 1)
         )
         mod2_lo = tl.where(mod2_wraps, 0, ((-k_hi + q_lo) & 1))
@@ -1346,6 +1350,16 @@ def _check_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         raise ValueError(
             f"k has {k.shape[1]} heads, which must divide q's {q.shape[1]} heads (GQA/MQA)"
         )
+    for name, length in (("q", q.shape[2]), ("k", k.shape[2])):
+        if length > MAX_SEQ_LEN:
+            raise ValueError(
+                f"{name} has sequence length {length}, more than this module's "
+                f"MAX_SEQ_LEN = {MAX_SEQ_LEN}"
+            )
+    if q.shape[1] > MAX_HEADS:
+        raise ValueError(
+            f"q has {q.shape[1]} heads, more than this module's MAX_HEADS = {MAX_HEADS}"
+        )
 
 
 def _on_other_gpu(x: torch.Tensor) -> bool:
@@ -1359,8 +1373,18 @@ def _resolve_scale(scale) -> float:
         return DEFAULT_SCALE
     if isinstance(scale, bool) or not isinstance(scale, (int, float)):
         raise TypeError(f"scale must be a float or None, got {type(scale).__name__}")
-    if not math.isfinite(scale):
-        raise ValueError(f"scale must be finite, got {scale}")
+    if not math.isfinite(scale) or scale <= 0:
+        raise ValueError(f"scale must be finite and positive, got {scale}")
+    # The kernels multiply by scale * log2(e) in float32: it must be a normal
+    # float32 number, neither infinite (NaN scores) nor flushed toward zero.
+    log2_scale = float(scale) * 1.4426950408889634
+    float32 = torch.finfo(torch.float32)
+    if not float32.tiny <= log2_scale <= float32.max:
+        raise ValueError(
+            f"scale must lie in [{float32.tiny / 1.4426950408889634:.6g}, "
+            f"{float32.max / 1.4426950408889634:.6g}] (scale * log2(e) a normal "
+            f"float32 number), got {scale}"
+        )
     return float(scale)
 
 

@@ -41,6 +41,10 @@ SPEC = "attention gemma2_local {\n    head_dim = 256\n    dtype = bf16\n    mask
 HEAD_DIM = 256
 DTYPE = torch.bfloat16
 DEFAULT_SCALE = 0.0625
+# The longest query or key sequence and the most query heads a call may have:
+# the kernels' int32 position arithmetic was proven safe up to these.
+MAX_SEQ_LEN = 16777216
+MAX_HEADS = 65536
 # Conditional rescaling (FlashAttention-4): the softmax reference max of a row
 # moves only when a key block's max exceeds it by more than this many log2
 # units, so p = 2^(s - m) stays below 2^RESCALE_THRESHOLD.
@@ -171,7 +175,7 @@ def _scores_log2(
 def _score_grad(qk, s2, q_pos, k_pos, head, num_heads, alibi_slope, sm_scale):
     """d score / d s of the score modifier, derived from the spec; s2 is the
     score in log2 units."""
-    return 1.0 - (s2 * 0.013862943611198907) * (s2 * 0.013862943611198907)
+    return 1.0 - (s2 * 0.013862944208085537) * (s2 * 0.013862944208085537)
 
 
 @triton.jit
@@ -1437,6 +1441,16 @@ def _check_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         raise ValueError(
             f"k has {k.shape[1]} heads, which must divide q's {q.shape[1]} heads (GQA/MQA)"
         )
+    for name, length in (("q", q.shape[2]), ("k", k.shape[2])):
+        if length > MAX_SEQ_LEN:
+            raise ValueError(
+                f"{name} has sequence length {length}, more than this module's "
+                f"MAX_SEQ_LEN = {MAX_SEQ_LEN}"
+            )
+    if q.shape[1] > MAX_HEADS:
+        raise ValueError(
+            f"q has {q.shape[1]} heads, more than this module's MAX_HEADS = {MAX_HEADS}"
+        )
 
 
 def _on_other_gpu(x: torch.Tensor) -> bool:
@@ -1450,8 +1464,18 @@ def _resolve_scale(scale) -> float:
         return DEFAULT_SCALE
     if isinstance(scale, bool) or not isinstance(scale, (int, float)):
         raise TypeError(f"scale must be a float or None, got {type(scale).__name__}")
-    if not math.isfinite(scale):
-        raise ValueError(f"scale must be finite, got {scale}")
+    if not math.isfinite(scale) or scale <= 0:
+        raise ValueError(f"scale must be finite and positive, got {scale}")
+    # The kernels multiply by scale * log2(e) in float32: it must be a normal
+    # float32 number, neither infinite (NaN scores) nor flushed toward zero.
+    log2_scale = float(scale) * 1.4426950408889634
+    float32 = torch.finfo(torch.float32)
+    if not float32.tiny <= log2_scale <= float32.max:
+        raise ValueError(
+            f"scale must lie in [{float32.tiny / 1.4426950408889634:.6g}, "
+            f"{float32.max / 1.4426950408889634:.6g}] (scale * log2(e) a normal "
+            f"float32 number), got {scale}"
+        )
     return float(scale)
 
 

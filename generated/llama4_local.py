@@ -54,6 +54,10 @@ SPEC = "attention llama4_local {\n    head_dim = 128\n    dtype = bf16\n    mask
 HEAD_DIM = 128
 DTYPE = torch.bfloat16
 DEFAULT_SCALE = 0.08838834764831843
+# The longest query or key sequence and the most query heads a call may have:
+# the kernels' int32 position arithmetic was proven safe up to these.
+MAX_SEQ_LEN = 16777216
+MAX_HEADS = 65536
 
 # (BLOCK_M, BLOCK_N, num_warps, num_stages)
 GPU_CONFIG = (64, 64, 4, 3)
@@ -1419,6 +1423,16 @@ def _check_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         raise ValueError(
             f"k has {k.shape[1]} heads, which must divide q's {q.shape[1]} heads (GQA/MQA)"
         )
+    for name, length in (("q", q.shape[2]), ("k", k.shape[2])):
+        if length > MAX_SEQ_LEN:
+            raise ValueError(
+                f"{name} has sequence length {length}, more than this module's "
+                f"MAX_SEQ_LEN = {MAX_SEQ_LEN}"
+            )
+    if q.shape[1] > MAX_HEADS:
+        raise ValueError(
+            f"q has {q.shape[1]} heads, more than this module's MAX_HEADS = {MAX_HEADS}"
+        )
 
 
 def _on_other_gpu(x: torch.Tensor) -> bool:
@@ -1432,8 +1446,18 @@ def _resolve_scale(scale) -> float:
         return DEFAULT_SCALE
     if isinstance(scale, bool) or not isinstance(scale, (int, float)):
         raise TypeError(f"scale must be a float or None, got {type(scale).__name__}")
-    if not math.isfinite(scale):
-        raise ValueError(f"scale must be finite, got {scale}")
+    if not math.isfinite(scale) or scale <= 0:
+        raise ValueError(f"scale must be finite and positive, got {scale}")
+    # The kernels multiply by scale * log2(e) in float32: it must be a normal
+    # float32 number, neither infinite (NaN scores) nor flushed toward zero.
+    log2_scale = float(scale) * 1.4426950408889634
+    float32 = torch.finfo(torch.float32)
+    if not float32.tiny <= log2_scale <= float32.max:
+        raise ValueError(
+            f"scale must lie in [{float32.tiny / 1.4426950408889634:.6g}, "
+            f"{float32.max / 1.4426950408889634:.6g}] (scale * log2(e) a normal "
+            f"float32 number), got {scale}"
+        )
     return float(scale)
 
 
@@ -1506,11 +1530,13 @@ def _gluon_fits(
     block: int, q: torch.Tensor, k: torch.Tensor, *tensors: torch.Tensor
 ) -> bool:
     """Whether the Gluon kernels can take these tensors: an sm90 GPU, Nq = Nk
-    a multiple of `block`, q, k and `tensors` contiguous and 16-byte aligned."""
+    a multiple of `block`, q, k and `tensors` contiguous and 16-byte aligned,
+    and fewer than 2^31 rows of q in all (the kernels address rows as
+    (batch * heads + head) * N + row, and TMA coordinates, in int32)."""
     if _interpreting() or q.device.type != "cuda" or _capability(q.device) != (9, 0):
         return False
     n = q.shape[2]
-    if k.shape[2] != n or n % block:
+    if k.shape[2] != n or n % block or q.shape[0] * q.shape[1] * n >= 2**31:
         return False
     return all(x.is_contiguous() and x.data_ptr() % 16 == 0 for x in (q, k, *tensors))
 

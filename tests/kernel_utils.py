@@ -1,4 +1,6 @@
-"""Build generated modules for tests and judge them with the one tolerance rule."""
+"""Build generated modules for tests and judge them with the one tolerance rule;
+draw specs from the whole language (`language_variants`, `deep_variant`) for the
+forward-and-backward tests that run on both the interpreter and the GPU."""
 
 from __future__ import annotations
 
@@ -14,8 +16,10 @@ import numpy as np
 import torch
 import triton
 import triton.language as tl
+from hypothesis import strategies as st
 
 from flashgen import ir
+from flashgen.ir import BinOp, Call, Name, Num, Unary, UnaryOp
 from flashgen.emit import render_module
 from flashgen.verify import Shape, check_backward, check_forward, random_inputs, torch_dtype
 
@@ -203,3 +207,185 @@ def assert_tanh_accurate(device: str = DEVICE) -> None:
         ulps, absolute = tanh_errors(dtype, device)
         assert ulps <= 8, (dtype, ulps)
         assert absolute <= 2.0**-21, (dtype, absolute)
+
+
+# --------------------------------------------------------------------------- #
+# Specs from the whole language, for forward-and-backward tests on both the
+# interpreter and the GPU (tests/test_gradients.py, tests/test_gpu.py)
+# --------------------------------------------------------------------------- #
+
+_S, _Q, _K = Name("s"), Name("q"), Name("k")
+
+
+def _neg(e: ir.Expr) -> ir.Expr:
+    return Unary(UnaryOp.NEG, e)
+
+
+def _b(op: BinOp, left: ir.Expr, right: ir.Expr) -> ir.Expr:
+    return ir.Binary(op, left, right)
+
+
+@st.composite
+def _constants(draw) -> ir.Expr:
+    """Integer and real literals, either sign, sometimes a constant expression."""
+    value = draw(st.integers(1, 4) | st.integers(1, 40).map(lambda i: i / 10))
+    e: ir.Expr = Num(value)
+    if draw(st.booleans()):
+        e = _neg(e)
+    if draw(st.integers(0, 3)) == 0:  # `(2 - 3)`, `(1 div 2 + 0.5)`: constants, not literals
+        e = _b(draw(st.sampled_from([BinOp.ADD, BinOp.SUB])), e, Num(draw(st.integers(0, 3))))
+    return e
+
+
+@st.composite
+def _position_terms(draw) -> ir.Expr:
+    """Integer terms over q, k, h, H (every integer operator), scaled down to
+    a real of at most a few units at the test lengths."""
+    choice = draw(st.integers(0, 4))
+    distance = _b(BinOp.SUB, _Q, _K)
+    if choice == 0:
+        term = Call("abs", (distance,))
+    elif choice == 1:
+        term = _b(BinOp.SUB, _b(BinOp.FLOORDIV, _Q, Num(3)), _b(BinOp.MOD, _K, Num(5)))
+    elif choice == 2:
+        term = _b(BinOp.MUL, Name("h"), Num(2))
+    elif choice == 3:
+        term = Call("min", (Name("H"), _b(BinOp.MOD, distance, Num(4))))
+    else:
+        term = Call("max", (_neg(Name("h")), _b(BinOp.FLOORDIV, distance, Num(8))))
+    return _b(BinOp.MUL, term, Num(draw(st.sampled_from([0.01, 0.02, -0.01]))))
+
+
+@st.composite
+def language_scores(draw, depth: int = 3) -> ir.Expr:
+    """Real score expressions that use every operator and function of the
+    language, negative and integer constants included, kept finite and
+    moderate (a few tens at most) for |s| of a few units."""
+    if depth == 0 or draw(st.integers(0, 3)) == 0:
+        choice = draw(st.integers(0, 5))
+        if choice == 0:
+            return _S
+        if choice == 1:
+            return _neg(_S)
+        if choice == 2:
+            return _b(BinOp.MUL, draw(_constants()), _S)
+        if choice == 3:
+            return _b(BinOp.ADD, _S, Name("alibi"))
+        if choice == 4:
+            return _b(BinOp.ADD, _S, draw(_position_terms()))
+        return _b(BinOp.SUB, _S, draw(_constants()))
+    x = draw(language_scores(depth - 1))
+    choice = draw(st.integers(0, 13))
+    if choice == 0:
+        return _neg(x)
+    if choice == 1:
+        return _b(BinOp.ADD, x, draw(language_scores(depth - 1)))
+    if choice == 2:
+        return _b(BinOp.SUB, draw(_constants()), x)
+    if choice == 3:
+        return _b(BinOp.MUL, x, draw(_constants()))
+    if choice == 4:  # a product of two score terms, one of them bounded
+        return _b(BinOp.MUL, x, Call("tanh", (draw(language_scores(depth - 1)),)))
+    if choice == 5:  # a denominator of at least 2
+        return _b(BinOp.DIV, x, _b(BinOp.ADD, Num(2), Call("abs", (draw(language_scores(0)),))))
+    if choice == 6:
+        return Call("tanh", (x,))
+    if choice == 7:  # exp of at most 1
+        return Call("exp", (_neg(Call("abs", (Call("tanh", (x,)),))),))
+    if choice == 8:
+        return Call("log", (_b(BinOp.ADD, Num(1.0), Call("abs", (x,))),))
+    if choice == 9:
+        return Call("sqrt", (_b(BinOp.ADD, Num(1), _b(BinOp.MUL, x, x)),))
+    if choice == 10:
+        return Call("abs", (x,))
+    if choice == 11:
+        return Call(draw(st.sampled_from(["min", "max"])), (x, draw(_constants())))
+    if choice == 12:
+        cap = draw(st.sampled_from([0.5, 2.0, 30.0, 1e-30, 3e38]))
+        return Call("softcap", (x, Num(cap)))
+    return _b(BinOp.ADD, x, draw(_position_terms()))
+
+
+@st.composite
+def language_variants(draw, dtypes: tuple[ir.DType, ...], head_dims: tuple[int, ...]):
+    """Variants with `language_scores` and the masks of tests/strategies.py."""
+    from strategies import masks
+
+    return ir.Variant(
+        name="lang",
+        head_dim=draw(st.sampled_from(head_dims)),
+        dtype=draw(st.sampled_from(dtypes)),
+        mask=draw(masks()),
+        score=draw(language_scores()),
+        scale=draw(st.none() | st.sampled_from([0.05, 0.3, 1.0])),
+        align=draw(st.sampled_from(list(ir.Align))),
+    )
+
+
+def deep_variant(dtype: ir.DType, head_dim: int) -> ir.Variant:
+    """A spec at the nesting limit: a score and a mask each ir.MAX_EXPR_DEPTH
+    levels deep, the leaf counting as one.  The score nests every function
+    under a `+` chain 12 long; the mask nests & and | over comparisons
+    with deep integer arithmetic."""
+    score: ir.Expr = _S
+    wraps = [
+        lambda x: Call("tanh", (x,)),
+        lambda x: _b(BinOp.ADD, x, _S),
+        lambda x: Call("max", (x, _neg(Num(2.5)))),
+        lambda x: _b(BinOp.MUL, x, Num(2)),
+        lambda x: Call("min", (x, Num(3))),
+        lambda x: Call("exp", (_neg(Call("abs", (x,))),)),  # two levels
+        lambda x: _b(BinOp.SUB, x, _b(BinOp.MUL, Num(0.5), _S)),
+        lambda x: Call("softcap", (x, Num(5.0))),
+        lambda x: Call("log", (_b(BinOp.ADD, Num(6), x),)),  # after softcap(x, 5): > 1
+        lambda x: Call("sqrt", (_b(BinOp.ADD, Num(1), Call("abs", (x,))),)),  # three levels
+    ]
+    i = 0
+    while _depth(score) < ir.MAX_EXPR_DEPTH - 12:
+        score = wraps[i % len(wraps)](score)
+        i += 1
+    while _depth(score) < ir.MAX_EXPR_DEPTH:
+        score = _b(BinOp.ADD, score, _b(BinOp.MUL, Num(0.01), _S))
+    # k <= q + (1 + (1 + ...)): integer nesting inside a comparison.
+    offset: ir.Expr = Num(1)
+    while _depth(offset) < ir.MAX_EXPR_DEPTH - 4:
+        offset = _b(
+            BinOp.ADD, Num(1), Call("abs", (offset,)) if _depth(offset) % 5 == 0 else offset
+        )
+    mask: ir.Expr = _b(BinOp.LE, _K, _b(BinOp.ADD, _Q, offset))
+    comparisons = [
+        _b(BinOp.NE, _b(BinOp.MOD, _b(BinOp.SUB, _Q, _K), Num(7)), Num(3)),
+        _b(BinOp.GE, _K, _b(BinOp.SUB, _Q, Num(300))),
+        _b(BinOp.EQ, _b(BinOp.MOD, Name("h"), Num(2)), Num(0)),
+        _b(BinOp.LT, _K, Num(16)),
+    ]
+    deep_mask: ir.Expr = comparisons[0]
+    j = 1
+    while _depth(deep_mask) < ir.MAX_EXPR_DEPTH - 1:
+        op = BinOp.AND if j % 2 else BinOp.OR
+        deep_mask = _b(op, comparisons[j % len(comparisons)], deep_mask)
+        j += 1
+    mask = _b(BinOp.AND, mask, deep_mask)
+    assert _depth(score) == _depth(mask) == ir.MAX_EXPR_DEPTH, (_depth(score), _depth(mask))
+    return ir.Variant("deep", head_dim, dtype, mask=mask, score=score)
+
+
+def _depth(e: ir.Expr) -> int:
+    if isinstance(e, (ir.Num, ir.Name)):
+        return 1
+    if isinstance(e, ir.Unary):
+        return 1 + _depth(e.operand)
+    if isinstance(e, ir.Binary):
+        return 1 + max(_depth(e.left), _depth(e.right))
+    return 1 + max(_depth(a) for a in e.args)
+
+
+def check_spec_both_ways(variant: ir.Variant, shape: Shape, *, seed: int, device: str = DEVICE):
+    """The body of the whole-language tests: forward and backward of one
+    spec against the float64 reference, each by the one tolerance rule.
+    Returns both results (for records)."""
+    forward = run_case(variant, shape, seed=seed, device=device)
+    assert_ok(forward)
+    backward = run_grad_case(variant, shape, seed=seed + 1, device=device)
+    assert_ok(backward)
+    return forward, backward

@@ -19,6 +19,9 @@ from flashgen import ir
 from flashgen.verify import Shape
 from kernel_utils import (
     assert_ok,
+    check_spec_both_ways,
+    deep_variant,
+    language_variants,
     assert_tanh_accurate,
     build,
     example_variants,
@@ -175,6 +178,11 @@ GLUON_BACKWARD_CASES = [
     ("causal", "s + alibi", 128),
     ("causal", "softcap(s, 20.0)", 128),
     ("full", "s - 0.05 * abs(q - k)", 64),
+    # Constant derivatives (-1, an integer in the IR) and negative constants:
+    # `(-(1)).to(tl.float32)` once failed to compile in _gluon_attn_bwd_dq.
+    ("causal", "-s", 128),
+    ("full", "exp(-s)", 64),
+    ("causal", "2 * s - 3", 64),
 ]
 
 
@@ -324,3 +332,52 @@ def test_inputs_on_another_gpu(name):
     assert torch.cuda.current_device() == 0
     for got, want in zip(run("cuda:1"), run("cuda:0")):
         assert torch.equal(got, want)
+
+
+@settings(
+    max_examples=int(os.environ.get("FLASHGEN_GPU_LANGUAGE_EXAMPLES", "24")),
+    derandomize=True,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
+@given(
+    variant=language_variants(dtypes=DRAWN_DTYPES, head_dims=(24, 64, 80, 128)),
+    kv_heads=st.integers(1, 2),
+    n_queries=st.sampled_from((239, 128, 17, 384, 1)),
+    n_keys=st.sampled_from((203, 128, 384, 33, 1)),
+    seed=st.integers(0, 2**16),
+)
+def test_whole_language_forward_and_backward_on_gpu(variant, kv_heads, n_queries, n_keys, seed):
+    """Specs drawn from the whole language (every operator and function,
+    integer and negative constants, softcaps from 1e-30 to 3e38), forward and
+    backward, fp16, bf16 and fp32, odd and unequal lengths; Nq = Nk = 128 or
+    384 at head dim 64 or 128 in 16 bits takes the Gluon backward.  The same
+    body runs on the CPU in tests/test_gradients.py."""
+    shape = Shape(1, 2 * kv_heads, kv_heads, n_queries, n_keys)
+    for result in check_spec_both_ways(variant, shape, seed=seed, device="cuda"):
+        _record(variant, result)
+
+
+@pytest.mark.parametrize("dtype", [ir.DType.FP16, ir.DType.BF16, ir.DType.FP32])
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_spec_at_the_nesting_limit_on_gpu(dtype, head_dim, monkeypatch):
+    """Score and mask ir.MAX_EXPR_DEPTH levels deep: the Triton kernels
+    compile them (odd, unequal lengths), and in 16 bits the Hopper Gluon
+    forward ("any" mask, forced on) and backward do too (Nq = Nk = 384);
+    their launches are counted so that neither path passes on a fallback."""
+    from flashgen import lower
+
+    monkeypatch.setattr(lower, "GLUON_ANY_MIN_KEYS", 0)
+    variant = deep_variant(dtype, head_dim)
+    for i, shape in enumerate([Shape(1, 2, 1, 203, 239), Shape(1, 4, 2, 384, 384)]):
+        for result in check_spec_both_ways(variant, shape, seed=i, device="cuda"):
+            _record(variant, result)
+    if dtype is not ir.DType.FP32:  # the Gluon forward is for head dim 128 only
+        module = build(variant)
+        backward = _count_calls(monkeypatch, module, "_gluon_backward")
+        if head_dim == 128:
+            forward = _count_calls(monkeypatch, module, "_gluon_forward")
+        check_spec_both_ways(variant, Shape(1, 4, 2, 384, 384), seed=5, device="cuda")
+        assert backward
+        if head_dim == 128:
+            assert forward

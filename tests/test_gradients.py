@@ -24,9 +24,13 @@ from kernel_utils import (
     DEVICE,
     assert_ok,
     build,
+    check_spec_both_ways,
+    deep_variant,
     example_variants,
     interpretable,
+    language_variants,
     make_variant,
+    run_case,
     run_grad_case,
     shrink_masks,
 )
@@ -203,3 +207,127 @@ def test_score_derivatives(score):
     """Each rule of the symbolic derivative, in fp32 where errors are small."""
     variant = make_variant("causal", score=score, dtype=ir.DType.FP32)
     assert_ok(run_grad_case(variant, Shape(1, 2, 1, 33, 47), seed=7, magnitude=2.0))
+
+
+# Each derivative rule of flashgen.grad, with the negative, integer and mixed
+# constants its rules produce (`-s` has the constant derivative -1, an int).
+DERIVATIVE_RULES = [
+    ("neg", "-s"),
+    ("neg_twice", "-(-s) + 0.5"),
+    ("add", "s + 0.5 * s + 2"),
+    ("sub", "0.5 * s - abs(s)"),
+    ("sub_from_constant", "1 - s"),
+    ("mul", "s - 2.0 * s * s"),
+    ("div", "s / (2.0 + abs(s))"),
+    ("div_by_s", "1.0 / (3 + s * s)"),
+    ("exp", "exp(-s)"),
+    ("log", "log(3 + tanh(s))"),
+    ("sqrt", "sqrt(1 + s * s)"),
+    ("tanh", "tanh(-s) * 3"),
+    ("abs", "abs(s - 1)"),
+    ("min", "min(s, -1)"),
+    ("max", "max(-s, 2 * s)"),
+    ("softcap", "softcap(-s, 2.0)"),
+    ("int_constants", "2 * s - 3"),
+    ("int_constant_expression", "s * (2 - 3)"),
+    ("negative_constants", "-2.5 * s + -(1)"),
+    ("int_times_real", "3 * s * 0.5"),
+    ("positions_times_s", "(q - k) * 0.01 * s + h * s"),
+    ("constant_call", "s * exp(1.0) - abs(-3) + min(2, 3)"),
+]
+
+
+@pytest.mark.parametrize(
+    "score", [s for _, s in DERIVATIVE_RULES], ids=[n for n, _ in DERIVATIVE_RULES]
+)
+@pytest.mark.parametrize(
+    "mask,shape", [("causal", Shape(1, 2, 1, 21, 34)), ("full", Shape(1, 1, 1, 34, 21))]
+)
+def test_each_derivative_rule_forward_and_backward(score, mask, shape):
+    """Forward and backward of each rule under the interpreter against the
+    float64 reference.  Constants reach the kernels as one float literal: an
+    int such as the -1 of `-s` has no .to() in the interpreter or Gluon."""
+    variant = make_variant(mask, score=score, dtype=ir.DType.FP32)
+    assert_ok(run_case(variant, shape, seed=3, magnitude=2.0))
+    assert_ok(run_grad_case(variant, shape, seed=4, magnitude=2.0))
+
+
+@pytest.mark.parametrize("score", ["2.0", "-1", "q * 0.1", "h", "k div 3 * -0.5"])
+def test_scores_without_s(score):
+    """A score that does not read s is broadcast to the tile (a scalar, row or
+    column would break the softmax's reductions), and has no gradient in q or
+    k.  (verify.check_backward cannot judge it: the reference's q and k get no
+    gradient at all, so dv is checked here by hand.)"""
+    from flashgen.reference import attention_ref
+
+    variant = make_variant("causal", score=score, dtype=ir.DType.FP32)
+    assert_ok(run_case(variant, Shape(1, 2, 1, 21, 34), seed=1))
+    module = build(variant)
+    gen = torch.Generator().manual_seed(2)
+    q, k, v, do = (torch.randn(1, 2, n, 32, generator=gen) for n in (21, 34, 34, 21))
+    o, lse = module.forward(q, k, v)
+    dq, dk, dv = module.backward(q, k, v, o, lse, do)
+    assert torch.all(dq == 0) and torch.all(dk == 0)
+    vd = v.double().requires_grad_()
+    (attention_ref(variant, q.double(), k.double(), vd)[0] * do.double()).sum().backward()
+    torch.testing.assert_close(dv.double(), vd.grad, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("cap", ["1e-30", "1.2e-38", "1.1754943508222875e-38", "3e38"])
+@pytest.mark.parametrize("dtype", [ir.DType.FP32, ir.DType.FP16])
+@pytest.mark.parametrize(
+    "form", ["softcap(s, {c})", "softcap(2.0 * s - 0.5, {c})", "0.5 * softcap(s, {c})"]
+)
+def test_softcap_at_the_ends_of_float32(cap, dtype, form):
+    """Caps from float32's smallest normal to near its max: s / c overflows
+    to +-inf (tanh must give +-1 and its derivative 0, no NaN) or c * log2(e)
+    does (the factor is split).  Forward and backward against the float64
+    reference."""
+    variant = make_variant("causal", score=form.format(c=cap), dtype=dtype)
+    shape = Shape(1, 2, 1, 19, 33)
+    forward = run_case(variant, shape, seed=5, magnitude=2.0)
+    backward = run_grad_case(variant, shape, seed=6, magnitude=2.0)
+    for check in forward.checks + backward.checks:
+        assert check.finite, check
+    assert_ok(forward)
+    assert_ok(backward)
+
+
+@pytest.mark.parametrize("dtype", [ir.DType.FP32, ir.DType.FP16])
+def test_huge_cap_is_the_identity(dtype):
+    """softcap(s, 3e38) is s to float32 precision.  The tolerance rule cannot
+    show it in fp16 (the ordinary fp16 implementation overflows at the cap and
+    its error bound is inf), so the module is held to the plain `s` module's
+    results directly: 16-bit modules need tanh's relative accuracy near 0 here
+    (without it every score was 0)."""
+    gen = torch.Generator().manual_seed(0)
+    dt = torch.float32 if dtype is ir.DType.FP32 else torch.float16
+    q, k, v, do = (torch.randn(1, 2, 40, 32, generator=gen).mul(2).to(dt) for _ in range(4))
+    capped = build(make_variant("causal", score="softcap(s, 3e38)", dtype=dtype))
+    plain = build(make_variant("causal", dtype=dtype))
+    (o1, lse1), (o2, lse2) = capped.forward(q, k, v), plain.forward(q, k, v)
+    torch.testing.assert_close(lse1, lse2, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(o1, o2, rtol=2e-3, atol=2e-3)
+    for g1, g2 in zip(
+        capped.backward(q, k, v, o1, lse1, do), plain.backward(q, k, v, o2, lse2, do)
+    ):
+        torch.testing.assert_close(g1, g2, rtol=2e-3, atol=2e-3)
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    variant=language_variants(dtypes=(ir.DType.FP32,), head_dims=(16, 24)),
+    n_queries=st.sampled_from((19, 5)),
+    n_keys=st.sampled_from((23, 3)),
+    seed=st.integers(0, 2**16),
+)
+def test_whole_language_forward_and_backward(variant, n_queries, n_keys, seed):
+    """The CPU twin of tests/test_gpu.py's whole-language test: same strategy,
+    same body, fp32 and tiny shapes under the interpreter."""
+    check_spec_both_ways(variant, Shape(1, 2, 1, n_queries, n_keys), seed=seed)
+
+
+def test_spec_at_the_nesting_limit():
+    """Score and mask ir.MAX_EXPR_DEPTH levels deep, forward and backward."""
+    variant = deep_variant(ir.DType.FP32, 16)
+    check_spec_both_ways(variant, Shape(1, 2, 1, 21, 40), seed=0)

@@ -431,3 +431,127 @@ def test_the_checks_reject_wrong_kernels(dtype):
     assert not check_forward(variant, wrong, q, k, v).ok
     q, k, v, gen = kernel_inputs(variant, shape, 0, DEVICE, 1.0)
     assert not check_backward(variant, wrong, q, k, v, generator=gen).ok
+
+
+def _no_launches(monkeypatch, module) -> list:
+    """Records every kernel launch of `module`: the checks must come first."""
+    launches = []
+    monkeypatch.setattr(module, "_launch", lambda *a, **k: launches.append(a[0]))
+    return launches
+
+
+@pytest.mark.parametrize("which", ["q", "k"])
+def test_sequences_beyond_the_limit_are_refused(which, monkeypatch):
+    """Nq or Nk past ir.MAX_SEQ_LEN: a ValueError naming the tensor and the
+    limit, from forward(), backward() and attention(), before any launch.
+    The long tensor is an expanded view: nothing of its size is allocated."""
+    module = build(make_variant("causal"))
+    assert module.MAX_SEQ_LEN == ir.MAX_SEQ_LEN and module.MAX_HEADS == ir.MAX_HEADS
+    launches = _no_launches(monkeypatch, module)
+    long = torch.empty(1, 1, 1, 32, device=DEVICE).expand(1, 1, ir.MAX_SEQ_LEN + 1, 32)
+    short = torch.randn(1, 1, 8, 32, device=DEVICE)
+    q, k = (long, short) if which == "q" else (short, long)
+    match = f"{which} has sequence length {ir.MAX_SEQ_LEN + 1}.*MAX_SEQ_LEN = {ir.MAX_SEQ_LEN}"
+    with pytest.raises(ValueError, match=match):
+        module.forward(q, k, k)
+    with pytest.raises(ValueError, match=match):
+        module.attention(q, k, k)
+    o = torch.empty(q.shape, device=DEVICE)
+    lse = torch.empty(q.shape[:3], device=DEVICE)
+    with pytest.raises(ValueError, match=match):
+        module.backward(q, k, k, o, lse, o)
+    assert not launches
+
+
+def test_sequences_at_the_limit_pass_the_check():
+    module = build(make_variant("causal"))
+    at_limit = torch.empty(1, 1, 1, 32, device=DEVICE).expand(1, 1, ir.MAX_SEQ_LEN, 32)
+    module._check_inputs(at_limit, at_limit, at_limit)  # no error
+
+
+def test_too_many_heads_are_refused(monkeypatch):
+    module = build(make_variant("causal"))
+    launches = _no_launches(monkeypatch, module)
+    q = torch.empty(1, 1, 4, 32, device=DEVICE).expand(1, ir.MAX_HEADS + 1, 4, 32)
+    k = torch.randn(1, 1, 4, 32, device=DEVICE)
+    match = f"q has {ir.MAX_HEADS + 1} heads.*MAX_HEADS = {ir.MAX_HEADS}"
+    for call in (module.forward, module.attention):
+        with pytest.raises(ValueError, match=match):
+            call(q, k, k)
+    with pytest.raises(ValueError, match=match):
+        module.backward(q, k, k, q, torch.empty(q.shape[:3], device=DEVICE), q)
+    assert not launches
+
+
+@pytest.mark.parametrize("scale", [1e300, -0.5, 0.0, 1e-40, float("inf"), float("nan"), 3e38])
+def test_scales_outside_float32_are_refused(scale, monkeypatch):
+    """scale * log2(e) is a float32 kernel argument: 1e300 gave NaN silently.
+    A non-positive scale, or one whose log2(e) multiple is not a normal
+    float32, is a ValueError naming `scale`, before any launch, everywhere."""
+    module = build(make_variant("causal"))
+    launches = _no_launches(monkeypatch, module)
+    x = torch.randn(1, 1, 8, 32, device=DEVICE)
+    with pytest.raises(ValueError, match="scale must"):
+        module.forward(x, x, x, scale)
+    with pytest.raises(ValueError, match="scale must"):
+        module.attention(x, x, x, scale=scale)
+    lse = torch.zeros(1, 1, 8, device=DEVICE)
+    with pytest.raises(ValueError, match="scale must"):
+        module.backward(x, x, x, x, lse, x, scale=scale)
+    assert not launches
+
+
+@pytest.mark.parametrize("scale", [1e-37, 1e30])
+def test_extreme_accepted_scales_run(scale):
+    """Accepted extremes: finite outputs that match the reference.  (Near the
+    top of the range, scale * q.k itself overflows float32 for ordinary
+    inputs, as any float32 kernel would.)"""
+    assert_ok(run_case(make_variant("causal"), Shape(1, 1, 1, 9, 12), scale=scale))
+
+
+def test_gluon_kernels_refuse_2_31_rows(monkeypatch):
+    """The Gluon kernels address rows of the (B * H * N, D) view in int32:
+    from 2^31 rows on, the call falls back to the Triton kernels.  (Checked
+    with stand-in tensors on a pretended sm90 GPU: no memory is needed.)"""
+    import types
+
+    module = build(make_variant("causal", dtype=ir.DType.FP16, head_dim=128))
+    monkeypatch.setattr(module, "_interpreting", lambda: False)
+    monkeypatch.setattr(module, "_capability", lambda device: (9, 0))
+
+    def fake(batch, heads, n):
+        return types.SimpleNamespace(
+            shape=(batch, heads, n, 128),
+            device=types.SimpleNamespace(type="cuda"),
+            is_contiguous=lambda: True,
+            data_ptr=lambda: 0,
+        )
+
+    assert module._gluon_fits(128, fake(1, 127, 2**24), fake(1, 1, 2**24))
+    assert not module._gluon_fits(128, fake(1, 128, 2**24), fake(1, 1, 2**24))
+    assert not module._gluon_fits(128, fake(2, 64, 2**24), fake(2, 1, 2**24))
+
+
+@pytest.mark.parametrize(
+    "mask",
+    [
+        "window(1000000000)",
+        "window(0, 1000000000)",
+        "k <= q + 1000000000",
+        "q - k >= -1000000000",
+        "prefix(1000000000)",
+        "chunk(536870912)",
+        "causal | prefix(1000000000)",
+    ],
+)
+@pytest.mark.parametrize("align", ["bottom_right", "top_left"])
+@pytest.mark.parametrize(
+    "shape", [Shape(1, 2, 1, 21, 21), Shape(1, 2, 1, 13, 40), Shape(1, 2, 1, 40, 13)], ids=str
+)
+def test_masks_near_the_int32_limit(mask, align, shape):
+    """Masks whose constants come near ir.INT_MAGNITUDE_MAX: the tile bounds
+    built from them (sentinels, chunk ends, interiors) stay in int32 and the
+    kernels agree with the reference, forward and backward."""
+    variant = make_variant(mask, align=align)
+    assert_ok(run_case(variant, shape, seed=1, block_m=16, block_n=16))
+    assert_ok(run_grad_case(variant, shape, seed=2))

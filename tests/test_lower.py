@@ -12,6 +12,8 @@ speed.
 from __future__ import annotations
 
 import dataclasses
+import math
+import re
 import types
 
 import numpy as np
@@ -604,3 +606,312 @@ def test_key_span(mask, span):
         most = int(mask_matrix(variant, n, n, 1).sum(-1).max())
         assert most <= span
         assert most == span or "|" in mask  # a union's parts may overlap
+
+
+# --------------------------------------------------------------------------- #
+# Constants in element code
+# --------------------------------------------------------------------------- #
+
+
+def _expr(text: str) -> ir.Expr:
+    """A score expression through the real parser (not the checker)."""
+    from flashgen.parse import parse
+
+    spec, diags = parse(f"attention t {{ head_dim = 16; dtype = fp32; score = {text} }}")
+    assert not diags, diags
+    (setting,) = [x for x in spec.blocks[0].settings if x.key == "score"]
+    return setting.value
+
+
+@pytest.mark.parametrize(
+    "text,value",
+    [
+        ("-(1)", -1),
+        ("2 - 3", -1),
+        ("-7 div 2", -4),  # floor, as the kernels and the reference divide
+        ("-7 % 3", 2),
+        ("abs(-3) * min(2, -5)", -15),
+        ("max(1, 2.5)", 2.5),
+        ("2 * 0.5", 1.0),
+        ("1 / 4", 0.25),
+        ("exp(1000.0)", math.inf),
+        ("-exp(1000.0)", -math.inf),
+        ("log(0.0)", -math.inf),
+        ("sqrt(4)", 2.0),
+        ("tanh(-1e30)", -1.0),
+        ("softcap(3.0, 1e-30)", 1e-30),
+        ("s", None),
+        ("2 * q", None),
+        ("alibi", None),
+    ],
+)
+def test_constant_value(text, value):
+    got = lower.constant_value(_expr(text))
+    assert got == value and type(got) is type(value)
+
+
+def test_constant_value_nan():
+    assert math.isnan(lower.constant_value(_expr("sqrt(-1.0)")))
+    assert math.isnan(lower.constant_value(_expr("log(-2)")))
+
+
+@pytest.mark.parametrize(
+    "score",
+    ["-s", "exp(-s)", "s * (2 - 3)", "abs(-3) * s", "s + min(2, 3)", "1 - s", "tanh(-s) * 3"],
+)
+def test_constants_reach_kernels_as_float_literals(score):
+    """The derivative of -s is the integer -1; `(-(1)).to(tl.float32)` is not
+    Triton (a Python int has no .to) and broke the interpreter and the Gluon
+    backward.  Every constant in a real context is one float literal."""
+    model = lower.lower(make_variant("causal", score=score))
+    for code in (model.score_log2_code, model.score_grad_code or ""):
+        assert not re.search(r"\(-?\(?\d+\)?\)\.to\(", code), code
+        assert ".to(" not in code or "q_pos" in code or "k_pos" in code or "head" in code
+    if score == "-s":
+        assert model.score_grad_code == "-1.0"
+
+
+def test_float_literals_are_triton_syntax():
+    assert lower._float_literal(math.inf) == 'float("inf")'
+    assert lower._float_literal(-math.inf) == 'float("-inf")'
+    assert lower._float_literal(math.nan) == 'float("nan")'
+    assert lower._float_literal(-1) == "-1.0"
+
+
+def test_tanh_reader_recovers_saturated_tanh_exactly():
+    """softcap's backward reads tanh back as s2 * r with s2 = fl32(a) * tanh:
+    a saturated tanh (+-1) must give |t| = 1 exactly (or, with the clamp, at
+    least 1), so the derivative there is exactly 0 and not a few ulps."""
+    exact = 0
+    for cap in np.geomspace(1.2e-38, 1e37, 3000):
+        a = np.float32(lower.LOG2E * float(cap))
+        r, is_exact = lower.tanh_reader(lower.LOG2E * float(cap))
+        product = a * np.float32(r)
+        assert product == 1 if is_exact else product > 1
+        assert abs(float(product) - 1) < 2.0**-21
+        exact += is_exact
+    assert exact > 2500  # the clamp is the exception
+
+
+def test_saturated_softcap_derivative_is_zero():
+    """The emitted derivative at tanh = +-1, in float32 as the kernel computes."""
+    for cap in ("1e-30", "30.0", "50.0", "7.3"):
+        model = lower.lower(make_variant("causal", score=f"softcap(s, {cap})"))
+        s2 = np.float32(lower.LOG2E * float(cap)) * np.float32(-1.0)
+        env = {"s2": s2, "tl": types.SimpleNamespace(minimum=np.minimum)}
+        assert (
+            eval(model.score_grad_code.replace("1.0 -", "np.float32(1.0) -"), {**env, "np": np})
+            == 0
+        )
+
+
+@pytest.mark.parametrize(
+    "score,dtype,expected",
+    [
+        ("softcap(s, 50.0)", ir.DType.FP16, False),
+        ("softcap(s, 3e38)", ir.DType.FP16, True),
+        ("softcap(s, 1e6)", ir.DType.BF16, True),
+        ("tanh(s) * 3.0", ir.DType.FP16, True),
+        ("softcap(s, 50.0)", ir.DType.FP32, True),
+    ],
+)
+def test_tanh_polynomial_where_its_error_is_amplified(score, dtype, expected):
+    assert lower.lower(make_variant("causal", score=score, dtype=dtype)).tanh_small_poly is expected
+
+
+# --------------------------------------------------------------------------- #
+# int32 safety of the scalar tile code
+# --------------------------------------------------------------------------- #
+
+
+class _Int32(int):
+    """An int whose arithmetic raises when a result leaves int32, standing
+    in for the kernels' int32 scalars (`.to(tl.int64)` leaves the check)."""
+
+    def _checked(self, value):
+        if isinstance(value, (bool, np.bool_)) or type(value) is _Int64:
+            return value
+        if not -(2**31) <= value < 2**31:
+            raise OverflowError(value)
+        return _Int32(value)
+
+    def __add__(self, o):
+        return self._checked(int(self) + int(o))
+
+    __radd__ = __add__
+
+    def __sub__(self, o):
+        return self._checked(int(self) - int(o))
+
+    def __rsub__(self, o):
+        return self._checked(int(o) - int(self))
+
+    def __mul__(self, o):
+        return self._checked(int(self) * int(o))
+
+    __rmul__ = __mul__
+
+    def __floordiv__(self, o):
+        return self._checked(int(self) // int(o))
+
+    def __rshift__(self, o):
+        return self._checked(int(self) >> int(o))
+
+    def __and__(self, o):
+        return self._checked(int(self) & int(o))
+
+    def __neg__(self):
+        return self._checked(-int(self))
+
+    def __lt__(self, o):
+        return np.bool_(int(self) < int(o))
+
+    def __le__(self, o):
+        return np.bool_(int(self) <= int(o))
+
+    def __gt__(self, o):
+        return np.bool_(int(self) > int(o))
+
+    def __ge__(self, o):
+        return np.bool_(int(self) >= int(o))
+
+    def __eq__(self, o):
+        return np.bool_(int(self) == int(o))
+
+    def __ne__(self, o):
+        return np.bool_(int(self) != int(o))
+
+    __hash__ = int.__hash__
+
+    def to(self, dtype):
+        return _Int64(self)
+
+
+class _Int64(int):
+    pass
+
+
+def _int32_env(**names):
+    def where(c, a, b):
+        return a if c else b
+
+    def checked(value):
+        return value if type(value) is _Int64 else _Int32(value)
+
+    tl = types.SimpleNamespace(
+        where=where,
+        minimum=lambda a, b: checked(min(int(a), int(b))),
+        maximum=lambda a, b: checked(max(int(a), int(b))),
+        abs=lambda a: checked(abs(int(a))),
+        int64="int64",
+    )
+
+    def floor_div(a, b):  # the generated module's `_floor_div`, in int32
+        return (a - where(a < 0, b - 1, 0)) // b
+
+    env = {"tl": tl, "_floor_div": floor_div, "True": np.bool_(True), "False": np.bool_(False)}
+    env["_floor_mod"] = lambda a, b: a - floor_div(a, b) * b
+    env.update({k: _Int32(v) for k, v in names.items()})
+    return env
+
+
+def _mask(text: str) -> ir.Expr:
+    from flashgen.parse import parse
+
+    spec, diags = parse(f"attention t {{ head_dim = 16; dtype = fp32; mask = {text} }}")
+    assert not diags, diags
+    (setting,) = [x for x in spec.blocks[0].settings if x.key == "mask"]
+    return setting.value
+
+
+P = ir.POSITION_BOUND
+# Tiles at the ends of the positions the analysis assumes, and near 0.
+_TILES = [(-P, -P + 63), (P - 63, P), (-5, 58)]
+INT32_MASKS = [
+    "window(1000000000)",
+    "window(0, 1000000000)",
+    "k <= q + 1000000000",
+    "q - k >= -1000000000",
+    "prefix(1000000000)",
+    "chunk(536870912)",
+    "causal | prefix(1000000000)",
+    "!(k <= q + 1000000000) | chunk(1073741824)",
+    # Within the claim (every subexpression and comparison difference within
+    # +-2^30), but their normal forms or bounds reached 2^31: 32768 * H - 2^30
+    # at H = 2^16, a chunk end A + c - 1 with A and c near 2^30,
+    # hi - lo of a mod's argument near 2^31.
+    "H * 16384 - 1073741824 + H * 16384 >= 0 & causal",
+    "h * 8192 - 536870912 + h * 8192 <= k",
+    "(q + 1040187392) div 1073741824 == k div 1073741824",
+    "(k - 1040187392) div 1073741824 == q div 1073741824",
+    "(q * 16 - 536870912 + abs(k)) % 7 == 1",
+    "min(q * 16, 1040187392 - k) < 1000",
+    "(q - k + 1000000000) % 1000000007 != 5",
+    # Both parities in one tile: the mod's argument spans [-2^30, 2^30].
+    "((q % 2) * 1073741824 - (k % 2) * 1073741824) % 7 == 3",
+]
+
+
+@pytest.mark.parametrize("text", INT32_MASKS)
+def test_tile_code_stays_in_int32(text):
+    """Every line of scalar tile code, every bound, and the template's own
+    arithmetic on the bounds (key_hi + 1, query bounds minus q_offset, the
+    interior's rounding up to a tile), evaluated at tile corners that reach
+    ir.POSITION_BOUND, with up to ir.MAX_HEADS heads and |q_offset| up to
+    ir.MAX_SEQ_LEN: no int32 result overflows."""
+    nnf = nnf_of(_mask(text))
+    tiles = lower.TileCode()
+    must, may = tiles.truth(nnf)
+    key, query = lower.key_bounds(nnf), lower.query_bounds(nnf)
+    full_k, full_q = lower.full_bounds(nnf, "k"), lower.full_bounds(nnf, "q")
+    for (q_lo, q_hi), (k_lo, k_hi) in [(a, b) for a in _TILES for b in _TILES]:
+        for head, num_heads in [(0, 1), (ir.MAX_HEADS - 1, ir.MAX_HEADS)]:
+            for q_offset in (-ir.MAX_SEQ_LEN, ir.MAX_SEQ_LEN):
+                env = _int32_env(
+                    q_lo=q_lo, q_hi=q_hi, k_lo=k_lo, k_hi=k_hi, head=head, num_heads=num_heads
+                )
+                env["q_offset"] = _Int32(q_offset)
+                for line in tiles.lines:
+                    exec(line, env)
+                eval(f"({must}, {may})", env)
+                template = [
+                    f"tl.maximum({key[0]}, 0) // 256 * 256" if key[0] else None,
+                    f"{key[1]} + 1" if key[1] else None,
+                    f"tl.maximum({query[0]} - q_offset, 0)" if query[0] else None,
+                    f"{query[1]} - q_offset + 1" if query[1] else None,
+                ]
+                for full in (full_k, full_q):
+                    if full is not None and full[0] is not None:
+                        template.append(f"tl.maximum({full[0]} - q_offset, 0) + 255")
+                    if full is not None and full[1] is not None:
+                        template.append(f"tl.minimum({full[1]} - q_offset, 1000) + 1")
+                for code in template:
+                    if code is not None:
+                        eval(code, env)
+
+
+def test_wide_affine_forms_are_evaluated_in_int64():
+    """32768 * num_heads would wrap at 2^16 heads; the bound code widens."""
+    nnf = nnf_of(_mask("H * 16384 - 1073741824 + H * 16384 >= 0"))
+    tiles = lower.TileCode()
+    tiles.truth(nnf)
+    assert any(".to(tl.int64)" in line for line in tiles.lines)
+    plain = lower.TileCode()
+    plain.truth(nnf_of(_mask("causal & window(1000000000)")))
+    assert not any("int64" in line for line in plain.lines)
+
+
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_spec_at_the_nesting_limit_takes_the_gluon_paths(head_dim, monkeypatch):
+    """What tests/test_gpu.py's nesting-limit test relies on: in 16 bits the
+    deep spec gets the Gluon backward, and at head dim 128 the "any" Gluon
+    forward when GLUON_ANY_MIN_KEYS is 0; its module renders and imports."""
+    from kernel_utils import build, deep_variant
+
+    monkeypatch.setattr(lower, "GLUON_ANY_MIN_KEYS", 0)
+    variant = deep_variant(ir.DType.FP16, head_dim)
+    model = lower.lower(variant)
+    assert model.gluon_backward
+    assert model.gluon_forward == ("any" if head_dim == 128 else None)
+    module = build(variant)
+    assert hasattr(module, "_gluon_backward")
