@@ -83,9 +83,13 @@ def _load_rows(
     HEAD_DIM_PAD: tl.constexpr,
     CHECK_ROWS: tl.constexpr,
 ):
-    """Load a (len(rows), HEAD_DIM_PAD) tile; rows past n_rows read as zeros."""
+    """Load a (len(rows), HEAD_DIM_PAD) tile; rows past n_rows read as zeros.
+
+    Row offsets are 64-bit: rows * stride_row passes 2^31 within the sequence
+    lengths a module accepts (N = 2^23 at a contiguous head dim of 256).
+    """
     offs_d = tl.arange(0, HEAD_DIM_PAD)
-    ptrs = ptr + rows[:, None] * stride_row + offs_d[None, :] * stride_d
+    ptrs = ptr + rows[:, None].to(tl.int64) * stride_row + offs_d[None, :] * stride_d
     if CHECK_ROWS:
         tile = tl.load(ptrs, mask=rows[:, None] < n_rows, other=0.0)
     else:
@@ -137,7 +141,7 @@ def _store_rows(
     HEAD_DIM_PAD: tl.constexpr,
 ):
     offs_d = tl.arange(0, HEAD_DIM_PAD)
-    ptrs = ptr + rows[:, None] * stride_row + offs_d[None, :] * stride_d
+    ptrs = ptr + rows[:, None].to(tl.int64) * stride_row + offs_d[None, :] * stride_d
     mask = (rows[:, None] < n_rows) & (offs_d[None, :] < HEAD_DIM)
     tl.store(ptrs, tile.to(ptr.dtype.element_ty), mask=mask)
 

@@ -4,9 +4,10 @@
 # $OUT/gpu_summary.txt, each group's log tail to stdout.  On a machine whose
 # time is rationed this is the check after every kernel change.
 #
-# Eleven groups in two parts.  Part 1 (five groups): the Gluon backward (fp16,
+# Twelve groups in two parts.  Part 1 (six groups): the Gluon backward (fp16,
 # bf16), the any-mask Gluon forward (masks; the generated modules' dispatch
-# with the other half), random gradient specs.  Part 2: the examples in fp16, in bf16, fp32 example
+# with the other half), random gradient specs, and the whole-language specs,
+# the spec at the nesting limit and row offsets past int32 (hardening).  Part 2: the examples in fp16, in bf16, fp32 example
 # outputs, fp32 example gradients in two halves, random forward specs with the
 # Gluon forward and the launch paths.  On one H200 with 16 cores (run 12b)
 # the ten groups of then, all at once, did not fit: the Gluon backward and
@@ -55,6 +56,7 @@ else
     group gluon-any-mask-fp16 "gluon_forward_any and FP16"
     group gluon-any-mask-bf16 "gluon_forward_any and (BF16 or dispatch)"
     group random-gradients "random_spec_gradients"
+    group hardening "whole_language or nesting_limit or row_offsets"
   fi
   if [[ $part == *2* ]]; then
     group examples-fp32-gradients-a "example_gradients and FP32 and (bloom or custom or encoder or full or gemma)"

@@ -12,11 +12,12 @@ import os
 import random
 
 import pytest
+import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from flashgen import ir
-from flashgen.verify import Shape
+from flashgen.verify import Shape, check_backward, check_forward
 from kernel_utils import (
     assert_ok,
     check_spec_both_ways,
@@ -381,3 +382,31 @@ def test_spec_at_the_nesting_limit_on_gpu(dtype, head_dim, monkeypatch):
         assert backward
         if head_dim == 128:
             assert forward
+
+
+@pytest.mark.parametrize("dtype", [ir.DType.BF16, ir.DType.FP32])
+@pytest.mark.parametrize("tma", [None, False])
+def test_row_offsets_past_int32_on_gpu(dtype, tma):
+    """K and V as (B, N, H, D) buffers seen as (B, H, N, D): a row stride of
+    H * D = 4096 elements puts key rows past 2^19 beyond int32 offsets.  The
+    mask shows only those keys, so an offset that wraps reads the wrong rows."""
+    first = 2**19
+    n_keys = first + 300
+    variant = make_variant(f"k >= {first}", dtype=dtype, head_dim=256, align="top_left")
+    torch_dtype = {ir.DType.BF16: torch.bfloat16, ir.DType.FP32: torch.float32}[dtype]
+    generator = torch.Generator(device="cuda").manual_seed(0)
+
+    def rows_view(n):  # (1, n, 16, 256) storage, two of its heads as (1, 2, n, 256)
+        buffer = torch.randn((1, n, 16, 256), generator=generator, device="cuda")
+        return buffer.to(torch_dtype)[:, :, :2].transpose(1, 2)
+
+    q = torch.randn((1, 2, 64, 256), generator=generator, device="cuda").to(torch_dtype)
+    k, v = rows_view(n_keys), rows_view(n_keys)
+    assert k.stride(2) * (n_keys - 1) >= 2**31
+    module = build(variant)
+    result = check_forward(variant, module, q, k, v, tma=tma)
+    _record(variant, result)
+    assert_ok(result)
+    result = check_backward(variant, module, q, k, v, generator=torch.Generator().manual_seed(1))
+    _record(variant, result)
+    assert_ok(result)
