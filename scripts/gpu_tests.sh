@@ -4,7 +4,7 @@
 # $OUT/gpu_summary.txt, each group's log tail to stdout.  On a machine whose
 # time is rationed this is the check after every kernel change.
 #
-# Twelve groups in two parts.  Part 1 (six groups): the Gluon backward (fp16,
+# Thirteen groups in two parts.  Part 1 (seven groups): the Gluon backward (fp16,
 # bf16), the any-mask Gluon forward (masks; the generated modules' dispatch
 # with the other half), random gradient specs, and the whole-language specs,
 # the spec at the nesting limit and row offsets past int32 (hardening).  Part 2: the examples in fp16, in bf16, fp32 example
@@ -56,7 +56,8 @@ else
     group gluon-any-mask-fp16 "gluon_forward_any and FP16"
     group gluon-any-mask-bf16 "gluon_forward_any and (BF16 or dispatch)"
     group random-gradients "random_spec_gradients"
-    group hardening "whole_language or nesting_limit or row_offsets"
+    group whole-language "whole_language"
+    group limits "nesting_limit or row_offsets"
   fi
   if [[ $part == *2* ]]; then
     group examples-fp32-gradients-a "example_gradients and FP32 and (bloom or custom or encoder or full or gemma)"

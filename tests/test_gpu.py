@@ -187,6 +187,13 @@ GLUON_BACKWARD_CASES = [
 ]
 
 
+def _magnitudes(score: str | None) -> tuple[float, ...]:
+    """Input scales for a case: x5 inputs make |s| reach about 100 at d64,
+    and exp(-s) of that (e^100) is past float32, outside the language's
+    numeric domain (docs/LANGUAGE.md), so that score runs at x1 alone."""
+    return (1.0,) if score == "exp(-s)" else (1.0, 5.0)
+
+
 @pytest.mark.parametrize("mask, score, head_dim", GLUON_BACKWARD_CASES)
 @pytest.mark.parametrize("dtype", [ir.DType.FP16, ir.DType.BF16])
 def test_gluon_backward_on_gpu(mask, score, head_dim, dtype, monkeypatch):
@@ -199,7 +206,7 @@ def test_gluon_backward_on_gpu(mask, score, head_dim, dtype, monkeypatch):
     launches = _count_calls(monkeypatch, module, "_gluon_backward")
     shapes = [Shape(1, 2, 2, 128, 128), Shape(2, 4, 2, 384, 384), Shape(1, 2, 1, 1024, 1024)]
     for i, shape in enumerate(shapes):
-        for magnitude in (1.0, 5.0):
+        for magnitude in _magnitudes(score):
             result = run_grad_case(variant, shape, seed=i, device="cuda", magnitude=magnitude)
             _record(variant, result)
             assert_ok(result)
@@ -207,7 +214,7 @@ def test_gluon_backward_on_gpu(mask, score, head_dim, dtype, monkeypatch):
     result = run_grad_case(variant, shapes[1], seed=9, device="cuda", with_lse=False)
     _record(variant, result)
     assert_ok(result)
-    assert len(launches) == 2 * len(shapes) + 1
+    assert len(launches) == len(_magnitudes(score)) * len(shapes) + 1
 
 
 @pytest.mark.parametrize("mask, score", [(m, s) for m, s, d in GLUON_BACKWARD_CASES if d == 128])
