@@ -268,32 +268,4 @@ SETTINGS = (
     "align",
     "rescale_threshold",
 )
-REQUIRED_# --------------------------------------------------------------------------- #
-# Limits: what a spec may say and what a generated module accepts at call time
-# --------------------------------------------------------------------------- #
-
-# Longest query or key sequence a generated module accepts (Nq, Nk <= this;
-# a call beyond it raises ValueError).  2^24 keeps every position exact in the
-# float32 that scores are computed in, and leaves int32 room for the masks'
-# own arithmetic.
-MAX_SEQ_LEN = 2**24
-# Bound on |q| and |k| that the integer range analysis assumes: bottom-right
-# alignment puts query positions in [Nk - Nq, Nk), and kernels evaluate masks
-# on padded rows and columns up to a tile (at most 256) past the end.
-POSITION_BOUND = 2 * MAX_SEQ_LEN
-# Most query heads a generated module accepts (H <= this; h < H).
-MAX_HEADS = 2**16
-# Kernels evaluate integer expressions in int32.  Every integer subexpression
-# of a mask or score, and the difference of the two sides of every comparison,
-# must be proven to stay within +-INT_MAGNITUDE_MAX over the positions and
-# heads above: half of int32's range, so that the tile bounds lowering derives
-# from them (sums of the same terms, plus a tile size) cannot overflow either.
-INT_MAGNITUDE_MAX = 2**30
-# Deepest nesting of one expression (operators, calls, parentheses) and most
-# nodes in it; deeper or larger expressions are diagnosed, never recursed into.
-MAX_EXPR_DEPTH = 32
-MAX_EXPR_NODES = 256
-# Largest spec file read (bytes); specs are read only from regular files.
-MAX_SPEC_BYTES = 1 << 20
-
-SETTINGS = ("head_dim", "dtype")
+REQUIRED_SETTINGS = ("head_dim", "dtype")
