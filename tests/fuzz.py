@@ -1464,7 +1464,7 @@ class Campaign:
                 result = judge()
             except Exception as e:  # noqa: BLE001
                 self._violation(
-                    f"kernel: {what} raises {type(e).__name__}",
+                    f"kernel: {what} raises {type(e).__name__}: {_signature(e)}",
                     f"{shape}: {_clip(str(e))}",
                     reproducer,
                 )
@@ -1503,6 +1503,14 @@ def _is_utf8(data: bytes) -> bool:
 
 def _plural(n: int, word: str) -> str:
     return f"{n} {word}{'' if n == 1 else 's'}"
+
+
+def _signature(e: Exception) -> str:
+    """The gist of an error message, to tell causes apart: Triton's interpreter nests the
+    real error in quoted InterpreterError layers; numbers vary between inputs."""
+    text = re.sub(r"InterpreterError|[\\'\"]", "", str(e))
+    text = re.sub(r"[()\s]+", " ", re.sub(r"\d+", "N", text))
+    return text.strip()[:60]
 
 
 def _clip(text: str, limit: int = 300) -> str:
