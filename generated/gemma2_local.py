@@ -77,33 +77,23 @@ def _tanh(x):
 @triton.jit
 def _load_rows(
     ptr,
-    start,
+    rows,
     n_rows,
     stride_row,
     stride_d,
-    BLOCK: tl.constexpr,
     HEAD_DIM: tl.constexpr,
     HEAD_DIM_PAD: tl.constexpr,
     CHECK_ROWS: tl.constexpr,
 ):
-    """Load rows start .. start + BLOCK - 1 as a (BLOCK, HEAD_DIM_PAD) tile;
-    rows past n_rows read as zeros.
+    """Load a (len(rows), HEAD_DIM_PAD) tile; rows past n_rows read as zeros.
 
-    The first row moves the pointer in 64 bits: start * stride_row passes
-    2^31 within the lengths a module accepts (a (B, N, H, D) layout with
-    H * D = 4096 at N = 2^19).  Offsets inside the tile stay 32-bit, as
-    cheap as before; the host keeps BLOCK * stride_row below 2^31.
+    Row offsets are 64-bit: rows * stride_row passes 2^31 within the sequence
+    lengths a module accepts (N = 2^23 at a contiguous head dim of 256).
     """
-    rows = tl.arange(0, BLOCK)
     offs_d = tl.arange(0, HEAD_DIM_PAD)
-    ptrs = (
-        ptr
-        + tl.cast(start, tl.int64) * stride_row
-        + rows[:, None] * stride_row
-        + offs_d[None, :] * stride_d
-    )
+    ptrs = ptr + rows[:, None].to(tl.int64) * stride_row + offs_d[None, :] * stride_d
     if CHECK_ROWS:
-        tile = tl.load(ptrs, mask=rows[:, None] < n_rows - start, other=0.0)
+        tile = tl.load(ptrs, mask=rows[:, None] < n_rows, other=0.0)
     else:
         tile = tl.load(ptrs)
     return tile
@@ -134,16 +124,9 @@ def _load_block(
     if USE_TMA:
         tile = desc.load([batch, head, start, 0]).reshape(BLOCK, HEAD_DIM_PAD)
     else:
+        rows = start + tl.arange(0, BLOCK)
         tile = _load_rows(
-            ptr,
-            start,
-            n_rows,
-            stride_row,
-            stride_d,
-            BLOCK,
-            HEAD_DIM,
-            HEAD_DIM_PAD,
-            CHECK_ROWS,
+            ptr, rows, n_rows, stride_row, stride_d, HEAD_DIM, HEAD_DIM_PAD, CHECK_ROWS
         )
     return tile
 
@@ -151,26 +134,17 @@ def _load_block(
 @triton.jit
 def _store_rows(
     ptr,
-    start,
+    rows,
     n_rows,
     stride_row,
     stride_d,
     tile,
-    BLOCK: tl.constexpr,
     HEAD_DIM: tl.constexpr,
     HEAD_DIM_PAD: tl.constexpr,
 ):
-    """Store a (BLOCK, HEAD_DIM_PAD) tile to rows start .. start + BLOCK - 1
-    below n_rows (64-bit first row, as in _load_rows)."""
-    rows = tl.arange(0, BLOCK)
     offs_d = tl.arange(0, HEAD_DIM_PAD)
-    ptrs = (
-        ptr
-        + tl.cast(start, tl.int64) * stride_row
-        + rows[:, None] * stride_row
-        + offs_d[None, :] * stride_d
-    )
-    mask = (rows[:, None] < n_rows - start) & (offs_d[None, :] < HEAD_DIM)
+    ptrs = ptr + rows[:, None].to(tl.int64) * stride_row + offs_d[None, :] * stride_d
+    mask = (rows[:, None] < n_rows) & (offs_d[None, :] < HEAD_DIM)
     tl.store(ptrs, tile.to(ptr.dtype.element_ty), mask=mask)
 
 
@@ -349,15 +323,7 @@ def _attn_fwd(
     k_base = k_ptr + batch.to(tl.int64) * stride_kb + kv_head.to(tl.int64) * stride_kh
     v_base = v_ptr + batch.to(tl.int64) * stride_vb + kv_head.to(tl.int64) * stride_vh
     q = _load_rows(
-        q_base,
-        start_m,
-        n_queries,
-        stride_qm,
-        stride_qd,
-        BLOCK_M,
-        HEAD_DIM,
-        HEAD_DIM_PAD,
-        True,
+        q_base, offs_m, n_queries, stride_qm, stride_qd, HEAD_DIM, HEAD_DIM_PAD, True
     )
 
     # Bottom-right alignment: query row i sits at position i + n_keys - n_queries.
@@ -481,12 +447,11 @@ def _attn_fwd(
     o_base = o_ptr + batch.to(tl.int64) * stride_ob + head.to(tl.int64) * stride_oh
     _store_rows(
         o_base,
-        start_m,
+        offs_m,
         n_queries,
         stride_om,
         stride_od,
         acc / l_safe[:, None],
-        BLOCK_M,
         HEAD_DIM,
         HEAD_DIM_PAD,
     )
@@ -535,26 +500,10 @@ def _attn_bwd_preprocess(
     o_base = o_ptr + batch.to(tl.int64) * stride_ob + head.to(tl.int64) * stride_oh
     do_base = do_ptr + batch.to(tl.int64) * stride_dob + head.to(tl.int64) * stride_doh
     o = _load_rows(
-        o_base,
-        start_m,
-        n_queries,
-        stride_om,
-        stride_od,
-        BLOCK_M,
-        HEAD_DIM,
-        HEAD_DIM_PAD,
-        True,
+        o_base, offs_m, n_queries, stride_om, stride_od, HEAD_DIM, HEAD_DIM_PAD, True
     )
     do = _load_rows(
-        do_base,
-        start_m,
-        n_queries,
-        stride_dom,
-        stride_dod,
-        BLOCK_M,
-        HEAD_DIM,
-        HEAD_DIM_PAD,
-        True,
+        do_base, offs_m, n_queries, stride_dom, stride_dod, HEAD_DIM, HEAD_DIM_PAD, True
     )
     delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), 1)
     row = batch_head.to(tl.int64) * n_queries + offs_m
@@ -757,26 +706,10 @@ def _attn_bwd_dkdv(
     k_base = k_ptr + batch.to(tl.int64) * stride_kb + kv_head.to(tl.int64) * stride_kh
     v_base = v_ptr + batch.to(tl.int64) * stride_vb + kv_head.to(tl.int64) * stride_vh
     k = _load_rows(
-        k_base,
-        start_n,
-        n_keys,
-        stride_kn,
-        stride_kd,
-        BLOCK_N,
-        HEAD_DIM,
-        HEAD_DIM_PAD,
-        True,
+        k_base, offs_n, n_keys, stride_kn, stride_kd, HEAD_DIM, HEAD_DIM_PAD, True
     )
     v = _load_rows(
-        v_base,
-        start_n,
-        n_keys,
-        stride_vn,
-        stride_vd,
-        BLOCK_N,
-        HEAD_DIM,
-        HEAD_DIM_PAD,
-        True,
+        v_base, offs_n, n_keys, stride_vn, stride_vd, HEAD_DIM, HEAD_DIM_PAD, True
     )
     k_pos = offs_n[:, None]
     k_lo = start_n
@@ -916,25 +849,16 @@ def _attn_bwd_dkdv(
     )
     _store_rows(
         dk_base,
-        start_n,
+        offs_n,
         n_keys,
         stride_dkn,
         stride_dkd,
         dk * sm_scale,
-        BLOCK_N,
         HEAD_DIM,
         HEAD_DIM_PAD,
     )
     _store_rows(
-        dv_base,
-        start_n,
-        n_keys,
-        stride_dvn,
-        stride_dvd,
-        dv,
-        BLOCK_N,
-        HEAD_DIM,
-        HEAD_DIM_PAD,
+        dv_base, offs_n, n_keys, stride_dvn, stride_dvd, dv, HEAD_DIM, HEAD_DIM_PAD
     )
 
 
@@ -1081,26 +1005,10 @@ def _attn_bwd_dq(
     k_base = k_ptr + batch.to(tl.int64) * stride_kb + kv_head.to(tl.int64) * stride_kh
     v_base = v_ptr + batch.to(tl.int64) * stride_vb + kv_head.to(tl.int64) * stride_vh
     q = _load_rows(
-        q_base,
-        start_m,
-        n_queries,
-        stride_qm,
-        stride_qd,
-        BLOCK_M,
-        HEAD_DIM,
-        HEAD_DIM_PAD,
-        True,
+        q_base, offs_m, n_queries, stride_qm, stride_qd, HEAD_DIM, HEAD_DIM_PAD, True
     )
     do = _load_rows(
-        do_base,
-        start_m,
-        n_queries,
-        stride_dom,
-        stride_dod,
-        BLOCK_M,
-        HEAD_DIM,
-        HEAD_DIM_PAD,
-        True,
+        do_base, offs_m, n_queries, stride_dom, stride_dod, HEAD_DIM, HEAD_DIM_PAD, True
     )
     row = batch_head.to(tl.int64) * n_queries + offs_m
     lse = tl.load(lse_ptr + row, mask=offs_m < n_queries, other=float("inf"))
@@ -1226,12 +1134,11 @@ def _attn_bwd_dq(
     dq_base = dq_ptr + batch.to(tl.int64) * stride_dqb + head.to(tl.int64) * stride_dqh
     _store_rows(
         dq_base,
-        start_m,
+        offs_m,
         n_queries,
         stride_dqm,
         stride_dqd,
         dq * sm_scale,
-        BLOCK_M,
         HEAD_DIM,
         HEAD_DIM_PAD,
     )
@@ -1550,16 +1457,6 @@ def _check_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         )
 
 
-def _tile_offsets_32(x: torch.Tensor) -> torch.Tensor:
-    """x, or a contiguous copy where offsets inside one tile (256 rows of
-    head_dim columns) would pass 2^31 elements: the kernels move to a tile's
-    first row in 64 bits and address the rest in 32 (only a (B, N, H, D)
-    layout with H * D >= 2^23 needs the copy)."""
-    if max(256 * abs(x.stride(2)), HEAD_DIM * abs(x.stride(3))) < 2**31:
-        return x
-    return x.contiguous()
-
-
 def _on_other_gpu(x: torch.Tensor) -> bool:
     """Whether x is on a GPU other than the current one (kernels launch on the
     current device, so a call on another GPU's tensors switches to it)."""
@@ -1695,7 +1592,6 @@ def _forward(
     tma=None,
 ):
     """forward() on checked inputs and a resolved scale."""
-    q, k, v = _tile_offsets_32(q), _tile_offsets_32(k), _tile_offsets_32(v)
     default = _launch_config(q.device)
     block_m, block_n = block_m or default[0], block_n or default[1]
     _check_blocks(block_m, block_n)
@@ -1829,8 +1725,6 @@ def _backward(
     tma=None,
 ):
     """backward() on checked inputs and a resolved scale."""
-    q, k, v, o = (_tile_offsets_32(x) for x in (q, k, v, o))
-    do = None if do is None else _tile_offsets_32(do)
     default = _launch_config(q.device, backward=True)
     block_m, block_n = block_m or default[0], block_n or default[1]
     _check_blocks(block_m, block_n)

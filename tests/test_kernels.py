@@ -555,15 +555,3 @@ def test_masks_near_the_int32_limit(mask, align, shape):
     variant = make_variant(mask, align=align)
     assert_ok(run_case(variant, shape, seed=1, block_m=16, block_n=16))
     assert_ok(run_grad_case(variant, shape, seed=2))
-
-
-def test_tile_offsets_stay_32_bit():
-    """Kernels address rows within a tile in 32 bits: a row stride whose 256
-    rows pass 2^31 elements gets a contiguous copy, any other stays as is."""
-    module = build(make_variant("causal", head_dim=16))
-    storage = torch.zeros(2**23 + 16)
-    wide = storage.as_strided((1, 1, 2, 16), (0, 0, 2**23, 1))
-    narrow = storage.as_strided((1, 1, 2, 16), (0, 0, 2**23 - 1, 1))
-    copied = module._tile_offsets_32(wide)
-    assert copied.is_contiguous() and torch.equal(copied, wide)
-    assert module._tile_offsets_32(narrow) is narrow
