@@ -555,3 +555,19 @@ def test_masks_near_the_int32_limit(mask, align, shape):
     variant = make_variant(mask, align=align)
     assert_ok(run_case(variant, shape, seed=1, block_m=16, block_n=16))
     assert_ok(run_grad_case(variant, shape, seed=2))
+
+
+def test_rows_stay_within_32_bit_offsets():
+    """The Triton kernels address a head's rows with 32-bit offsets: a
+    strided view whose rows pass 2^31 elements is copied contiguous, and a
+    sequence too long even then is refused with the tensor's name."""
+    module = build(make_variant("causal", head_dim=256))
+    longest = (2**31 - 1) // 256 - 257
+    fits = torch.empty((1, 1, longest, 256), device="meta")
+    assert module._rows_in_int32("k", fits) is fits
+    view = torch.empty((1, 2**19 + 300, 16, 256), device="meta").transpose(1, 2)
+    copied = module._rows_in_int32("k", view)
+    assert copied.is_contiguous() and not view.is_contiguous()
+    too_long = torch.empty((1, 1, longest + 1, 256), device="meta")
+    with pytest.raises(ValueError, match=r"k has 8388351 rows of head_dim 256.* 8388350 at"):
+        module._rows_in_int32("k", too_long)
