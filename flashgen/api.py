@@ -136,9 +136,11 @@ def read_spec_file(path: str | os.PathLike[str]) -> str:
     """The text of the spec file at `path`.
 
     Only a regular file of at most `ir.MAX_SPEC_BYTES` bytes of UTF-8 is read;
-    a FIFO, a device (`/dev/zero`), a larger file or other bytes raise
-    `SpecFileError`, a directory `IsADirectoryError`, and an unreadable path
-    the `OSError` of opening it.
+    a FIFO or a device (`/dev/zero`) raises `SpecFileError`, a directory
+    `IsADirectoryError`, and an unreadable path the `OSError` of opening it.
+    A larger file, or bytes that are not UTF-8, are the spec's own problems:
+    `SpecError`, with a diagnostic where the limit is crossed or the first
+    bad byte stands.
     """
     name = os.fspath(path)
     fd = os.open(name, _READ_FLAGS)
@@ -152,11 +154,26 @@ def read_spec_file(path: str | os.PathLike[str]) -> str:
     finally:
         os.close(fd)
     if len(data) > ir.MAX_SPEC_BYTES:
-        raise SpecFileError(name, f"larger than the {ir.MAX_SPEC_BYTES} bytes a spec may have")
+        text = data[: ir.MAX_SPEC_BYTES].decode("utf-8", errors="replace")
+        raise _content_error(
+            name, text, len(text), f"the spec is larger than {ir.MAX_SPEC_BYTES} bytes, the limit"
+        )
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as e:
-        raise SpecFileError(name, f"not UTF-8 text (byte {e.start})") from None
+        text = data.decode("utf-8", errors="replace")
+        where = len(data[: e.start].decode("utf-8"))
+        raise _content_error(name, text, where, "the spec is not UTF-8 text") from None
+
+
+def _content_error(path: str, text: str, offset: int, message: str) -> SpecError:
+    """A diagnostic at character `offset` of `text` (the file as far as it
+    could be read, undecodable bytes replaced), like any other spec error."""
+    before = text[:offset]
+    line = before.count("\n") + 1
+    column = offset - (before.rfind("\n") + 1) + 1
+    span = ir.Span(line, column, line, column + 1)
+    return SpecError([Diagnostic(path, span, message)], {path: text})
 
 
 def _read_at_most(fd: int, limit: int) -> bytes:

@@ -457,9 +457,11 @@ def _verify(args: argparse.Namespace) -> int:
 
 def _read(paths: Sequence[str]) -> dict[str, str]:
     """path -> text of every file; one error line per file that cannot be read
-    (or that is not a regular file, is too large or is not UTF-8)."""
+    (or that is not a regular file); a file too large or not UTF-8 is a spec
+    error (SpecError, rendered as diagnostics)."""
     sources: dict[str, str] = {}
     errors: list[str] = []
+    problems: list[SpecError] = []
     for path in paths:
         try:
             sources[path] = api.read_spec_file(path)
@@ -467,8 +469,15 @@ def _read(paths: Sequence[str]) -> dict[str, str]:
             errors.append(f"cannot read '{path}': {e.strerror or e}")
         except api.SpecFileError as e:
             errors.append(f"cannot read '{path}': {e.reason}")
+        except SpecError as e:  # too large, or not UTF-8: a diagnostic
+            problems.append(e)
     if errors:
         raise _UsageError(*errors)
+    if problems:
+        raise SpecError(
+            [d for e in problems for d in e.diagnostics],
+            {p: t for e in problems for p, t in e.sources.items()},
+        )
     return sources
 
 

@@ -103,7 +103,11 @@ def _excerpt(span: ir.Span, source: str | None) -> list[str] | None:
     """The source line of `span` and the caret line under it."""
     if source is None:
         return None
-    source_lines = source.splitlines()
+    # Lines end at '\n' alone, as the parser counts them (str.splitlines
+    # would also break at '\r', '\v', '\u2028' and others).
+    source_lines = source.split("\n")
+    if source_lines[-1] == "":
+        source_lines.pop()
     if span.line > len(source_lines) + 1:
         return None
     # A span just past the last line (end of file after a final newline) shows

@@ -1160,10 +1160,11 @@ class Campaign:
         spec, out = self._fresh_case()
         spec.write_bytes(item.data)
         path = str(spec)
-        # The CLI reads the file in text mode: universal newlines.
+        # The CLI decodes the file's bytes as they are: a '\r' is white space
+        # to the grammar, and only '\n' ends a line.
         cli_text = None
         if _is_utf8(item.data):
-            cli_text = item.data.decode("utf-8").replace("\r\n", "\n").replace("\r", "\n")
+            cli_text = item.data.decode("utf-8")
         lines = cli_text.split("\n") if cli_text is not None else None
 
         start = time.perf_counter()

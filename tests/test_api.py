@@ -212,7 +212,9 @@ def test_spec_files_larger_than_the_limit_are_refused(tmp_path):
 
     over = tmp_path / "over.attn"
     over.write_text(TINY + "#" + padding)
-    with pytest.raises(api.SpecFileError, match=f"larger than the {ir.MAX_SPEC_BYTES} bytes"):
+    with pytest.raises(
+        flashgen.SpecError, match=f"larger than {ir.MAX_SPEC_BYTES} bytes, the limit"
+    ):
         api.build_sources(over)
     with pytest.raises(ValueError, match="spec: text longer than"):
         api.build_sources(TINY + "#" + padding)
@@ -221,10 +223,10 @@ def test_spec_files_larger_than_the_limit_are_refused(tmp_path):
 def test_spec_files_must_be_utf8(tmp_path):
     latin1 = tmp_path / "latin1.attn"
     latin1.write_bytes(b"# caf\xe9\n")
-    with pytest.raises(api.SpecFileError) as info:
+    with pytest.raises(flashgen.SpecError) as info:
         api.build_sources(latin1)
-    assert str(info.value) == f"{latin1}: not UTF-8 text (byte 5)"
-    assert info.value.path == str(latin1)
+    assert str(info.value).splitlines()[0] == f"{latin1}:1:6: error: the spec is not UTF-8 text"
+    assert [d.path for d in info.value.diagnostics] == [str(latin1)]
 
 
 # --------------------------------------------------------------------------- #

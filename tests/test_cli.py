@@ -96,12 +96,16 @@ def test_unreadable_files_get_one_line_each(capsys, specs):
 
 
 def test_not_utf8(capsys, specs):
-    (specs / "latin1.attn").write_bytes(b"# caf\xe9\n")
-    code, _, err = run(capsys, "check", specs / "latin1.attn")
-    assert code == 2
-    assert (
-        err == f"flashgen: error: cannot read '{specs / 'latin1.attn'}': not UTF-8 text (byte 5)\n"
-    )
+    """Bytes that are not UTF-8 are the spec's problem: a diagnostic at the
+    first bad byte (shown as U+FFFD), exit 1, like any other spec error."""
+    (specs / "latin1.attn").write_bytes(b"attention t {}\n# caf\xe9\n")
+    code, out, err = run(capsys, "check", specs / "latin1.attn")
+    assert (code, out) == (1, "")
+    assert err.splitlines() == [
+        f"{specs / 'latin1.attn'}:2:6: error: the spec is not UTF-8 text",
+        "    # caf\ufffd",
+        "         ^",
+    ]
 
 
 def test_a_fifo_spec_is_refused_without_blocking(capsys, specs):
@@ -123,13 +127,20 @@ def test_a_fifo_spec_is_refused_without_blocking(capsys, specs):
 def test_a_device_or_an_oversized_spec_is_refused(capsys, specs):
     big = specs / "big.attn"
     big.write_text(TINY + "#" * ir.MAX_SPEC_BYTES + "\n")
-    code, out, err = run(capsys, "check", "/dev/null", big, specs / "tiny.attn")
+    code, out, err = run(capsys, "check", "/dev/null", specs / "tiny.attn")
     assert (code, out) == (2, "")
     assert err.splitlines() == [
         "flashgen: error: cannot read '/dev/null': not a regular file (a character device)",
-        f"flashgen: error: cannot read '{big}': larger than the {ir.MAX_SPEC_BYTES} bytes "
-        "a spec may have",
     ]
+    # Too large is the spec's own problem: a diagnostic where the limit is crossed.
+    code, out, err = run(capsys, "check", big, specs / "tiny.attn")
+    assert (code, out) == (1, "")
+    last_line = 1 + TINY.count("\n")
+    column = ir.MAX_SPEC_BYTES - len(TINY) + 1
+    assert err.splitlines()[0] == (
+        f"{big}:{last_line}:{column}: error: the spec is larger than {ir.MAX_SPEC_BYTES} "
+        "bytes, the limit"
+    )
 
 
 @pytest.mark.parametrize(
