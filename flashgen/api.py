@@ -41,6 +41,7 @@ import hashlib
 import importlib.machinery
 import linecache
 import os
+import re
 import stat
 import sys
 import types
@@ -166,6 +167,25 @@ def read_spec_file(path: str | os.PathLike[str]) -> str:
         raise _content_error(name, text, where, "the spec is not UTF-8 text") from None
 
 
+def _checked_text(text: str) -> str:
+    """Spec text given as a str, held to what a spec file is held to: at most
+    `ir.MAX_SPEC_BYTES` bytes of UTF-8 (a lone surrogate is not text)."""
+    data = text.encode("utf-8", "surrogatepass")
+    if len(data) > ir.MAX_SPEC_BYTES:
+        shown = data[: ir.MAX_SPEC_BYTES].decode("utf-8", errors="replace")
+        raise _content_error(
+            "<string>",
+            shown,
+            len(shown),
+            f"the spec is larger than {ir.MAX_SPEC_BYTES} bytes, the limit",
+        )
+    surrogate = re.search("[\ud800-\udfff]", text)
+    if surrogate is not None:
+        shown = re.sub("[\ud800-\udfff]", "\ufffd", text)  # printable, one for one
+        raise _content_error("<string>", shown, surrogate.start(), "the spec is not UTF-8 text")
+    return text
+
+
 def _content_error(path: str, text: str, offset: int, message: str) -> SpecError:
     """A diagnostic at character `offset` of `text` (the file as far as it
     could be read, undecodable bytes replaced), like any other spec error."""
@@ -217,14 +237,7 @@ def read_spec(spec: Spec) -> tuple[str, str]:
             raise TypeError(f"spec: a bytes path is not supported, got {path!r}")
         return path, read_spec_file(path)
     if isinstance(spec, str):
-        if (
-            len(spec) > ir.MAX_SPEC_BYTES
-            or len(spec.encode("utf-8", "surrogatepass")) > ir.MAX_SPEC_BYTES
-        ):
-            raise ValueError(
-                f"spec: text longer than the {ir.MAX_SPEC_BYTES} bytes a spec may have"
-            )
-        return "<string>", spec
+        return "<string>", _checked_text(spec)
     raise TypeError(
         "spec: expected spec text (str) or a spec file (pathlib.Path), "
         f"got {type(spec).__name__}"

@@ -191,6 +191,10 @@ ODD_CHARS = (
     "\ud800",
     "\udfff",
 )
+# The longest run of a source line a diagnostic shows (flashgen/diagnostics.py's
+# docstring: a longer line is shown as an excerpt around the span).
+EXCERPT_MAX = 120
+
 # Byte strings that are not UTF-8 (or a BOM, which is).
 ODD_BYTES = (
     b"\xff",
@@ -961,6 +965,34 @@ _CARETS = re.compile(r" {4}(?P<pad> *)\^+")
 _TAB = "    "
 
 
+def _excerpt_problem(shown: str, raw: str, indent: int, col: int, caret: int) -> str | None:
+    """A line too long to show whole may be shown as an excerpt: `...` + a run of
+    the line + `...` (either mark only where text is cut), at most `EXCERPT_MAX`
+    characters of it.  "" when `shown` is such an excerpt with the caret under
+    column `col`; a problem when it is an excerpt with the caret elsewhere; None
+    when it is no excerpt of this line at all."""
+    body = shown[len(_TAB) :]
+    head = "..." if body.startswith("...") else ""
+    body = body[len(head) :]
+    tail = "..." if body.endswith("...") and len(raw) - indent > len(body) else ""
+    body = body[: len(body) - len(tail)]
+    # Tabs are shown as _TAB: compare on the line as shown.
+    col = len(raw[: col - 1].replace("\t", _TAB)) + 1
+    indent = len(raw[:indent].replace("\t", _TAB))
+    raw = raw.replace("\t", _TAB)
+    if not (head or tail) or len(body) > EXCERPT_MAX * len(_TAB):
+        return None
+    starts = [i for i in range(indent, len(raw)) if raw.startswith(body, i)]
+    starts = [
+        i for i in starts if (i > indent) == bool(head) and (i + len(body) < len(raw)) == bool(tail)
+    ]
+    if not starts:
+        return None
+    if any(caret == len(head) + (col - 1 - i) for i in starts):
+        return ""
+    return f"caret at {caret + 1} of the excerpt {shown!r}, not under column {col}"
+
+
 def diagnostic_problems(output: str, path: str, lines: Sequence[str] | None) -> list[str]:
     """What is wrong with `output` as a list of rendered diagnostics for `path`.
 
@@ -995,7 +1027,13 @@ def diagnostic_problems(output: str, path: str, lines: Sequence[str] | None) -> 
                 expected = _TAB + raw[indent:].replace("\t", _TAB)
                 pad = len(raw[indent : max(col - 1, indent)].replace("\t", _TAB))
                 if shown != expected:
-                    problems.append(f"shows {shown!r} for line {line}, which is {expected!r}")
+                    problem = _excerpt_problem(shown, raw, indent, col, len(carets["pad"]))
+                    if problem == "":
+                        pass
+                    elif problem is not None:
+                        problems.append(problem)
+                    else:
+                        problems.append(f"shows {shown!r} for line {line}, which is {expected!r}")
                 elif len(carets["pad"]) != pad:
                     problems.append(f"caret at {len(carets['pad']) + 1}, column {col} is {pad + 1}")
         i += 3
@@ -1282,7 +1320,9 @@ class Campaign:
                 return
             modules = api.build_sources(text)
         except SpecError as e:
-            problems = diagnostic_problems(str(e) + "\n", "<string>", text.split("\n"))
+            # A lone surrogate cannot be printed: diagnostics show U+FFFD in its place.
+            shown = re.sub("[\ud800-\udfff]", "\ufffd", text)
+            problems = diagnostic_problems(str(e) + "\n", "<string>", shown.split("\n"))
             if problems:
                 self._fail("api: SpecError not in the diagnostic format", problems[0], item)
             if "\r" not in text:

@@ -216,8 +216,18 @@ def test_spec_files_larger_than_the_limit_are_refused(tmp_path):
         flashgen.SpecError, match=f"larger than {ir.MAX_SPEC_BYTES} bytes, the limit"
     ):
         api.build_sources(over)
-    with pytest.raises(ValueError, match="spec: text longer than"):
+    with pytest.raises(flashgen.SpecError, match=r"<string>:.*larger than 1048576 bytes"):
         api.build_sources(TINY + "#" + padding)
+
+
+def test_spec_text_with_a_lone_surrogate_is_not_text():
+    """A str is held to what a file is: a lone surrogate (which no UTF-8 file
+    can hold) is a diagnostic at its place, the same one the file gets."""
+    with pytest.raises(flashgen.SpecError) as info:
+        api.build_sources("# a comment\nat\ud800tention t {}\n")
+    (diagnostic,) = info.value.diagnostics
+    assert (diagnostic.span.line, diagnostic.span.column) == (2, 3)
+    assert diagnostic.message == "the spec is not UTF-8 text"
 
 
 def test_spec_files_must_be_utf8(tmp_path):

@@ -96,6 +96,36 @@ def test_diagnostic_format_rejects(output):
     assert fuzz.diagnostic_problems(output, "x.attn", LINES)
 
 
+LONG = "    mask = " + " | ".join(f"k == {i}" for i in range(40))  # a line past 120 characters
+
+
+def _long_line_diagnostic(shown: str, caret_pad: int, column: int) -> str:
+    return f"x.attn:1:{column}: error: e\n    {shown}\n    {' ' * caret_pad}^\n"
+
+
+def test_diagnostic_format_accepts_an_excerpt_of_a_long_line():
+    column = LONG.index("k == 30") + 1
+    start = column - 1 - 30
+    shown = "..." + LONG[start : start + 120] + "..."
+    output = _long_line_diagnostic(shown, 3 + 30, column)
+    assert fuzz.diagnostic_problems(output, "x.attn", [LONG]) == []
+
+
+@pytest.mark.parametrize("mend", ["caret", "text", "marks"])
+def test_diagnostic_format_rejects_a_wrong_excerpt(mend):
+    column = LONG.index("k == 30") + 1
+    start = column - 1 - 30
+    shown = "..." + LONG[start : start + 120] + "..."
+    caret = 3 + 30
+    if mend == "caret":
+        caret += 1
+    elif mend == "text":
+        shown = shown.replace("k == 31", "k == 13")
+    else:
+        shown = shown[3:]  # text cut at the start without saying so
+    assert fuzz.diagnostic_problems(_long_line_diagnostic(shown, caret, column), "x.attn", [LONG])
+
+
 def test_numeric_domain_bounds():
     import torch
 
