@@ -21,6 +21,7 @@ lives here too.  This module imports nothing of ours but `ir`.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
@@ -113,7 +114,8 @@ def _excerpt(span: ir.Span, source: str | None) -> list[str] | None:
     # A span just past the last line (end of file after a final newline) shows
     # an empty line with a caret at its start.
     raw = source_lines[span.line - 1] if span.line <= len(source_lines) else ""
-    raw = raw.rstrip()
+    # A lone surrogate (possible in a str, never in a file) cannot be printed.
+    raw = re.sub("[\ud800-\udfff]", "\ufffd", raw.rstrip())
     indent = len(raw) - len(raw.lstrip())
     shown = raw[indent:]
 

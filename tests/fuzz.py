@@ -971,15 +971,15 @@ def _excerpt_problem(shown: str, raw: str, indent: int, col: int, caret: int) ->
     characters of it.  "" when `shown` is such an excerpt with the caret under
     column `col`; a problem when it is an excerpt with the caret elsewhere; None
     when it is no excerpt of this line at all."""
+    # Tabs are shown as _TAB: compare on the line as shown.
+    col = len(raw[: col - 1].replace("\t", _TAB)) + 1
+    indent = len(raw[:indent].replace("\t", _TAB))
+    raw = raw.replace("\t", _TAB)
     body = shown[len(_TAB) :]
     head = "..." if body.startswith("...") else ""
     body = body[len(head) :]
     tail = "..." if body.endswith("...") and len(raw) - indent > len(body) else ""
     body = body[: len(body) - len(tail)]
-    # Tabs are shown as _TAB: compare on the line as shown.
-    col = len(raw[: col - 1].replace("\t", _TAB)) + 1
-    indent = len(raw[:indent].replace("\t", _TAB))
-    raw = raw.replace("\t", _TAB)
     if not (head or tail) or len(body) > EXCERPT_MAX * len(_TAB):
         return None
     starts = [i for i in range(indent, len(raw)) if raw.startswith(body, i)]
