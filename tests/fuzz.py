@@ -975,21 +975,25 @@ def _excerpt_problem(shown: str, raw: str, indent: int, col: int, caret: int) ->
     col = len(raw[: col - 1].replace("\t", _TAB)) + 1
     indent = len(raw[:indent].replace("\t", _TAB))
     raw = raw.replace("\t", _TAB)
-    body = shown[len(_TAB) :]
-    head = "..." if body.startswith("...") else ""
-    body = body[len(head) :]
-    tail = "..." if body.endswith("...") and len(raw) - indent > len(body) else ""
-    body = body[: len(body) - len(tail)]
-    if not (head or tail) or len(body) > EXCERPT_MAX * len(_TAB):
+    shown_body = shown[len(_TAB) :]
+    found = False
+    # "..." may be a cut mark or the line's own text: try each reading.
+    for head in {"", "..."} & {"", shown_body[:3]}:
+        for tail in {"", "..."} & {"", shown_body[-3:]}:
+            body = shown_body[len(head) : len(shown_body) - len(tail)]
+            if not (head or tail) or len(body) > EXCERPT_MAX * len(_TAB):
+                continue
+            i = raw.find(body, indent)
+            while i != -1:
+                cut_as_shown = (i > indent) == bool(head) and (i + len(body) < len(raw)) == bool(
+                    tail
+                )
+                if cut_as_shown and caret == len(head) + (col - 1 - i):
+                    return ""
+                found = found or cut_as_shown
+                i = raw.find(body, i + 1)
+    if not found:
         return None
-    starts = [i for i in range(indent, len(raw)) if raw.startswith(body, i)]
-    starts = [
-        i for i in starts if (i > indent) == bool(head) and (i + len(body) < len(raw)) == bool(tail)
-    ]
-    if not starts:
-        return None
-    if any(caret == len(head) + (col - 1 - i) for i in starts):
-        return ""
     return f"caret at {caret + 1} of the excerpt {shown!r}, not under column {col}"
 
 
