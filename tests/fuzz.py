@@ -786,6 +786,10 @@ def boundary_inputs() -> list[FuzzInput]:
         "mask = q * 1073741824 < k",
         "mask = (q - k) * 65536 * 65536 == 0",
         "score = s - abs(q * 1000000000) / 1000000000.0",
+        # ... and the largest constants check accepts, which kernels must still get right.
+        "mask = k <= q + 1006632960 & q - 1000000 <= k",
+        "mask = window(1006632960, 3) | prefix(1040187392) & chunk(1040187392)",
+        "score = s - 0.001 * abs(q * 31 - k) + h * 16384",
         # Nesting and size at the limits, and far past Python's recursion limit.
         *(f"score = {'tanh(' * n}s{')' * n}" for n in (31, 32, 33)),
         *(f"mask = {'(' * n}causal{')' * n}" for n in (31, 32, 33, 1000)),
