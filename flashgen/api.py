@@ -54,6 +54,7 @@ from flashgen import __version__, ir
 from flashgen.check import check
 from flashgen.diagnostics import Diagnostic, SpecError
 from flashgen.emit import render_module
+from flashgen.files import READ_FLAGS, file_kind, read_at_most
 from flashgen.sidecar import tuning_for
 from flashgen.parse import parse
 
@@ -91,9 +92,6 @@ GENERATED_PACKAGE = "flashgen_generated"
 _MODULES: dict[Path, types.ModuleType] = {}
 
 _CLOEXEC = getattr(os, "O_CLOEXEC", 0)
-# O_NONBLOCK: opening a FIFO for reading returns at once instead of waiting for
-# a writer, so fstat can refuse it.  It changes nothing for regular files.
-_READ_FLAGS = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOCTTY", 0) | _CLOEXEC
 _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 _DIR_FLAGS = os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | _NOFOLLOW | _CLOEXEC
 
@@ -144,14 +142,14 @@ def read_spec_file(path: str | os.PathLike[str]) -> str:
     bad byte stands.
     """
     name = os.fspath(path)
-    fd = os.open(name, _READ_FLAGS)
+    fd = os.open(name, READ_FLAGS)
     try:
         info = os.fstat(fd)
         if stat.S_ISDIR(info.st_mode):
             raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), name)
         if not stat.S_ISREG(info.st_mode):
-            raise SpecFileError(name, f"not a regular file ({_kind(info.st_mode)})")
-        data = _read_at_most(fd, ir.MAX_SPEC_BYTES + 1)
+            raise SpecFileError(name, f"not a regular file ({file_kind(info.st_mode)})")
+        data = read_at_most(fd, ir.MAX_SPEC_BYTES + 1)
     finally:
         os.close(fd)
     if len(data) > ir.MAX_SPEC_BYTES:
@@ -194,33 +192,6 @@ def _content_error(path: str, text: str, offset: int, message: str) -> SpecError
     column = offset - (before.rfind("\n") + 1) + 1
     span = ir.Span(line, column, line, column + 1)
     return SpecError([Diagnostic(path, span, message)], {path: text})
-
-
-def _read_at_most(fd: int, limit: int) -> bytes:
-    chunks = []
-    left = limit
-    while left > 0:
-        chunk = os.read(fd, min(left, 1 << 16))
-        if not chunk:
-            break
-        chunks.append(chunk)
-        left -= len(chunk)
-    return b"".join(chunks)
-
-
-def _kind(mode: int) -> str:
-    for test, kind in (
-        (stat.S_ISFIFO, "a FIFO"),
-        (stat.S_ISCHR, "a character device"),
-        (stat.S_ISBLK, "a block device"),
-        (stat.S_ISSOCK, "a socket"),
-        (stat.S_ISLNK, "a symbolic link"),
-        (stat.S_ISDIR, "a directory"),
-        (stat.S_ISREG, "a regular file"),
-    ):
-        if test(mode):
-            return kind
-    return "not a plain file"
 
 
 # --------------------------------------------------------------------------- #
@@ -475,7 +446,7 @@ def _open_cache_dir(name: str, dir_fd: int | None, shown: Path) -> int:
         if e.errno not in (errno.ELOOP, errno.ENOTDIR):
             raise
         info = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
-        raise _unsafe(shown, f"is {_kind(info.st_mode)}, not a directory") from None
+        raise _unsafe(shown, f"is {file_kind(info.st_mode)}, not a directory") from None
     try:
         _check_private(os.fstat(fd), shown)
     except BaseException:
@@ -504,7 +475,7 @@ def _unsafe(shown: Path, problem: str) -> CacheError:
 def _holds(dir_fd: int, filename: str, data: bytes, shown: Path) -> bool:
     """Whether the entry exists and holds exactly `data` (a link is refused)."""
     try:
-        fd = os.open(filename, _READ_FLAGS | _NOFOLLOW, dir_fd=dir_fd)
+        fd = os.open(filename, READ_FLAGS | _NOFOLLOW, dir_fd=dir_fd)
     except FileNotFoundError:
         return False
     except OSError as e:
@@ -514,8 +485,8 @@ def _holds(dir_fd: int, filename: str, data: bytes, shown: Path) -> bool:
     try:
         info = os.fstat(fd)
         if not stat.S_ISREG(info.st_mode):
-            raise _unsafe(shown, f"is {_kind(info.st_mode)} (remove it)")
-        return _read_at_most(fd, len(data) + 1) == data
+            raise _unsafe(shown, f"is {file_kind(info.st_mode)} (remove it)")
+        return read_at_most(fd, len(data) + 1) == data
     finally:
         os.close(fd)
 
@@ -543,13 +514,13 @@ def _replace(dir_fd: int, filename: str, data: bytes) -> None:
 def is_generated(path: str | os.PathLike[str]) -> bool:
     """Whether `path` is a regular file that begins with flashgen's header."""
     try:
-        fd = os.open(path, _READ_FLAGS | _NOFOLLOW)
+        fd = os.open(path, READ_FLAGS | _NOFOLLOW)
     except OSError:
         return False
     try:
         if not stat.S_ISREG(os.fstat(fd).st_mode):
             return False
-        return _read_at_most(fd, len(GENERATED_HEADER)) == GENERATED_HEADER.encode()
+        return read_at_most(fd, len(GENERATED_HEADER)) == GENERATED_HEADER.encode()
     finally:
         os.close(fd)
 
@@ -625,7 +596,7 @@ def disk_state(path: str | os.PathLike[str], text: str) -> tuple[str, str]:
 
 def _disk_state(path: Path, data: bytes) -> tuple[str, str]:
     try:
-        fd = os.open(path, _READ_FLAGS | _NOFOLLOW)
+        fd = os.open(path, READ_FLAGS | _NOFOLLOW)
     except FileNotFoundError:
         return "missing", ""
     except OSError as e:
@@ -635,14 +606,14 @@ def _disk_state(path: Path, data: bytes) -> tuple[str, str]:
     try:
         info = os.fstat(fd)
         if not stat.S_ISREG(info.st_mode):
-            return "foreign", f"is {_kind(info.st_mode)}, not a file flashgen generated"
-        head = _read_at_most(fd, len(GENERATED_HEADER))
+            return "foreign", f"is {file_kind(info.st_mode)}, not a file flashgen generated"
+        head = read_at_most(fd, len(GENERATED_HEADER))
         if head != GENERATED_HEADER.encode():
             return "foreign", (
                 "exists and was not generated by flashgen (it does not begin with "
                 f"'{GENERATED_HEADER.strip()}'); move it away or write elsewhere"
             )
-        rest = _read_at_most(fd, len(data) + 1 - len(head))
+        rest = read_at_most(fd, len(data) + 1 - len(head))
         return ("same" if head + rest == data else "different"), ""
     finally:
         os.close(fd)

@@ -46,7 +46,7 @@ from flashgen.tune import (
     QUICK_BACKWARD_CANDIDATES,
     QUICK_FORWARD_CANDIDATES,
 )
-from flashgen.sidecar import SidecarError, sidecar_path, tuning_for
+from flashgen.sidecar import SidecarError, as_list, sidecar_path, tuning_for, write_tuning
 
 EXAMPLES_GLOB = "examples/*.attn"
 GENERATED_DIR = "generated"
@@ -308,10 +308,10 @@ def _tune(args: argparse.Namespace) -> int:
             )
             # Saved at once: a run stopped by a time limit keeps what it measured.
             path = sidecar_path(variant.path)
-            tune.write_tuning(path, {variant.name: best})
+            write_tuning(path, {variant.name: best})
             print(
-                f"{variant.name} d{head_dim}: forward {tune.as_list(best.forward)} "
-                f"(tma {best.forward_tma}), backward {tune.as_list(best.backward)} "
+                f"{variant.name} d{head_dim}: forward {as_list(best.forward)} "
+                f"(tma {best.forward_tma}), backward {as_list(best.backward)} "
                 f"(tma {best.backward_tma}) on {best.device} -> {path}"
             )
     print("run `flashgen build` to write these into the modules")

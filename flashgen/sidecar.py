@@ -39,6 +39,7 @@ import stat
 from pathlib import Path
 
 from flashgen import ir
+from flashgen.files import READ_FLAGS, file_kind, read_at_most
 from flashgen.lower import LaunchConfig, Tuning
 
 __all__ = [
@@ -125,9 +126,8 @@ def _read_bytes(path: Path) -> bytes | None:
     """The file's bytes, None if it does not exist; only a regular file of at
     most MAX_SIDECAR_BYTES is read.  O_NONBLOCK makes opening a FIFO return at
     once (it is then refused by fstat) instead of waiting for a writer."""
-    flags = os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
     try:
-        fd = os.open(path, flags)
+        fd = os.open(path, READ_FLAGS)
     except FileNotFoundError:
         return None
     except IsADirectoryError:
@@ -139,35 +139,17 @@ def _read_bytes(path: Path) -> bytes | None:
         if stat.S_ISDIR(info.st_mode):
             raise SidecarError(f"{path}: is a directory, not a tuning file")
         if not stat.S_ISREG(info.st_mode):
-            raise SidecarError(f"{path}: not a regular file ({_file_kind(info.st_mode)})")
+            raise SidecarError(f"{path}: not a regular file ({file_kind(info.st_mode)})")
         if info.st_size > MAX_SIDECAR_BYTES:
             raise SidecarError(f"{path}: larger than {MAX_SIDECAR_BYTES} bytes, not a tuning file")
-        chunks, size = [], 0
-        while size <= MAX_SIDECAR_BYTES:  # the file may grow after fstat
-            chunk = os.read(fd, MAX_SIDECAR_BYTES + 1 - size)
-            if not chunk:
-                break
-            chunks.append(chunk)
-            size += len(chunk)
-        if size > MAX_SIDECAR_BYTES:
+        data = read_at_most(fd, MAX_SIDECAR_BYTES + 1)  # the file may grow after fstat
+        if len(data) > MAX_SIDECAR_BYTES:
             raise SidecarError(f"{path}: larger than {MAX_SIDECAR_BYTES} bytes, not a tuning file")
-        return b"".join(chunks)
+        return data
     except OSError as e:
         raise SidecarError(f"{path}: cannot read: {e.strerror or e}") from None
     finally:
         os.close(fd)
-
-
-def _file_kind(mode: int) -> str:
-    for test, kind in (
-        (stat.S_ISFIFO, "a FIFO"),
-        (stat.S_ISSOCK, "a socket"),
-        (stat.S_ISCHR, "a character device"),
-        (stat.S_ISBLK, "a block device"),
-    ):
-        if test(mode):
-            return kind
-    return "not a plain file"
 
 
 def _check_depth(text: str) -> None:
@@ -368,7 +350,7 @@ def _check_target(path: Path) -> os.stat_result | None:
     if stat.S_ISDIR(info.st_mode):
         raise SidecarError(f"{path}: is a directory, not a tuning file")
     if not stat.S_ISREG(info.st_mode):
-        raise SidecarError(f"{path}: not a regular file ({_file_kind(info.st_mode)})")
+        raise SidecarError(f"{path}: not a regular file ({file_kind(info.st_mode)})")
     return info
 
 

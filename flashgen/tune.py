@@ -22,18 +22,6 @@ from typing import Callable, Sequence
 from flashgen import ir
 from flashgen.lower import LaunchConfig, Tuning
 
-# The sidecar lives in flashgen.sidecar; these names stay importable from
-# here (flashgen.api and flashgen.cli import them from tune).
-from flashgen.sidecar import (  # noqa: F401
-    SIDECAR_SUFFIX,
-    SidecarError,
-    as_list,
-    read_tuning,
-    sidecar_path,
-    tuning_for,
-    write_tuning,
-)
-
 # The space of the anchors' calibration kernel (24 forward configs), and a
 # backward space kept as small: each candidate costs a compilation (seconds).
 FORWARD_CANDIDATES = tuple(
@@ -73,10 +61,6 @@ QUICK_BACKWARD_CANDIDATES = tuple(
     )
 )
 PASSES = ("forward", "backward")
-
-
-# The sidecar's error, under the name the CLI has caught it by.
-TuningError = SidecarError
 
 
 def _do_bench(fn: Callable[[], object]) -> float:

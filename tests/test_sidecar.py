@@ -314,11 +314,3 @@ def test_sidecar_imports_neither_api_nor_tune():
         "assert not bad, bad\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
-
-
-def test_tune_re_exports_the_sidecar_api():
-    from flashgen import tune
-
-    assert tune.tuning_for is sidecar.tuning_for
-    assert tune.TuningError is SidecarError
-    assert tune.read_tuning is read_tuning and tune.write_tuning is write_tuning

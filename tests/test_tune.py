@@ -16,7 +16,7 @@ from flashgen import ir, sidecar, tune
 from flashgen.api import check_sources
 from flashgen.emit import render_module
 from flashgen.lower import LaunchConfig, Tuning
-from flashgen.tune import TuningError, read_tuning, sidecar_path, tuning_for, write_tuning
+from flashgen.sidecar import SidecarError, read_tuning, sidecar_path, tuning_for, write_tuning
 
 SPEC = "attention tiny { head_dim = 16; dtype = fp32; mask = causal }\n"
 
@@ -125,7 +125,7 @@ def test_bad_sidecars_are_rejected(tmp_path, entry):
     path = tmp_path / "x.tune.json"
     for entries in (entry, [GOOD_ENTRY, entry]):  # the old single entry, and in a list
         path.write_text(json.dumps({"blocks": {"x": entries}}))
-        with pytest.raises(TuningError, match="not a valid tuning file"):
+        with pytest.raises(SidecarError, match="not a valid tuning file"):
             read_tuning(path)
 
 
@@ -142,7 +142,7 @@ def test_bad_sidecars_are_rejected(tmp_path, entry):
 def test_bad_sidecar_shapes_are_rejected(tmp_path, data):
     path = tmp_path / "x.tune.json"
     path.write_text(json.dumps(data))
-    with pytest.raises(TuningError, match=f"{path}: not a valid tuning file"):
+    with pytest.raises(SidecarError, match=f"{path}: not a valid tuning file"):
         read_tuning(path)
 
 
@@ -153,7 +153,7 @@ def test_two_tunings_of_one_head_dim_and_dtype_are_rejected(tmp_path):
     path.write_text(json.dumps({"blocks": {"x": [entry, other]}}))
     assert len(read_tuning(path)["x"]) == 2
     path.write_text(json.dumps({"blocks": {"x": [entry, other, {**entry, "device": "B"}]}}))
-    with pytest.raises(TuningError, match="two tunings for head_dim 64, dtype bf16"):
+    with pytest.raises(SidecarError, match="two tunings for head_dim 64, dtype bf16"):
         read_tuning(path)
 
 
