@@ -301,7 +301,7 @@ def language_scores(draw, depth: int = 3) -> ir.Expr:
     if choice == 11:
         return Call(draw(st.sampled_from(["min", "max"])), (x, draw(_constants())))
     if choice == 12:
-        cap = draw(st.sampled_from([0.5, 2.0, 30.0, 1e-30, 3e38]))
+        cap = draw(st.sampled_from([0.5, 2.0, 30.0, 1e-30, 2.3e38]))
         return Call("softcap", (x, Num(cap)))
     return _b(BinOp.ADD, x, draw(_position_terms()))
 
