@@ -31,6 +31,8 @@ _TAB = "    "
 # Longest source line shown whole; longer ones (a 1 MiB one-line spec) are
 # cut to this many characters around the start of the span.
 _SHOWN_MAX = 120
+# White space as the grammar has it (grammars/attn.lark: WHITESPACE).
+_BLANK = " \t\f\r"
 _ELLIPSIS = "..."
 
 
@@ -115,8 +117,10 @@ def _excerpt(span: ir.Span, source: str | None) -> list[str] | None:
     # an empty line with a caret at its start.
     raw = source_lines[span.line - 1] if span.line <= len(source_lines) else ""
     # A lone surrogate (possible in a str, never in a file) cannot be printed.
-    raw = re.sub("[\ud800-\udfff]", "\ufffd", raw.rstrip())
-    indent = len(raw) - len(raw.lstrip())
+    # Only the grammar's own white space is trimmed: str.strip would also take
+    # characters such as '\x1c' that may be the very thing the caret points at.
+    raw = re.sub("[\ud800-\udfff]", "\ufffd", raw.rstrip(_BLANK))
+    indent = len(raw) - len(raw.lstrip(_BLANK))
     shown = raw[indent:]
 
     start = max(span.column - 1, indent)

@@ -906,6 +906,9 @@ def numeric_domain(variant: ir.Variant, q: torch.Tensor, k: torch.Tensor) -> tup
     visible = mask_matrix(variant, nq, nk, heads).expand(q.shape[0], heads, nq, nk)
     if not visible.any():
         return None
+    # Gradients come back in the module's dtype: past its largest value they
+    # cannot be represented (16-bit modules also feed dS to the tensor cores in it).
+    gradient_max = min(DOMAIN_MAX, torch.finfo(torch_dtype(variant.dtype)).max / 4)
     q64 = q.double().requires_grad_()
     k64 = k.double().requires_grad_()
     seen: set[ir.Expr] = set()
@@ -925,7 +928,7 @@ def numeric_domain(variant: ir.Variant, q: torch.Tensor, k: torch.Tensor) -> tup
             grads = torch.autograd.grad(values.sum(), (q64, k64), allow_unused=True)
             for g in grads:
                 if g is not None and not (
-                    bool(torch.isfinite(g).all()) and g.abs().max().item() <= DOMAIN_MAX
+                    bool(torch.isfinite(g).all()) and g.abs().max().item() <= gradient_max
                 ):
                     return "a subexpression's gradient leaves float32's range", _short(e)
     return None
@@ -975,8 +978,9 @@ def _excerpt_problem(shown: str, raw: str, indent: int, col: int, caret: int) ->
     characters of it.  "" when `shown` is such an excerpt with the caret under
     column `col`; a problem when it is an excerpt with the caret elsewhere; None
     when it is no excerpt of this line at all."""
-    # Tabs are shown as _TAB: compare on the line as shown.
-    col = len(raw[: col - 1].replace("\t", _TAB)) + 1
+    # Tabs are shown as _TAB: compare on the line as shown.  A caret in the
+    # indentation stands at its end, as on lines shown whole.
+    col = len(raw[: max(col - 1, indent)].replace("\t", _TAB)) + 1
     indent = len(raw[:indent].replace("\t", _TAB))
     raw = raw.replace("\t", _TAB)
     shown_body = shown[len(_TAB) :]
@@ -1030,8 +1034,9 @@ def diagnostic_problems(output: str, path: str, lines: Sequence[str] | None) -> 
             if not (1 <= line <= len(lines) and 1 <= col <= len(lines[line - 1]) + 1):
                 problems.append(f"position {line}:{col} is outside the file: {rows[i]!r}")
             else:
-                raw = lines[line - 1].rstrip()
-                indent = len(raw) - len(raw.lstrip())
+                # The grammar's white space (grammars/attn.lark), not str.strip's.
+                raw = lines[line - 1].rstrip(" \t\f\r")
+                indent = len(raw) - len(raw.lstrip(" \t\f\r"))
                 expected = _TAB + raw[indent:].replace("\t", _TAB)
                 pad = len(raw[indent : max(col - 1, indent)].replace("\t", _TAB))
                 if shown != expected:
