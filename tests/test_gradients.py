@@ -331,3 +331,11 @@ def test_spec_at_the_nesting_limit():
     """Score and mask ir.MAX_EXPR_DEPTH levels deep, forward and backward."""
     variant = deep_variant(ir.DType.FP32, 16)
     check_spec_both_ways(variant, Shape(1, 2, 1, 21, 40), seed=0)
+
+
+def test_scores_not_finite_at_zero_leave_padded_rows_out():
+    """Rows past Nq hold q = 0, so s = 0, where s / sqrt(abs(s)) is NaN: the
+    dK/dV kernel must give them p = 0 (found by the fuzzer: dk, dv were NaN)."""
+    variant = make_variant("full", score="s / sqrt(abs(s)) + 0.5 * s", dtype=ir.DType.FP32)
+    for seed in range(2):
+        assert_ok(run_grad_case(variant, Shape(1, 2, 1, 7, 12), seed=seed))
