@@ -121,6 +121,9 @@ class KernelModel:
     score_log2_code: str
     # d score / d s for "general" scores (None when it is the constant 1).
     score_grad_code: str | None
+    # The score can be NaN at s = 0 (sqrt, log or a division by a non-constant):
+    # padded query rows (q = 0) then need p = 0 explicitly in the dK/dV kernel.
+    score_nan_at_zero: bool
     score_grad_uses_s: bool
     uses_alibi: bool
     uses_positions: bool
@@ -1637,6 +1640,24 @@ def head_dim_pad(head_dim: int) -> int:
     return max(16, 1 << (head_dim - 1).bit_length())
 
 
+def _nan_at_zero(e: ir.Expr) -> bool:
+    """Whether `e` holds sqrt, log or a division by a non-constant."""
+    stack = [e]
+    while stack:
+        x = stack.pop()
+        if isinstance(x, ir.Call):
+            if x.fn in ("sqrt", "log"):
+                return True
+            stack.extend(x.args)
+        elif isinstance(x, ir.Binary):
+            if x.op is ir.BinOp.DIV and not isinstance(x.right, ir.Num):
+                return True
+            stack += [x.left, x.right]
+        elif isinstance(x, ir.Unary):
+            stack.append(x.operand)
+    return False
+
+
 def lower(v: ir.Variant, tuning: Tuning | None = None) -> KernelModel:
     spec_text = print_variant(v)
     pad = head_dim_pad(v.head_dim)
@@ -1693,6 +1714,7 @@ def lower(v: ir.Variant, tuning: Tuning | None = None) -> KernelModel:
         score_kind=kind,
         score_log2_code=score_log2_code,
         score_grad_code=score_grad_code,
+        score_nan_at_zero=_nan_at_zero(v.score),
         score_grad_uses_s=bool(score_grad_code and re.search(r"\bs\b", score_grad_code)),
         uses_alibi=scores.uses_alibi,
         uses_positions=ir.mentions(v.score, positions) or scores.uses_alibi,

@@ -620,10 +620,6 @@ def _attn_bwd_dkdv_tile(
         sm_scale,
         MASKED,
     )
-    if MASKED:
-        # Rows past n_queries hold q = 0, so s = 0, where a score such as
-        # s / sqrt(abs(s)) is NaN and exp2(NaN - lse) would not vanish.
-        p_t = tl.where(offs_m[None, :] < n_queries, p_t, 0.0)
     dv = tl.dot(p_t.to(do.dtype), do, dv)
     dp_t = tl.dot(v, tl.trans(do))
     ds_t = p_t * (dp_t - delta[None, :])
