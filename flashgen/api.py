@@ -37,6 +37,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import errno
+import functools
 import hashlib
 import importlib.machinery
 import linecache
@@ -55,6 +56,7 @@ from flashgen.check import check
 from flashgen.diagnostics import Diagnostic, SpecError
 from flashgen.emit import render_module
 from flashgen.files import READ_FLAGS, file_kind, read_at_most
+from flashgen.lower import Tuning
 from flashgen.sidecar import tuning_for
 from flashgen.parse import parse
 
@@ -262,7 +264,10 @@ def check_sources(
 
 
 def _check_specs(specs: Spec | Sequence[Spec]) -> tuple[ir.Variant, ...]:
-    sources = _read_specs(specs)
+    return _checked(_read_specs(specs))
+
+
+def _checked(sources: Mapping[str, str]) -> tuple[ir.Variant, ...]:
     try:
         variants, _ = check_sources(sources)
     except SpecError as e:
@@ -306,7 +311,28 @@ def build_sources(specs: Spec | Sequence[Spec]) -> dict[str, str]:
     `specs` is one spec or a sequence of them: a str is spec text, an
     os.PathLike a spec file.
     """
-    return {v.name: render_module(v, tuning_for(v)) for v in _check_specs(specs)}
+    sources = _read_specs(specs)
+    # Spec text alone (no file, so no sidecar) determines the modules: text
+    # built before in this process is neither parsed nor rendered again.
+    key = tuple(sources.items()) if all(p.startswith("<") for p in sources) else None
+    if key is not None and (built := _BUILT.get(key)) is not None:
+        return dict(built)
+    built = {v.name: _render(v, tuning_for(v)) for v in _checked(sources)}
+    if key is not None:
+        if len(_BUILT) >= 256:
+            _BUILT.clear()
+        _BUILT[key] = built
+    return dict(built)
+
+
+# Spec texts -> their modules' sources (see build_sources).
+_BUILT: dict[tuple[tuple[str, str], ...], dict[str, str]] = {}
+
+
+@functools.lru_cache(maxsize=256)
+def _render(variant: ir.Variant, tuning: Tuning | None) -> str:
+    """render_module, once per checked variant and tuning."""
+    return render_module(variant, tuning)
 
 
 def build_source(spec: Spec, name: str | None = None) -> str:
@@ -353,7 +379,7 @@ def load_all(spec: Spec) -> dict[str, types.ModuleType]:
 
 def load_variant(variant: ir.Variant) -> types.ModuleType:
     """The generated module of an already checked variant."""
-    return _import(variant.name, render_module(variant, tuning_for(variant)))
+    return _import(variant.name, _render(variant, tuning_for(variant)))
 
 
 def cache_dir() -> Path:

@@ -2,6 +2,7 @@
 
 The only importer of jinja2 and black.  `lower` makes every decision; the
 template in `templates/attention.py.j2` loops and branches over the result,
+with the host runtime's sections (`flashgen/runtime.py`) copied in verbatim,
 and black formats it here, in exactly one place, with a fixed mode so the
 output is byte-for-byte reproducible.
 """
@@ -18,8 +19,24 @@ from flashgen import __version__, ir
 from flashgen.lower import Tuning, lower
 
 _BLACK_MODE = black.Mode(
-    target_versions={black.TargetVersion.PY310}, line_length=88, magic_trailing_comma=False
+    target_versions={black.TargetVersion.PY310}, line_length=100, magic_trailing_comma=False
 )
+# What the generated modules were tested with, as their header says: the
+# GPU suite (scripts/gpu_tests.sh) on an H200 and the CPU interpreter.
+TESTED_WITH = "Triton 3.6.0 (torch 2.11 on an NVIDIA H200; torch 2.13 in the CPU interpreter)"
+_SECTION = "# flashgen: section "
+
+
+@functools.lru_cache(maxsize=1)
+def runtime_sections() -> dict[str, str]:
+    """The sections of flashgen/runtime.py by name, each as it is copied."""
+    text = (Path(__file__).resolve().parent / "runtime.py").read_text(encoding="utf-8")
+    chunks = text.split("\n" + _SECTION)[1:]
+    sections = {}
+    for chunk in chunks:
+        name, _, body = chunk.partition("\n")
+        sections[name.strip()] = body.strip("\n")
+    return sections
 
 
 def _templates_dir() -> Path:
@@ -57,6 +74,8 @@ def render_module(variant: ir.Variant, tuning: Tuning | None = None) -> str:
             version=__version__,
             spec_lines=model.spec_text.rstrip("\n").splitlines(),
             spec_literal=repr(model.spec_text),
+            runtime=runtime_sections(),
+            tested_with=TESTED_WITH,
         )
     )
     return black.format_str(source, mode=_BLACK_MODE)

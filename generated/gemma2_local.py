@@ -16,7 +16,8 @@ Built from this spec::
     o = attention(q, k, v)                        # q (B, H, Nq, D); k, v (B, Hkv, Nk, D)
     o, lse = attention(q, k, v, return_lse=True)  # lse (B, H, Nq), float32, natural log
 
-This file needs only torch and triton.
+This file needs only torch and triton.  Tested with Triton 3.6.0 (torch 2.11 on an NVIDIA H200; torch 2.13 in the CPU interpreter);
+on a Triton without Gluon (before 3.5) it runs its Triton kernels only.
 """
 
 import functools
@@ -31,14 +32,10 @@ try:  # Hopper's tensor memory accelerator (TMA), Triton >= 3.4
     from triton.tools.tensor_descriptor import TensorDescriptor
 except ImportError:  # pragma: no cover
     TensorDescriptor = None
-try:  # what `_launch` needs to call a compiled kernel directly (Triton 3.6)
-    from triton import knobs as _knobs
-    from triton.runtime.driver import driver as _driver
-except ImportError:  # pragma: no cover
-    _knobs = _driver = None
 
 SPEC = "attention gemma2_local {\n    head_dim = 256\n    dtype = bf16\n    mask = causal & window(4095)\n    score = softcap(s, 50.0)\n    align = bottom_right\n    rescale_threshold = 8.0\n}\n"
 HEAD_DIM = 256
+HEAD_DIM_PAD = 256  # the kernels' tiles: HEAD_DIM rounded up to a power of two
 DTYPE = torch.bfloat16
 DEFAULT_SCALE = 0.0625
 # The longest query or key sequence and the most query heads a call may have:
@@ -57,9 +54,6 @@ GPU_BWD_CONFIG = (32, 32, 8, 2)
 # default on sm90+ GPUs (measured: flashgen's defaults, or `flashgen tune`).
 GPU_TMA = False
 GPU_BWD_TMA = True
-# Repeat launches call the compiled kernel directly (`_launch`): on the Triton
-# this was written against.  False sends every launch through kernel[grid].
-DIRECT_LAUNCH = _driver is not None and triton.__version__.startswith("3.6.")
 INTERPRETER_CONFIG = (32, 32, 1, 1)
 
 
@@ -151,15 +145,7 @@ def _store_rows(
 
 @triton.jit
 def _scores_log2(
-    qk,
-    q_pos,
-    k_pos,
-    n_keys,
-    head,
-    num_heads,
-    alibi_slope,
-    sm_scale,
-    MASKED: tl.constexpr,
+    qk, q_pos, k_pos, n_keys, head, num_heads, alibi_slope, sm_scale, MASKED: tl.constexpr
 ):
     """Score modifier and mask on a tile of q.k products, in log2 units.
 
@@ -231,15 +217,7 @@ def _attn_fwd_tile(
     )
     qk = tl.dot(q, tl.trans(k))
     s2 = _scores_log2(
-        qk,
-        q_pos,
-        offs_n[None, :],
-        n_keys,
-        head,
-        num_heads,
-        alibi_slope,
-        sm_scale,
-        MASKED,
+        qk, q_pos, offs_n[None, :], n_keys, head, num_heads, alibi_slope, sm_scale, MASKED
     )
     m_blk = tl.max(s2, 1)
     m_new = tl.where(m_blk > m_i + 8.0, m_blk, m_i)
@@ -323,9 +301,7 @@ def _attn_fwd(
     q_base = q_ptr + batch.to(tl.int64) * stride_qb + head.to(tl.int64) * stride_qh
     k_base = k_ptr + batch.to(tl.int64) * stride_kb + kv_head.to(tl.int64) * stride_kh
     v_base = v_ptr + batch.to(tl.int64) * stride_vb + kv_head.to(tl.int64) * stride_vh
-    q = _load_rows(
-        q_base, offs_m, n_queries, stride_qm, stride_qd, HEAD_DIM, HEAD_DIM_PAD, True
-    )
+    q = _load_rows(q_base, offs_m, n_queries, stride_qm, stride_qd, HEAD_DIM, HEAD_DIM_PAD, True)
 
     # Bottom-right alignment: query row i sits at position i + n_keys - n_queries.
     q_offset = n_keys - n_queries
@@ -350,9 +326,7 @@ def _attn_fwd(
     full_hi = tl.minimum(q_lo, n_keys - 1)
     # Split [lo, hi) at tile boundaries into masked tiles, the interior, masked tiles.
     end = (hi + BLOCK_N - 1) // BLOCK_N * BLOCK_N
-    mid_lo = tl.minimum(
-        tl.maximum((full_lo + BLOCK_N - 1) // BLOCK_N * BLOCK_N, lo), end
-    )
+    mid_lo = tl.minimum(tl.maximum((full_lo + BLOCK_N - 1) // BLOCK_N * BLOCK_N, lo), end)
     mid_hi = tl.minimum(tl.maximum((full_hi + 1) // BLOCK_N * BLOCK_N, mid_lo), end)
     for start_n in range(lo, mid_lo, BLOCK_N):
         acc, l_i, m_i = _attn_fwd_tile(
@@ -457,14 +431,8 @@ def _attn_fwd(
         HEAD_DIM_PAD,
     )
     # The kernel works in log2 units; the log-sum-exp is returned in natural log.
-    lse = tl.where(
-        l_i == 0.0, float("-inf"), (m_i + tl.math.log2(l_safe)) * 0.6931471805599453
-    )
-    tl.store(
-        lse_ptr + batch_head.to(tl.int64) * n_queries + offs_m,
-        lse,
-        mask=offs_m < n_queries,
-    )
+    lse = tl.where(l_i == 0.0, float("-inf"), (m_i + tl.math.log2(l_safe)) * 0.6931471805599453)
+    tl.store(lse_ptr + batch_head.to(tl.int64) * n_queries + offs_m, lse, mask=offs_m < n_queries)
 
 
 @triton.jit
@@ -500,9 +468,7 @@ def _attn_bwd_preprocess(
     offs_m = start_m + tl.arange(0, BLOCK_M)
     o_base = o_ptr + batch.to(tl.int64) * stride_ob + head.to(tl.int64) * stride_oh
     do_base = do_ptr + batch.to(tl.int64) * stride_dob + head.to(tl.int64) * stride_doh
-    o = _load_rows(
-        o_base, offs_m, n_queries, stride_om, stride_od, HEAD_DIM, HEAD_DIM_PAD, True
-    )
+    o = _load_rows(o_base, offs_m, n_queries, stride_om, stride_od, HEAD_DIM, HEAD_DIM_PAD, True)
     do = _load_rows(
         do_base, offs_m, n_queries, stride_dom, stride_dod, HEAD_DIM, HEAD_DIM_PAD, True
     )
@@ -515,16 +481,7 @@ def _attn_bwd_preprocess(
 
 @triton.jit
 def _attn_probs(
-    qk,
-    lse,
-    q_pos,
-    k_pos,
-    n_keys,
-    head,
-    num_heads,
-    alibi_slope,
-    sm_scale,
-    MASKED: tl.constexpr,
+    qk, lse, q_pos, k_pos, n_keys, head, num_heads, alibi_slope, sm_scale, MASKED: tl.constexpr
 ):
     """Recompute P = exp(score - lse) for a tile from the saved log-sum-exp;
     also the scores (log2 units), from which some derivatives are cheaper.
@@ -532,9 +489,7 @@ def _attn_probs(
     `lse` and the positions come shaped to broadcast against `qk`, which may
     be a (queries x keys) tile or its transpose.
     """
-    s2 = _scores_log2(
-        qk, q_pos, k_pos, n_keys, head, num_heads, alibi_slope, sm_scale, MASKED
-    )
+    s2 = _scores_log2(qk, q_pos, k_pos, n_keys, head, num_heads, alibi_slope, sm_scale, MASKED)
     # Rows that see no key (lse = -inf) and padding rows (lse = +inf) get p = 0.
     lse2 = tl.where(lse == float("-inf"), float("inf"), lse * 1.4426950408889634)
     return tl.math.exp2(s2 - lse2), s2
@@ -618,16 +573,7 @@ def _attn_bwd_dkdv_tile(
     q_pos = (offs_m + q_offset)[None, :]
     qk_t = tl.dot(k, tl.trans(q))
     p_t, s2_t = _attn_probs(
-        qk_t,
-        lse[None, :],
-        q_pos,
-        k_pos,
-        n_keys,
-        head,
-        num_heads,
-        alibi_slope,
-        sm_scale,
-        MASKED,
+        qk_t, lse[None, :], q_pos, k_pos, n_keys, head, num_heads, alibi_slope, sm_scale, MASKED
     )
     dv = tl.dot(p_t.to(do.dtype), do, dv)
     dp_t = tl.dot(v, tl.trans(do))
@@ -637,8 +583,7 @@ def _attn_bwd_dkdv_tile(
     ds_t = tl.where(
         p_t == 0.0,
         0.0,
-        ds_t
-        * _score_grad(qk_t, s2_t, q_pos, k_pos, head, num_heads, alibi_slope, sm_scale),
+        ds_t * _score_grad(qk_t, s2_t, q_pos, k_pos, head, num_heads, alibi_slope, sm_scale),
     )
     dk = tl.dot(ds_t.to(q.dtype), q, dk)
     return dk, dv
@@ -706,12 +651,8 @@ def _attn_bwd_dkdv(
     offs_n = start_n + tl.arange(0, BLOCK_N)
     k_base = k_ptr + batch.to(tl.int64) * stride_kb + kv_head.to(tl.int64) * stride_kh
     v_base = v_ptr + batch.to(tl.int64) * stride_vb + kv_head.to(tl.int64) * stride_vh
-    k = _load_rows(
-        k_base, offs_n, n_keys, stride_kn, stride_kd, HEAD_DIM, HEAD_DIM_PAD, True
-    )
-    v = _load_rows(
-        v_base, offs_n, n_keys, stride_vn, stride_vd, HEAD_DIM, HEAD_DIM_PAD, True
-    )
+    k = _load_rows(k_base, offs_n, n_keys, stride_kn, stride_kd, HEAD_DIM, HEAD_DIM_PAD, True)
+    v = _load_rows(v_base, offs_n, n_keys, stride_vn, stride_vd, HEAD_DIM, HEAD_DIM_PAD, True)
     k_pos = offs_n[:, None]
     k_lo = start_n
     k_hi = tl.minimum(start_n + BLOCK_N, n_keys) - 1
@@ -724,9 +665,7 @@ def _attn_bwd_dkdv(
         head = kv_head * kv_group + group_head
         batch_head = batch * num_heads + head
         q_base = q_ptr + batch.to(tl.int64) * stride_qb + head.to(tl.int64) * stride_qh
-        do_base = (
-            do_ptr + batch.to(tl.int64) * stride_dob + head.to(tl.int64) * stride_doh
-        )
+        do_base = do_ptr + batch.to(tl.int64) * stride_dob + head.to(tl.int64) * stride_doh
         lse_base = lse_ptr + batch_head.to(tl.int64) * n_queries
         delta_base = delta_ptr + batch_head.to(tl.int64) * n_queries
         alibi_slope = 0.0
@@ -740,9 +679,7 @@ def _attn_bwd_dkdv(
         full_hi = tl.where(k_hi == start_n + BLOCK_N - 1, full_hi, -1)
         # Split [row_lo, row_hi) at tile boundaries into masked tiles, the interior, masked tiles.
         end = (row_hi + BLOCK_M - 1) // BLOCK_M * BLOCK_M
-        mid_lo = tl.minimum(
-            tl.maximum((full_lo + BLOCK_M - 1) // BLOCK_M * BLOCK_M, row_lo), end
-        )
+        mid_lo = tl.minimum(tl.maximum((full_lo + BLOCK_M - 1) // BLOCK_M * BLOCK_M, row_lo), end)
         mid_hi = tl.minimum(tl.maximum((full_hi + 1) // BLOCK_M * BLOCK_M, mid_lo), end)
         for start_m in range(row_lo, mid_lo, BLOCK_M):
             dk, dv = _attn_bwd_dkdv_tile(
@@ -842,25 +779,12 @@ def _attn_bwd_dkdv(
                 USE_TMA,
             )
 
-    dk_base = (
-        dk_ptr + batch.to(tl.int64) * stride_dkb + kv_head.to(tl.int64) * stride_dkh
-    )
-    dv_base = (
-        dv_ptr + batch.to(tl.int64) * stride_dvb + kv_head.to(tl.int64) * stride_dvh
-    )
+    dk_base = dk_ptr + batch.to(tl.int64) * stride_dkb + kv_head.to(tl.int64) * stride_dkh
+    dv_base = dv_ptr + batch.to(tl.int64) * stride_dvb + kv_head.to(tl.int64) * stride_dvh
     _store_rows(
-        dk_base,
-        offs_n,
-        n_keys,
-        stride_dkn,
-        stride_dkd,
-        dk * sm_scale,
-        HEAD_DIM,
-        HEAD_DIM_PAD,
+        dk_base, offs_n, n_keys, stride_dkn, stride_dkd, dk * sm_scale, HEAD_DIM, HEAD_DIM_PAD
     )
-    _store_rows(
-        dv_base, offs_n, n_keys, stride_dvn, stride_dvd, dv, HEAD_DIM, HEAD_DIM_PAD
-    )
+    _store_rows(dv_base, offs_n, n_keys, stride_dvn, stride_dvd, dv, HEAD_DIM, HEAD_DIM_PAD)
 
 
 @triton.jit
@@ -928,16 +852,7 @@ def _attn_bwd_dq_tile(
     k_pos = offs_n[None, :]
     qk = tl.dot(q, tl.trans(k))
     p, s2 = _attn_probs(
-        qk,
-        lse[:, None],
-        q_pos,
-        k_pos,
-        n_keys,
-        head,
-        num_heads,
-        alibi_slope,
-        sm_scale,
-        MASKED,
+        qk, lse[:, None], q_pos, k_pos, n_keys, head, num_heads, alibi_slope, sm_scale, MASKED
     )
     dp = tl.dot(do, tl.trans(v))
     ds = p * (dp - delta[:, None])
@@ -1005,9 +920,7 @@ def _attn_bwd_dq(
     do_base = do_ptr + batch.to(tl.int64) * stride_dob + head.to(tl.int64) * stride_doh
     k_base = k_ptr + batch.to(tl.int64) * stride_kb + kv_head.to(tl.int64) * stride_kh
     v_base = v_ptr + batch.to(tl.int64) * stride_vb + kv_head.to(tl.int64) * stride_vh
-    q = _load_rows(
-        q_base, offs_m, n_queries, stride_qm, stride_qd, HEAD_DIM, HEAD_DIM_PAD, True
-    )
+    q = _load_rows(q_base, offs_m, n_queries, stride_qm, stride_qd, HEAD_DIM, HEAD_DIM_PAD, True)
     do = _load_rows(
         do_base, offs_m, n_queries, stride_dom, stride_dod, HEAD_DIM, HEAD_DIM_PAD, True
     )
@@ -1036,9 +949,7 @@ def _attn_bwd_dq(
     full_hi = tl.minimum(q_lo, n_keys - 1)
     # Split [lo, hi) at tile boundaries into masked tiles, the interior, masked tiles.
     end = (hi + BLOCK_N - 1) // BLOCK_N * BLOCK_N
-    mid_lo = tl.minimum(
-        tl.maximum((full_lo + BLOCK_N - 1) // BLOCK_N * BLOCK_N, lo), end
-    )
+    mid_lo = tl.minimum(tl.maximum((full_lo + BLOCK_N - 1) // BLOCK_N * BLOCK_N, lo), end)
     mid_hi = tl.minimum(tl.maximum((full_hi + 1) // BLOCK_N * BLOCK_N, mid_lo), end)
     for start_n in range(lo, mid_lo, BLOCK_N):
         dq = _attn_bwd_dq_tile(
@@ -1134,14 +1045,7 @@ def _attn_bwd_dq(
 
     dq_base = dq_ptr + batch.to(tl.int64) * stride_dqb + head.to(tl.int64) * stride_dqh
     _store_rows(
-        dq_base,
-        offs_m,
-        n_queries,
-        stride_dqm,
-        stride_dqd,
-        dq * sm_scale,
-        HEAD_DIM,
-        HEAD_DIM_PAD,
+        dq_base, offs_m, n_queries, stride_dqm, stride_dqd, dq * sm_scale, HEAD_DIM, HEAD_DIM_PAD
     )
 
 
@@ -1325,91 +1229,6 @@ def _capability(device: torch.device) -> tuple[int, int]:
     return torch.cuda.get_device_capability(device)
 
 
-# Compiled kernels by (kernel, device, specialization, launch options).
-_COMPILED: dict = {}
-
-
-def _specialization(args) -> tuple:
-    """Everything of a launch's arguments that Triton may compile a kernel
-    for: integers by value, tensors by dtype and alignment, TMA descriptors
-    by their tensor, geometry and block (a superset of Triton's own key)."""
-    key = []
-    for a in args:
-        kind = type(a)
-        if kind is int or kind is bool:
-            key.append(a)
-        elif kind is float:
-            key.append(None)  # a float argument is always fp32
-        elif isinstance(a, torch.Tensor):
-            key.append((a.dtype, a.data_ptr() % 16))
-        else:  # a TMA descriptor (a Gluon one's layout follows from its block and dtype)
-            base = a.base
-            key.append(
-                (
-                    base.dtype,
-                    base.data_ptr() % 16,
-                    *a.shape,
-                    *a.strides,
-                    *a.block_shape,
-                    a.padding,
-                )
-            )
-    return tuple(key)
-
-
-def _triton_args(args) -> tuple:
-    """A launch's arguments as Triton's own launch path takes them."""
-    return args
-
-
-def _launch(kernel, grid, *args, **options) -> None:
-    """kernel[grid](*args, **options), constexprs passed by position.
-
-    Triton binds and specializes every argument on every launch: 20-26 us of
-    host time for the backward kernel's 52 arguments on the H200 machine,
-    where short calls run at the host's pace (BENCHMARKS.md, entries 19, 22).
-    The first launch of each specialization goes through Triton (compiling
-    if need be); later ones call the compiled kernel that it returned.
-    """
-    if (
-        not DIRECT_LAUNCH
-        or _interpreting()
-        or torch.compiler.is_compiling()  # let a tracer see the kernel launch
-        or _knobs.runtime.launch_enter_hook.calls  # a profiler sees each launch
-        or _knobs.runtime.launch_exit_hook.calls
-    ):
-        kernel[grid](*_triton_args(args), **options)
-        return
-    device = _driver.active.get_current_device()
-    key = (kernel, device, _specialization(args), *options.items())
-    compiled = _COMPILED.get(key)
-    if compiled is None:
-        if len(_COMPILED) >= 4096:  # e.g. a new sequence length on every call
-            _COMPILED.clear()
-        _COMPILED[key] = kernel[grid](*_triton_args(args), **options)
-        return
-    stream = _driver.active.get_current_stream(device)
-    # JITFunction.run's own call; without hooks it needs no launch metadata.
-    handles = (compiled.function, compiled.packed_metadata, None, None, None)
-    compiled.run(grid[0], grid[1], 1, stream, *handles, *args)
-
-
-@functools.lru_cache(maxsize=None)
-def _alibi_slopes(num_heads: int, device: torch.device) -> torch.Tensor:
-    """ALiBi slopes, shape (num_heads,), float32.
-
-    For H a power of two, slope_i = 2^(-8 (i + 1) / H).  Otherwise the ALiBi
-    paper takes the slopes for n = 2^floor(log2 H) heads, then every other
-    slope of the rule for 2n heads until there are H.
-    """
-    n = 1 << (num_heads.bit_length() - 1)
-    slopes = [2.0 ** (-8.0 * (i + 1) / n) for i in range(n)]
-    slopes += [
-        2.0 ** (-8.0 * (i + 1) / (2 * n)) for i in range(0, 2 * (num_heads - n), 2)
-    ]
-    return torch.tensor(slopes, dtype=torch.float32, device=device)
-
-
 def _check_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
     for name, x in (("q", q), ("k", k), ("v", v)):
         if not isinstance(x, torch.Tensor):
@@ -1506,9 +1325,7 @@ def _resolve_scale(scale) -> float:
     return float(scale)
 
 
-def _launch_config(
-    device: torch.device, backward: bool = False
-) -> tuple[int, int, int, int]:
+def _launch_config(device: torch.device, backward: bool = False) -> tuple[int, int, int, int]:
     if device.type != "cuda":
         return INTERPRETER_CONFIG
     return GPU_BWD_CONFIG if backward else GPU_CONFIG
@@ -1549,7 +1366,7 @@ def _descriptors(use_tma: bool, block: int, *tensors: torch.Tensor) -> list:
     if not use_tma:
         return list(tensors)
     return [
-        TensorDescriptor(x, list(x.shape), list(x.stride()), [1, 1, block, 256])
+        TensorDescriptor(x, list(x.shape), list(x.stride()), [1, 1, block, HEAD_DIM_PAD])
         for x in tensors
     ]
 
@@ -1560,8 +1377,118 @@ def _check_blocks(block_m: int, block_n: int) -> None:
             raise ValueError(f"{name} must be a power of two >= 16, got {block}")
 
 
+def _check_backward_inputs(q: torch.Tensor, o, lse, do, dlse) -> None:
+    """backward()'s own arguments: o and do shaped and typed as q's output,
+    lse and dlse as its log-sum-exp (the kernels index them by shape)."""
+    rows = tuple(q.shape[:3])
+    for name, x, shape, dtypes in (
+        ("o", o, tuple(q.shape), (DTYPE,)),
+        ("lse", lse, rows, (torch.float32,)),
+        ("do", do, tuple(q.shape), (DTYPE,)),
+        ("dlse", dlse, rows, (torch.float16, torch.bfloat16, torch.float32)),
+    ):
+        if x is None and name in ("do", "dlse"):
+            continue
+        if not isinstance(x, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+        if tuple(x.shape) != shape:
+            raise ValueError(f"{name} must have shape {shape} (from q), got {tuple(x.shape)}")
+        if x.dtype not in dtypes:
+            raise TypeError(f"{name} has dtype {x.dtype}, expected {' or '.join(map(str, dtypes))}")
+        if x.device != q.device:
+            raise ValueError(f"{name} is on {x.device}, but q is on {q.device}")
+
+
 def _alibi_or_placeholder(num_heads: int, like: torch.Tensor) -> torch.Tensor:
     return like  # this variant has no ALiBi term; the kernels never read it
+
+
+# --------------------------------------------------------------------------- #
+# Direct launches: the one part of this module that uses Triton internals
+# (the runtime driver, a compiled kernel's `function`, `packed_metadata` and
+# `run`, and Triton's launch hooks).  It is on only where the running Triton
+# is one this module was tested with; elsewhere, and whenever
+# DIRECT_LAUNCH = False, every launch goes through kernel[grid](...).
+# --------------------------------------------------------------------------- #
+
+TESTED_TRITON = ("3.6.",)  # version prefixes
+try:
+    from triton import knobs as _knobs
+    from triton.runtime.driver import driver as _driver
+except ImportError:  # pragma: no cover
+    _knobs = _driver = None
+# Repeat launches call the compiled kernel directly (`_launch`).
+DIRECT_LAUNCH = _driver is not None and triton.__version__.startswith(TESTED_TRITON)
+# Compiled kernels by (kernel, device, specialization, launch options).
+_COMPILED: dict = {}
+
+
+def _specialization(args) -> tuple:
+    """Everything of a launch's arguments that Triton may compile a kernel
+    for: integers by value, tensors by dtype and alignment, TMA descriptors
+    by their tensor, geometry and block (a superset of Triton's own key)."""
+    key = []
+    for a in args:
+        kind = type(a)
+        if kind is int or kind is bool:
+            key.append(a)
+        elif kind is float:
+            key.append(None)  # a float argument is always fp32
+        elif isinstance(a, torch.Tensor):
+            key.append((a.dtype, a.data_ptr() % 16))
+        else:  # a TMA descriptor (a Gluon one's layout follows from its block and dtype)
+            base = a.base
+            key.append(
+                (base.dtype, base.data_ptr() % 16, *a.shape, *a.strides, *a.block_shape, a.padding)
+            )
+    return tuple(key)
+
+
+# Argument types that stand in for Triton's own on direct launches (the
+# Gluon section adds its descriptor stand-in) and are made real for a launch
+# through Triton.
+_STAND_INS: tuple = ()
+
+
+def _triton_args(args) -> tuple:
+    """A launch's arguments as Triton's own launch path takes them."""
+    if not _STAND_INS:
+        return args
+    return tuple(a.descriptor() if isinstance(a, _STAND_INS) else a for a in args)
+
+
+def _launch(kernel, grid, *args, **options) -> None:
+    """kernel[grid](*args, **options), constexprs passed by position.
+
+    Triton binds and specializes every argument on every launch: 20-26 us of
+    host time for the backward kernel's 52 arguments on an H200, where short
+    calls run at the host's pace.  With DIRECT_LAUNCH, the first launch of
+    each specialization goes through Triton (compiling if need be) and later
+    ones call the compiled kernel that it returned; otherwise, or while a
+    tracer or a profiler's launch hook is watching, every launch goes through
+    Triton.
+    """
+    if (
+        not DIRECT_LAUNCH
+        or _interpreting()
+        or torch.compiler.is_compiling()  # let a tracer see the kernel launch
+        or _knobs.runtime.launch_enter_hook.calls  # a profiler sees each launch
+        or _knobs.runtime.launch_exit_hook.calls
+    ):
+        kernel[grid](*_triton_args(args), **options)
+        return
+    device = _driver.active.get_current_device()
+    key = (kernel, device, _specialization(args), *options.items())
+    compiled = _COMPILED.get(key)
+    if compiled is None:
+        if len(_COMPILED) >= 4096:  # e.g. a new sequence length on every call
+            _COMPILED.clear()
+        _COMPILED[key] = kernel[grid](*_triton_args(args), **options)
+        return
+    stream = _driver.active.get_current_stream(device)
+    # JITFunction.run's own call; without hooks it needs no launch metadata.
+    handles = (compiled.function, compiled.packed_metadata, None, None, None)
+    compiled.run(grid[0], grid[1], 1, stream, *handles, *args)
 
 
 def forward(
@@ -1588,31 +1515,13 @@ def forward(
     if _on_other_gpu(q):
         with torch.cuda.device(q.device):
             return _forward(
-                q,
-                k,
-                v,
-                _resolve_scale(scale),
-                block_m,
-                block_n,
-                num_warps,
-                num_stages,
-                tma,
+                q, k, v, _resolve_scale(scale), block_m, block_n, num_warps, num_stages, tma
             )
-    return _forward(
-        q, k, v, _resolve_scale(scale), block_m, block_n, num_warps, num_stages, tma
-    )
+    return _forward(q, k, v, _resolve_scale(scale), block_m, block_n, num_warps, num_stages, tma)
 
 
 def _forward(
-    q,
-    k,
-    v,
-    scale: float,
-    block_m=None,
-    block_n=None,
-    num_warps=None,
-    num_stages=None,
-    tma=None,
+    q, k, v, scale: float, block_m=None, block_n=None, num_warps=None, num_stages=None, tma=None
 ):
     """forward() on checked inputs and a resolved scale."""
     q, k, v = _rows_in_int32("q", q), _rows_in_int32("k", k), _rows_in_int32("v", v)
@@ -1622,9 +1531,7 @@ def _forward(
     batch, num_heads, n_queries, _ = q.shape
     n_keys = k.shape[2]
     o = torch.empty(q.shape, dtype=q.dtype, device=q.device)
-    lse = torch.empty(
-        (batch, num_heads, n_queries), dtype=torch.float32, device=q.device
-    )
+    lse = torch.empty((batch, num_heads, n_queries), dtype=torch.float32, device=q.device)
     if o.numel() == 0:
         return o, lse.fill_(float("-inf"))
     use_tma = n_keys > 0 and _use_tma(tma, GPU_TMA, k, v)
@@ -1649,7 +1556,7 @@ def _forward(
         n_keys,
         scale,
         HEAD_DIM,
-        256,
+        HEAD_DIM_PAD,
         block_m,
         block_n,
         use_tma,  # the constexprs
@@ -1707,32 +1614,6 @@ def backward(
     return _backward(*args)
 
 
-def _check_backward_inputs(q: torch.Tensor, o, lse, do, dlse) -> None:
-    """backward()'s own arguments: o and do shaped and typed as q's output,
-    lse and dlse as its log-sum-exp (the kernels index them by shape)."""
-    rows = tuple(q.shape[:3])
-    for name, x, shape, dtypes in (
-        ("o", o, tuple(q.shape), (DTYPE,)),
-        ("lse", lse, rows, (torch.float32,)),
-        ("do", do, tuple(q.shape), (DTYPE,)),
-        ("dlse", dlse, rows, (torch.float16, torch.bfloat16, torch.float32)),
-    ):
-        if x is None and name in ("do", "dlse"):
-            continue
-        if not isinstance(x, torch.Tensor):
-            raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
-        if tuple(x.shape) != shape:
-            raise ValueError(
-                f"{name} must have shape {shape} (from q), got {tuple(x.shape)}"
-            )
-        if x.dtype not in dtypes:
-            raise TypeError(
-                f"{name} has dtype {x.dtype}, expected {' or '.join(map(str, dtypes))}"
-            )
-        if x.device != q.device:
-            raise ValueError(f"{name} is on {x.device}, but q is on {q.device}")
-
-
 def _backward(
     q,
     k,
@@ -1749,9 +1630,7 @@ def _backward(
     tma=None,
 ):
     """backward() on checked inputs and a resolved scale."""
-    q, k, v, o = (
-        _rows_in_int32(n, x) for n, x in (("q", q), ("k", k), ("v", v), ("o", o))
-    )
+    q, k, v, o = (_rows_in_int32(n, x) for n, x in (("q", q), ("k", k), ("v", v), ("o", o)))
     do = None if do is None else _rows_in_int32("do", do)
     default = _launch_config(q.device, backward=True)
     block_m, block_n = block_m or default[0], block_n or default[1]
@@ -1760,9 +1639,7 @@ def _backward(
     batch, num_heads, n_queries, _ = q.shape
     kv_heads, n_keys = k.shape[1], k.shape[2]
     if q.numel() == 0 or k.numel() == 0 or (do is None and dlse is None):
-        return tuple(
-            torch.zeros(x.shape, dtype=x.dtype, device=x.device) for x in (q, k, v)
-        )
+        return tuple(torch.zeros(x.shape, dtype=x.dtype, device=x.device) for x in (q, k, v))
     # The kernels write every row of every gradient (rows that see no key
     # get zeros), so nothing is cleared first.
     dq = torch.empty(q.shape, dtype=q.dtype, device=q.device)
@@ -1789,7 +1666,7 @@ def _backward(
         num_heads,
         n_queries,
         HEAD_DIM,
-        256,
+        HEAD_DIM_PAD,
         block_m,
         dlse is not None,  # the constexprs
     )
@@ -1822,7 +1699,7 @@ def _backward(
         n_keys,
         scale,
         HEAD_DIM,
-        256,
+        HEAD_DIM_PAD,
         block_m,
         block_n,
         use_tma,  # the constexprs

@@ -16,7 +16,8 @@ Built from this spec::
     o = attention(q, k, v)                        # q (B, H, Nq, D); k, v (B, Hkv, Nk, D)
     o, lse = attention(q, k, v, return_lse=True)  # lse (B, H, Nq), float32, natural log
 
-This file needs only torch and triton.
+This file needs only torch and triton.  Tested with Triton 3.6.0 (torch 2.11 on an NVIDIA H200; torch 2.13 in the CPU interpreter);
+on a Triton without Gluon (before 3.5) it runs its Triton kernels only.
 """
 
 import functools
@@ -32,26 +33,38 @@ try:  # Hopper's tensor memory accelerator (TMA), Triton >= 3.4
     from triton.tools.tensor_descriptor import TensorDescriptor
 except ImportError:  # pragma: no cover
     TensorDescriptor = None
-try:  # what `_launch` needs to call a compiled kernel directly (Triton 3.6)
-    from triton import knobs as _knobs
-    from triton.runtime.driver import driver as _driver
-except ImportError:  # pragma: no cover
-    _knobs = _driver = None
-from triton.experimental import gluon  # Triton >= 3.5
-from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.hopper import (
-    fence_async_shared,
-    mbarrier,
-    warpgroup_mma,
-    warpgroup_mma_wait,
-)
-from triton.experimental.gluon.language.nvidia.hopper import tma as gl_tma
-from triton.experimental.gluon.nvidia.hopper import (
-    TensorDescriptor as GluonTensorDescriptor,
-)
+try:  # Gluon, Triton >= 3.5: the Hopper kernels
+    from triton.experimental import gluon
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.language.nvidia.hopper import (
+        fence_async_shared,
+        mbarrier,
+        warpgroup_mma,
+        warpgroup_mma_wait,
+    )
+    from triton.experimental.gluon.language.nvidia.hopper import tma as gl_tma
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor as GluonTensorDescriptor
+
+    GLUON = True
+except ImportError:  # pragma: no cover - a Triton without Gluon runs the Triton kernels
+
+    class _NoGluon:
+        """Stands in for every Gluon name, so that the Gluon kernels below are
+        defined (and never launched: `_gluon_fits` is False)."""
+
+        def __getattr__(self, name):
+            return self
+
+        def __call__(self, *args, **kwargs):
+            return self
+
+    gluon = gl = gl_tma = mbarrier = warpgroup_mma = warpgroup_mma_wait = _NoGluon()
+    fence_async_shared = GluonTensorDescriptor = _NoGluon()
+    GLUON = False
 
 SPEC = "attention prefix_lm {\n    head_dim = 64\n    dtype = bf16\n    mask = causal | prefix(256)\n    score = s\n    align = bottom_right\n    rescale_threshold = 0.0\n}\n"
 HEAD_DIM = 64
+HEAD_DIM_PAD = 64  # the kernels' tiles: HEAD_DIM rounded up to a power of two
 DTYPE = torch.bfloat16
 DEFAULT_SCALE = 0.125
 # The longest query or key sequence and the most query heads a call may have:
@@ -66,9 +79,6 @@ GPU_BWD_CONFIG = (64, 64, 4, 3)
 # default on sm90+ GPUs (measured: flashgen's defaults, or `flashgen tune`).
 GPU_TMA = False
 GPU_BWD_TMA = False
-# Repeat launches call the compiled kernel directly (`_launch`): on the Triton
-# this was written against.  False sends every launch through kernel[grid].
-DIRECT_LAUNCH = _driver is not None and triton.__version__.startswith("3.6.")
 INTERPRETER_CONFIG = (32, 32, 1, 1)
 
 
@@ -149,15 +159,7 @@ def _store_rows(
 
 @triton.jit
 def _scores_log2(
-    qk,
-    q_pos,
-    k_pos,
-    n_keys,
-    head,
-    num_heads,
-    alibi_slope,
-    sm_scale,
-    MASKED: tl.constexpr,
+    qk, q_pos, k_pos, n_keys, head, num_heads, alibi_slope, sm_scale, MASKED: tl.constexpr
 ):
     """Score modifier and mask on a tile of q.k products, in log2 units.
 
@@ -220,15 +222,7 @@ def _attn_fwd_tile(
     )
     qk = tl.dot(q, tl.trans(k))
     s2 = _scores_log2(
-        qk,
-        q_pos,
-        offs_n[None, :],
-        n_keys,
-        head,
-        num_heads,
-        alibi_slope,
-        sm_scale,
-        MASKED,
+        qk, q_pos, offs_n[None, :], n_keys, head, num_heads, alibi_slope, sm_scale, MASKED
     )
     m_blk = tl.max(s2, 1)
     m_new = tl.maximum(m_i, m_blk)
@@ -312,9 +306,7 @@ def _attn_fwd(
     q_base = q_ptr + batch.to(tl.int64) * stride_qb + head.to(tl.int64) * stride_qh
     k_base = k_ptr + batch.to(tl.int64) * stride_kb + kv_head.to(tl.int64) * stride_kh
     v_base = v_ptr + batch.to(tl.int64) * stride_vb + kv_head.to(tl.int64) * stride_vh
-    q = _load_rows(
-        q_base, offs_m, n_queries, stride_qm, stride_qd, HEAD_DIM, HEAD_DIM_PAD, True
-    )
+    q = _load_rows(q_base, offs_m, n_queries, stride_qm, stride_qd, HEAD_DIM, HEAD_DIM_PAD, True)
 
     # Bottom-right alignment: query row i sits at position i + n_keys - n_queries.
     q_offset = n_keys - n_queries
@@ -339,9 +331,7 @@ def _attn_fwd(
     full_hi = tl.minimum(tl.maximum(q_lo, 256 - 1), n_keys - 1)
     # Split [lo, hi) at tile boundaries into masked tiles, the interior, masked tiles.
     end = (hi + BLOCK_N - 1) // BLOCK_N * BLOCK_N
-    mid_lo = tl.minimum(
-        tl.maximum((full_lo + BLOCK_N - 1) // BLOCK_N * BLOCK_N, lo), end
-    )
+    mid_lo = tl.minimum(tl.maximum((full_lo + BLOCK_N - 1) // BLOCK_N * BLOCK_N, lo), end)
     mid_hi = tl.minimum(tl.maximum((full_hi + 1) // BLOCK_N * BLOCK_N, mid_lo), end)
     for start_n in range(lo, mid_lo, BLOCK_N):
         acc, l_i, m_i = _attn_fwd_tile(
@@ -446,14 +436,8 @@ def _attn_fwd(
         HEAD_DIM_PAD,
     )
     # The kernel works in log2 units; the log-sum-exp is returned in natural log.
-    lse = tl.where(
-        l_i == 0.0, float("-inf"), (m_i + tl.math.log2(l_safe)) * 0.6931471805599453
-    )
-    tl.store(
-        lse_ptr + batch_head.to(tl.int64) * n_queries + offs_m,
-        lse,
-        mask=offs_m < n_queries,
-    )
+    lse = tl.where(l_i == 0.0, float("-inf"), (m_i + tl.math.log2(l_safe)) * 0.6931471805599453)
+    tl.store(lse_ptr + batch_head.to(tl.int64) * n_queries + offs_m, lse, mask=offs_m < n_queries)
 
 
 @triton.jit
@@ -489,9 +473,7 @@ def _attn_bwd_preprocess(
     offs_m = start_m + tl.arange(0, BLOCK_M)
     o_base = o_ptr + batch.to(tl.int64) * stride_ob + head.to(tl.int64) * stride_oh
     do_base = do_ptr + batch.to(tl.int64) * stride_dob + head.to(tl.int64) * stride_doh
-    o = _load_rows(
-        o_base, offs_m, n_queries, stride_om, stride_od, HEAD_DIM, HEAD_DIM_PAD, True
-    )
+    o = _load_rows(o_base, offs_m, n_queries, stride_om, stride_od, HEAD_DIM, HEAD_DIM_PAD, True)
     do = _load_rows(
         do_base, offs_m, n_queries, stride_dom, stride_dod, HEAD_DIM, HEAD_DIM_PAD, True
     )
@@ -504,16 +486,7 @@ def _attn_bwd_preprocess(
 
 @triton.jit
 def _attn_probs(
-    qk,
-    lse,
-    q_pos,
-    k_pos,
-    n_keys,
-    head,
-    num_heads,
-    alibi_slope,
-    sm_scale,
-    MASKED: tl.constexpr,
+    qk, lse, q_pos, k_pos, n_keys, head, num_heads, alibi_slope, sm_scale, MASKED: tl.constexpr
 ):
     """Recompute P = exp(score - lse) for a tile from the saved log-sum-exp;
     also the scores (log2 units), from which some derivatives are cheaper.
@@ -521,9 +494,7 @@ def _attn_probs(
     `lse` and the positions come shaped to broadcast against `qk`, which may
     be a (queries x keys) tile or its transpose.
     """
-    s2 = _scores_log2(
-        qk, q_pos, k_pos, n_keys, head, num_heads, alibi_slope, sm_scale, MASKED
-    )
+    s2 = _scores_log2(qk, q_pos, k_pos, n_keys, head, num_heads, alibi_slope, sm_scale, MASKED)
     # Rows that see no key (lse = -inf) and padding rows (lse = +inf) get p = 0.
     lse2 = tl.where(lse == float("-inf"), float("inf"), lse * 1.4426950408889634)
     return tl.math.exp2(s2 - lse2), s2
@@ -607,16 +578,7 @@ def _attn_bwd_dkdv_tile(
     q_pos = (offs_m + q_offset)[None, :]
     qk_t = tl.dot(k, tl.trans(q))
     p_t, s2_t = _attn_probs(
-        qk_t,
-        lse[None, :],
-        q_pos,
-        k_pos,
-        n_keys,
-        head,
-        num_heads,
-        alibi_slope,
-        sm_scale,
-        MASKED,
+        qk_t, lse[None, :], q_pos, k_pos, n_keys, head, num_heads, alibi_slope, sm_scale, MASKED
     )
     dv = tl.dot(p_t.to(do.dtype), do, dv)
     dp_t = tl.dot(v, tl.trans(do))
@@ -687,12 +649,8 @@ def _attn_bwd_dkdv(
     offs_n = start_n + tl.arange(0, BLOCK_N)
     k_base = k_ptr + batch.to(tl.int64) * stride_kb + kv_head.to(tl.int64) * stride_kh
     v_base = v_ptr + batch.to(tl.int64) * stride_vb + kv_head.to(tl.int64) * stride_vh
-    k = _load_rows(
-        k_base, offs_n, n_keys, stride_kn, stride_kd, HEAD_DIM, HEAD_DIM_PAD, True
-    )
-    v = _load_rows(
-        v_base, offs_n, n_keys, stride_vn, stride_vd, HEAD_DIM, HEAD_DIM_PAD, True
-    )
+    k = _load_rows(k_base, offs_n, n_keys, stride_kn, stride_kd, HEAD_DIM, HEAD_DIM_PAD, True)
+    v = _load_rows(v_base, offs_n, n_keys, stride_vn, stride_vd, HEAD_DIM, HEAD_DIM_PAD, True)
     k_pos = offs_n[:, None]
     k_lo = start_n
     k_hi = tl.minimum(start_n + BLOCK_N, n_keys) - 1
@@ -705,18 +663,14 @@ def _attn_bwd_dkdv(
         head = kv_head * kv_group + group_head
         batch_head = batch * num_heads + head
         q_base = q_ptr + batch.to(tl.int64) * stride_qb + head.to(tl.int64) * stride_qh
-        do_base = (
-            do_ptr + batch.to(tl.int64) * stride_dob + head.to(tl.int64) * stride_doh
-        )
+        do_base = do_ptr + batch.to(tl.int64) * stride_dob + head.to(tl.int64) * stride_doh
         lse_base = lse_ptr + batch_head.to(tl.int64) * n_queries
         delta_base = delta_ptr + batch_head.to(tl.int64) * n_queries
         alibi_slope = 0.0
         # Query rows that can see this key tile (from the mask's affine bounds).
         row_lo = (
             tl.maximum(
-                tl.minimum(k_lo, tl.where(k_lo - 256 < 0, -(1 << 30), (1 << 30)))
-                - q_offset,
-                0,
+                tl.minimum(k_lo, tl.where(k_lo - 256 < 0, -(1 << 30), (1 << 30))) - q_offset, 0
             )
             // BLOCK_M
             * BLOCK_M
@@ -729,9 +683,7 @@ def _attn_bwd_dkdv(
         full_hi = tl.where(k_hi == start_n + BLOCK_N - 1, full_hi, -1)
         # Split [row_lo, row_hi) at tile boundaries into masked tiles, the interior, masked tiles.
         end = (row_hi + BLOCK_M - 1) // BLOCK_M * BLOCK_M
-        mid_lo = tl.minimum(
-            tl.maximum((full_lo + BLOCK_M - 1) // BLOCK_M * BLOCK_M, row_lo), end
-        )
+        mid_lo = tl.minimum(tl.maximum((full_lo + BLOCK_M - 1) // BLOCK_M * BLOCK_M, row_lo), end)
         mid_hi = tl.minimum(tl.maximum((full_hi + 1) // BLOCK_M * BLOCK_M, mid_lo), end)
         for start_m in range(row_lo, mid_lo, BLOCK_M):
             dk, dv = _attn_bwd_dkdv_tile(
@@ -831,25 +783,12 @@ def _attn_bwd_dkdv(
                 USE_TMA,
             )
 
-    dk_base = (
-        dk_ptr + batch.to(tl.int64) * stride_dkb + kv_head.to(tl.int64) * stride_dkh
-    )
-    dv_base = (
-        dv_ptr + batch.to(tl.int64) * stride_dvb + kv_head.to(tl.int64) * stride_dvh
-    )
+    dk_base = dk_ptr + batch.to(tl.int64) * stride_dkb + kv_head.to(tl.int64) * stride_dkh
+    dv_base = dv_ptr + batch.to(tl.int64) * stride_dvb + kv_head.to(tl.int64) * stride_dvh
     _store_rows(
-        dk_base,
-        offs_n,
-        n_keys,
-        stride_dkn,
-        stride_dkd,
-        dk * sm_scale,
-        HEAD_DIM,
-        HEAD_DIM_PAD,
+        dk_base, offs_n, n_keys, stride_dkn, stride_dkd, dk * sm_scale, HEAD_DIM, HEAD_DIM_PAD
     )
-    _store_rows(
-        dv_base, offs_n, n_keys, stride_dvn, stride_dvd, dv, HEAD_DIM, HEAD_DIM_PAD
-    )
+    _store_rows(dv_base, offs_n, n_keys, stride_dvn, stride_dvd, dv, HEAD_DIM, HEAD_DIM_PAD)
 
 
 @triton.jit
@@ -917,16 +856,7 @@ def _attn_bwd_dq_tile(
     k_pos = offs_n[None, :]
     qk = tl.dot(q, tl.trans(k))
     p, s2 = _attn_probs(
-        qk,
-        lse[:, None],
-        q_pos,
-        k_pos,
-        n_keys,
-        head,
-        num_heads,
-        alibi_slope,
-        sm_scale,
-        MASKED,
+        qk, lse[:, None], q_pos, k_pos, n_keys, head, num_heads, alibi_slope, sm_scale, MASKED
     )
     dp = tl.dot(do, tl.trans(v))
     ds = p * (dp - delta[:, None])
@@ -989,9 +919,7 @@ def _attn_bwd_dq(
     do_base = do_ptr + batch.to(tl.int64) * stride_dob + head.to(tl.int64) * stride_doh
     k_base = k_ptr + batch.to(tl.int64) * stride_kb + kv_head.to(tl.int64) * stride_kh
     v_base = v_ptr + batch.to(tl.int64) * stride_vb + kv_head.to(tl.int64) * stride_vh
-    q = _load_rows(
-        q_base, offs_m, n_queries, stride_qm, stride_qd, HEAD_DIM, HEAD_DIM_PAD, True
-    )
+    q = _load_rows(q_base, offs_m, n_queries, stride_qm, stride_qd, HEAD_DIM, HEAD_DIM_PAD, True)
     do = _load_rows(
         do_base, offs_m, n_queries, stride_dom, stride_dod, HEAD_DIM, HEAD_DIM_PAD, True
     )
@@ -1020,9 +948,7 @@ def _attn_bwd_dq(
     full_hi = tl.minimum(tl.maximum(q_lo, 256 - 1), n_keys - 1)
     # Split [lo, hi) at tile boundaries into masked tiles, the interior, masked tiles.
     end = (hi + BLOCK_N - 1) // BLOCK_N * BLOCK_N
-    mid_lo = tl.minimum(
-        tl.maximum((full_lo + BLOCK_N - 1) // BLOCK_N * BLOCK_N, lo), end
-    )
+    mid_lo = tl.minimum(tl.maximum((full_lo + BLOCK_N - 1) // BLOCK_N * BLOCK_N, lo), end)
     mid_hi = tl.minimum(tl.maximum((full_hi + 1) // BLOCK_N * BLOCK_N, mid_lo), end)
     for start_n in range(lo, mid_lo, BLOCK_N):
         dq = _attn_bwd_dq_tile(
@@ -1118,14 +1044,7 @@ def _attn_bwd_dq(
 
     dq_base = dq_ptr + batch.to(tl.int64) * stride_dqb + head.to(tl.int64) * stride_dqh
     _store_rows(
-        dq_base,
-        offs_m,
-        n_queries,
-        stride_dqm,
-        stride_dqd,
-        dq * sm_scale,
-        HEAD_DIM,
-        HEAD_DIM_PAD,
+        dq_base, offs_m, n_queries, stride_dqm, stride_dqd, dq * sm_scale, HEAD_DIM, HEAD_DIM_PAD
     )
 
 
@@ -1309,91 +1228,6 @@ def _capability(device: torch.device) -> tuple[int, int]:
     return torch.cuda.get_device_capability(device)
 
 
-# Compiled kernels by (kernel, device, specialization, launch options).
-_COMPILED: dict = {}
-
-
-def _specialization(args) -> tuple:
-    """Everything of a launch's arguments that Triton may compile a kernel
-    for: integers by value, tensors by dtype and alignment, TMA descriptors
-    by their tensor, geometry and block (a superset of Triton's own key)."""
-    key = []
-    for a in args:
-        kind = type(a)
-        if kind is int or kind is bool:
-            key.append(a)
-        elif kind is float:
-            key.append(None)  # a float argument is always fp32
-        elif isinstance(a, torch.Tensor):
-            key.append((a.dtype, a.data_ptr() % 16))
-        else:  # a TMA descriptor (a Gluon one's layout follows from its block and dtype)
-            base = a.base
-            key.append(
-                (
-                    base.dtype,
-                    base.data_ptr() % 16,
-                    *a.shape,
-                    *a.strides,
-                    *a.block_shape,
-                    a.padding,
-                )
-            )
-    return tuple(key)
-
-
-def _triton_args(args) -> tuple:
-    """A launch's arguments as Triton's own launch path takes them."""
-    return tuple(a.descriptor() if type(a) is _GluonBlocks else a for a in args)
-
-
-def _launch(kernel, grid, *args, **options) -> None:
-    """kernel[grid](*args, **options), constexprs passed by position.
-
-    Triton binds and specializes every argument on every launch: 20-26 us of
-    host time for the backward kernel's 52 arguments on the H200 machine,
-    where short calls run at the host's pace (BENCHMARKS.md, entries 19, 22).
-    The first launch of each specialization goes through Triton (compiling
-    if need be); later ones call the compiled kernel that it returned.
-    """
-    if (
-        not DIRECT_LAUNCH
-        or _interpreting()
-        or torch.compiler.is_compiling()  # let a tracer see the kernel launch
-        or _knobs.runtime.launch_enter_hook.calls  # a profiler sees each launch
-        or _knobs.runtime.launch_exit_hook.calls
-    ):
-        kernel[grid](*_triton_args(args), **options)
-        return
-    device = _driver.active.get_current_device()
-    key = (kernel, device, _specialization(args), *options.items())
-    compiled = _COMPILED.get(key)
-    if compiled is None:
-        if len(_COMPILED) >= 4096:  # e.g. a new sequence length on every call
-            _COMPILED.clear()
-        _COMPILED[key] = kernel[grid](*_triton_args(args), **options)
-        return
-    stream = _driver.active.get_current_stream(device)
-    # JITFunction.run's own call; without hooks it needs no launch metadata.
-    handles = (compiled.function, compiled.packed_metadata, None, None, None)
-    compiled.run(grid[0], grid[1], 1, stream, *handles, *args)
-
-
-@functools.lru_cache(maxsize=None)
-def _alibi_slopes(num_heads: int, device: torch.device) -> torch.Tensor:
-    """ALiBi slopes, shape (num_heads,), float32.
-
-    For H a power of two, slope_i = 2^(-8 (i + 1) / H).  Otherwise the ALiBi
-    paper takes the slopes for n = 2^floor(log2 H) heads, then every other
-    slope of the rule for 2n heads until there are H.
-    """
-    n = 1 << (num_heads.bit_length() - 1)
-    slopes = [2.0 ** (-8.0 * (i + 1) / n) for i in range(n)]
-    slopes += [
-        2.0 ** (-8.0 * (i + 1) / (2 * n)) for i in range(0, 2 * (num_heads - n), 2)
-    ]
-    return torch.tensor(slopes, dtype=torch.float32, device=device)
-
-
 def _check_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
     for name, x in (("q", q), ("k", k), ("v", v)):
         if not isinstance(x, torch.Tensor):
@@ -1490,9 +1324,7 @@ def _resolve_scale(scale) -> float:
     return float(scale)
 
 
-def _launch_config(
-    device: torch.device, backward: bool = False
-) -> tuple[int, int, int, int]:
+def _launch_config(device: torch.device, backward: bool = False) -> tuple[int, int, int, int]:
     if device.type != "cuda":
         return INTERPRETER_CONFIG
     return GPU_BWD_CONFIG if backward else GPU_CONFIG
@@ -1533,7 +1365,7 @@ def _descriptors(use_tma: bool, block: int, *tensors: torch.Tensor) -> list:
     if not use_tma:
         return list(tensors)
     return [
-        TensorDescriptor(x, list(x.shape), list(x.stride()), [1, 1, block, 64])
+        TensorDescriptor(x, list(x.shape), list(x.stride()), [1, 1, block, HEAD_DIM_PAD])
         for x in tensors
     ]
 
@@ -1544,8 +1376,118 @@ def _check_blocks(block_m: int, block_n: int) -> None:
             raise ValueError(f"{name} must be a power of two >= 16, got {block}")
 
 
+def _check_backward_inputs(q: torch.Tensor, o, lse, do, dlse) -> None:
+    """backward()'s own arguments: o and do shaped and typed as q's output,
+    lse and dlse as its log-sum-exp (the kernels index them by shape)."""
+    rows = tuple(q.shape[:3])
+    for name, x, shape, dtypes in (
+        ("o", o, tuple(q.shape), (DTYPE,)),
+        ("lse", lse, rows, (torch.float32,)),
+        ("do", do, tuple(q.shape), (DTYPE,)),
+        ("dlse", dlse, rows, (torch.float16, torch.bfloat16, torch.float32)),
+    ):
+        if x is None and name in ("do", "dlse"):
+            continue
+        if not isinstance(x, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+        if tuple(x.shape) != shape:
+            raise ValueError(f"{name} must have shape {shape} (from q), got {tuple(x.shape)}")
+        if x.dtype not in dtypes:
+            raise TypeError(f"{name} has dtype {x.dtype}, expected {' or '.join(map(str, dtypes))}")
+        if x.device != q.device:
+            raise ValueError(f"{name} is on {x.device}, but q is on {q.device}")
+
+
 def _alibi_or_placeholder(num_heads: int, like: torch.Tensor) -> torch.Tensor:
     return like  # this variant has no ALiBi term; the kernels never read it
+
+
+# --------------------------------------------------------------------------- #
+# Direct launches: the one part of this module that uses Triton internals
+# (the runtime driver, a compiled kernel's `function`, `packed_metadata` and
+# `run`, and Triton's launch hooks).  It is on only where the running Triton
+# is one this module was tested with; elsewhere, and whenever
+# DIRECT_LAUNCH = False, every launch goes through kernel[grid](...).
+# --------------------------------------------------------------------------- #
+
+TESTED_TRITON = ("3.6.",)  # version prefixes
+try:
+    from triton import knobs as _knobs
+    from triton.runtime.driver import driver as _driver
+except ImportError:  # pragma: no cover
+    _knobs = _driver = None
+# Repeat launches call the compiled kernel directly (`_launch`).
+DIRECT_LAUNCH = _driver is not None and triton.__version__.startswith(TESTED_TRITON)
+# Compiled kernels by (kernel, device, specialization, launch options).
+_COMPILED: dict = {}
+
+
+def _specialization(args) -> tuple:
+    """Everything of a launch's arguments that Triton may compile a kernel
+    for: integers by value, tensors by dtype and alignment, TMA descriptors
+    by their tensor, geometry and block (a superset of Triton's own key)."""
+    key = []
+    for a in args:
+        kind = type(a)
+        if kind is int or kind is bool:
+            key.append(a)
+        elif kind is float:
+            key.append(None)  # a float argument is always fp32
+        elif isinstance(a, torch.Tensor):
+            key.append((a.dtype, a.data_ptr() % 16))
+        else:  # a TMA descriptor (a Gluon one's layout follows from its block and dtype)
+            base = a.base
+            key.append(
+                (base.dtype, base.data_ptr() % 16, *a.shape, *a.strides, *a.block_shape, a.padding)
+            )
+    return tuple(key)
+
+
+# Argument types that stand in for Triton's own on direct launches (the
+# Gluon section adds its descriptor stand-in) and are made real for a launch
+# through Triton.
+_STAND_INS: tuple = ()
+
+
+def _triton_args(args) -> tuple:
+    """A launch's arguments as Triton's own launch path takes them."""
+    if not _STAND_INS:
+        return args
+    return tuple(a.descriptor() if isinstance(a, _STAND_INS) else a for a in args)
+
+
+def _launch(kernel, grid, *args, **options) -> None:
+    """kernel[grid](*args, **options), constexprs passed by position.
+
+    Triton binds and specializes every argument on every launch: 20-26 us of
+    host time for the backward kernel's 52 arguments on an H200, where short
+    calls run at the host's pace.  With DIRECT_LAUNCH, the first launch of
+    each specialization goes through Triton (compiling if need be) and later
+    ones call the compiled kernel that it returned; otherwise, or while a
+    tracer or a profiler's launch hook is watching, every launch goes through
+    Triton.
+    """
+    if (
+        not DIRECT_LAUNCH
+        or _interpreting()
+        or torch.compiler.is_compiling()  # let a tracer see the kernel launch
+        or _knobs.runtime.launch_enter_hook.calls  # a profiler sees each launch
+        or _knobs.runtime.launch_exit_hook.calls
+    ):
+        kernel[grid](*_triton_args(args), **options)
+        return
+    device = _driver.active.get_current_device()
+    key = (kernel, device, _specialization(args), *options.items())
+    compiled = _COMPILED.get(key)
+    if compiled is None:
+        if len(_COMPILED) >= 4096:  # e.g. a new sequence length on every call
+            _COMPILED.clear()
+        _COMPILED[key] = kernel[grid](*_triton_args(args), **options)
+        return
+    stream = _driver.active.get_current_stream(device)
+    # JITFunction.run's own call; without hooks it needs no launch metadata.
+    handles = (compiled.function, compiled.packed_metadata, None, None, None)
+    compiled.run(grid[0], grid[1], 1, stream, *handles, *args)
 
 
 @functools.lru_cache(maxsize=None)
@@ -1555,14 +1497,13 @@ def _gluon_layout(rows: int, d: int, dtype: torch.dtype) -> "gl.NVMMASharedLayou
     )
 
 
-def _gluon_fits(
-    block: int, q: torch.Tensor, k: torch.Tensor, *tensors: torch.Tensor
-) -> bool:
-    """Whether the Gluon kernels can take these tensors: an sm90 GPU, Nq = Nk
-    a multiple of `block`, q, k and `tensors` contiguous and 16-byte aligned,
-    and fewer than 2^31 rows of q in all (the kernels address rows as
-    (batch * heads + head) * N + row, and TMA coordinates, in int32)."""
-    if _interpreting() or q.device.type != "cuda" or _capability(q.device) != (9, 0):
+def _gluon_fits(block: int, q: torch.Tensor, k: torch.Tensor, *tensors: torch.Tensor) -> bool:
+    """Whether the Gluon kernels can take these tensors: a Triton with Gluon,
+    an sm90 GPU, Nq = Nk a multiple of `block`, q, k and `tensors` contiguous
+    and 16-byte aligned, and fewer than 2^31 rows of q in all (the kernels
+    address rows as (batch * heads + head) * N + row, and TMA coordinates, in
+    int32)."""
+    if not GLUON or _interpreting() or q.device.type != "cuda" or _capability(q.device) != (9, 0):
         return False
     n = q.shape[2]
     if k.shape[2] != n or n % block or q.shape[0] * q.shape[1] * n >= 2**31:
@@ -1575,8 +1516,8 @@ class _GluonBlocks(NamedTuple):
     (B * heads * N, D): what the launcher of Triton 3.6 reads of one (`base`,
     `shape`, `strides`, `padding`).  Triton's own descriptor views the tensor
     and checks every field when it is made, ~6 us of host time a descriptor
-    (11 per forward + backward) where short calls run at the host's pace
-    (BENCHMARKS.md, entry 30); it is made only for a launch through Triton."""
+    (11 per forward + backward) where short calls run at the host's pace; it
+    is made only for a launch through Triton (`_triton_args`)."""
 
     base: torch.Tensor
     shape: tuple[int, int]
@@ -1599,9 +1540,10 @@ class _GluonBlocks(NamedTuple):
 def _gluon_descriptor(x: torch.Tensor, rows: int) -> _GluonBlocks:
     """A TMA descriptor of [rows, D] blocks over contiguous x seen as (B * heads * N, D)."""
     d = x.shape[-1]
-    return _GluonBlocks(
-        x, (x.numel() // d, d), (d, 1), (rows, d), _gluon_layout(rows, d, x.dtype)
-    )
+    return _GluonBlocks(x, (x.numel() // d, d), (d, 1), (rows, d), _gluon_layout(rows, d, x.dtype))
+
+
+_STAND_INS = (_GluonBlocks,)
 
 
 # --------------------------------------------------------------------------- #
@@ -1671,11 +1613,7 @@ def _gluon_tile_class(q_lo, q_hi, k_lo, k_hi, head, num_heads):
 def _gluon_dkdv_cta(num_heads, kv_group, KEYS: gl.constexpr):
     """This dK/dV CTA's first key, batch and kv head."""
     kv_heads = num_heads // kv_group
-    return (
-        gl.program_id(0) * (2 * KEYS),
-        gl.program_id(1) // kv_heads,
-        gl.program_id(1) % kv_heads,
-    )
+    return gl.program_id(0) * (2 * KEYS), gl.program_id(1) // kv_heads, gl.program_id(1) % kv_heads
 
 
 @gluon.jit
@@ -1714,9 +1652,7 @@ def _gluon_dkdv_consumer(args, HALF: gl.constexpr):
     acc_layout: gl.constexpr = gl.NVMMADistributedLayout(
         version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, HEAD_DIM, 16]
     )
-    a_layout: gl.constexpr = gl.DotOperandLayout(
-        operand_index=0, parent=acc_layout, k_width=2
-    )
+    a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_layout, k_width=2)
     key_vec: gl.constexpr = gl.SliceLayout(1, s_layout)
     row_vec: gl.constexpr = gl.SliceLayout(0, s_layout)
 
@@ -1740,12 +1676,7 @@ def _gluon_dkdv_consumer(args, HALF: gl.constexpr):
         )
         for start_m in range(row_lo, row_hi, ROWS):
             _, cta_may = _gluon_tile_class(
-                start_m,
-                start_m + ROWS - 1,
-                start_n,
-                start_n + 2 * KEYS - 1,
-                head,
-                num_heads,
+                start_m, start_m + ROWS - 1, start_n, start_n + 2 * KEYS - 1, head, num_heads
             )
             if cta_may:  # the producer loaded this tile
                 stage = t % STAGES
@@ -1757,18 +1688,10 @@ def _gluon_dkdv_consumer(args, HALF: gl.constexpr):
                     q_buf = q_smem.index(stage)
                     do_buf = do_smem.index(stage)
                     s_t = warpgroup_mma(
-                        k_buf,
-                        q_buf.permute((1, 0)),
-                        s_zero,
-                        use_acc=False,
-                        is_async=True,
+                        k_buf, q_buf.permute((1, 0)), s_zero, use_acc=False, is_async=True
                     )
                     dp_t = warpgroup_mma(
-                        v_buf,
-                        do_buf.permute((1, 0)),
-                        s_zero,
-                        use_acc=False,
-                        is_async=True,
+                        v_buf, do_buf.permute((1, 0)), s_zero, use_acc=False, is_async=True
                     )
                     q_idx = start_m + gl.arange(0, ROWS, layout=row_vec)
                     q_pos = gl.expand_dims(q_idx, 0)
@@ -1802,18 +1725,12 @@ def _gluon_dkdv_consumer(args, HALF: gl.constexpr):
                             True,
                         )
                     dv = warpgroup_mma(
-                        gl.convert_layout(p_t.to(dtype), a_layout),
-                        do_buf,
-                        dv,
-                        is_async=True,
+                        gl.convert_layout(p_t.to(dtype), a_layout), do_buf, dv, is_async=True
                     )
                     dp_t = warpgroup_mma_wait(num_outstanding=1, deps=(dp_t,))
                     ds_t = p_t * (dp_t - delta)
                     dk = warpgroup_mma(
-                        gl.convert_layout(ds_t.to(dtype), a_layout),
-                        q_buf,
-                        dk,
-                        is_async=True,
+                        gl.convert_layout(ds_t.to(dtype), a_layout), q_buf, dk, is_async=True
                     )
                     dv, dk = warpgroup_mma_wait(num_outstanding=0, deps=(dv, dk))
                 mbarrier.arrive(q_empty.index(stage), count=1)
@@ -1860,12 +1777,8 @@ def _gluon_dkdv_producer(args, HALF: gl.constexpr):
     kv_row = gl.program_id(1) * n_ctx + start_n
     mbarrier.expect(kv_bar, 4 * k_desc.block_type.nbytes)
     for i in gl.static_range(2):
-        gl_tma.async_copy_global_to_shared(
-            k_desc, [kv_row + i * KEYS, 0], kv_bar, k_smem.index(i)
-        )
-        gl_tma.async_copy_global_to_shared(
-            v_desc, [kv_row + i * KEYS, 0], kv_bar, v_smem.index(i)
-        )
+        gl_tma.async_copy_global_to_shared(k_desc, [kv_row + i * KEYS, 0], kv_bar, k_smem.index(i))
+        gl_tma.async_copy_global_to_shared(v_desc, [kv_row + i * KEYS, 0], kv_bar, v_smem.index(i))
     t = 0  # tiles sent, counted as the consumers count them
     for group_head in range(kv_group):
         head = kv_head * kv_group + group_head
@@ -1875,32 +1788,20 @@ def _gluon_dkdv_producer(args, HALF: gl.constexpr):
         )
         for start_m in range(row_lo, row_hi, ROWS):
             _, cta_may = _gluon_tile_class(
-                start_m,
-                start_m + ROWS - 1,
-                start_n,
-                start_n + 2 * KEYS - 1,
-                head,
-                num_heads,
+                start_m, start_m + ROWS - 1, start_n, start_n + 2 * KEYS - 1, head, num_heads
             )
             if cta_may:
                 stage = t % STAGES
                 # A barrier starts with phase 1 complete: the first STAGES waits pass.
                 mbarrier.wait(q_empty.index(stage), ((t // STAGES) & 1) ^ 1)
                 mbarrier.expect(
-                    q_ready.index(stage),
-                    q_desc.block_type.nbytes + do_desc.block_type.nbytes,
+                    q_ready.index(stage), q_desc.block_type.nbytes + do_desc.block_type.nbytes
                 )
                 gl_tma.async_copy_global_to_shared(
-                    q_desc,
-                    [row0 + start_m, 0],
-                    q_ready.index(stage),
-                    q_smem.index(stage),
+                    q_desc, [row0 + start_m, 0], q_ready.index(stage), q_smem.index(stage)
                 )
                 gl_tma.async_copy_global_to_shared(
-                    do_desc,
-                    [row0 + start_m, 0],
-                    q_ready.index(stage),
-                    do_smem.index(stage),
+                    do_desc, [row0 + start_m, 0], q_ready.index(stage), do_smem.index(stage)
                 )
                 t += 1
 
@@ -1932,12 +1833,8 @@ def _gluon_attn_bwd_dkdv(
     q_smem = gl.allocate_shared_memory(dtype, [STAGES, ROWS, HEAD_DIM], q_desc.layout)
     do_smem = gl.allocate_shared_memory(dtype, [STAGES, ROWS, HEAD_DIM], do_desc.layout)
     kv_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
-    q_ready = gl.allocate_shared_memory(
-        gl.int64, [STAGES, 1], mbarrier.MBarrierLayout()
-    )
-    q_empty = gl.allocate_shared_memory(
-        gl.int64, [STAGES, 1], mbarrier.MBarrierLayout()
-    )
+    q_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    q_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     mbarrier.init(kv_bar, count=1)
     for i in gl.static_range(STAGES):
         mbarrier.init(q_ready.index(i), count=1)
@@ -2018,9 +1915,7 @@ def _gluon_dq_consumer(args, HALF: gl.constexpr, HAS_DLSE: gl.constexpr):
     acc_layout: gl.constexpr = gl.NVMMADistributedLayout(
         version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, HEAD_DIM, 16]
     )
-    a_layout: gl.constexpr = gl.DotOperandLayout(
-        operand_index=0, parent=acc_layout, k_width=2
-    )
+    a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_layout, k_width=2)
     row_vec: gl.constexpr = gl.SliceLayout(1, s_layout)
     key_vec: gl.constexpr = gl.SliceLayout(0, s_layout)
 
@@ -2035,17 +1930,9 @@ def _gluon_dq_consumer(args, HALF: gl.constexpr, HAS_DLSE: gl.constexpr):
     # (`_attn_bwd_preprocess`), from O read here and dO once it has landed;
     # stored for the dK/dV kernel, which runs next.
     rows_layout: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
-    rows = (
-        batch_head * n_ctx
-        + q_lo
-        + gl.arange(0, ROWS, layout=gl.SliceLayout(1, rows_layout))
-    )
+    rows = batch_head * n_ctx + q_lo + gl.arange(0, ROWS, layout=gl.SliceLayout(1, rows_layout))
     cols = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, rows_layout))
-    o = gl.load(
-        o_ptr
-        + gl.expand_dims(rows.to(gl.int64) * HEAD_DIM, 1)
-        + gl.expand_dims(cols, 0)
-    )
+    o = gl.load(o_ptr + gl.expand_dims(rows.to(gl.int64) * HEAD_DIM, 1) + gl.expand_dims(cols, 0))
     alibi_slope = 0.0
     q_buf = q_smem.index(HALF)
     do_buf = do_smem.index(HALF)
@@ -2058,18 +1945,11 @@ def _gluon_dq_consumer(args, HALF: gl.constexpr, HAS_DLSE: gl.constexpr):
         row_delta -= gl.load(dlse_ptr + rows)
     gl.store(delta_ptr + rows, row_delta)
     delta = gl.expand_dims(gl.convert_layout(row_delta, row_vec), 1)
-    lo, hi = _gluon_key_cols(
-        start_cta, start_cta + 2 * ROWS - 1, n_ctx, head, num_heads, BLOCK_N
-    )
+    lo, hi = _gluon_key_cols(start_cta, start_cta + 2 * ROWS - 1, n_ctx, head, num_heads, BLOCK_N)
     t = 0  # tiles received
     for start_n in range(lo, hi, BLOCK_N):
         _, cta_may = _gluon_tile_class(
-            start_cta,
-            start_cta + 2 * ROWS - 1,
-            start_n,
-            start_n + BLOCK_N - 1,
-            head,
-            num_heads,
+            start_cta, start_cta + 2 * ROWS - 1, start_n, start_n + BLOCK_N - 1, head, num_heads
         )
         if cta_may:  # the producer loaded this tile
             stage = t % STAGES
@@ -2091,35 +1971,15 @@ def _gluon_dq_consumer(args, HALF: gl.constexpr, HAS_DLSE: gl.constexpr):
                     use_acc=False,
                     is_async=True,
                 )
-                k_pos = gl.expand_dims(
-                    start_n + gl.arange(0, BLOCK_N, layout=key_vec), 0
-                )
+                k_pos = gl.expand_dims(start_n + gl.arange(0, BLOCK_N, layout=key_vec), 0)
                 s = warpgroup_mma_wait(num_outstanding=1, deps=(s,))
                 if whole:
                     p, s2 = _attn_probs(
-                        s,
-                        lse,
-                        q_pos,
-                        k_pos,
-                        n_ctx,
-                        head,
-                        num_heads,
-                        alibi_slope,
-                        sm_scale,
-                        False,
+                        s, lse, q_pos, k_pos, n_ctx, head, num_heads, alibi_slope, sm_scale, False
                     )
                 else:
                     p, s2 = _attn_probs(
-                        s,
-                        lse,
-                        q_pos,
-                        k_pos,
-                        n_ctx,
-                        head,
-                        num_heads,
-                        alibi_slope,
-                        sm_scale,
-                        True,
+                        s, lse, q_pos, k_pos, n_ctx, head, num_heads, alibi_slope, sm_scale, True
                     )
                 dp = warpgroup_mma_wait(num_outstanding=0, deps=(dp,))
                 ds = p * (dp - delta)
@@ -2178,18 +2038,11 @@ def _gluon_dq_producer(args, HALF: gl.constexpr):
         row = batch_head * n_ctx + start_cta + i * ROWS
         gl_tma.async_copy_global_to_shared(q_desc, [row, 0], q_bar, q_smem.index(i))
         gl_tma.async_copy_global_to_shared(do_desc, [row, 0], q_bar, do_smem.index(i))
-    lo, hi = _gluon_key_cols(
-        start_cta, start_cta + 2 * ROWS - 1, n_ctx, head, num_heads, BLOCK_N
-    )
+    lo, hi = _gluon_key_cols(start_cta, start_cta + 2 * ROWS - 1, n_ctx, head, num_heads, BLOCK_N)
     t = 0  # tiles sent, counted as the consumers count them
     for start_n in range(lo, hi, BLOCK_N):
         _, cta_may = _gluon_tile_class(
-            start_cta,
-            start_cta + 2 * ROWS - 1,
-            start_n,
-            start_n + BLOCK_N - 1,
-            head,
-            num_heads,
+            start_cta, start_cta + 2 * ROWS - 1, start_n, start_n + BLOCK_N - 1, head, num_heads
         )
         if cta_may:
             stage = t % STAGES
@@ -2197,17 +2050,11 @@ def _gluon_dq_producer(args, HALF: gl.constexpr):
             mbarrier.wait(kv_empty.index(stage), ((t // STAGES) & 1) ^ 1)
             mbarrier.expect(k_ready.index(stage), k_desc.block_type.nbytes)
             gl_tma.async_copy_global_to_shared(
-                k_desc,
-                [kv_row0 + start_n, 0],
-                k_ready.index(stage),
-                k_smem.index(stage),
+                k_desc, [kv_row0 + start_n, 0], k_ready.index(stage), k_smem.index(stage)
             )
             mbarrier.expect(v_ready.index(stage), v_desc.block_type.nbytes)
             gl_tma.async_copy_global_to_shared(
-                v_desc,
-                [kv_row0 + start_n, 0],
-                v_ready.index(stage),
-                v_smem.index(stage),
+                v_desc, [kv_row0 + start_n, 0], v_ready.index(stage), v_smem.index(stage)
             )
             t += 1
 
@@ -2239,22 +2086,12 @@ def _gluon_attn_bwd_dq(
     BLOCK_N: gl.constexpr = k_desc.block_type.shape[0]
     q_smem = gl.allocate_shared_memory(dtype, [2, ROWS, HEAD_DIM], q_desc.layout)
     do_smem = gl.allocate_shared_memory(dtype, [2, ROWS, HEAD_DIM], do_desc.layout)
-    k_smem = gl.allocate_shared_memory(
-        dtype, [STAGES, BLOCK_N, HEAD_DIM], k_desc.layout
-    )
-    v_smem = gl.allocate_shared_memory(
-        dtype, [STAGES, BLOCK_N, HEAD_DIM], v_desc.layout
-    )
+    k_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DIM], k_desc.layout)
+    v_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DIM], v_desc.layout)
     q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
-    k_ready = gl.allocate_shared_memory(
-        gl.int64, [STAGES, 1], mbarrier.MBarrierLayout()
-    )
-    v_ready = gl.allocate_shared_memory(
-        gl.int64, [STAGES, 1], mbarrier.MBarrierLayout()
-    )
-    kv_empty = gl.allocate_shared_memory(
-        gl.int64, [STAGES, 1], mbarrier.MBarrierLayout()
-    )
+    k_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    v_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    kv_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     mbarrier.init(q_bar, count=1)
     for i in gl.static_range(STAGES):
         mbarrier.init(k_ready.index(i), count=1)
@@ -2370,31 +2207,13 @@ def forward(
     if _on_other_gpu(q):
         with torch.cuda.device(q.device):
             return _forward(
-                q,
-                k,
-                v,
-                _resolve_scale(scale),
-                block_m,
-                block_n,
-                num_warps,
-                num_stages,
-                tma,
+                q, k, v, _resolve_scale(scale), block_m, block_n, num_warps, num_stages, tma
             )
-    return _forward(
-        q, k, v, _resolve_scale(scale), block_m, block_n, num_warps, num_stages, tma
-    )
+    return _forward(q, k, v, _resolve_scale(scale), block_m, block_n, num_warps, num_stages, tma)
 
 
 def _forward(
-    q,
-    k,
-    v,
-    scale: float,
-    block_m=None,
-    block_n=None,
-    num_warps=None,
-    num_stages=None,
-    tma=None,
+    q, k, v, scale: float, block_m=None, block_n=None, num_warps=None, num_stages=None, tma=None
 ):
     """forward() on checked inputs and a resolved scale."""
     q, k, v = _rows_in_int32("q", q), _rows_in_int32("k", k), _rows_in_int32("v", v)
@@ -2404,9 +2223,7 @@ def _forward(
     batch, num_heads, n_queries, _ = q.shape
     n_keys = k.shape[2]
     o = torch.empty(q.shape, dtype=q.dtype, device=q.device)
-    lse = torch.empty(
-        (batch, num_heads, n_queries), dtype=torch.float32, device=q.device
-    )
+    lse = torch.empty((batch, num_heads, n_queries), dtype=torch.float32, device=q.device)
     if o.numel() == 0:
         return o, lse.fill_(float("-inf"))
     use_tma = n_keys > 0 and _use_tma(tma, GPU_TMA, k, v)
@@ -2431,7 +2248,7 @@ def _forward(
         n_keys,
         scale,
         HEAD_DIM,
-        64,
+        HEAD_DIM_PAD,
         block_m,
         block_n,
         use_tma,  # the constexprs
@@ -2491,32 +2308,6 @@ def backward(
     return _backward(*args)
 
 
-def _check_backward_inputs(q: torch.Tensor, o, lse, do, dlse) -> None:
-    """backward()'s own arguments: o and do shaped and typed as q's output,
-    lse and dlse as its log-sum-exp (the kernels index them by shape)."""
-    rows = tuple(q.shape[:3])
-    for name, x, shape, dtypes in (
-        ("o", o, tuple(q.shape), (DTYPE,)),
-        ("lse", lse, rows, (torch.float32,)),
-        ("do", do, tuple(q.shape), (DTYPE,)),
-        ("dlse", dlse, rows, (torch.float16, torch.bfloat16, torch.float32)),
-    ):
-        if x is None and name in ("do", "dlse"):
-            continue
-        if not isinstance(x, torch.Tensor):
-            raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
-        if tuple(x.shape) != shape:
-            raise ValueError(
-                f"{name} must have shape {shape} (from q), got {tuple(x.shape)}"
-            )
-        if x.dtype not in dtypes:
-            raise TypeError(
-                f"{name} has dtype {x.dtype}, expected {' or '.join(map(str, dtypes))}"
-            )
-        if x.device != q.device:
-            raise ValueError(f"{name} is on {x.device}, but q is on {q.device}")
-
-
 def _backward(
     q,
     k,
@@ -2533,9 +2324,7 @@ def _backward(
     tma=None,
 ):
     """backward() on checked inputs and a resolved scale."""
-    q, k, v, o = (
-        _rows_in_int32(n, x) for n, x in (("q", q), ("k", k), ("v", v), ("o", o))
-    )
+    q, k, v, o = (_rows_in_int32(n, x) for n, x in (("q", q), ("k", k), ("v", v), ("o", o)))
     do = None if do is None else _rows_in_int32("do", do)
     explicit = (block_m, block_n, num_warps, num_stages) != (None,) * 4 or tma is False
     default = _launch_config(q.device, backward=True)
@@ -2545,9 +2334,7 @@ def _backward(
     batch, num_heads, n_queries, _ = q.shape
     kv_heads, n_keys = k.shape[1], k.shape[2]
     if q.numel() == 0 or k.numel() == 0 or (do is None and dlse is None):
-        return tuple(
-            torch.zeros(x.shape, dtype=x.dtype, device=x.device) for x in (q, k, v)
-        )
+        return tuple(torch.zeros(x.shape, dtype=x.dtype, device=x.device) for x in (q, k, v))
     # The kernels write every row of every gradient (rows that see no key
     # get zeros), so nothing is cleared first.
     dq = torch.empty(q.shape, dtype=q.dtype, device=q.device)
@@ -2562,9 +2349,7 @@ def _backward(
     delta = torch.empty_like(lse)
     alibi_slopes = _alibi_or_placeholder(num_heads, lse)
     if not explicit and _gluon_backward_supported(q, k, v, o, do):
-        _gluon_backward(
-            q, k, v, o, do, lse, dlse, delta, dq, dk, dv, alibi_slopes, scale
-        )
+        _gluon_backward(q, k, v, o, do, lse, dlse, delta, dq, dk, dv, alibi_slopes, scale)
         return dq, dk, dv
     grid = (_cdiv(n_queries, block_m), batch * num_heads)
     _launch(
@@ -2579,7 +2364,7 @@ def _backward(
         num_heads,
         n_queries,
         HEAD_DIM,
-        64,
+        HEAD_DIM_PAD,
         block_m,
         dlse is not None,  # the constexprs
     )
@@ -2612,7 +2397,7 @@ def _backward(
         n_keys,
         scale,
         HEAD_DIM,
-        64,
+        HEAD_DIM_PAD,
         block_m,
         block_n,
         use_tma,  # the constexprs

@@ -7,13 +7,15 @@ A template or lowering change that alters generated code fails here until
 from __future__ import annotations
 
 import ast
+import builtins
+import symtable
 import sys
 from pathlib import Path
 
 import pytest
 
 from flashgen.check import check
-from flashgen.emit import render_module
+from flashgen.emit import render_module, runtime_sections
 from flashgen.sidecar import tuning_for
 from flashgen.parse import parse
 
@@ -137,3 +139,81 @@ def test_kernels_keep_a_branch_free_interior_loop(variant):
         assert ast.unparse(call.args[-2]) == "False", "interior tiles must be unmasked"
         for edge in ((lo, "mid_lo"), ("mid_hi", hi)):
             assert _has_branch(loops[edge]) == tested, (kernel, edge)
+
+
+# Triton internals a module may use, and only in its direct-launch section
+# (flashgen/runtime.py): public API everywhere else.
+_PRIVATE = ("_driver", "_knobs", "triton.runtime", ".packed_metadata", ".function", "compiled.run")
+
+
+@pytest.mark.parametrize("variant", VARIANTS, ids=lambda v: v.name)
+def test_private_triton_api_only_in_the_direct_launch_section(variant):
+    text = (GENERATED / f"{variant.name}.py").read_text()
+    section = runtime_sections()["direct_launch"]
+    assert text.count(section) == 1
+    outside = text.replace(section, "")
+    assert [p for p in _PRIVATE if p in outside] == []
+    assert "DIRECT_LAUNCH = _driver is not None and triton.__version__.startswith(TESTED_TRITON)" in section
+
+
+@pytest.mark.parametrize("variant", VARIANTS, ids=lambda v: v.name)
+def test_optional_imports_are_guarded(variant):
+    """Gluon and TMA are imported only inside `try: ... except ImportError`,
+    so the module imports (and runs its Triton kernels) on a Triton without them."""
+    tree = ast.parse((GENERATED / f"{variant.name}.py").read_text())
+    guarded = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Try) and any(
+            isinstance(h.type, ast.Name) and h.type.id == "ImportError" for h in node.handlers
+        ):
+            guarded |= {id(n) for stmt in node.body for n in ast.walk(stmt)}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module.startswith(
+            ("triton.experimental", "triton.tools", "triton.runtime", "triton.knobs")
+        ):
+            assert id(node) in guarded, ast.unparse(node)
+        if isinstance(node, ast.ImportFrom) and node.module == "triton":
+            assert id(node) in guarded, ast.unparse(node)
+
+
+@pytest.mark.parametrize("variant", VARIANTS, ids=lambda v: v.name)
+def test_runtime_sections_are_copied_verbatim(variant):
+    text = (GENERATED / f"{variant.name}.py").read_text()
+    sections = runtime_sections()
+    expected = {"common", "direct_launch"}
+    if "_alibi_slopes(" in text:
+        expected.add("alibi")
+    if "GLUON = True" in text:
+        expected.add("gluon")
+    for name, section in sections.items():
+        assert (section in text) == (name in expected), name
+
+
+@pytest.mark.parametrize("variant", VARIANTS, ids=lambda v: v.name)
+def test_every_global_a_function_reads_is_defined(variant):
+    """What the runtime sections and the template read at call time exists
+    in the module (symtable sees each function's free global names)."""
+    text = (GENERATED / f"{variant.name}.py").read_text()
+    top = symtable.symtable(text, variant.name, "exec")
+    defined = {s.get_name() for s in top.get_symbols() if s.is_assigned() or s.is_imported()}
+    defined |= set(dir(builtins))
+    missing = set()
+
+    def walk(table):
+        for child in table.get_children():
+            if child.get_type() == "function":
+                missing.update(
+                    s.get_name()
+                    for s in child.get_symbols()
+                    if s.is_global() and s.is_referenced() and s.get_name() not in defined
+                )
+            walk(child)
+
+    walk(top)
+    assert missing == set()
+
+
+def test_no_references_to_files_a_vendor_lacks():
+    for path in sorted(GENERATED.glob("*.py")):
+        text = path.read_text()
+        assert "BENCHMARKS" not in text and "docs/" not in text and "entry " not in text, path.name

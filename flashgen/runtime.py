@@ -1,0 +1,396 @@
+"""The host runtime of every generated module: argument checks, launch
+configurations, TMA descriptors and kernel launches.
+
+This is ordinary, tested Python.  `flashgen.emit` copies its sections, each
+between a `# flashgen: section NAME` line and the next, verbatim into every
+module that needs them, after the module's own constants and kernels:
+
+    common          argument checks, scale, launch configuration, TMA
+    alibi           ALiBi slopes (modules whose score uses them)
+    direct_launch   `_launch`: the launch path, with the one use of Triton internals
+    gluon           descriptors and the support test of the Hopper Gluon kernels
+
+Everything above the first section is not copied: it stands for the names a
+generated module defines itself, so that this file imports, lints and is
+tested on its own (tests/test_runtime.py sets those names as a module would).
+"""
+
+# flashgen: not copied (a generated module defines these itself)
+import functools
+import math
+import os
+from typing import NamedTuple
+
+import torch
+import triton
+
+try:  # Hopper's tensor memory accelerator (TMA), Triton >= 3.4
+    from triton.tools.tensor_descriptor import TensorDescriptor
+except ImportError:  # pragma: no cover
+    TensorDescriptor = None
+try:  # Gluon, Triton >= 3.5
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor as GluonTensorDescriptor
+
+    GLUON = True
+except ImportError:  # pragma: no cover
+    gl = GluonTensorDescriptor = None
+    GLUON = False
+
+DTYPE = torch.float16
+HEAD_DIM = 64
+HEAD_DIM_PAD = 64
+DEFAULT_SCALE = 0.125
+MAX_SEQ_LEN = 2**24
+MAX_HEADS = 2**16
+GPU_CONFIG = (128, 64, 4, 3)
+GPU_BWD_CONFIG = (64, 64, 4, 2)
+INTERPRETER_CONFIG = (32, 32, 1, 1)
+
+
+# flashgen: section common
+def _cdiv(a: int, b: int) -> int:
+    """ceil(a / b) (triton.cdiv, a constexpr function, costs microseconds on the host)."""
+    return -(-a // b)
+
+
+def _interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET") == "1"
+
+
+@functools.lru_cache(maxsize=None)
+def _capability(device: torch.device) -> tuple[int, int]:
+    """The GPU's compute capability, looked up once per device (each call's
+    host time counts when the kernels are short)."""
+    return torch.cuda.get_device_capability(device)
+
+
+def _check_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+    for name, x in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(x, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+        if x.dtype != DTYPE:
+            raise TypeError(
+                f"{name} has dtype {x.dtype}, but this module was built for {DTYPE} "
+                f"(the spec's dtype); cast it or build the spec for {x.dtype}"
+            )
+        if x.dim() != 4:
+            raise ValueError(
+                f"{name} must have 4 dimensions (batch, heads, seq_len, head_dim), "
+                f"got shape {tuple(x.shape)}"
+            )
+        if x.shape[3] != HEAD_DIM:
+            raise ValueError(
+                f"{name} has head_dim {x.shape[3]}, but this module was built for "
+                f"head_dim = {HEAD_DIM}"
+            )
+        if x.device != q.device:
+            raise ValueError(f"{name} is on {x.device}, but q is on {q.device}")
+        if x.device.type != "cuda" and not _interpreting():
+            raise ValueError(
+                f"{name} is on {x.device}: the kernels run on CUDA devices, or on the "
+                "CPU when TRITON_INTERPRET=1 is set before triton is imported"
+            )
+    if k.shape != v.shape:
+        raise ValueError(
+            f"k and v must have the same shape, got {tuple(k.shape)} and {tuple(v.shape)}"
+        )
+    if k.shape[0] != q.shape[0]:
+        raise ValueError(f"k has batch size {k.shape[0]}, but q has {q.shape[0]}")
+    if k.shape[1] == 0 or q.shape[1] % k.shape[1] != 0:
+        raise ValueError(
+            f"k has {k.shape[1]} heads, which must divide q's {q.shape[1]} heads (GQA/MQA)"
+        )
+    for name, length in (("q", q.shape[2]), ("k", k.shape[2])):
+        if length > MAX_SEQ_LEN:
+            raise ValueError(
+                f"{name} has sequence length {length}, more than this module's "
+                f"MAX_SEQ_LEN = {MAX_SEQ_LEN}"
+            )
+    if q.shape[1] > MAX_HEADS:
+        raise ValueError(
+            f"q has {q.shape[1]} heads, more than this module's MAX_HEADS = {MAX_HEADS}"
+        )
+
+
+def _rows_in_int32(name: str, x: torch.Tensor) -> torch.Tensor:
+    """x, or a contiguous copy of it, such that the Triton kernels' 32-bit
+    offsets reach every row of a head (and the tile past its end): row
+    strides of a (B, N, H, D) layout seen as (B, H, N, D) pass 2^31 at
+    N * H * D >= 2^31.  Where even the copy would not fit (N * head_dim near
+    2^31), a ValueError names the tensor."""
+
+    def fits(t: torch.Tensor) -> bool:
+        last = (t.shape[2] + 256) * abs(t.stride(2)) + HEAD_DIM * abs(t.stride(3))
+        return last < 2**31
+
+    if fits(x):
+        return x
+    longest = (2**31 - 1) // HEAD_DIM - 257  # the longest that fits() contiguous
+    if x.shape[2] <= longest:
+        return x.contiguous()
+    raise ValueError(
+        f"{name} has {x.shape[2]} rows of head_dim {HEAD_DIM}: the kernels address a head's "
+        f"rows with 32-bit offsets, so sequences are limited to {longest} at this head_dim"
+    )
+
+
+def _on_other_gpu(x: torch.Tensor) -> bool:
+    """Whether x is on a GPU other than the current one (kernels launch on the
+    current device, so a call on another GPU's tensors switches to it)."""
+    return x.device.type == "cuda" and x.device.index != torch.cuda.current_device()
+
+
+def _resolve_scale(scale) -> float:
+    if scale is None:
+        return DEFAULT_SCALE
+    if isinstance(scale, bool) or not isinstance(scale, (int, float)):
+        raise TypeError(f"scale must be a float or None, got {type(scale).__name__}")
+    if not math.isfinite(scale) or scale <= 0:
+        raise ValueError(f"scale must be finite and positive, got {scale}")
+    # The kernels multiply by scale * log2(e) in float32: it must be a normal
+    # float32 number, neither infinite (NaN scores) nor flushed toward zero.
+    log2_scale = float(scale) * 1.4426950408889634
+    float32 = torch.finfo(torch.float32)
+    if not float32.tiny <= log2_scale <= float32.max:
+        raise ValueError(
+            f"scale must lie in [{float32.tiny / 1.4426950408889634:.6g}, "
+            f"{float32.max / 1.4426950408889634:.6g}] (scale * log2(e) a normal "
+            f"float32 number), got {scale}"
+        )
+    return float(scale)
+
+
+def _launch_config(device: torch.device, backward: bool = False) -> tuple[int, int, int, int]:
+    if device.type != "cuda":
+        return INTERPRETER_CONFIG
+    return GPU_BWD_CONFIG if backward else GPU_CONFIG
+
+
+def _tma_supported(*tensors: torch.Tensor) -> bool:
+    """TMA needs sm90+, 16-byte aligned bases and strides, contiguous rows."""
+    if TensorDescriptor is None:
+        return False
+    device = tensors[0].device
+    if device.type == "cuda":
+        if _capability(device)[0] < 9:
+            return False
+    elif not _interpreting():
+        return False
+    for x in tensors:
+        if x.stride(-1) != 1 or x.data_ptr() % 16 != 0:
+            return False
+        if any(s <= 0 or s * x.element_size() % 16 != 0 for s in x.stride()[:-1]):
+            return False
+    return True
+
+
+def _use_tma(tma: bool | None, default: bool, *tensors: torch.Tensor) -> bool:
+    if tma is None:  # automatic: the measured default, where the GPU has TMA
+        return default and tensors[0].device.type == "cuda" and _tma_supported(*tensors)
+    if tma and not _tma_supported(*tensors):
+        raise ValueError(
+            "tma=True needs an sm90+ GPU (or the interpreter), a last dimension with "
+            "stride 1, and 16-byte aligned data and strides"
+        )
+    return bool(tma)
+
+
+def _descriptors(use_tma: bool, block: int, *tensors: torch.Tensor) -> list:
+    """TMA descriptors for (1, 1, block, HEAD_DIM_PAD) blocks, or the tensors
+    themselves when the kernel loads through pointers (and ignores these)."""
+    if not use_tma:
+        return list(tensors)
+    return [
+        TensorDescriptor(x, list(x.shape), list(x.stride()), [1, 1, block, HEAD_DIM_PAD])
+        for x in tensors
+    ]
+
+
+def _check_blocks(block_m: int, block_n: int) -> None:
+    for name, block in (("block_m", block_m), ("block_n", block_n)):
+        if block < 16 or block & (block - 1):
+            raise ValueError(f"{name} must be a power of two >= 16, got {block}")
+
+
+def _check_backward_inputs(q: torch.Tensor, o, lse, do, dlse) -> None:
+    """backward()'s own arguments: o and do shaped and typed as q's output,
+    lse and dlse as its log-sum-exp (the kernels index them by shape)."""
+    rows = tuple(q.shape[:3])
+    for name, x, shape, dtypes in (
+        ("o", o, tuple(q.shape), (DTYPE,)),
+        ("lse", lse, rows, (torch.float32,)),
+        ("do", do, tuple(q.shape), (DTYPE,)),
+        ("dlse", dlse, rows, (torch.float16, torch.bfloat16, torch.float32)),
+    ):
+        if x is None and name in ("do", "dlse"):
+            continue
+        if not isinstance(x, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+        if tuple(x.shape) != shape:
+            raise ValueError(f"{name} must have shape {shape} (from q), got {tuple(x.shape)}")
+        if x.dtype not in dtypes:
+            raise TypeError(f"{name} has dtype {x.dtype}, expected {' or '.join(map(str, dtypes))}")
+        if x.device != q.device:
+            raise ValueError(f"{name} is on {x.device}, but q is on {q.device}")
+
+
+# flashgen: section alibi
+@functools.lru_cache(maxsize=None)
+def _alibi_slopes(num_heads: int, device: torch.device) -> torch.Tensor:
+    """ALiBi slopes, shape (num_heads,), float32.
+
+    For H a power of two, slope_i = 2^(-8 (i + 1) / H).  Otherwise the ALiBi
+    paper takes the slopes for n = 2^floor(log2 H) heads, then every other
+    slope of the rule for 2n heads until there are H.
+    """
+    n = 1 << (num_heads.bit_length() - 1)
+    slopes = [2.0 ** (-8.0 * (i + 1) / n) for i in range(n)]
+    slopes += [2.0 ** (-8.0 * (i + 1) / (2 * n)) for i in range(0, 2 * (num_heads - n), 2)]
+    return torch.tensor(slopes, dtype=torch.float32, device=device)
+
+
+# flashgen: section direct_launch
+# --------------------------------------------------------------------------- #
+# Direct launches: the one part of this module that uses Triton internals
+# (the runtime driver, a compiled kernel's `function`, `packed_metadata` and
+# `run`, and Triton's launch hooks).  It is on only where the running Triton
+# is one this module was tested with; elsewhere, and whenever
+# DIRECT_LAUNCH = False, every launch goes through kernel[grid](...).
+# --------------------------------------------------------------------------- #
+
+TESTED_TRITON = ("3.6.",)  # version prefixes
+try:
+    from triton import knobs as _knobs
+    from triton.runtime.driver import driver as _driver
+except ImportError:  # pragma: no cover
+    _knobs = _driver = None
+# Repeat launches call the compiled kernel directly (`_launch`).
+DIRECT_LAUNCH = _driver is not None and triton.__version__.startswith(TESTED_TRITON)
+# Compiled kernels by (kernel, device, specialization, launch options).
+_COMPILED: dict = {}
+
+
+def _specialization(args) -> tuple:
+    """Everything of a launch's arguments that Triton may compile a kernel
+    for: integers by value, tensors by dtype and alignment, TMA descriptors
+    by their tensor, geometry and block (a superset of Triton's own key)."""
+    key = []
+    for a in args:
+        kind = type(a)
+        if kind is int or kind is bool:
+            key.append(a)
+        elif kind is float:
+            key.append(None)  # a float argument is always fp32
+        elif isinstance(a, torch.Tensor):
+            key.append((a.dtype, a.data_ptr() % 16))
+        else:  # a TMA descriptor (a Gluon one's layout follows from its block and dtype)
+            base = a.base
+            key.append(
+                (base.dtype, base.data_ptr() % 16, *a.shape, *a.strides, *a.block_shape, a.padding)
+            )
+    return tuple(key)
+
+
+# Argument types that stand in for Triton's own on direct launches (the
+# Gluon section adds its descriptor stand-in) and are made real for a launch
+# through Triton.
+_STAND_INS: tuple = ()
+
+
+def _triton_args(args) -> tuple:
+    """A launch's arguments as Triton's own launch path takes them."""
+    if not _STAND_INS:
+        return args
+    return tuple(a.descriptor() if isinstance(a, _STAND_INS) else a for a in args)
+
+
+def _launch(kernel, grid, *args, **options) -> None:
+    """kernel[grid](*args, **options), constexprs passed by position.
+
+    Triton binds and specializes every argument on every launch: 20-26 us of
+    host time for the backward kernel's 52 arguments on an H200, where short
+    calls run at the host's pace.  With DIRECT_LAUNCH, the first launch of
+    each specialization goes through Triton (compiling if need be) and later
+    ones call the compiled kernel that it returned; otherwise, or while a
+    tracer or a profiler's launch hook is watching, every launch goes through
+    Triton.
+    """
+    if (
+        not DIRECT_LAUNCH
+        or _interpreting()
+        or torch.compiler.is_compiling()  # let a tracer see the kernel launch
+        or _knobs.runtime.launch_enter_hook.calls  # a profiler sees each launch
+        or _knobs.runtime.launch_exit_hook.calls
+    ):
+        kernel[grid](*_triton_args(args), **options)
+        return
+    device = _driver.active.get_current_device()
+    key = (kernel, device, _specialization(args), *options.items())
+    compiled = _COMPILED.get(key)
+    if compiled is None:
+        if len(_COMPILED) >= 4096:  # e.g. a new sequence length on every call
+            _COMPILED.clear()
+        _COMPILED[key] = kernel[grid](*_triton_args(args), **options)
+        return
+    stream = _driver.active.get_current_stream(device)
+    # JITFunction.run's own call; without hooks it needs no launch metadata.
+    handles = (compiled.function, compiled.packed_metadata, None, None, None)
+    compiled.run(grid[0], grid[1], 1, stream, *handles, *args)
+
+
+# flashgen: section gluon
+@functools.lru_cache(maxsize=None)
+def _gluon_layout(rows: int, d: int, dtype: torch.dtype) -> "gl.NVMMASharedLayout":
+    return gl.NVMMASharedLayout.get_default_for(
+        [rows, d], gl.bfloat16 if dtype == torch.bfloat16 else gl.float16
+    )
+
+
+def _gluon_fits(block: int, q: torch.Tensor, k: torch.Tensor, *tensors: torch.Tensor) -> bool:
+    """Whether the Gluon kernels can take these tensors: a Triton with Gluon,
+    an sm90 GPU, Nq = Nk a multiple of `block`, q, k and `tensors` contiguous
+    and 16-byte aligned, and fewer than 2^31 rows of q in all (the kernels
+    address rows as (batch * heads + head) * N + row, and TMA coordinates, in
+    int32)."""
+    if not GLUON or _interpreting() or q.device.type != "cuda" or _capability(q.device) != (9, 0):
+        return False
+    n = q.shape[2]
+    if k.shape[2] != n or n % block or q.shape[0] * q.shape[1] * n >= 2**31:
+        return False
+    return all(x.is_contiguous() and x.data_ptr() % 16 == 0 for x in (q, k, *tensors))
+
+
+class _GluonBlocks(NamedTuple):
+    """A TMA descriptor of [rows, D] blocks over a contiguous tensor seen as
+    (B * heads * N, D): what the launcher of Triton 3.6 reads of one (`base`,
+    `shape`, `strides`, `padding`).  Triton's own descriptor views the tensor
+    and checks every field when it is made, ~6 us of host time a descriptor
+    (11 per forward + backward) where short calls run at the host's pace; it
+    is made only for a launch through Triton (`_triton_args`)."""
+
+    base: torch.Tensor
+    shape: tuple[int, int]
+    strides: tuple[int, int]
+    block_shape: tuple[int, int]
+    layout: "gl.NVMMASharedLayout"
+    padding: str = "zero"
+
+    def descriptor(self) -> "GluonTensorDescriptor":
+        """Triton's descriptor of the same blocks."""
+        return GluonTensorDescriptor(
+            self.base.view(self.shape),
+            [*self.shape],
+            [*self.strides],
+            [*self.block_shape],
+            self.layout,
+        )
+
+
+def _gluon_descriptor(x: torch.Tensor, rows: int) -> _GluonBlocks:
+    """A TMA descriptor of [rows, D] blocks over contiguous x seen as (B * heads * N, D)."""
+    d = x.shape[-1]
+    return _GluonBlocks(x, (x.numel() // d, d), (d, 1), (rows, d), _gluon_layout(rows, d, x.dtype))
+
+
+_STAND_INS = (_GluonBlocks,)

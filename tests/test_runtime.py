@@ -1,0 +1,210 @@
+"""flashgen/runtime.py, the host runtime copied into every generated module,
+tested as the ordinary module it is: its functions read the module constants
+that a generated module defines (here set as one would), and a module built
+on a Triton without Gluon still imports and runs its Triton kernels."""
+
+from __future__ import annotations
+
+import builtins
+import math
+import sys
+
+import pytest
+import torch
+
+from flashgen import ir, runtime
+from flashgen.api import build_source
+from flashgen.emit import runtime_sections
+from flashgen.verify import check_forward
+
+from kernel_utils import make_variant
+
+
+@pytest.fixture
+def rt(monkeypatch):
+    """runtime with the constants of a float16, head_dim 64 module."""
+    for name, value in dict(
+        DTYPE=torch.float16, HEAD_DIM=64, HEAD_DIM_PAD=64, DEFAULT_SCALE=0.125,
+        MAX_SEQ_LEN=1000, MAX_HEADS=32,
+    ).items():  # fmt: skip
+        monkeypatch.setattr(runtime, name, value)
+    return runtime
+
+
+def _qkv(b=1, h=4, hkv=2, nq=5, nk=7, d=64, dtype=torch.float16):
+    return (
+        torch.zeros(b, h, nq, d, dtype=dtype),
+        torch.zeros(b, hkv, nk, d, dtype=dtype),
+        torch.zeros(b, hkv, nk, d, dtype=dtype),
+    )
+
+
+def test_sections_are_the_documented_ones():
+    assert list(runtime_sections()) == ["common", "alibi", "direct_launch", "gluon"]
+    for text in runtime_sections().values():
+        assert "# flashgen: section" not in text and text == text.strip("\n")
+
+
+def test_cdiv():
+    assert [runtime._cdiv(a, 4) for a in (0, 1, 4, 5, 8)] == [0, 1, 1, 2, 2]
+
+
+def test_resolve_scale(rt):
+    assert rt._resolve_scale(None) == 0.125
+    assert rt._resolve_scale(2) == 2.0 and type(rt._resolve_scale(2)) is float
+    with pytest.raises(TypeError, match="scale"):
+        rt._resolve_scale(True)
+    with pytest.raises(TypeError, match="scale"):
+        rt._resolve_scale("0.5")
+    for bad in (0.0, -1.0, math.inf, math.nan):
+        with pytest.raises(ValueError, match="finite and positive"):
+            rt._resolve_scale(bad)
+    # scale * log2(e) must be a normal float32: 1e300 gave NaN scores once.
+    for bad in (1e300, 1e-40):
+        with pytest.raises(ValueError, match="normal float32"):
+            rt._resolve_scale(bad)
+    largest = torch.finfo(torch.float32).max / math.log2(math.e) * (1 - 1e-7)
+    assert rt._resolve_scale(largest) == largest
+
+
+def test_check_inputs_accepts_gqa(rt):
+    rt._check_inputs(*_qkv())
+
+
+@pytest.mark.parametrize(
+    "change, error, words",
+    [
+        (lambda q, k, v: (q.float(), k, v), TypeError, "q has dtype torch.float32"),
+        (lambda q, k, v: (q, k.float(), v), TypeError, "k has dtype"),
+        (lambda q, k, v: (q[0], k, v), ValueError, "q must have 4 dimensions"),
+        (lambda q, k, v: (q, k, v[..., :32]), ValueError, "v has head_dim 32"),
+        (lambda q, k, v: (q, k, v[:, :, :3]), ValueError, "k and v must have the same shape"),
+        (lambda q, k, v: (q, k[:, :1].expand(1, 3, 7, 64), v[:, :1].expand(1, 3, 7, 64)),
+         ValueError, "must divide q's 4 heads"),
+        (lambda q, k, v: (q, torch.zeros(2, 2, 7, 64, dtype=torch.float16),
+                          torch.zeros(2, 2, 7, 64, dtype=torch.float16)),
+         ValueError, "batch size 2"),
+        (lambda q, k, v: (q, [k], v), TypeError, "k must be a torch.Tensor"),
+    ],
+)  # fmt: skip
+def test_check_inputs_names_the_argument(rt, change, error, words):
+    with pytest.raises(error, match=words):
+        rt._check_inputs(*change(*_qkv()))
+
+
+def test_check_inputs_enforces_the_modules_limits(rt):
+    with pytest.raises(ValueError, match="k has sequence length 1001, more than .* MAX_SEQ_LEN"):
+        rt._check_inputs(*_qkv(nk=1001))
+    with pytest.raises(ValueError, match="q has 64 heads, more than .* MAX_HEADS = 32"):
+        rt._check_inputs(*_qkv(h=64))
+    rt._check_inputs(*_qkv(nq=1000, nk=1000, h=32))
+
+
+def test_check_inputs_wants_a_gpu_unless_interpreting(rt, monkeypatch):
+    monkeypatch.setattr(rt, "_interpreting", lambda: False)
+    with pytest.raises(ValueError, match="q is on cpu: the kernels run on CUDA devices"):
+        rt._check_inputs(*_qkv())
+
+
+def test_check_backward_inputs(rt):
+    q, _, _ = _qkv()
+    o, lse = torch.zeros_like(q), torch.zeros(1, 4, 5)
+    rt._check_backward_inputs(q, o, lse, torch.zeros_like(q), None)
+    rt._check_backward_inputs(q, o, lse, None, torch.zeros(1, 4, 5, dtype=torch.bfloat16))
+    with pytest.raises(ValueError, match=r"lse must have shape \(1, 4, 5\)"):
+        rt._check_backward_inputs(q, o, lse[..., :4], None, None)
+    with pytest.raises(TypeError, match="lse has dtype torch.float16, expected torch.float32"):
+        rt._check_backward_inputs(q, o, lse.half(), None, None)
+    with pytest.raises(TypeError, match="do must be a torch.Tensor"):
+        rt._check_backward_inputs(q, o, lse, "do", None)
+
+
+def test_rows_in_int32(rt, monkeypatch):
+    """A (B, N, H, D) buffer seen as (B, H, N, D): its row stride H * D puts
+    row 2^19 past 2^31 elements at H * D = 4096.  Meta tensors carry the
+    geometry without the memory."""
+    monkeypatch.setattr(rt, "HEAD_DIM", 256)
+    small = torch.empty(1, 64, 16, 256, device="meta").transpose(1, 2)
+    assert rt._rows_in_int32("k", small) is small
+    wide = torch.empty(1, 2**19, 16, 256, device="meta").transpose(1, 2)
+    copied = rt._rows_in_int32("k", wide)
+    assert copied.is_contiguous() and copied.shape == wide.shape
+    longest = (2**31 - 1) // 256 - 257
+    assert (
+        rt._rows_in_int32("k", torch.empty(1, 1, longest, 256, device="meta")).shape[2] == longest
+    )
+    with pytest.raises(ValueError, match=f"k has {longest + 1} rows of head_dim 256"):
+        rt._rows_in_int32("k", torch.empty(1, 1, longest + 1, 256, device="meta"))
+
+
+def test_check_blocks(rt):
+    rt._check_blocks(16, 128)
+    for bad in (8, 48, 0):
+        with pytest.raises(ValueError, match="block_n must be a power of two >= 16"):
+            rt._check_blocks(16, bad)
+
+
+def test_alibi_slopes_follow_the_papers_rule():
+    # 8 heads: 2^-1 ... 2^-8.  6 heads: the 4-head rule (2^-2, 2^-4, 2^-6,
+    # 2^-8), then every other slope of the 8-head rule (2^-1, 2^-3).
+    assert runtime._alibi_slopes(8, torch.device("cpu")).tolist() == [2.0**-i for i in range(1, 9)]
+    expected = [2.0**-2, 2.0**-4, 2.0**-6, 2.0**-8, 2.0**-1, 2.0**-3]
+    assert runtime._alibi_slopes(6, torch.device("cpu")).tolist() == expected
+
+
+def test_specialization_keys_what_triton_compiles_for():
+    x = torch.zeros(8, dtype=torch.float16)
+    key = runtime._specialization((x, 16, True, 0.5))
+    assert key == ((torch.float16, x.data_ptr() % 16), 16, True, None)
+    assert runtime._specialization((x[1:],))[0][1] == (x.data_ptr() + 2) % 16
+
+
+def test_stand_ins_are_made_real_for_triton(monkeypatch):
+    class StandIn:
+        def descriptor(self):
+            return "real"
+
+    args = (1, StandIn(), "x")
+    monkeypatch.setattr(runtime, "_STAND_INS", ())
+    assert runtime._triton_args(args) is args
+    monkeypatch.setattr(runtime, "_STAND_INS", (StandIn,))
+    assert runtime._triton_args(args) == (1, "real", "x")
+
+
+def test_direct_launch_only_on_a_tested_triton():
+    import triton
+
+    tested = triton.__version__.startswith(runtime.TESTED_TRITON)
+    assert runtime.DIRECT_LAUNCH == (tested and runtime._driver is not None)
+
+
+def test_gluon_needs_gluon_and_a_hopper_gpu(rt, monkeypatch):
+    q, k, v = _qkv(h=2, hkv=2, nq=128, nk=128)
+    assert not rt._gluon_fits(128, q, k, v)  # the interpreter (or a CPU tensor)
+    monkeypatch.setattr(rt, "GLUON", False)
+    monkeypatch.setattr(rt, "_interpreting", lambda: False)
+    assert not rt._gluon_fits(128, q, k, v)
+
+
+def test_a_module_imports_and_runs_on_a_triton_without_gluon(monkeypatch):
+    """Every Gluon import of the module fails (as on Triton < 3.5): the module still
+    imports, says GLUON = False, and its Triton kernels compute attention."""
+    variant = make_variant("causal", dtype=ir.DType.FP16, head_dim=64)
+    source = build_source("attention t { head_dim = 64; dtype = fp16; mask = causal }")
+    assert "from triton.experimental import gluon" in source
+    real_import = builtins.__import__
+
+    def without_gluon(name, *args, **kwargs):  # the module's own imports only
+        if name.startswith("triton.experimental"):
+            raise ImportError(f"No module named {name!r}")
+        return real_import(name, *args, **kwargs)
+
+    module = type(sys)("flashgen_test_no_gluon")
+    module.__builtins__ = {**vars(builtins), "__import__": without_gluon}
+    monkeypatch.setitem(sys.modules, module.__name__, module)
+    exec(compile(source, "<no gluon>", "exec"), module.__dict__)
+    assert module.GLUON is False
+    gen = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, 2, n, 64, generator=gen).half() for n in (19, 23, 23))
+    result = check_forward(variant, module, q, k, v)
+    assert result.ok, result
