@@ -18,8 +18,9 @@ flashgen's, which cross-checks the semantics as well as the speed.
 With do_bench, each system's host time per forward + backward call is
 measured too (calls issued without waiting for the GPU): where it reaches the
 time measured, the GPU waited for the host, and the table marks the point
-"h": its number is the host's pace, not the kernels' (docs/decisions/019-
-short-kernels-time-the-host.md; `timer="cuda-graph"` times the kernels alone).
+"h": its number is the host's pace, not the kernels'
+(docs/decisions/019-short-kernels-time-the-host.md; `timer="cuda-graph"`
+times the kernels alone).
 
 `append_jsonl` adds the measurements to a results file such as
 benchmarks/results.jsonl: one record per system, shape and direction, keyed
@@ -166,8 +167,8 @@ def _do_bench_graph(fn: Callable[[], object]) -> float:
 # How a call is timed.  "do_bench" (the default) times each call as an eager
 # caller sees it, host launch cost included: where a call's kernels are shorter
 # than the host's work to issue them, that is what it measures
-# (docs/decisions/019-short-kernels-time-the-host.md).  "cuda-graph" replays the calls from a CUDA graph: the kernels'
-# own time, for every system alike.
+# (docs/decisions/019-short-kernels-time-the-host.md).  "cuda-graph" replays
+# the calls from a CUDA graph: the kernels' own time, for every system alike.
 TIMERS: dict[str, Callable[[Callable[[], object]], float]] = {
     "do_bench": _do_bench,
     "cuda-graph": _do_bench_graph,
