@@ -18,14 +18,22 @@ flashgen's, which cross-checks the semantics as well as the speed.
 With do_bench, each system's host time per forward + backward call is
 measured too (calls issued without waiting for the GPU): where it reaches the
 time measured, the GPU waited for the host, and the table marks the point
-"h": its number is the host's pace, not the kernels' (BENCHMARKS.md, entry
-19; `timer="cuda-graph"` times the kernels alone).
+"h": its number is the host's pace, not the kernels'
+(docs/decisions/019-short-kernels-time-the-host.md; `timer="cuda-graph"`
+times the kernels alone).
+
+`append_jsonl` adds the measurements to a results file such as
+benchmarks/results.jsonl: one record per system, shape and direction, keyed
+by commit, date, GPU and versions (`records` says what each field holds).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import datetime
+import hashlib
 import json
+import subprocess
 import sys
 import time
 from dataclasses import dataclass
@@ -158,9 +166,9 @@ def _do_bench_graph(fn: Callable[[], object]) -> float:
 
 # How a call is timed.  "do_bench" (the default) times each call as an eager
 # caller sees it, host launch cost included: where a call's kernels are shorter
-# than the host's work to issue them, that is what it measures (BENCHMARKS.md,
-# entry 19).  "cuda-graph" replays the calls from a CUDA graph: the kernels'
-# own time, for every system alike.
+# than the host's work to issue them, that is what it measures
+# (docs/decisions/019-short-kernels-time-the-host.md).  "cuda-graph" replays
+# the calls from a CUDA graph: the kernels' own time, for every system alike.
 TIMERS: dict[str, Callable[[Callable[[], object]], float]] = {
     "do_bench": _do_bench,
     "cuda-graph": _do_bench_graph,
@@ -232,7 +240,7 @@ def bench(
                         # A fresh compilation per case: each case's mods and
                         # shape recompile flex_attention, and past
                         # torch._dynamo's recompile limit (8) it would run
-                        # uncompiled (BENCHMARKS.md, entry 16).
+                        # uncompiled (docs/decisions/016-warp-specialized-gluon-forward.md).
                         torch._dynamo.reset()
                         flex = torch.compile(flex_attention, dynamic=False)
                     # One block mask for all heads unless the mask reads `h`.
@@ -386,3 +394,129 @@ def plot(results: Sequence[Measurement], path: str) -> None:
             ax.legend(fontsize="small")
     fig.tight_layout()
     fig.savefig(path)
+
+
+def spec_hash(variant: ir.Variant) -> str:
+    """First 16 hex digits of the SHA-256 of the block in normal form (as
+    benched: after any head-dim override), so that two results files name the
+    same spec alike whatever its file looked like."""
+    from flashgen.printer import print_variant
+
+    return hashlib.sha256(print_variant(variant).encode()).hexdigest()[:16]
+
+
+def run_context(command: str) -> dict:
+    """The fields every record of one run shares: commit (short hash of HEAD
+    when run in a git checkout, else None; `note` says when the working tree
+    differs from it), date (UTC), GPU name, Triton and torch versions, and the
+    command line."""
+    import triton
+
+    commit, note = None, None
+    try:
+        commit = (
+            subprocess.run(
+                ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True
+            ).stdout.strip()
+            or None
+        )
+        changed = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+        if commit and changed:
+            note = "working tree differs from the commit"
+    except (OSError, subprocess.CalledProcessError):
+        pass
+    gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else None
+    return dict(
+        commit=commit,
+        date=datetime.datetime.now(datetime.timezone.utc).date().isoformat(),
+        run=None,
+        gpu=gpu,
+        triton=triton.__version__,
+        torch=torch.__version__,
+        command=command,
+        note=note,
+    )
+
+
+def records(
+    results: Sequence[Measurement], variants: Sequence[ir.Variant], context: dict
+) -> list[dict]:
+    """Two records per measurement, as in benchmarks/results.jsonl.
+
+    Every record: the `context` fields (commit, date, run, gpu, triton,
+    torch, command, note), spec (block name), spec_hash, the shape B, H, Hkv,
+    Nq, Nk, D, dtype, system, timer, density and error (None when it ran).
+    direction "fwd": ms (forward time), tflops, max_diff (against flashgen's
+    output).  direction "fwd+bwd": ms (forward + backward), bwd_ms (the
+    backward's share: that minus the forward), bwd_tflops (the backward's
+    TFLOP/s, as the table prints), host_ms and host_paced (do_bench only).
+    `variants` are the benched blocks (after any head-dim override): they give
+    each measurement's dtype and spec_hash, matched by name and head dim.
+    """
+    by_key = {(v.name, v.head_dim): v for v in variants}
+    out = []
+    for r in results:
+        variant = by_key[(r.variant, r.head_dim)]
+        base = dict(
+            commit=context["commit"],
+            date=context["date"],
+            run=context["run"],
+            gpu=context["gpu"],
+            triton=context["triton"],
+            torch=context["torch"],
+            spec=r.variant,
+            spec_hash=spec_hash(variant),
+            B=r.batch,
+            H=r.heads,
+            Hkv=r.heads,  # the bench's K and V have as many heads as Q
+            Nq=r.seqlen,
+            Nk=r.seqlen,
+            D=r.head_dim,
+            dtype=variant.dtype.value,
+            system=r.system,
+            timer=r.timer,
+            density=r.density,
+            command=context["command"],
+        )
+        error = r.error or None
+        both = r.fwd_ms + r.bwd_ms if r.fwd_ms is not None and r.bwd_ms is not None else None
+        host_paced = r.host_paced() if r.host_ms is not None else None
+        out.append(
+            dict(
+                base,
+                direction="fwd",
+                ms=r.fwd_ms,
+                tflops=r.tflops(),
+                max_diff=r.max_diff,
+                error=error,
+                note=context["note"],
+            )
+        )
+        out.append(
+            dict(
+                base,
+                direction="fwd+bwd",
+                ms=both,
+                bwd_ms=r.bwd_ms,
+                bwd_tflops=r.tflops(True),
+                host_ms=r.host_ms,
+                host_paced=host_paced,
+                error=error,
+                note=context["note"],
+            )
+        )
+    return out
+
+
+def append_jsonl(
+    path: str, results: Sequence[Measurement], variants: Sequence[ir.Variant], context: dict
+) -> None:
+    """Append `records(...)` to `path`, one JSON object a line."""
+    with open(path, "a", encoding="utf-8") as f:
+        for record in records(results, variants, context):
+            f.write(json.dumps(record) + "\n")

@@ -11,7 +11,7 @@ files, no GPU for bench or tune).
     flashgen verify SPEC... [--device cpu|cuda] [--examples N] [--seed S] [--name NAME]
                     [--accept-partial]
     flashgen bench SPEC... [--seqlens N...] [--head-dim D...] [--systems ...]
-                   [--timer do_bench|cuda-graph] [--json PATH] [--plot PNG]
+                   [--timer do_bench|cuda-graph] [--json PATH] [--jsonl PATH] [--plot PNG]
     flashgen tune SPEC... [--head-dim D...] [--passes forward|backward] [--quick]
 
 A SPEC is the name of a regular file of at most `ir.MAX_SPEC_BYTES` bytes of
@@ -32,6 +32,7 @@ import contextlib
 import dataclasses
 import importlib.util
 import os
+import shlex
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -80,6 +81,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             parser.error(f"unrecognized arguments: {' '.join(unknown)}")
         if args.command is None:
             parser.error(f"a COMMAND is required: one of {', '.join(COMMANDS)}")
+        args.argv = list(sys.argv[1:] if argv is None else argv)  # as run, for --jsonl
     except SystemExit as e:  # argparse's usage errors and --help
         return e.code if isinstance(e.code, int) else 2
     try:
@@ -180,6 +182,12 @@ def _parser() -> argparse.ArgumentParser:
     )
     bench.add_argument("--json", metavar="PATH", help="write every measurement as JSON")
     bench.add_argument(
+        "--jsonl",
+        metavar="PATH",
+        help="append every measurement to a results file such as benchmarks/results.jsonl "
+        "(one record per system, shape and direction, with commit, date, GPU and versions)",
+    )
+    bench.add_argument(
         "--plot",
         metavar="PNG",
         help="plot TFLOP/s against sequence length (needs matplotlib: flashgen[plot])",
@@ -265,8 +273,9 @@ def _bench(args: argparse.Namespace) -> int:
     variants = _gpu_variants(args, "bench")
     from flashgen import bench
 
-    results = []
+    results, benched = [], []
     for head_dim in args.head_dim or [None]:
+        benched += [dataclasses.replace(v, head_dim=head_dim or v.head_dim) for v in variants]
         results += bench.bench(
             variants,
             seqlens=args.seqlens,
@@ -279,6 +288,9 @@ def _bench(args: argparse.Namespace) -> int:
     print(bench.table(results))
     if args.json:
         Path(args.json).write_text(bench.to_json(results))
+    if args.jsonl:
+        command = shlex.join(["python3", "-m", "flashgen", *args.argv])
+        bench.append_jsonl(args.jsonl, results, benched, bench.run_context(command))
     if args.plot:
         bench.plot(results, args.plot)
     return 0

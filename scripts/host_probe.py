@@ -13,7 +13,7 @@ synchronized only before and after):
 - the module's forward (Gluon and Triton), backward, and forward + backward
   through autograd (as `flashgen bench` calls it).
 
-BENCHMARKS.md entry 19 measured the last group (0.7-0.8 ms for forward +
+docs/decisions/019-short-kernels-time-the-host.md measured the last group (0.7-0.8 ms for forward +
 backward through autograd against 0.3-0.4 ms for forward() + backward()
 called directly); this splits it.
 

@@ -6,7 +6,7 @@ this script compiles a spec's forward and backward kernels for Hopper with the
 specializations a launch at B=4, H=16, N=4096 would get (16-byte aligned
 pointers, integers divisible by 16, unit strides and kv_group = 1 as
 constants), then asks ptxas for the resource use.  Spills in the inner loops
-cost the kernels several percent (BENCHMARKS.md, entry 12), and this finds
+cost the kernels several percent (docs/decisions/012-register-spills-without-gpu.md), and this finds
 them on a machine without a GPU.
 
     python3 scripts/sm90_resources.py examples/*.attn [--head-dim 64 128]

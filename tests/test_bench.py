@@ -228,3 +228,77 @@ def test_flex_is_compiled_afresh_for_each_case(monkeypatch):
         )
     assert len(results) == 4
     assert events == ["reset", "compile"] * 4
+
+
+def test_bench_jsonl_appends_one_record_per_system_shape_and_direction(
+    tmp_path, monkeypatch, capsys
+):
+    """`flashgen bench --jsonl PATH` appends the records of
+    benchmarks/results.jsonl: the run's context, the shape as benched (after
+    --head-dim), the spec's dtype and hash, and per direction the times and
+    TFLOP/s measured; the printed table is unchanged."""
+    from pathlib import Path
+
+    from flashgen import cli
+
+    spec = tmp_path / "a.attn"
+    spec.write_text("attention tiny { head_dim = 16; dtype = fp16; mask = causal }\n")
+    ours = bench.Measurement(
+        "tiny", "flashgen", batch=2, heads=4, seqlen=64, head_dim=32, density=0.5,
+        fwd_ms=0.5, bwd_ms=1.0, host_ms=1.4,
+    )  # fmt: skip
+    flex = bench.Measurement(
+        "tiny", "flex", batch=2, heads=4, seqlen=64, head_dim=32, density=0.5,
+        fwd_ms=None, bwd_ms=None, error="RuntimeError: no backward",
+    )  # fmt: skip
+    benched = []
+
+    def fake_bench(variants, **kwargs):
+        benched.append(kwargs["head_dim"])
+        return [ours, flex]
+
+    monkeypatch.setattr(cli, "_gpu_variants", lambda args, command: cli._check_sources(
+        cli._read(args.specs))[0])  # fmt: skip
+    monkeypatch.setattr(bench, "bench", fake_bench)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    out = tmp_path / "results.jsonl"
+    out.write_text('{"earlier": 1}\n')
+    argv = ["bench", str(spec), "--head-dim", "32", "--seqlens", "64", "--jsonl", str(out)]
+    assert main(argv) == 0
+    assert capsys.readouterr().out.strip() == bench.table([ours, flex])
+    assert benched == [32]
+    lines = out.read_text().splitlines()
+    assert lines[0] == '{"earlier": 1}'  # appended, not overwritten
+    fwd, both, flex_fwd, flex_both = map(json.loads, lines[1:])
+    assert len(lines) == 5
+    shape = dict(spec="tiny", B=2, H=4, Hkv=4, Nq=64, Nk=64, D=32, dtype="fp16")
+    for record in (fwd, both, flex_fwd, flex_both):
+        assert {k: record[k] for k in shape} == shape
+        assert record["command"] == "python3 -m flashgen " + " ".join(argv)
+        assert record["gpu"] is None  # torch saw no GPU
+        assert record["triton"] and record["torch"] == torch.__version__
+        assert len(record["date"]) == 10 and record["timer"] == "do_bench"
+    assert (fwd["system"], fwd["direction"], fwd["ms"], fwd["error"]) == (
+        "flashgen", "fwd", 0.5, None
+    )  # fmt: skip
+    # 4·B·H·N²·D·density FLOPs in 0.5 ms; the backward 2.5 times that in 1 ms.
+    assert fwd["tflops"] == pytest.approx(4 * 2 * 4 * 64**2 * 32 * 0.5 / 0.5e-3 / 1e12)
+    assert (both["direction"], both["ms"], both["bwd_ms"]) == ("fwd+bwd", 1.5, 1.0)
+    assert both["bwd_tflops"] == pytest.approx(fwd["tflops"] * 2.5 / 2)
+    assert both["host_ms"] == 1.4 and both["host_paced"] is True  # 1.4 >= 0.9 * 1.5
+    assert flex_fwd["system"] == "flex" and flex_fwd["tflops"] is None
+    assert flex_both["error"] == "RuntimeError: no backward" and flex_both["host_paced"] is None
+    # The spec's hash is that of its normal form: the same for the same block
+    # however written, and another for another dtype or head dim.
+    same = _variant("attention tiny {\n  mask = causal ;dtype=fp16; head_dim = 32 }")
+    assert fwd["spec_hash"] == bench.spec_hash(same)
+    other = _variant("attention tiny { head_dim = 32; dtype = bf16; mask = causal }")
+    assert bench.spec_hash(other) != fwd["spec_hash"]
+    assert bench.spec_hash(dataclasses.replace(same, head_dim=16)) != fwd["spec_hash"]
+    # The same fields, in the same order, as the committed results file.
+    committed = Path(__file__).resolve().parent.parent / "benchmarks" / "results.jsonl"
+    keys = {}
+    for line in committed.read_text().splitlines():
+        record = json.loads(line)
+        keys.setdefault(record["direction"], list(record))
+    assert keys == {"fwd": list(fwd), "fwd+bwd": list(both)}

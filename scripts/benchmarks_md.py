@@ -1,0 +1,253 @@
+"""BENCHMARKS.md from benchmarks/results.jsonl and docs/decisions/.
+
+    python3 scripts/benchmarks_md.py           # rewrite BENCHMARKS.md
+    python3 scripts/benchmarks_md.py --check   # exit 1 if BENCHMARKS.md differs
+
+The standing is the latest record (by order in the file: `flashgen bench
+--jsonl` appends) of each spec, head dim, N, system and direction, timed by
+do_bench and without error, for flashgen, FlexAttention and cuDNN.  Pure
+Python: no GPU, no torch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import sys
+from collections.abc import Iterable
+
+ROOT = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+RESULTS = os.path.join("benchmarks", "results.jsonl")
+DECISIONS = os.path.join("docs", "decisions")
+SYSTEMS = ("flashgen", "flex", "sdpa-cudnn")
+# Rows in this order; specs not listed follow in alphabetical order.
+SPEC_ORDER = (
+    "full",
+    "plain_causal",
+    "mistral_sliding",
+    "llama4_local",
+    "prefix_lm",
+    "bloom_alibi",
+    "gemma2_local",
+    "encoder_band",
+    "custom",
+)
+
+METHOD = """\
+Every number comes from `flashgen bench` (flashgen/bench.py): all systems in one process on one GPU
+and the same inputs, B·N = 16384 tokens, each spec's dtype, median of `triton.testing.do_bench`,
+FLOPs with the mask's real density (4·B·H·N²·D·density forward, 2.5× that backward), backward time
+= (forward + backward) − forward, FlexAttention compiled afresh per case with a block mask, every
+output compared with flashgen's first. No timing is asserted in CI. All records, older runs
+included, are in [benchmarks/results.jsonl](benchmarks/results.jsonl); `flashgen bench --jsonl
+benchmarks/results.jsonl` appends a run's, and `python3 scripts/benchmarks_md.py` rewrites this
+file from them (tests/test_scripts.py checks that it is current)."""
+
+
+def load(path: str) -> list[dict]:
+    with open(path, encoding="utf-8") as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def standing(records: Iterable[dict]) -> dict[tuple, dict]:
+    """(spec, D, N, system, direction) -> the latest do_bench record without error."""
+    latest = {}
+    for r in records:
+        if r.get("timer") != "do_bench" or r.get("error") or r.get("system") not in SYSTEMS:
+            continue
+        if r["Nq"] != r["Nk"]:
+            continue
+        latest[(r["spec"], r["D"], r["Nq"], r["system"], r["direction"])] = r
+    return latest
+
+
+def _spec_key(spec: str) -> tuple:
+    return (SPEC_ORDER.index(spec), "") if spec in SPEC_ORDER else (len(SPEC_ORDER), spec)
+
+
+def _tflops(latest: dict, spec: str, d: int, n: int, system: str) -> tuple:
+    fwd = latest.get((spec, d, n, system, "fwd"))
+    both = latest.get((spec, d, n, system, "fwd+bwd"))
+    return (
+        fwd["tflops"] if fwd else None,
+        both["bwd_tflops"] if both else None,
+        bool(both and both.get("host_paced")),
+        [r["run"] or r["date"] for r in (fwd, both) if r],
+    )
+
+
+def _cell(fwd, bwd, paced) -> str:
+    if fwd is None and bwd is None:
+        return "–"
+    f = "–" if fwd is None else f"{fwd:.0f}"
+    b = "–" if bwd is None else f"{bwd:.0f}"
+    return f"{f} / {b}{' h' if paced else ''}"
+
+
+def _ratio(a, b, mark: bool = False) -> str:
+    if a is None or b is None or b <= 0:
+        return "–"
+    x = a / b
+    return f"{x:.2f}{' ✗' if mark and x < 1 else ''}"
+
+
+def tables(latest: dict) -> tuple[list[str], list[tuple]]:
+    """The markdown tables, one per head dim (largest first), and every
+    compared point: (spec, D, N, direction, flashgen / Flex, flashgen / cuDNN)."""
+    points = sorted({(s, d, n) for (s, d, n, sy, _) in latest if sy == "flashgen"})
+    out, compared = [], []
+    for d in sorted({d for _, d, _ in points}, reverse=True):
+        out += [
+            f"d{d} (TFLOP/s forward / backward; ratios flashgen / other; h: host-paced; "
+            "✗: behind Flex):",
+            "",
+            "| spec | N | flashgen | Flex | cuDNN | vs Flex | vs cuDNN | runs |",
+            "|---|---|---|---|---|---|---|---|",
+        ]
+        rows = sorted((p for p in points if p[1] == d), key=lambda p: (_spec_key(p[0]), p[2]))
+        for spec, _, n in rows:
+            ours, flex, cudnn = (_tflops(latest, spec, d, n, s) for s in SYSTEMS)
+            runs = []
+            for run in ours[3] + flex[3] + cudnn[3]:
+                if run not in runs:
+                    runs.append(run)
+            vs_flex = " / ".join(_ratio(ours[i], flex[i], True) for i in (0, 1))
+            vs_cudnn = " / ".join(_ratio(ours[i], cudnn[i]) for i in (0, 1))
+            if cudnn[0] is None and cudnn[1] is None:
+                vs_cudnn = "–"
+            out.append(
+                f"| {spec} | {n} | {_cell(*ours[:3])} | {_cell(*flex[:3])} | "
+                f"{_cell(*cudnn[:3])} | {vs_flex} | {vs_cudnn} | {', '.join(runs)} |"
+            )
+            for i, direction in enumerate(("fwd", "bwd")):
+                pair = [
+                    ours[i] / other[i] if ours[i] and other[i] else None for other in (flex, cudnn)
+                ]
+                paced = direction == "bwd" and (ours[2] or flex[2])
+                compared.append((spec, d, n, direction, *pair, paced))
+        out.append("")
+    return out, compared
+
+
+def summary(compared: list[tuple]) -> list[str]:
+    lines = []
+    for direction, name in (("fwd", "Forward"), ("bwd", "Backward")):
+        vs_flex = [c for c in compared if c[3] == direction and c[4] is not None]
+        if vs_flex:
+            behind = [c for c in vs_flex if c[4] < 1]
+            ratios = [c[4] for c in vs_flex]
+            line = (
+                f"- {name} vs FlexAttention: ahead at {len(vs_flex) - len(behind)} of "
+                f"{len(vs_flex)} points ({min(ratios):.2f}–{max(ratios):.2f}×)"
+            )
+            if behind:
+                line += "; behind at " + ", ".join(
+                    f"{s} d{d} N={n} ({r:.2f}×{', host-paced' if paced else ''})"
+                    for s, d, n, _, r, _, paced in behind
+                )
+            lines.append(line + ".")
+        vs_cudnn = [c for c in compared if c[3] == direction and c[5] is not None]
+        if vs_cudnn:
+            ratios = [c[5] for c in vs_cudnn]
+            lines.append(
+                f"- {name} vs cuDNN (full and causal): {min(ratios):.2f}–{max(ratios):.2f}× "
+                f"over {len(ratios)} points."
+            )
+    return lines
+
+
+def commands(latest: dict) -> list[str]:
+    """One line per run that the standing shows: where, at what commit, and
+    the command (each spec's `examples/<spec>.attn` written once as <spec>)."""
+    runs: dict[tuple, dict] = {}
+    for r in latest.values():
+        key = (r["date"], r["run"] or "", r["commit"] or "")
+        entry = runs.setdefault(key, {"records": [], "commands": []})
+        entry["records"].append(r)
+        cmd = r["command"]
+        if cmd:
+            cmd = re.sub(r"examples/\w+\.attn", "examples/<spec>.attn", cmd)
+            cmd = re.sub(r"--head-dim \d+", "--head-dim <d>", cmd)
+            if cmd not in entry["commands"]:
+                entry["commands"].append(cmd)
+    out = []
+    for (date, run, commit), entry in sorted(runs.items()):
+        first = entry["records"][0]
+        specs = sorted({r["spec"] for r in entry["records"]}, key=_spec_key)
+        head = f"- {'run ' + run + ', ' if run else ''}{date}, commit {commit or 'not recorded'}"
+        head += f", {first['gpu']}, torch {first['torch']}, triton {first['triton']}"
+        head += f" ({', '.join(specs)}):"
+        out.append(head)
+        out += [f"  `{c}`" for c in entry["commands"]]
+    return out
+
+
+def decision_index(root: str) -> list[str]:
+    out = []
+    folder = os.path.join(root, DECISIONS)
+    for name in sorted(os.listdir(folder)):
+        if not re.match(r"\d{3}-.*\.md$", name):
+            continue
+        with open(os.path.join(folder, name), encoding="utf-8") as f:
+            title = f.readline().lstrip("# ").strip()
+        out.append(f"- [{title}]({DECISIONS}/{name})")
+    return out
+
+
+def render(root: str = ROOT) -> str:
+    latest = standing(load(os.path.join(root, RESULTS)))
+    table_lines, compared = tables(latest)
+    lines = [
+        "# Benchmarks",
+        "",
+        "<!-- Generated by scripts/benchmarks_md.py from benchmarks/results.jsonl; do not edit. -->",
+        "",
+        METHOD,
+        "",
+        "## Current standing",
+        "",
+        "The latest do_bench result of each spec, head dim, N and system. h marks a forward +",
+        "backward that ran at the host's pace (the bench's own flag): its number is the host's, and",
+        "do_bench readings there swing from run to run (decision 019; `--timer cuda-graph` records",
+        "in the results file time the kernels alone).",
+        "",
+        *summary(compared),
+        "",
+        *table_lines,
+        "Made by these runs (one process per spec and head dim unless the command names several):",
+        "",
+        *commands(latest),
+        "",
+        "## Decisions",
+        "",
+        "The optimization log, one file per decision (docs/decisions/README.md: conventions and",
+        "the ablations):",
+        "",
+        *decision_index(root),
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--check", action="store_true", help="exit 1 if BENCHMARKS.md differs")
+    args = parser.parse_args(argv)
+    text = render()
+    path = os.path.join(ROOT, "BENCHMARKS.md")
+    if args.check:
+        with open(path, encoding="utf-8") as f:
+            if f.read() != text:
+                print(
+                    "BENCHMARKS.md differs from scripts/benchmarks_md.py's output", file=sys.stderr
+                )
+                return 1
+        return 0
+    with open(path, "w", encoding="utf-8") as f:
+        f.write(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
