@@ -200,7 +200,7 @@ def test_bench_plot_needs_matplotlib_before_it_runs(tmp_path, capsys, monkeypatc
 
 def test_flex_is_compiled_afresh_for_each_case(monkeypatch):
     """Past torch._dynamo's recompile limit FlexAttention would run uncompiled
-    (8 TFLOP/s on the H200, BENCHMARKS.md entry 16): each (spec, N) case gets
+    (8 TFLOP/s on the H200, docs/decisions/016): each (spec, N) case gets
     a reset and its own compilation.  torch.compile is replaced by a recorder
     (compiling flex on the CPU is slow and beside the point)."""
     monkeypatch.setenv("TRITON_INTERPRET", "1")

@@ -3,8 +3,8 @@
 Triton compiles for a named target and ships ptxas, so the sm_90a resource
 use of a kernel is known on any machine (scripts/sm90_resources.py, run here
 in a process of its own: the tests interpret kernels, the script compiles
-them).  Spills in an inner loop cost several percent (BENCHMARKS.md, entry
-12): the kernels that compile without them today must keep doing so.  Not a
+them).  Spills in an inner loop cost several percent
+(docs/decisions/012-register-spills-without-gpu.md): the kernels that compile without them today must keep doing so.  Not a
 timing test: the numbers are a property of the code and the pinned Triton.
 """
 
@@ -20,7 +20,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 # The 16-bit examples; custom is float32 (CUDA-core products), which spills
-# at its current tiles (entry 12).
+# at its current tiles (decision 012).
 SPECS = sorted(
     str(path.relative_to(ROOT))
     for path in (ROOT / "examples").glob("*.attn")
