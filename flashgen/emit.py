@@ -27,6 +27,15 @@ TESTED_WITH = "Triton 3.6.0 (torch 2.11 on an NVIDIA H200; torch 2.13 in the CPU
 _SECTION = "# flashgen: section "
 
 
+def python_string(text: str) -> str:
+    """A Python literal of `text` as black writes it: double quotes unless
+    that needs more escapes than single ones."""
+    literal = repr(text)
+    if literal[0] == "'" and '"' not in text:
+        return '"' + literal[1:-1].replace("\\'", "'") + '"'
+    return literal
+
+
 @functools.lru_cache(maxsize=1)
 def runtime_sections() -> dict[str, str]:
     """The sections of flashgen/runtime.py by name, each as it is copied."""
@@ -73,7 +82,7 @@ def render_module(variant: ir.Variant, tuning: Tuning | None = None) -> str:
             m=model,
             version=__version__,
             spec_lines=model.spec_text.rstrip("\n").splitlines(),
-            spec_literal=repr(model.spec_text),
+            spec_literal=python_string(model.spec_text),
             runtime=runtime_sections(),
             tested_with=TESTED_WITH,
         )

@@ -70,15 +70,9 @@ def _tanh(x):
 
 @triton.jit
 def _load_rows(
-    ptr,
-    rows,
-    n_rows,
-    stride_row,
-    stride_d,
-    HEAD_DIM: tl.constexpr,
-    HEAD_DIM_PAD: tl.constexpr,
+    ptr, rows, n_rows, stride_row, stride_d, HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr,
     CHECK_ROWS: tl.constexpr,
-):
+):  # fmt: skip
     """Load a (len(rows), HEAD_DIM_PAD) tile; rows past n_rows read as zeros.
 
     Offsets are 32-bit (64-bit row offsets cost 4-9% of some forwards); the
@@ -96,20 +90,10 @@ def _load_rows(
 
 @triton.jit
 def _load_block(
-    desc,
-    ptr,
-    batch,
-    head,
-    start,
-    n_rows,
-    stride_row,
-    stride_d,
-    BLOCK: tl.constexpr,
-    HEAD_DIM: tl.constexpr,
-    HEAD_DIM_PAD: tl.constexpr,
-    CHECK_ROWS: tl.constexpr,
+    desc, ptr, batch, head, start, n_rows, stride_row, stride_d, BLOCK: tl.constexpr,
+    HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, CHECK_ROWS: tl.constexpr,
     USE_TMA: tl.constexpr,
-):
+):  # fmt: skip
     """Rows start .. start + BLOCK - 1 of one (batch, head) of a (B, H, N, D) tensor.
 
     With USE_TMA the tensor memory accelerator copies the block through a
@@ -128,15 +112,9 @@ def _load_block(
 
 @triton.jit
 def _store_rows(
-    ptr,
-    rows,
-    n_rows,
-    stride_row,
-    stride_d,
-    tile,
-    HEAD_DIM: tl.constexpr,
+    ptr, rows, n_rows, stride_row, stride_d, tile, HEAD_DIM: tl.constexpr,
     HEAD_DIM_PAD: tl.constexpr,
-):
+):  # fmt: skip
     offs_d = tl.arange(0, HEAD_DIM_PAD)
     ptrs = ptr + rows[:, None] * stride_row + offs_d[None, :] * stride_d
     mask = (rows[:, None] < n_rows) & (offs_d[None, :] < HEAD_DIM)
@@ -171,33 +149,10 @@ def _score_grad(qk, s2, q_pos, k_pos, head, num_heads, alibi_slope, sm_scale):
 
 @triton.jit
 def _attn_fwd_tile(
-    acc,
-    l_i,
-    m_i,
-    q,
-    q_pos,
-    k_desc,
-    v_desc,
-    k_base,
-    v_base,
-    stride_kn,
-    stride_kd,
-    stride_vn,
-    stride_vd,
-    batch,
-    kv_head,
-    start_n,
-    n_keys,
-    head,
-    num_heads,
-    alibi_slope,
-    sm_scale,
-    HEAD_DIM: tl.constexpr,
-    HEAD_DIM_PAD: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    MASKED: tl.constexpr,
-    USE_TMA: tl.constexpr,
-):
+    acc, l_i, m_i, q, q_pos, k_desc, v_desc, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
+    batch, kv_head, start_n, n_keys, head, num_heads, alibi_slope, sm_scale,
+    HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, BLOCK_N: tl.constexpr, MASKED: tl.constexpr, USE_TMA: tl.constexpr,
+):  # fmt: skip
     """One key tile of the online softmax."""
     offs_n = start_n + tl.arange(0, BLOCK_N)
     k = _load_block(
@@ -421,15 +376,9 @@ def _attn_fwd(
     l_safe = tl.where(l_i == 0.0, 1.0, l_i)
     o_base = o_ptr + batch.to(tl.int64) * stride_ob + head.to(tl.int64) * stride_oh
     _store_rows(
-        o_base,
-        offs_m,
-        n_queries,
-        stride_om,
-        stride_od,
-        acc / l_safe[:, None],
-        HEAD_DIM,
+        o_base, offs_m, n_queries, stride_om, stride_od, acc / l_safe[:, None], HEAD_DIM,
         HEAD_DIM_PAD,
-    )
+    )  # fmt: skip
     # The kernel works in log2 units; the log-sum-exp is returned in natural log.
     lse = tl.where(l_i == 0.0, float("-inf"), (m_i + tl.math.log2(l_safe)) * 0.6931471805599453)
     tl.store(lse_ptr + batch_head.to(tl.int64) * n_queries + offs_m, lse, mask=offs_m < n_queries)
@@ -437,25 +386,12 @@ def _attn_fwd(
 
 @triton.jit
 def _attn_bwd_preprocess(
-    o_ptr,
-    do_ptr,
-    dlse_ptr,
-    delta_ptr,
-    stride_ob,
-    stride_oh,
-    stride_om,
-    stride_od,
-    stride_dob,
-    stride_doh,
-    stride_dom,
-    stride_dod,
-    num_heads,
-    n_queries,
-    HEAD_DIM: tl.constexpr,
-    HEAD_DIM_PAD: tl.constexpr,
-    BLOCK_M: tl.constexpr,
-    HAS_DLSE: tl.constexpr,
-):
+    o_ptr, do_ptr, dlse_ptr, delta_ptr,
+    stride_ob, stride_oh, stride_om, stride_od,
+    stride_dob, stride_doh, stride_dom, stride_dod,
+    num_heads, n_queries,
+    HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, BLOCK_M: tl.constexpr, HAS_DLSE: tl.constexpr,
+):  # fmt: skip
     """delta = rowsum(dO * O) - dlse: the softmax backward's row term.
 
     (A gradient dlse flowing into the log-sum-exp adds p * dlse to dS, which
@@ -497,36 +433,11 @@ def _attn_probs(
 
 @triton.jit
 def _attn_bwd_dkdv_tile(
-    dk,
-    dv,
-    k,
-    v,
-    q_desc,
-    do_desc,
-    q_base,
-    do_base,
-    lse_base,
-    delta_base,
-    stride_qm,
-    stride_qd,
-    stride_dom,
-    stride_dod,
-    batch,
-    start_m,
-    n_queries,
-    q_offset,
-    k_pos,
-    n_keys,
-    head,
-    num_heads,
-    alibi_slope,
-    sm_scale,
-    HEAD_DIM: tl.constexpr,
-    HEAD_DIM_PAD: tl.constexpr,
-    BLOCK_M: tl.constexpr,
-    MASKED: tl.constexpr,
-    USE_TMA: tl.constexpr,
-):
+    dk, dv, k, v, q_desc, do_desc, q_base, do_base, lse_base, delta_base,
+    stride_qm, stride_qd, stride_dom, stride_dod,
+    batch, start_m, n_queries, q_offset, k_pos, n_keys, head, num_heads, alibi_slope, sm_scale,
+    HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, BLOCK_M: tl.constexpr, MASKED: tl.constexpr, USE_TMA: tl.constexpr,
+):  # fmt: skip
     """Accumulate one query tile's contribution to a key tile's dK and dV.
 
     Works on the transposed tile (keys x queries), so that every matrix
@@ -549,21 +460,7 @@ def _attn_bwd_dkdv_tile(
         MASKED,
         USE_TMA,
     )
-    do = _load_block(
-        do_desc,
-        do_base,
-        batch,
-        head,
-        start_m,
-        n_queries,
-        stride_dom,
-        stride_dod,
-        BLOCK_M,
-        HEAD_DIM,
-        HEAD_DIM_PAD,
-        MASKED,
-        USE_TMA,
-    )
+    do = _load_block(do_desc, do_base, batch, head, start_m, n_queries, stride_dom, stride_dod, BLOCK_M, HEAD_DIM, HEAD_DIM_PAD, MASKED, USE_TMA)  # fmt: skip
     if MASKED:
         lse = tl.load(lse_base + offs_m, mask=offs_m < n_queries, other=float("inf"))
         delta = tl.load(delta_base + offs_m, mask=offs_m < n_queries, other=0.0)
@@ -789,34 +686,10 @@ def _attn_bwd_dkdv(
 
 @triton.jit
 def _attn_bwd_dq_tile(
-    dq,
-    q,
-    do,
-    lse,
-    delta,
-    q_pos,
-    k_desc,
-    v_desc,
-    k_base,
-    v_base,
-    stride_kn,
-    stride_kd,
-    stride_vn,
-    stride_vd,
-    batch,
-    kv_head,
-    start_n,
-    n_keys,
-    head,
-    num_heads,
-    alibi_slope,
-    sm_scale,
-    HEAD_DIM: tl.constexpr,
-    HEAD_DIM_PAD: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    MASKED: tl.constexpr,
-    USE_TMA: tl.constexpr,
-):
+    dq, q, do, lse, delta, q_pos, k_desc, v_desc, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
+    batch, kv_head, start_n, n_keys, head, num_heads, alibi_slope, sm_scale,
+    HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, BLOCK_N: tl.constexpr, MASKED: tl.constexpr, USE_TMA: tl.constexpr,
+):  # fmt: skip
     """Accumulate one key tile's contribution to a query tile's dQ."""
     offs_n = start_n + tl.arange(0, BLOCK_N)
     k = _load_block(
@@ -834,21 +707,7 @@ def _attn_bwd_dq_tile(
         MASKED,
         USE_TMA,
     )
-    v = _load_block(
-        v_desc,
-        v_base,
-        batch,
-        kv_head,
-        start_n,
-        n_keys,
-        stride_vn,
-        stride_vd,
-        BLOCK_N,
-        HEAD_DIM,
-        HEAD_DIM_PAD,
-        MASKED,
-        USE_TMA,
-    )
+    v = _load_block(v_desc, v_base, batch, kv_head, start_n, n_keys, stride_vn, stride_vd, BLOCK_N, HEAD_DIM, HEAD_DIM_PAD, MASKED, USE_TMA)  # fmt: skip
     k_pos = offs_n[None, :]
     qk = tl.dot(q, tl.trans(k))
     p, s2 = _attn_probs(
@@ -1118,99 +977,29 @@ def _attn_bwd(
     if tile < n_key_tiles:
         if tl.program_id(1) < tl.num_programs(1) // kv_group:
             _attn_bwd_dkdv(
-                tile,
-                tl.program_id(1),
-                q_ptr,
-                k_ptr,
-                v_ptr,
-                do_ptr,
-                lse_ptr,
-                delta_ptr,
-                dk_ptr,
-                dv_ptr,
-                alibi_slopes_ptr,
-                q_desc,
-                do_desc,
-                stride_qb,
-                stride_qh,
-                stride_qm,
-                stride_qd,
-                stride_kb,
-                stride_kh,
-                stride_kn,
-                stride_kd,
-                stride_vb,
-                stride_vh,
-                stride_vn,
-                stride_vd,
-                stride_dob,
-                stride_doh,
-                stride_dom,
-                stride_dod,
-                stride_dkb,
-                stride_dkh,
-                stride_dkn,
-                stride_dkd,
-                stride_dvb,
-                stride_dvh,
-                stride_dvn,
-                stride_dvd,
-                num_heads,
-                kv_group,
-                n_queries,
-                n_keys,
-                sm_scale,
-                HEAD_DIM,
-                HEAD_DIM_PAD,
-                BLOCK_M,
-                BLOCK_N,
-                USE_TMA,
-            )
+                tile, tl.program_id(1),
+                q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dk_ptr, dv_ptr, alibi_slopes_ptr, q_desc, do_desc,
+                stride_qb, stride_qh, stride_qm, stride_qd,
+                stride_kb, stride_kh, stride_kn, stride_kd,
+                stride_vb, stride_vh, stride_vn, stride_vd,
+                stride_dob, stride_doh, stride_dom, stride_dod,
+                stride_dkb, stride_dkh, stride_dkn, stride_dkd,
+                stride_dvb, stride_dvh, stride_dvn, stride_dvd,
+                num_heads, kv_group, n_queries, n_keys, sm_scale,
+                HEAD_DIM, HEAD_DIM_PAD, BLOCK_M, BLOCK_N, USE_TMA,
+            )  # fmt: skip
     else:
         _attn_bwd_dq(
-            tl.num_programs(0) - 1 - tile,
-            tl.program_id(1),
-            q_ptr,
-            k_ptr,
-            v_ptr,
-            do_ptr,
-            lse_ptr,
-            delta_ptr,
-            dq_ptr,
-            alibi_slopes_ptr,
-            k_desc,
-            v_desc,
-            stride_qb,
-            stride_qh,
-            stride_qm,
-            stride_qd,
-            stride_kb,
-            stride_kh,
-            stride_kn,
-            stride_kd,
-            stride_vb,
-            stride_vh,
-            stride_vn,
-            stride_vd,
-            stride_dob,
-            stride_doh,
-            stride_dom,
-            stride_dod,
-            stride_dqb,
-            stride_dqh,
-            stride_dqm,
-            stride_dqd,
-            num_heads,
-            kv_group,
-            n_queries,
-            n_keys,
-            sm_scale,
-            HEAD_DIM,
-            HEAD_DIM_PAD,
-            BLOCK_N,
-            BLOCK_M,
-            USE_TMA,
-        )
+            tl.num_programs(0) - 1 - tile, tl.program_id(1),
+            q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dq_ptr, alibi_slopes_ptr, k_desc, v_desc,
+            stride_qb, stride_qh, stride_qm, stride_qd,
+            stride_kb, stride_kh, stride_kn, stride_kd,
+            stride_vb, stride_vh, stride_vn, stride_vd,
+            stride_dob, stride_doh, stride_dom, stride_dod,
+            stride_dqb, stride_dqh, stride_dqm, stride_dqd,
+            num_heads, kv_group, n_queries, n_keys, sm_scale,
+            HEAD_DIM, HEAD_DIM_PAD, BLOCK_N, BLOCK_M, USE_TMA,
+        )  # fmt: skip
 
 
 def _cdiv(a: int, b: int) -> int:
@@ -1594,20 +1383,9 @@ def backward(
     _check_inputs(q, k, v)
     _check_backward_inputs(q, o, lse, do, dlse)
     args = (
-        q,
-        k,
-        v,
-        o,
-        lse.contiguous(),
-        do,
-        dlse,
-        _resolve_scale(scale),
-        block_m,
-        block_n,
-        num_warps,
-        num_stages,
-        tma,
-    )
+        q, k, v, o, lse.contiguous(), do, dlse, _resolve_scale(scale), block_m, block_n, num_warps,
+        num_stages, tma,
+    )  # fmt: skip
     if _on_other_gpu(q):
         with torch.cuda.device(q.device):
             return _backward(*args)
@@ -1615,20 +1393,9 @@ def backward(
 
 
 def _backward(
-    q,
-    k,
-    v,
-    o,
-    lse,
-    do,
-    dlse,
-    scale: float,
-    block_m=None,
-    block_n=None,
-    num_warps=None,
-    num_stages=None,
-    tma=None,
-):
+    q, k, v, o, lse, do, dlse, scale: float,
+    block_m=None, block_n=None, num_warps=None, num_stages=None, tma=None,
+):  # fmt: skip
     """backward() on checked inputs and a resolved scale."""
     q, k, v, o = (_rows_in_int32(n, x) for n, x in (("q", q), ("k", k), ("v", v), ("o", o)))
     do = None if do is None else _rows_in_int32("do", do)
@@ -1655,57 +1422,22 @@ def _backward(
     alibi_slopes = _alibi_or_placeholder(num_heads, lse)
     grid = (_cdiv(n_queries, block_m), batch * num_heads)
     _launch(
-        _attn_bwd_preprocess,
-        grid,
-        o,
-        do,
-        delta if dlse is None else dlse,
-        delta,
-        *o.stride(),
-        *do.stride(),
-        num_heads,
-        n_queries,
-        HEAD_DIM,
-        HEAD_DIM_PAD,
-        block_m,
-        dlse is not None,  # the constexprs
-    )
+        _attn_bwd_preprocess, grid,
+        o, do, delta if dlse is None else dlse, delta,
+        *o.stride(), *do.stride(),
+        num_heads, n_queries,
+        HEAD_DIM, HEAD_DIM_PAD, block_m, dlse is not None,  # the constexprs
+    )  # fmt: skip
     use_tma = _use_tma(tma, GPU_BWD_TMA, q, k, v, do)
     grid = (_cdiv(n_keys, block_n) + _cdiv(n_queries, block_n), batch * num_heads)
     _launch(
-        _attn_bwd,
-        grid,
-        q,
-        k,
-        v,
-        do,
-        lse,
-        delta,
-        dq,
-        dk,
-        dv,
-        alibi_slopes,
-        *_descriptors(use_tma, block_m, q, do, k, v),
-        *q.stride(),
-        *k.stride(),
-        *v.stride(),
-        *do.stride(),
-        *dq.stride(),
-        *dk.stride(),
-        *dv.stride(),
-        num_heads,
-        num_heads // kv_heads,
-        n_queries,
-        n_keys,
-        scale,
-        HEAD_DIM,
-        HEAD_DIM_PAD,
-        block_m,
-        block_n,
-        use_tma,  # the constexprs
-        num_warps=num_warps,
-        num_stages=num_stages,
-    )
+        _attn_bwd, grid,
+        q, k, v, do, lse, delta, dq, dk, dv, alibi_slopes, *_descriptors(use_tma, block_m, q, do, k, v),
+        *q.stride(), *k.stride(), *v.stride(), *do.stride(), *dq.stride(), *dk.stride(), *dv.stride(),
+        num_heads, num_heads // kv_heads, n_queries, n_keys, scale,
+        HEAD_DIM, HEAD_DIM_PAD, block_m, block_n, use_tma,  # the constexprs
+        num_warps=num_warps, num_stages=num_stages,
+    )  # fmt: skip
     return dq, dk, dv
 
 

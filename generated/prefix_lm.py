@@ -84,15 +84,9 @@ INTERPRETER_CONFIG = (32, 32, 1, 1)
 
 @triton.jit
 def _load_rows(
-    ptr,
-    rows,
-    n_rows,
-    stride_row,
-    stride_d,
-    HEAD_DIM: tl.constexpr,
-    HEAD_DIM_PAD: tl.constexpr,
+    ptr, rows, n_rows, stride_row, stride_d, HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr,
     CHECK_ROWS: tl.constexpr,
-):
+):  # fmt: skip
     """Load a (len(rows), HEAD_DIM_PAD) tile; rows past n_rows read as zeros.
 
     Offsets are 32-bit (64-bit row offsets cost 4-9% of some forwards); the
@@ -110,20 +104,10 @@ def _load_rows(
 
 @triton.jit
 def _load_block(
-    desc,
-    ptr,
-    batch,
-    head,
-    start,
-    n_rows,
-    stride_row,
-    stride_d,
-    BLOCK: tl.constexpr,
-    HEAD_DIM: tl.constexpr,
-    HEAD_DIM_PAD: tl.constexpr,
-    CHECK_ROWS: tl.constexpr,
+    desc, ptr, batch, head, start, n_rows, stride_row, stride_d, BLOCK: tl.constexpr,
+    HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, CHECK_ROWS: tl.constexpr,
     USE_TMA: tl.constexpr,
-):
+):  # fmt: skip
     """Rows start .. start + BLOCK - 1 of one (batch, head) of a (B, H, N, D) tensor.
 
     With USE_TMA the tensor memory accelerator copies the block through a
@@ -142,15 +126,9 @@ def _load_block(
 
 @triton.jit
 def _store_rows(
-    ptr,
-    rows,
-    n_rows,
-    stride_row,
-    stride_d,
-    tile,
-    HEAD_DIM: tl.constexpr,
+    ptr, rows, n_rows, stride_row, stride_d, tile, HEAD_DIM: tl.constexpr,
     HEAD_DIM_PAD: tl.constexpr,
-):
+):  # fmt: skip
     offs_d = tl.arange(0, HEAD_DIM_PAD)
     ptrs = ptr + rows[:, None] * stride_row + offs_d[None, :] * stride_d
     mask = (rows[:, None] < n_rows) & (offs_d[None, :] < HEAD_DIM)
@@ -176,33 +154,10 @@ def _scores_log2(
 
 @triton.jit
 def _attn_fwd_tile(
-    acc,
-    l_i,
-    m_i,
-    q,
-    q_pos,
-    k_desc,
-    v_desc,
-    k_base,
-    v_base,
-    stride_kn,
-    stride_kd,
-    stride_vn,
-    stride_vd,
-    batch,
-    kv_head,
-    start_n,
-    n_keys,
-    head,
-    num_heads,
-    alibi_slope,
-    sm_scale,
-    HEAD_DIM: tl.constexpr,
-    HEAD_DIM_PAD: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    MASKED: tl.constexpr,
-    USE_TMA: tl.constexpr,
-):
+    acc, l_i, m_i, q, q_pos, k_desc, v_desc, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
+    batch, kv_head, start_n, n_keys, head, num_heads, alibi_slope, sm_scale,
+    HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, BLOCK_N: tl.constexpr, MASKED: tl.constexpr, USE_TMA: tl.constexpr,
+):  # fmt: skip
     """One key tile of the online softmax."""
     offs_n = start_n + tl.arange(0, BLOCK_N)
     k = _load_block(
@@ -426,15 +381,9 @@ def _attn_fwd(
     l_safe = tl.where(l_i == 0.0, 1.0, l_i)
     o_base = o_ptr + batch.to(tl.int64) * stride_ob + head.to(tl.int64) * stride_oh
     _store_rows(
-        o_base,
-        offs_m,
-        n_queries,
-        stride_om,
-        stride_od,
-        acc / l_safe[:, None],
-        HEAD_DIM,
+        o_base, offs_m, n_queries, stride_om, stride_od, acc / l_safe[:, None], HEAD_DIM,
         HEAD_DIM_PAD,
-    )
+    )  # fmt: skip
     # The kernel works in log2 units; the log-sum-exp is returned in natural log.
     lse = tl.where(l_i == 0.0, float("-inf"), (m_i + tl.math.log2(l_safe)) * 0.6931471805599453)
     tl.store(lse_ptr + batch_head.to(tl.int64) * n_queries + offs_m, lse, mask=offs_m < n_queries)
@@ -442,25 +391,12 @@ def _attn_fwd(
 
 @triton.jit
 def _attn_bwd_preprocess(
-    o_ptr,
-    do_ptr,
-    dlse_ptr,
-    delta_ptr,
-    stride_ob,
-    stride_oh,
-    stride_om,
-    stride_od,
-    stride_dob,
-    stride_doh,
-    stride_dom,
-    stride_dod,
-    num_heads,
-    n_queries,
-    HEAD_DIM: tl.constexpr,
-    HEAD_DIM_PAD: tl.constexpr,
-    BLOCK_M: tl.constexpr,
-    HAS_DLSE: tl.constexpr,
-):
+    o_ptr, do_ptr, dlse_ptr, delta_ptr,
+    stride_ob, stride_oh, stride_om, stride_od,
+    stride_dob, stride_doh, stride_dom, stride_dod,
+    num_heads, n_queries,
+    HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, BLOCK_M: tl.constexpr, HAS_DLSE: tl.constexpr,
+):  # fmt: skip
     """delta = rowsum(dO * O) - dlse: the softmax backward's row term.
 
     (A gradient dlse flowing into the log-sum-exp adds p * dlse to dS, which
@@ -502,36 +438,11 @@ def _attn_probs(
 
 @triton.jit
 def _attn_bwd_dkdv_tile(
-    dk,
-    dv,
-    k,
-    v,
-    q_desc,
-    do_desc,
-    q_base,
-    do_base,
-    lse_base,
-    delta_base,
-    stride_qm,
-    stride_qd,
-    stride_dom,
-    stride_dod,
-    batch,
-    start_m,
-    n_queries,
-    q_offset,
-    k_pos,
-    n_keys,
-    head,
-    num_heads,
-    alibi_slope,
-    sm_scale,
-    HEAD_DIM: tl.constexpr,
-    HEAD_DIM_PAD: tl.constexpr,
-    BLOCK_M: tl.constexpr,
-    MASKED: tl.constexpr,
-    USE_TMA: tl.constexpr,
-):
+    dk, dv, k, v, q_desc, do_desc, q_base, do_base, lse_base, delta_base,
+    stride_qm, stride_qd, stride_dom, stride_dod,
+    batch, start_m, n_queries, q_offset, k_pos, n_keys, head, num_heads, alibi_slope, sm_scale,
+    HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, BLOCK_M: tl.constexpr, MASKED: tl.constexpr, USE_TMA: tl.constexpr,
+):  # fmt: skip
     """Accumulate one query tile's contribution to a key tile's dK and dV.
 
     Works on the transposed tile (keys x queries), so that every matrix
@@ -554,21 +465,7 @@ def _attn_bwd_dkdv_tile(
         MASKED,
         USE_TMA,
     )
-    do = _load_block(
-        do_desc,
-        do_base,
-        batch,
-        head,
-        start_m,
-        n_queries,
-        stride_dom,
-        stride_dod,
-        BLOCK_M,
-        HEAD_DIM,
-        HEAD_DIM_PAD,
-        MASKED,
-        USE_TMA,
-    )
+    do = _load_block(do_desc, do_base, batch, head, start_m, n_queries, stride_dom, stride_dod, BLOCK_M, HEAD_DIM, HEAD_DIM_PAD, MASKED, USE_TMA)  # fmt: skip
     if MASKED:
         lse = tl.load(lse_base + offs_m, mask=offs_m < n_queries, other=float("inf"))
         delta = tl.load(delta_base + offs_m, mask=offs_m < n_queries, other=0.0)
@@ -793,34 +690,10 @@ def _attn_bwd_dkdv(
 
 @triton.jit
 def _attn_bwd_dq_tile(
-    dq,
-    q,
-    do,
-    lse,
-    delta,
-    q_pos,
-    k_desc,
-    v_desc,
-    k_base,
-    v_base,
-    stride_kn,
-    stride_kd,
-    stride_vn,
-    stride_vd,
-    batch,
-    kv_head,
-    start_n,
-    n_keys,
-    head,
-    num_heads,
-    alibi_slope,
-    sm_scale,
-    HEAD_DIM: tl.constexpr,
-    HEAD_DIM_PAD: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    MASKED: tl.constexpr,
-    USE_TMA: tl.constexpr,
-):
+    dq, q, do, lse, delta, q_pos, k_desc, v_desc, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
+    batch, kv_head, start_n, n_keys, head, num_heads, alibi_slope, sm_scale,
+    HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, BLOCK_N: tl.constexpr, MASKED: tl.constexpr, USE_TMA: tl.constexpr,
+):  # fmt: skip
     """Accumulate one key tile's contribution to a query tile's dQ."""
     offs_n = start_n + tl.arange(0, BLOCK_N)
     k = _load_block(
@@ -838,21 +711,7 @@ def _attn_bwd_dq_tile(
         MASKED,
         USE_TMA,
     )
-    v = _load_block(
-        v_desc,
-        v_base,
-        batch,
-        kv_head,
-        start_n,
-        n_keys,
-        stride_vn,
-        stride_vd,
-        BLOCK_N,
-        HEAD_DIM,
-        HEAD_DIM_PAD,
-        MASKED,
-        USE_TMA,
-    )
+    v = _load_block(v_desc, v_base, batch, kv_head, start_n, n_keys, stride_vn, stride_vd, BLOCK_N, HEAD_DIM, HEAD_DIM_PAD, MASKED, USE_TMA)  # fmt: skip
     k_pos = offs_n[None, :]
     qk = tl.dot(q, tl.trans(k))
     p, s2 = _attn_probs(
@@ -1117,99 +976,29 @@ def _attn_bwd(
     if tile < n_key_tiles:
         if tl.program_id(1) < tl.num_programs(1) // kv_group:
             _attn_bwd_dkdv(
-                tile,
-                tl.program_id(1),
-                q_ptr,
-                k_ptr,
-                v_ptr,
-                do_ptr,
-                lse_ptr,
-                delta_ptr,
-                dk_ptr,
-                dv_ptr,
-                alibi_slopes_ptr,
-                q_desc,
-                do_desc,
-                stride_qb,
-                stride_qh,
-                stride_qm,
-                stride_qd,
-                stride_kb,
-                stride_kh,
-                stride_kn,
-                stride_kd,
-                stride_vb,
-                stride_vh,
-                stride_vn,
-                stride_vd,
-                stride_dob,
-                stride_doh,
-                stride_dom,
-                stride_dod,
-                stride_dkb,
-                stride_dkh,
-                stride_dkn,
-                stride_dkd,
-                stride_dvb,
-                stride_dvh,
-                stride_dvn,
-                stride_dvd,
-                num_heads,
-                kv_group,
-                n_queries,
-                n_keys,
-                sm_scale,
-                HEAD_DIM,
-                HEAD_DIM_PAD,
-                BLOCK_M,
-                BLOCK_N,
-                USE_TMA,
-            )
+                tile, tl.program_id(1),
+                q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dk_ptr, dv_ptr, alibi_slopes_ptr, q_desc, do_desc,
+                stride_qb, stride_qh, stride_qm, stride_qd,
+                stride_kb, stride_kh, stride_kn, stride_kd,
+                stride_vb, stride_vh, stride_vn, stride_vd,
+                stride_dob, stride_doh, stride_dom, stride_dod,
+                stride_dkb, stride_dkh, stride_dkn, stride_dkd,
+                stride_dvb, stride_dvh, stride_dvn, stride_dvd,
+                num_heads, kv_group, n_queries, n_keys, sm_scale,
+                HEAD_DIM, HEAD_DIM_PAD, BLOCK_M, BLOCK_N, USE_TMA,
+            )  # fmt: skip
     else:
         _attn_bwd_dq(
-            tl.num_programs(0) - 1 - tile,
-            tl.program_id(1),
-            q_ptr,
-            k_ptr,
-            v_ptr,
-            do_ptr,
-            lse_ptr,
-            delta_ptr,
-            dq_ptr,
-            alibi_slopes_ptr,
-            k_desc,
-            v_desc,
-            stride_qb,
-            stride_qh,
-            stride_qm,
-            stride_qd,
-            stride_kb,
-            stride_kh,
-            stride_kn,
-            stride_kd,
-            stride_vb,
-            stride_vh,
-            stride_vn,
-            stride_vd,
-            stride_dob,
-            stride_doh,
-            stride_dom,
-            stride_dod,
-            stride_dqb,
-            stride_dqh,
-            stride_dqm,
-            stride_dqd,
-            num_heads,
-            kv_group,
-            n_queries,
-            n_keys,
-            sm_scale,
-            HEAD_DIM,
-            HEAD_DIM_PAD,
-            BLOCK_N,
-            BLOCK_M,
-            USE_TMA,
-        )
+            tl.num_programs(0) - 1 - tile, tl.program_id(1),
+            q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dq_ptr, alibi_slopes_ptr, k_desc, v_desc,
+            stride_qb, stride_qh, stride_qm, stride_qd,
+            stride_kb, stride_kh, stride_kn, stride_kd,
+            stride_vb, stride_vh, stride_vn, stride_vd,
+            stride_dob, stride_doh, stride_dom, stride_dod,
+            stride_dqb, stride_dqh, stride_dqm, stride_dqd,
+            num_heads, kv_group, n_queries, n_keys, sm_scale,
+            HEAD_DIM, HEAD_DIM_PAD, BLOCK_N, BLOCK_M, USE_TMA,
+        )  # fmt: skip
 
 
 def _cdiv(a: int, b: int) -> int:
@@ -1649,9 +1438,7 @@ def _gluon_dkdv_consumer(args, HALF: gl.constexpr):
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(
         version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, ROWS, 16]
     )
-    acc_layout: gl.constexpr = gl.NVMMADistributedLayout(
-        version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, HEAD_DIM, 16]
-    )
+    acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, HEAD_DIM, 16])  # fmt: skip
     a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_layout, k_width=2)
     key_vec: gl.constexpr = gl.SliceLayout(1, s_layout)
     row_vec: gl.constexpr = gl.SliceLayout(0, s_layout)
@@ -1690,9 +1477,7 @@ def _gluon_dkdv_consumer(args, HALF: gl.constexpr):
                     s_t = warpgroup_mma(
                         k_buf, q_buf.permute((1, 0)), s_zero, use_acc=False, is_async=True
                     )
-                    dp_t = warpgroup_mma(
-                        v_buf, do_buf.permute((1, 0)), s_zero, use_acc=False, is_async=True
-                    )
+                    dp_t = warpgroup_mma(v_buf, do_buf.permute((1, 0)), s_zero, use_acc=False, is_async=True)  # fmt: skip
                     q_idx = start_m + gl.arange(0, ROWS, layout=row_vec)
                     q_pos = gl.expand_dims(q_idx, 0)
                     lse = gl.expand_dims(gl.load(lse_ptr + row0 + q_idx), 0)
@@ -1700,17 +1485,9 @@ def _gluon_dkdv_consumer(args, HALF: gl.constexpr):
                     s_t = warpgroup_mma_wait(num_outstanding=1, deps=(s_t,))
                     if whole:
                         p_t, s2_t = _attn_probs(
-                            s_t,
-                            lse,
-                            q_pos,
-                            k_pos,
-                            n_ctx,
-                            head,
-                            num_heads,
-                            alibi_slope,
-                            sm_scale,
+                            s_t, lse, q_pos, k_pos, n_ctx, head, num_heads, alibi_slope, sm_scale,
                             False,
-                        )
+                        )  # fmt: skip
                     else:
                         p_t, s2_t = _attn_probs(
                             s_t,
@@ -1724,9 +1501,7 @@ def _gluon_dkdv_consumer(args, HALF: gl.constexpr):
                             sm_scale,
                             True,
                         )
-                    dv = warpgroup_mma(
-                        gl.convert_layout(p_t.to(dtype), a_layout), do_buf, dv, is_async=True
-                    )
+                    dv = warpgroup_mma(gl.convert_layout(p_t.to(dtype), a_layout), do_buf, dv, is_async=True)  # fmt: skip
                     dp_t = warpgroup_mma_wait(num_outstanding=1, deps=(dp_t,))
                     ds_t = p_t * (dp_t - delta)
                     dk = warpgroup_mma(
@@ -1800,29 +1575,15 @@ def _gluon_dkdv_producer(args, HALF: gl.constexpr):
                 gl_tma.async_copy_global_to_shared(
                     q_desc, [row0 + start_m, 0], q_ready.index(stage), q_smem.index(stage)
                 )
-                gl_tma.async_copy_global_to_shared(
-                    do_desc, [row0 + start_m, 0], q_ready.index(stage), do_smem.index(stage)
-                )
+                gl_tma.async_copy_global_to_shared(do_desc, [row0 + start_m, 0], q_ready.index(stage), do_smem.index(stage))  # fmt: skip
                 t += 1
 
 
 @gluon.jit
 def _gluon_attn_bwd_dkdv(
-    q_desc,
-    k_desc,
-    v_desc,
-    do_desc,
-    dk_desc,
-    dv_desc,
-    lse_ptr,
-    delta_ptr,
-    alibi_slopes_ptr,
-    sm_scale,
-    n_ctx,
-    num_heads,
-    kv_group,
-    STAGES: gl.constexpr,
-):
+    q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, lse_ptr, delta_ptr, alibi_slopes_ptr, sm_scale,
+    n_ctx, num_heads, kv_group, STAGES: gl.constexpr,
+):  # fmt: skip
     """Grid: (N / 128, batch * kv heads).  dK (scaled) and dV of 128 keys."""
     dtype: gl.constexpr = q_desc.dtype
     ROWS: gl.constexpr = q_desc.block_type.shape[0]
@@ -1839,28 +1600,8 @@ def _gluon_attn_bwd_dkdv(
     for i in gl.static_range(STAGES):
         mbarrier.init(q_ready.index(i), count=1)
         mbarrier.init(q_empty.index(i), count=2)  # released by both consumers
-    args = (
-        q_desc,
-        k_desc,
-        v_desc,
-        do_desc,
-        dk_desc,
-        dv_desc,
-        lse_ptr,
-        delta_ptr,
-        alibi_slopes_ptr,
-        sm_scale,
-        n_ctx,
-        num_heads,
-        kv_group,
-        k_smem,
-        v_smem,
-        q_smem,
-        do_smem,
-        kv_bar,
-        q_ready,
-        q_empty,
-    )
+    args = (q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, lse_ptr, delta_ptr, alibi_slopes_ptr, sm_scale,
+            n_ctx, num_heads, kv_group, k_smem, v_smem, q_smem, do_smem, kv_bar, q_ready, q_empty)  # fmt: skip
     gl.warp_specialize(
         [
             (_gluon_dkdv_consumer, (args, 0)),
@@ -1912,9 +1653,7 @@ def _gluon_dq_consumer(args, HALF: gl.constexpr, HAS_DLSE: gl.constexpr):
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(
         version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BLOCK_N, 16]
     )
-    acc_layout: gl.constexpr = gl.NVMMADistributedLayout(
-        version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, HEAD_DIM, 16]
-    )
+    acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, HEAD_DIM, 16])  # fmt: skip
     a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_layout, k_width=2)
     row_vec: gl.constexpr = gl.SliceLayout(1, s_layout)
     key_vec: gl.constexpr = gl.SliceLayout(0, s_layout)
@@ -1965,12 +1704,9 @@ def _gluon_dq_consumer(args, HALF: gl.constexpr, HAS_DLSE: gl.constexpr):
                 )
                 mbarrier.wait(v_ready.index(stage), phase)
                 dp = warpgroup_mma(
-                    do_buf,
-                    v_smem.index(stage).permute((1, 0)),
-                    s_zero,
-                    use_acc=False,
+                    do_buf, v_smem.index(stage).permute((1, 0)), s_zero, use_acc=False,
                     is_async=True,
-                )
+                )  # fmt: skip
                 k_pos = gl.expand_dims(start_n + gl.arange(0, BLOCK_N, layout=key_vec), 0)
                 s = warpgroup_mma_wait(num_outstanding=1, deps=(s,))
                 if whole:
@@ -2061,23 +1797,9 @@ def _gluon_dq_producer(args, HALF: gl.constexpr):
 
 @gluon.jit
 def _gluon_attn_bwd_dq(
-    q_desc,
-    k_desc,
-    v_desc,
-    do_desc,
-    dq_desc,
-    o_ptr,
-    dlse_ptr,
-    lse_ptr,
-    delta_ptr,
-    alibi_slopes_ptr,
-    sm_scale,
-    n_ctx,
-    num_heads,
-    kv_group,
-    HAS_DLSE: gl.constexpr,
-    STAGES: gl.constexpr,
-):
+    q_desc, k_desc, v_desc, do_desc, dq_desc, o_ptr, dlse_ptr, lse_ptr, delta_ptr, alibi_slopes_ptr, sm_scale,
+    n_ctx, num_heads, kv_group, HAS_DLSE: gl.constexpr, STAGES: gl.constexpr,
+):  # fmt: skip
     """Grid: (N / 128, batch * heads).  dQ (scaled) of 128 query rows, and
     their delta = rowsum(dO * O) - dlse (dlse read only if HAS_DLSE)."""
     dtype: gl.constexpr = q_desc.dtype
@@ -2097,30 +1819,8 @@ def _gluon_attn_bwd_dq(
         mbarrier.init(k_ready.index(i), count=1)
         mbarrier.init(v_ready.index(i), count=1)
         mbarrier.init(kv_empty.index(i), count=2)  # released by both consumers
-    args = (
-        q_desc,
-        k_desc,
-        v_desc,
-        do_desc,
-        dq_desc,
-        o_ptr,
-        dlse_ptr,
-        lse_ptr,
-        delta_ptr,
-        alibi_slopes_ptr,
-        sm_scale,
-        n_ctx,
-        num_heads,
-        kv_group,
-        q_smem,
-        do_smem,
-        k_smem,
-        v_smem,
-        q_bar,
-        k_ready,
-        v_ready,
-        kv_empty,
-    )
+    args = (q_desc, k_desc, v_desc, do_desc, dq_desc, o_ptr, dlse_ptr, lse_ptr, delta_ptr, alibi_slopes_ptr, sm_scale,
+            n_ctx, num_heads, kv_group, q_smem, do_smem, k_smem, v_smem, q_bar, k_ready, v_ready, kv_empty)  # fmt: skip
     gl.warp_specialize(
         [
             (_gluon_dq_consumer, (args, 0, HAS_DLSE)),
@@ -2150,37 +1850,14 @@ def _gluon_backward(
     )
     common = (alibi_slopes, scale, n, num_heads, num_heads // kv_heads)
     _launch(
-        _gluon_attn_bwd_dq,
-        (n // GLUON_BWD_BLOCK, batch * num_heads),
-        q_desc,
-        k_desc,
-        v_desc,
-        do_desc,
-        dq_desc,
-        o,
-        delta if dlse is None else dlse,
-        lse,
-        delta,
-        *common,
-        dlse is not None,
-        GLUON_BWD_STAGES[1],
-        num_warps=4,
-    )
+        _gluon_attn_bwd_dq, (n // GLUON_BWD_BLOCK, batch * num_heads),
+        q_desc, k_desc, v_desc, do_desc, dq_desc, o, delta if dlse is None else dlse, lse, delta, *common,
+        dlse is not None, GLUON_BWD_STAGES[1], num_warps=4,
+    )  # fmt: skip
     _launch(
-        _gluon_attn_bwd_dkdv,
-        (n // GLUON_BWD_BLOCK, batch * kv_heads),
-        q_desc,
-        k_desc,
-        v_desc,
-        do_desc,
-        dk_desc,
-        dv_desc,
-        lse,
-        delta,
-        *common,
-        GLUON_BWD_STAGES[0],
-        num_warps=4,
-    )
+        _gluon_attn_bwd_dkdv, (n // GLUON_BWD_BLOCK, batch * kv_heads),
+        q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, lse, delta, *common, GLUON_BWD_STAGES[0], num_warps=4,
+    )  # fmt: skip
 
 
 def forward(
@@ -2288,20 +1965,9 @@ def backward(
     _check_inputs(q, k, v)
     _check_backward_inputs(q, o, lse, do, dlse)
     args = (
-        q,
-        k,
-        v,
-        o,
-        lse.contiguous(),
-        do,
-        dlse,
-        _resolve_scale(scale),
-        block_m,
-        block_n,
-        num_warps,
-        num_stages,
-        tma,
-    )
+        q, k, v, o, lse.contiguous(), do, dlse, _resolve_scale(scale), block_m, block_n, num_warps,
+        num_stages, tma,
+    )  # fmt: skip
     if _on_other_gpu(q):
         with torch.cuda.device(q.device):
             return _backward(*args)
@@ -2309,20 +1975,9 @@ def backward(
 
 
 def _backward(
-    q,
-    k,
-    v,
-    o,
-    lse,
-    do,
-    dlse,
-    scale: float,
-    block_m=None,
-    block_n=None,
-    num_warps=None,
-    num_stages=None,
-    tma=None,
-):
+    q, k, v, o, lse, do, dlse, scale: float,
+    block_m=None, block_n=None, num_warps=None, num_stages=None, tma=None,
+):  # fmt: skip
     """backward() on checked inputs and a resolved scale."""
     q, k, v, o = (_rows_in_int32(n, x) for n, x in (("q", q), ("k", k), ("v", v), ("o", o)))
     do = None if do is None else _rows_in_int32("do", do)
@@ -2353,57 +2008,22 @@ def _backward(
         return dq, dk, dv
     grid = (_cdiv(n_queries, block_m), batch * num_heads)
     _launch(
-        _attn_bwd_preprocess,
-        grid,
-        o,
-        do,
-        delta if dlse is None else dlse,
-        delta,
-        *o.stride(),
-        *do.stride(),
-        num_heads,
-        n_queries,
-        HEAD_DIM,
-        HEAD_DIM_PAD,
-        block_m,
-        dlse is not None,  # the constexprs
-    )
+        _attn_bwd_preprocess, grid,
+        o, do, delta if dlse is None else dlse, delta,
+        *o.stride(), *do.stride(),
+        num_heads, n_queries,
+        HEAD_DIM, HEAD_DIM_PAD, block_m, dlse is not None,  # the constexprs
+    )  # fmt: skip
     use_tma = _use_tma(tma, GPU_BWD_TMA, q, k, v, do)
     grid = (_cdiv(n_keys, block_n) + _cdiv(n_queries, block_n), batch * num_heads)
     _launch(
-        _attn_bwd,
-        grid,
-        q,
-        k,
-        v,
-        do,
-        lse,
-        delta,
-        dq,
-        dk,
-        dv,
-        alibi_slopes,
-        *_descriptors(use_tma, block_m, q, do, k, v),
-        *q.stride(),
-        *k.stride(),
-        *v.stride(),
-        *do.stride(),
-        *dq.stride(),
-        *dk.stride(),
-        *dv.stride(),
-        num_heads,
-        num_heads // kv_heads,
-        n_queries,
-        n_keys,
-        scale,
-        HEAD_DIM,
-        HEAD_DIM_PAD,
-        block_m,
-        block_n,
-        use_tma,  # the constexprs
-        num_warps=num_warps,
-        num_stages=num_stages,
-    )
+        _attn_bwd, grid,
+        q, k, v, do, lse, delta, dq, dk, dv, alibi_slopes, *_descriptors(use_tma, block_m, q, do, k, v),
+        *q.stride(), *k.stride(), *v.stride(), *do.stride(), *dq.stride(), *dk.stride(), *dv.stride(),
+        num_heads, num_heads // kv_heads, n_queries, n_keys, scale,
+        HEAD_DIM, HEAD_DIM_PAD, block_m, block_n, use_tma,  # the constexprs
+        num_warps=num_warps, num_stages=num_stages,
+    )  # fmt: skip
     return dq, dk, dv
 
 
