@@ -6,8 +6,9 @@ returns.  The analyses live beside this module, one concern each:
 
 * `flashgen.mask_forms`: named masks desugared, negation normal form,
   affine forms, and facts read off them (bands, dense edges).
-* `flashgen.tiles`: tile classification, position bounds and interiors, as
-  `flashgen.kernel_expr` trees of scalar kernel code.
+* `flashgen.tiles`: tile classification, and `flashgen.loop_bounds`:
+  position bounds and interiors, as `flashgen.kernel_expr` trees of scalar
+  kernel code.
 * `flashgen.element_code`: the mask and the score per element, and the
   score's derivative.
 * `flashgen.launch`: launch configurations and `Tuning`.
@@ -44,7 +45,8 @@ from flashgen.mask_forms import (
     negation_normal_form,
 )
 from flashgen.printer import print_variant
-from flashgen.tiles import TileCode, interior_bounds, key_bounds, query_bounds
+from flashgen.loop_bounds import interior_bounds, key_bounds, query_bounds
+from flashgen.tiles import TileCode
 
 __all__ = [
     "LOG2E",
