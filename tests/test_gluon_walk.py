@@ -6,7 +6,7 @@ module: `_gluon_query_rows` and `_gluon_key_cols` (the tiles a CTA walks)
 and `_gluon_tile_class` (skip, mask or compute whole, for the CTA and for
 each consumer's half).  A small interpreted kernel here walks the tiles
 exactly as `_gluon_attn_bwd_dkdv` and `_gluon_attn_bwd_dq` do, and as the
-forward for any mask does (`lower.GLUON_FORWARD_ANY`), and paints what each
+forward for any mask does (`kernel_choice.GLUON_FORWARD_ANY`), and paints what each
 consumer would compute; the painting must cover every visible pair of
 the dense mask, and a half-tile computed whole (without the mask) must hold
 no masked pair.  The GPU tests check the kernels' numbers
@@ -48,7 +48,7 @@ def _walk(
 ):  # fmt: skip
     """Grid (N / 128, heads): one dK/dV CTA (128 keys), one dQ CTA (128
     query rows) and one forward CTA (128 query rows, key tiles of 128; the
-    forward for any mask, `lower.GLUON_FORWARD_ANY`) of one head, their tiles
+    forward for any mask, `kernel_choice.GLUON_FORWARD_ANY`) of one head, their tiles
     painted MASKED or WHOLE."""
     start = tl.program_id(0) * 128
     head = tl.program_id(1)

@@ -221,12 +221,12 @@ def test_gluon_backward_on_gpu(mask, score, head_dim, dtype, monkeypatch):
 @pytest.mark.parametrize("dtype", [ir.DType.FP16, ir.DType.BF16])
 def test_gluon_forward_any_mask_on_gpu(mask, score, dtype, monkeypatch):
     """The Gluon forward for any mask and score, forced on at every length
-    and band width (`lower.GLUON_ANY_MIN_KEYS` = 0): forward against the
+    and band width (`kernel_choice.GLUON_ANY_MIN_KEYS` = 0): forward against the
     float64 reference, rows that see no key included, and gradients through
     its log-sum-exp.  Counts its launches."""
-    from flashgen import lower
+    from flashgen import kernel_choice
 
-    monkeypatch.setattr(lower, "GLUON_ANY_MIN_KEYS", 0)
+    monkeypatch.setattr(kernel_choice, "GLUON_ANY_MIN_KEYS", 0)
     variant = make_variant(mask, score, dtype=dtype, head_dim=128)
     module = build(variant)
     launches = _count_calls(monkeypatch, module, "_gluon_forward")
@@ -373,9 +373,9 @@ def test_spec_at_the_nesting_limit_on_gpu(dtype, head_dim, monkeypatch):
     compile them (odd, unequal lengths), and in 16 bits the Hopper Gluon
     forward ("any" mask, forced on) and backward do too (Nq = Nk = 384);
     their launches are counted so that neither path passes on a fallback."""
-    from flashgen import lower
+    from flashgen import kernel_choice
 
-    monkeypatch.setattr(lower, "GLUON_ANY_MIN_KEYS", 0)
+    monkeypatch.setattr(kernel_choice, "GLUON_ANY_MIN_KEYS", 0)
     variant = deep_variant(dtype, head_dim)
     for i, shape in enumerate([Shape(1, 2, 1, 203, 239), Shape(1, 4, 2, 384, 384)]):
         for result in check_spec_both_ways(variant, shape, seed=i, device="cuda"):

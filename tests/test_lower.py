@@ -1,8 +1,10 @@
 """The mask analysis in `lower`: tile classification and key bounds.
 
-The scalar code that `lower` emits for a tile is executed here with numpy
-standing in for `tl`, over random rectangles of (query, key) positions, and
-compared with the dense reference's mask.  Soundness is the property that
+The scalar code that `lower` builds for a tile (`flashgen.kernel_expr`
+trees) is evaluated here with numpy standing in for `tl`, over random
+rectangles of (query, key) positions, and compared with the dense
+reference's mask; one test checks that the printed Triton source computes
+what the trees do.  Soundness is the property that
 matters (a tile called full must be fully visible, a tile called empty must
 have no visible pair, every visible key must lie inside the key bounds);
 exactness is checked for the named masks, where the kernels rely on it for
@@ -22,29 +24,27 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from flashgen import ir, lower
+from flashgen import element_code, ir, kernel_choice, lower, mask_forms
+from flashgen import kernel_expr as kx
 from flashgen.reference import mask_matrix
 from kernel_utils import make_variant
 from strategies import masks, variants
 
-_TL = types.SimpleNamespace(where=np.where, minimum=np.minimum, maximum=np.maximum, abs=np.abs)
-
-
 def _namespace(q_lo, q_hi, k_lo, k_hi, head, num_heads):
     i = np.int64
     return {
-        "tl": _TL,
-        "_floor_div": lambda a, b: np.floor_divide(a, b),
-        "_floor_mod": lambda a, b: np.mod(a, b),
         "q_lo": i(q_lo),
         "q_hi": i(q_hi),
         "k_lo": i(k_lo),
         "k_hi": i(k_hi),
         "head": i(head),
         "num_heads": i(num_heads),
-        "True": np.bool_(True),
-        "False": np.bool_(False),
     }
+
+
+def _value(e, env):
+    """A bound's value (None: unbounded)."""
+    return None if e is None else int(kx.evaluate(e, env))
 
 
 def _analyse(mask: ir.Expr):
@@ -59,12 +59,9 @@ def nnf_of(mask: ir.Expr) -> ir.Expr:
 
 
 def _run(lines, must, may, bounds, env):
-    # Test-only evaluation of the analysis' own output with numpy as `tl`.
-    for line in lines:
-        exec(line, env)
-    lo = None if bounds[0] is None else eval(bounds[0], env)
-    hi = None if bounds[1] is None else eval(bounds[1], env)
-    return bool(eval(must, env)), bool(eval(may, env)), lo, hi
+    kx.run(lines, env)
+    must, may = bool(kx.evaluate(must, env)), bool(kx.evaluate(may, env))
+    return must, may, _value(bounds[0], env), _value(bounds[1], env)
 
 
 def _visible(mask, n_queries, n_keys, num_heads):
@@ -117,10 +114,7 @@ def test_tile_classification_is_sound(mask, rects):
         if cols.size and hi is not None:
             assert cols.max() <= hi, "visible key above the key bound"
         rows = np.nonzero(block.any(axis=1))[0] + qa + offset
-        q_lo, q_hi = (
-            None if code is None else int(eval(code, env))  # test-only, analysis output
-            for code in lower.query_bounds(nnf_of(mask))
-        )
+        q_lo, q_hi = (_value(code, env) for code in lower.query_bounds(nnf_of(mask)))
         if rows.size and q_lo is not None:
             assert rows.min() >= q_lo, "visible query below the query bound"
         if rows.size and q_hi is not None:
@@ -192,7 +186,7 @@ def test_affine_normal_form():
         ir.Binary(ir.BinOp.MUL, ir.Num(3), q),
         ir.Binary(ir.BinOp.ADD, k, ir.Binary(ir.BinOp.SUB, q, ir.Num(4))),
     )
-    assert lower._clean(lower.affine(e)) == {"q": 2, "k": -1, "": 4}
+    assert mask_forms.clean(lower.affine(e)) == {"q": 2, "k": -1, "": 4}
     assert lower.affine(ir.Binary(ir.BinOp.MUL, q, k)) is None
     assert lower.affine(ir.Binary(ir.BinOp.MOD, q, ir.Num(2))) is None
 
@@ -254,17 +248,18 @@ def test_element_code_matches_reference(variant, n_queries, n_keys):
     mask_code = lower.ElementCode().expr(mask)
     # As `lower` emits them: the score code may assume the mask's facts.
     scores_code = lower.ElementCode(lower.keys_before_queries(mask))
-    kind, log2_code, _ = lower.score_code(variant.score, scores_code)
+    score = lower.score_code(variant.score, scores_code)
+    kind, log2_code = score.kind, score.log2_code
     for h in range(heads):
         s = raw[0, h].numpy()
         args = (q_pos, k_pos, h, heads, slopes[h])
         visible = _eval_element(mask_code, s, *args)
         np.testing.assert_array_equal(visible, expected_mask[h])
-        if kind == "identity":
+        if kind is lower.ScoreKind.IDENTITY:
             got = s
         else:
             got = _eval_element(log2_code, s, *args) / lower.LOG2E
-            got = s + got if kind == "additive" else got
+            got = s + got if kind is lower.ScoreKind.ADDITIVE else got
         # Scores matter only where the mask shows them.
         np.testing.assert_allclose(
             got[visible], expected_scores[0, h][visible], rtol=1e-12, atol=1e-12
@@ -288,22 +283,22 @@ def test_scores_use_the_mask_facts():
     ]:
         mask = lower.negation_normal_form(lower.desugar_mask(make_variant(text).mask))
         assert lower.keys_before_queries(mask), text
-    _, code, _ = lower.score_code(
+    code = lower.score_code(
         ir.Binary(ir.BinOp.ADD, n("s"), n("alibi")), lower.ElementCode(True)
-    )
+    ).log2_code
     assert "abs" not in code and "(k_pos - q_pos)" in code
-    _, code, _ = lower.score_code(ir.Binary(ir.BinOp.ADD, n("s"), n("alibi")), lower.ElementCode())
+    code = lower.score_code(ir.Binary(ir.BinOp.ADD, n("s"), n("alibi")), lower.ElementCode()).log2_code
     assert "tl.abs(q_pos - k_pos)" in code
 
 
 def _full_interval(mask: ir.Expr, var: str, env: dict, n: int):
     """The interior the analysis claims, as a boolean vector over 0 .. n-1."""
     nnf = lower.negation_normal_form(lower.desugar_mask(mask))
-    bounds = lower.full_bounds(nnf, var)
+    bounds = lower.interior_bounds(nnf, var)
     if bounds is None:
         return None
-    lo = 0 if bounds[0] is None else int(eval(bounds[0], env))  # test-only, analysis output
-    hi = n - 1 if bounds[1] is None else int(eval(bounds[1], env))
+    lo = 0 if bounds[0] is None else _value(bounds[0], env)
+    hi = n - 1 if bounds[1] is None else _value(bounds[1], env)
     claimed = np.zeros(n, dtype=bool)
     claimed[max(lo, 0) : max(min(hi, n - 1) + 1, 0)] = True
     return claimed
@@ -366,10 +361,10 @@ def test_named_masks_have_exact_query_bounds(name, block):
             kb = min(ka + block, N_KEYS) - 1
             rows = np.nonzero(visible[:, ka : kb + 1].any(axis=1))[0] + offset
             env = _namespace(0, 0, ka, kb, 0, 1)
-            lo = offset if lo_code is None else max(int(eval(lo_code, env)), offset)
+            lo = offset if lo_code is None else max(_value(lo_code, env), offset)
             hi = offset + n_queries - 1
             if hi_code is not None:
-                hi = min(int(eval(hi_code, env)), hi)
+                hi = min(_value(hi_code, env), hi)
             if rows.size:
                 assert (lo, hi) == (rows.min(), rows.max()), (ka, n_queries)
             else:
@@ -378,7 +373,7 @@ def test_named_masks_have_exact_query_bounds(name, block):
 
 @st.composite
 def _diagonal_masks(draw, depth: int = 3) -> ir.Expr:
-    """Masks in `lower._diagonal_rows`' class, and some just outside it."""
+    """Masks in `mask_forms.diagonal_rows`' class, and some just outside it."""
     n, c, b = ir.Name, ir.Call, ir.Binary
     if depth == 0 or draw(st.integers(0, 2)) == 0:
         k_minus_q = b(ir.BinOp.SUB, n("k"), n("q"))
@@ -412,8 +407,8 @@ def _assert_no_empty_tiles(mask, block, n_queries):
     for qa in range(0, n_queries, block):
         qb = min(qa + block, n_queries) - 1
         env = _namespace(qa + offset, qb + offset, 0, 0, 0, 1)
-        lo = 0 if lo_code is None else max(int(eval(lo_code, env)), 0)
-        hi = N_KEYS if hi_code is None else min(int(eval(hi_code, env)) + 1, N_KEYS)
+        lo = 0 if lo_code is None else max(_value(lo_code, env), 0)
+        hi = N_KEYS if hi_code is None else min(_value(hi_code, env) + 1, N_KEYS)
         if lo >= hi:
             # No key at all for this query tile.  The kernel's loop, which
             # starts at lo rounded down to a tile, may still run one tile
@@ -425,8 +420,8 @@ def _assert_no_empty_tiles(mask, block, n_queries):
     for ka in range(0, N_KEYS, block):
         kb = min(ka + block, N_KEYS) - 1
         env = _namespace(0, 0, ka, kb, 0, 1)
-        lo = 0 if lo_code is None else max(int(eval(lo_code, env)) - offset, 0)
-        hi = n_queries if hi_code is None else min(int(eval(hi_code, env)) - offset + 1, n_queries)
+        lo = 0 if lo_code is None else max(_value(lo_code, env) - offset, 0)
+        hi = n_queries if hi_code is None else min(_value(hi_code, env) - offset + 1, n_queries)
         if lo >= hi:
             continue
         for qa in range(lo // block * block, hi, block):
@@ -448,7 +443,7 @@ def test_dense_edges_have_no_empty_tiles_in_bounds(mask, block):
 
 
 def test_diagonal_masks_are_recognised():
-    """`_diagonal_rows` accepts these hand-written members of its class (the
+    """`mask_forms.diagonal_rows` accepts these hand-written members of its class (the
     kinds `_diagonal_masks` draws) and rejects near misses, and the accepted
     ones have no empty tile in their bounds."""
     n, b = ir.Name, ir.Binary
@@ -469,7 +464,7 @@ def test_diagonal_masks_are_recognised():
     ]
     for mask, expected in [(m, True) for m in dense] + [(m, False) for m in sparse]:
         nnf = lower.negation_normal_form(lower.desugar_mask(mask))
-        assert (lower._diagonal_rows(nnf) is not None) == expected, mask
+        assert (mask_forms.diagonal_rows(nnf) is not None) == expected, mask
     for mask in dense:
         for block in (1, 16, 33):
             for n_queries in (N_QUERIES, N_KEYS, N_KEYS - 37):
@@ -487,7 +482,7 @@ def test_band_recognition():
     )
     for mask, expected in [(m, True) for m in band] + [(m, False) for m in not_band + [empty]]:
         nnf = lower.negation_normal_form(lower.desugar_mask(mask))
-        assert lower.is_band(nnf) is expected, mask
+        assert mask_forms.is_band(nnf) is expected, mask
 
 
 @pytest.mark.parametrize(
@@ -551,11 +546,11 @@ def test_gluon_forward_for_any_mask(mask, score, expected, monkeypatch):
     plain = expected if expected != "any" else None
     assert lower.lower(rescaled).gluon_forward == plain  # conditional rescale: Triton only
     assert lower.lower(dataclasses.replace(variant, head_dim=64)).gluon_forward is None
-    monkeypatch.setattr(lower, "GLUON_ANY_MIN_KEYS", 0)  # forced on: every mask
+    monkeypatch.setattr(kernel_choice, "GLUON_ANY_MIN_KEYS", 0)  # forced on: every mask
     forced = lower.lower(variant)
     assert forced.gluon_forward == (plain or "any")
     assert forced.gluon_min_keys == 0
-    monkeypatch.setattr(lower, "GLUON_FORWARD_ANY", False)
+    monkeypatch.setattr(kernel_choice, "GLUON_FORWARD_ANY", False)
     assert lower.lower(variant).gluon_forward == plain
 
 
@@ -672,10 +667,10 @@ def test_constants_reach_kernels_as_float_literals(score):
 
 
 def test_float_literals_are_triton_syntax():
-    assert lower._float_literal(math.inf) == 'float("inf")'
-    assert lower._float_literal(-math.inf) == 'float("-inf")'
-    assert lower._float_literal(math.nan) == 'float("nan")'
-    assert lower._float_literal(-1) == "-1.0"
+    assert kx.float_literal(math.inf) == 'float("inf")'
+    assert kx.float_literal(-math.inf) == 'float("-inf")'
+    assert kx.float_literal(math.nan) == 'float("nan")'
+    assert kx.float_literal(-1) == "-1.0"
 
 
 def test_tanh_reader_recovers_saturated_tanh_exactly():
@@ -685,7 +680,7 @@ def test_tanh_reader_recovers_saturated_tanh_exactly():
     exact = 0
     for cap in np.geomspace(1.2e-38, 1e37, 3000):
         a = np.float32(lower.LOG2E * float(cap))
-        r, is_exact = lower.tanh_reader(lower.LOG2E * float(cap))
+        r, is_exact = element_code.tanh_reader(lower.LOG2E * float(cap))
         product = a * np.float32(r)
         assert product == 1 if is_exact else product > 1
         assert abs(float(product) - 1) < 2.0**-21
@@ -791,28 +786,33 @@ class _Int64(int):
     pass
 
 
+def _where(c, a, b):
+    return a if c else b
+
+
+def _checked(value):
+    return value if type(value) is _Int64 else _Int32(value)
+
+
+def _floor_div32(a, b):  # the generated module's `_floor_div`, in int32
+    return (a - _where(a < 0, b - 1, 0)) // b
+
+
+# The kernel's tl functions over int32 scalars that raise on overflow.
+_INT32_OPS = types.SimpleNamespace(
+    where=_where,
+    minimum=lambda a, b: _checked(min(int(a), int(b))),
+    maximum=lambda a, b: _checked(max(int(a), int(b))),
+    abs=lambda a: _checked(abs(int(a))),
+    floor_div=_floor_div32,
+    floor_mod=lambda a, b: a - _floor_div32(a, b) * b,
+    cast=lambda x, dtype: x.to(dtype),
+    boolean=np.bool_,
+)
+
+
 def _int32_env(**names):
-    def where(c, a, b):
-        return a if c else b
-
-    def checked(value):
-        return value if type(value) is _Int64 else _Int32(value)
-
-    tl = types.SimpleNamespace(
-        where=where,
-        minimum=lambda a, b: checked(min(int(a), int(b))),
-        maximum=lambda a, b: checked(max(int(a), int(b))),
-        abs=lambda a: checked(abs(int(a))),
-        int64="int64",
-    )
-
-    def floor_div(a, b):  # the generated module's `_floor_div`, in int32
-        return (a - where(a < 0, b - 1, 0)) // b
-
-    env = {"tl": tl, "_floor_div": floor_div, "True": np.bool_(True), "False": np.bool_(False)}
-    env["_floor_mod"] = lambda a, b: a - floor_div(a, b) * b
-    env.update({k: _Int32(v) for k, v in names.items()})
-    return env
+    return {k: _Int32(v) for k, v in names.items()}
 
 
 def _mask(text: str) -> ir.Expr:
@@ -863,31 +863,34 @@ def test_tile_code_stays_in_int32(text):
     tiles = lower.TileCode()
     must, may = tiles.truth(nnf)
     key, query = lower.key_bounds(nnf), lower.query_bounds(nnf)
-    full_k, full_q = lower.full_bounds(nnf, "k"), lower.full_bounds(nnf, "q")
+    full_k, full_q = lower.interior_bounds(nnf, "k"), lower.interior_bounds(nnf, "q")
+    q_offset, zero = kx.Var("q_offset"), kx.Int(0)
     for (q_lo, q_hi), (k_lo, k_hi) in [(a, b) for a in _TILES for b in _TILES]:
         for head, num_heads in [(0, 1), (ir.MAX_HEADS - 1, ir.MAX_HEADS)]:
-            for q_offset in (-ir.MAX_SEQ_LEN, ir.MAX_SEQ_LEN):
+            for offset in (-ir.MAX_SEQ_LEN, ir.MAX_SEQ_LEN):
                 env = _int32_env(
                     q_lo=q_lo, q_hi=q_hi, k_lo=k_lo, k_hi=k_hi, head=head, num_heads=num_heads
                 )
-                env["q_offset"] = _Int32(q_offset)
-                for line in tiles.lines:
-                    exec(line, env)
-                eval(f"({must}, {may})", env)
+                env["q_offset"] = _Int32(offset)
+                kx.run(tiles.lines, env, _INT32_OPS)
+                kx.evaluate(must, env, _INT32_OPS)
+                kx.evaluate(may, env, _INT32_OPS)
+                plus = kx.add
                 template = [
-                    f"tl.maximum({key[0]}, 0) // 256 * 256" if key[0] else None,
-                    f"{key[1]} + 1" if key[1] else None,
-                    f"tl.maximum({query[0]} - q_offset, 0)" if query[0] else None,
-                    f"{query[1]} - q_offset + 1" if query[1] else None,
+                    kx.mul(kx.FloorDiv(kx.Max(key[0], zero), 256), kx.Int(256)) if key[0] else None,
+                    plus(key[1], kx.Int(1)) if key[1] else None,
+                    kx.Max(kx.sub(query[0], q_offset), zero) if query[0] else None,
+                    plus(kx.sub(query[1], q_offset), kx.Int(1)) if query[1] else None,
                 ]
                 for full in (full_k, full_q):
                     if full is not None and full[0] is not None:
-                        template.append(f"tl.maximum({full[0]} - q_offset, 0) + 255")
+                        template.append(plus(kx.Max(kx.sub(full[0], q_offset), zero), kx.Int(255)))
                     if full is not None and full[1] is not None:
-                        template.append(f"tl.minimum({full[1]} - q_offset, 1000) + 1")
+                        low = kx.Min(kx.sub(full[1], q_offset), kx.Int(1000))
+                        template.append(plus(low, kx.Int(1)))
                 for code in template:
                     if code is not None:
-                        eval(code, env)
+                        kx.evaluate(code, env, _INT32_OPS)
 
 
 def test_wide_affine_forms_are_evaluated_in_int64():
@@ -895,10 +898,12 @@ def test_wide_affine_forms_are_evaluated_in_int64():
     nnf = nnf_of(_mask("H * 16384 - 1073741824 + H * 16384 >= 0"))
     tiles = lower.TileCode()
     tiles.truth(nnf)
-    assert any(".to(tl.int64)" in line for line in tiles.lines)
+    casts = [x for x in kx.walk_code(tiles.lines) if isinstance(x, kx.Cast)]
+    assert casts and all(x.dtype == "tl.int64" for x in casts)
+    assert any(".to(tl.int64)" in kx.stmt_source(line) for line in tiles.lines)
     plain = lower.TileCode()
     plain.truth(nnf_of(_mask("causal & window(1000000000)")))
-    assert not any("int64" in line for line in plain.lines)
+    assert not any(isinstance(x, kx.Cast) for x in kx.walk_code(plain.lines))
 
 
 @pytest.mark.parametrize("head_dim", [64, 128])
@@ -908,10 +913,106 @@ def test_spec_at_the_nesting_limit_takes_the_gluon_paths(head_dim, monkeypatch):
     forward when GLUON_ANY_MIN_KEYS is 0; its module renders and imports."""
     from kernel_utils import build, deep_variant
 
-    monkeypatch.setattr(lower, "GLUON_ANY_MIN_KEYS", 0)
+    monkeypatch.setattr(kernel_choice, "GLUON_ANY_MIN_KEYS", 0)
     variant = deep_variant(ir.DType.FP16, head_dim)
     model = lower.lower(variant)
     assert model.gluon_backward
     assert model.gluon_forward == ("any" if head_dim == 128 else None)
     module = build(variant)
     assert hasattr(module, "_gluon_backward")
+
+
+# --------------------------------------------------------------------------- #
+# The kernel expression IR: printer, builders, facts
+# --------------------------------------------------------------------------- #
+
+_TL = types.SimpleNamespace(where=np.where, minimum=np.minimum, maximum=np.maximum, abs=np.abs)
+
+
+@settings(max_examples=200, deadline=None)
+@given(mask=masks(), rects=st.lists(rectangles(), min_size=1, max_size=4))
+def test_printed_tile_code_computes_what_the_trees_do(mask, rects):
+    """The one check of the printer: the Triton source of the tile code and
+    the bounds, executed with numpy as `tl`, gives the values the trees
+    evaluate to, name by name (the parse tree of the text is the tree)."""
+    nnf = nnf_of(mask)
+    tiles = lower.TileCode()
+    must, may = tiles.truth(nnf)
+    bounds = [*lower.key_bounds(nnf), *lower.query_bounds(nnf)]
+    for var in ("k", "q"):
+        bounds += lower.interior_bounds(nnf, var) or ()
+    results = [must, may, *(b for b in bounds if b is not None)]
+    offset = N_KEYS - N_QUERIES
+    for qa, qb, ka, kb, head, num_heads in rects:
+        names = _namespace(qa + offset, qb + offset, ka, kb, head, num_heads)
+        trees = kx.run(tiles.lines, dict(names))
+        printed = {
+            **names,
+            "tl": _TL,
+            "_floor_div": np.floor_divide,
+            "_floor_mod": np.mod,
+        }
+        for line in tiles.lines:
+            exec(kx.stmt_source(line), printed)  # test-only: the printer's own output
+        for stmt in tiles.lines:
+            if isinstance(stmt, kx.Assign):
+                assert printed[stmt.name] == trees[stmt.name], kx.stmt_source(stmt)
+        for e in results:
+            source = kx.to_source(e)
+            assert eval(source, printed) == kx.evaluate(e, trees), source  # test-only
+
+
+def test_printer_parenthesises_by_precedence():
+    q, k, one = kx.Var("q_hi"), kx.Var("k_lo"), kx.Int(1)
+    assert kx.to_source(kx.sub(q, kx.sub(k, one))) == "q_hi - (k_lo - 1)"
+    assert kx.to_source(kx.sub(kx.sub(q, k), one)) == "q_hi - k_lo - 1"
+    assert kx.to_source(kx.mul(kx.add(q, one), kx.Int(3))) == "(q_hi + 1) * 3"
+    assert kx.to_source(kx.Neg(kx.FAR)) == "-(1 << 30)"
+    assert kx.to_source(kx.FloorDiv(kx.Neg(q), 8)) == "(-q_hi >> 3)"
+    assert kx.to_source(kx.FloorDiv(kx.add(q, one), 8)) == "((q_hi + 1) >> 3)"
+    assert kx.to_source(kx.FloorMod(q, 6)) == "_floor_mod(q_hi, 6)"
+    assert kx.to_source(kx.Cast(kx.add(q, one), "tl.int64")) == "(q_hi + 1).to(tl.int64)"
+    # a + (x - 3) is built as (a + x) - 3, the way Python reads `a + x - 3`.
+    summed = kx.add(k, kx.sub(q, kx.Int(3)))
+    assert summed == kx.sub(kx.add(k, q), kx.Int(3))
+    assert kx.to_source(summed) == "k_lo + q_hi - 3"
+
+
+def test_truth_builders_fold_constants():
+    x = kx.Cmp("<=", kx.Var("k_lo"), kx.Var("q_hi"))
+    assert kx.and_(kx.TRUE, x) == x and kx.and_(x, kx.FALSE) == kx.FALSE
+    assert kx.or_(x, kx.TRUE) == kx.TRUE and kx.or_(kx.FALSE, x) == x
+    assert kx.not_(kx.TRUE) == kx.FALSE and kx.not_(x) == kx.Not(x)
+    assert kx.combine(x, x, kx.Min) == x and kx.combine(None, x, kx.Max) == x
+
+
+@pytest.mark.parametrize(
+    "mask, score, helpers",
+    [
+        ("chunk(16)", None, False),  # a shift
+        ("chunk(24)", None, True),  # the tile code's bounds divide by 24
+        ("q % 8 == 0", None, False),
+        ("q % 6 == 0", None, True),
+        ("causal", "s + (q div 3)", True),  # element code
+    ],
+)
+def test_floor_helpers_from_the_code(mask, score, helpers):
+    """`needs_floor_div` comes from the trees (and the element code), and
+    the printed module defines `_floor_div` exactly when it calls it."""
+    model = lower.lower(make_variant(mask, score))
+    assert model.needs_floor_div is helpers
+    printed = [*model.tile_lines, model.key_lo or "", model.key_hi or "", model.mask_code]
+    printed += [model.score_log2_code, model.query_lo or "", model.query_hi or ""]
+    printed += [model.key_interior_lo or "", model.key_interior_hi or ""]
+    printed += [model.query_interior_lo or "", model.query_interior_hi or ""]
+    assert any("_floor_" in code for code in printed) is helpers
+
+
+@pytest.mark.parametrize(
+    "score, uses_s",
+    [("exp(-s)", True), ("s * s", True), ("2.0 * s", False), ("softcap(s, 30.0)", False)],
+)
+def test_score_grad_uses_s(score, uses_s):
+    model = lower.lower(make_variant("causal", score))
+    assert model.score_grad_uses_s is uses_s
+    assert model.score_kind is lower.ScoreKind.GENERAL

@@ -30,7 +30,7 @@ SPECS = sorted(
 # d128 runs the tiles `flashgen tune` measured fastest, (64, 64, 4, 2), which
 # spill 112 B and still beat the spill-free ones by 43%: BENCHMARKS.md, 14.)
 SPILL_FREE_BACKWARD = {("full", 128), ("full", 64), ("plain_causal", 64), ("encoder_band", 64)}
-# The modules with a warp-specialized Gluon forward (`lower._gluon_forward`):
+# The modules with a warp-specialized Gluon forward (`kernel_choice.gluon_forward`):
 # its own code for full and causal, and its mode for any other mask at d128
 # whose rows may see 4096 keys (not encoder_band's 257-key band, nor
 # gemma2_local with its rescale threshold).
@@ -39,7 +39,7 @@ GLUON_ANY = {
     (name, 128) for name in ("bloom_alibi", "llama4_local", "mistral_sliding", "prefix_lm")
 }
 # Every 16-bit module at d64 and d128 has the Gluon backward's two kernels
-# (`lower._gluon_backward`).  Its dQ kernel is free of spills, and so is its
+# (`kernel_choice.gluon_backward`).  Its dQ kernel is free of spills, and so is its
 # dK/dV kernel at d64; at d128 the dK/dV consumers (two accumulators of
 # 64 x 128 in fp32 each) spill 24-232 B today.
 GLUON_BACKWARD = {(Path(spec).stem, d) for spec in SPECS for d in (64, 128)}
@@ -106,7 +106,7 @@ def test_gluon_backward_compiles_for_sm90(resources):
 def test_gluon_forward_for_any_mask_compiles_for_sm90():
     """The Gluon forward for any mask and score compiles for sm_90a with a
     window (mask bounds), ALiBi (a per-head argument) and a narrow band
-    (forced on: `lower.GLUON_ANY_MIN_KEYS` keeps it out of encoder_band's
+    (forced on: `kernel_choice.GLUON_ANY_MIN_KEYS` keeps it out of encoder_band's
     module)."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     specs = ["examples/mistral_sliding.attn", "examples/bloom_alibi.attn"]

@@ -1,0 +1,212 @@
+"""Kernel selection: which specialised kernels a module carries.
+
+A checked `Variant` in, decisions out: the warp-specialized Gluon forward
+(`GluonForward`) and backward for Hopper, and whether `_tanh` keeps its
+polynomial branch near 0.  The module constants here are read at each call
+of `lower()`; experiments and tests patch them on this module.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+
+from flashgen import ir
+from flashgen.mask_forms import (
+    FLIPPED,
+    K_MINUS_Q,
+    Q,
+    K,
+    affine,
+    clean,
+    desugar_mask,
+    difference,
+    int_arg,
+    is_comparison,
+    k_minus_q,
+    narrow_band,
+    negation_normal_form,
+)
+
+
+class GluonForward(str, enum.Enum):
+    """The Gluon forward a module carries: for the full mask with the score
+    s, for the causal one, or for any mask and score."""
+
+    FULL = "full"
+    CAUSAL = "causal"
+    ANY = "any"
+
+# The Gluon forward for any mask and score ("any" below) against the Triton
+# forward on the same spec (BENCHMARKS.md, entry 29; d128, bf16): 0.84-0.99x
+# at N = 1024, 1.02-1.07x at N = 4096 and 16384 when a query row sees
+# thousands of keys, 0.85-0.91x for a 257-key band at every N.  It runs when
+# a query row can see at least GLUON_ANY_MIN_KEYS keys: the module's mask
+# must allow that many (`key_span`), the call's sequence must be that long.
+GLUON_FORWARD_ANY = True
+GLUON_ANY_MIN_KEYS = 4096
+
+def key_span(e: ir.Expr) -> int | None:
+    """The most keys one query position can see, when a constant bounds it
+    (None: not bounded, or not by a form recognized here).
+
+    A band lo <= k - q <= hi (the comparisons of an & chain) sees at most
+    hi - lo + 1 keys, `abs(q - k) < c` 2c - 1, a chunk C (q div C == k div C)
+    at most C, k < P at most P; & keeps the smallest bound of its operands,
+    | adds its operands' bounds.
+    """
+    if isinstance(e, ir.Binary) and e.op is ir.BinOp.OR:
+        left, right = key_span(e.left), key_span(e.right)
+        return None if left is None or right is None else left + right
+    lo, hi = -math.inf, math.inf
+    spans: list[int] = []
+
+    def walk(x: ir.Expr) -> None:
+        nonlocal lo, hi
+        if isinstance(x, ir.Binary) and x.op is ir.BinOp.AND:
+            walk(x.left)
+            walk(x.right)
+            return
+        if isinstance(x, ir.Binary) and x.op is ir.BinOp.OR:
+            span = key_span(x)
+            if span is not None:
+                spans.append(span)
+            return
+        near = _abs_band(x)
+        if near is not None:  # -near <= k - q <= near
+            lo, hi = max(lo, -near), min(hi, near)
+            return
+        few = _chunk_size(x)
+        if few is None:
+            few = _keys_below(x)
+        if few is not None:
+            spans.append(few)
+            return
+        read = k_minus_q(x)
+        if read is not None:
+            lo, hi = narrow_band(lo, hi, *read)
+
+    walk(e)
+    if lo > -math.inf and hi < math.inf:
+        spans.append(max(0, int(hi - lo) + 1))
+    return min(spans) if spans else None
+
+
+def _keys_below(e: ir.Expr) -> int | None:
+    """P for `k < P` or `k <= P - 1` (the keys 0 to P - 1), 1 for `k == P`."""
+    if not is_comparison(e):
+        return None
+    d = difference(e)
+    if d is None:
+        return None
+    c = d.pop("", 0)
+    if d not in ({"k": 1}, {"k": -1}):
+        return None
+    # sign * k + c  op  0   <=>   k  op'  -sign * c
+    op = e.op if d["k"] == 1 else FLIPPED[e.op]
+    bound = -d["k"] * c
+    if op is ir.BinOp.EQ:
+        return int(bound >= 0)
+    if op not in (ir.BinOp.LT, ir.BinOp.LE):
+        return None
+    return max(0, bound + (op is ir.BinOp.LE))
+
+
+def _abs_band(e: ir.Expr) -> int | None:
+    """The largest |k - q| that `abs(q - k) < c` (either difference, either
+    side) allows, c - 1, or c for `<=`; None for other forms."""
+    if not is_comparison(e):
+        return None
+    for a, b, op in ((e.left, e.right, e.op), (e.right, e.left, FLIPPED.get(e.op))):
+        if not (isinstance(a, ir.Call) and a.fn == "abs" and isinstance(b, ir.Num)):
+            continue
+        d = affine(a.args[0])
+        if d is None or clean(d) not in K_MINUS_Q or not isinstance(b.value, int):
+            continue
+        if op is ir.BinOp.LT:
+            return b.value - 1
+        if op is ir.BinOp.LE:
+            return b.value
+    return None
+
+
+def _chunk_size(e: ir.Expr) -> int | None:
+    """C for `q div C == k div C` (either side first), else None."""
+    if not (isinstance(e, ir.Binary) and e.op is ir.BinOp.EQ):
+        return None
+    sides = (e.left, e.right)
+    if not all(isinstance(x, ir.Binary) and x.op is ir.BinOp.FLOORDIV for x in sides):
+        return None
+    if {sides[0].left, sides[1].left} != {Q, K} or sides[0].right != sides[1].right:
+        return None
+    if not isinstance(sides[0].right, ir.Num) or int_arg(sides[0].right) <= 0:
+        return None
+    return int_arg(sides[0].right)
+
+
+def gluon_forward(v: ir.Variant) -> GluonForward | None:
+    """Whether the module gets the warp-specialized Gluon forward for sm90
+    (BENCHMARKS.md, entries 13, 16 and 29), and which, or None.
+
+    Written for the plain variants that race cuDNN: a full or causal mask,
+    the score s, 16-bit inputs, head dim 128.  With GLUON_FORWARD_ANY, ANY
+    for every other mask and score at 16 bits and head dim 128 without a
+    rescale threshold (it reuses the Gluon backward's mask functions) whose
+    query rows may see GLUON_ANY_MIN_KEYS keys or more.  The module still
+    checks each call's shapes and falls back to the Triton kernel.
+    """
+    if v.dtype is ir.DType.FP32 or v.head_dim != 128:
+        return None
+    if v.score == ir.IDENTITY_SCORE and v.mask in (ir.FULL, ir.Name("causal")):
+        return GluonForward.FULL if v.mask == ir.FULL else GluonForward.CAUSAL
+    if not (GLUON_FORWARD_ANY and v.rescale_threshold == 0 and gluon_backward(v)):
+        return None
+    span = key_span(negation_normal_form(desugar_mask(v.mask)))
+    return GluonForward.ANY if span is None or span >= GLUON_ANY_MIN_KEYS else None
+
+
+def gluon_min_keys(forward: GluonForward | None) -> int:
+    """The fewest keys a call needs for the Gluon forward (0: any number)."""
+    return GLUON_ANY_MIN_KEYS if forward is GluonForward.ANY else 0
+
+
+def gluon_backward(v: ir.Variant) -> bool:
+    """Whether the module gets the warp-specialized Gluon backward for sm90
+    (BENCHMARKS.md, entry 25): any mask and score, 16-bit inputs, head dim 64
+    or 128.  The module still checks each call's shapes and falls back to the
+    Triton kernel."""
+    return v.dtype is not ir.DType.FP32 and v.head_dim in (64, 128)
+
+
+# Largest softcap cap for which 16-bit modules compute tanh without the
+# polynomial branch near 0: there tanh's absolute error (~2^-25, from rounding
+# exp(-2|x|) near 1) times the cap stays below 2^-17, far below the fp16
+# rounding of any score that is not itself tiny.
+FAST_TANH_MAX_CAP = 256.0
+
+
+def tanh_small_poly(v: ir.Variant) -> bool:
+    """Whether `_tanh` needs its polynomial branch near 0.
+
+    softcap(x, c) is c * tanh(x / c): an absolute error e of tanh becomes
+    c * e in a score that is about x for |x| << c, so a huge cap (3e38 gave
+    0 for every score) needs tanh's relative accuracy near 0.  A plain `tanh`
+    may be scaled by anything, so it gets the branch too.
+    """
+    if v.dtype is ir.DType.FP32:
+        return True
+
+    def amplified(e: ir.Expr) -> bool:
+        if isinstance(e, ir.Call):
+            if e.fn == "tanh":
+                return True
+            if e.fn == ir.SOFTCAP and float(e.args[1].value) > FAST_TANH_MAX_CAP:
+                return True
+            return any(amplified(a) for a in e.args)
+        if isinstance(e, ir.Unary):
+            return amplified(e.operand)
+        if isinstance(e, ir.Binary):
+            return amplified(e.left) or amplified(e.right)
+        return False
+
+    return amplified(v.score)

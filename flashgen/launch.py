@@ -1,0 +1,97 @@
+"""Launch configurations: the block sizes, warps, stages and TMA choices a
+module gets by default (measured on the H200), and the `Tuning` that
+`flashgen tune` measures to replace them."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from flashgen import ir
+
+@dataclass(frozen=True)
+class LaunchConfig:
+    block_m: int
+    block_n: int
+    num_warps: int
+    num_stages: int
+
+    def kwargs(self) -> dict[str, int]:
+        """Keyword arguments of a generated module's forward() and backward()."""
+        return dict(
+            block_m=self.block_m,
+            block_n=self.block_n,
+            num_warps=self.num_warps,
+            num_stages=self.num_stages,
+        )
+
+
+@dataclass(frozen=True)
+class Tuning:
+    """Launch configurations measured by `flashgen tune` on one GPU."""
+
+    device: str
+    forward: LaunchConfig
+    backward: LaunchConfig
+    # What was measured: the configs apply only to this head dim and dtype.
+    head_dim: int | None = None
+    dtype: str | None = None
+    # Whether TMA loads were faster (None: not measured, keep the default).
+    forward_tma: bool | None = None
+    backward_tma: bool | None = None
+
+
+def gpu_config(head_dim_pad: int, dtype: ir.DType, masked: bool) -> LaunchConfig:
+    """Forward block sizes that fit Hopper's 228 KB of shared memory per SM.
+
+    Measured on the H200 (BENCHMARKS.md, sweeps 2-3): without a mask, large
+    tiles win (128 x 64 at d64, 128 x 128 at d128); with a mask, 64 x 64 with
+    4 warps wins, as large tiles waste work on the boundary.  `flashgen tune`
+    replaces these per spec.
+    """
+    if dtype is ir.DType.FP32:
+        if head_dim_pad <= 64:
+            return LaunchConfig(64, 32, 4, 3)
+        if head_dim_pad <= 128:
+            # Spill-free with CUDA-core products (64 x 32 spilled 6 KB).
+            return LaunchConfig(32, 16, 4, 2)
+        return LaunchConfig(64, 16, 4, 2)
+    if head_dim_pad > 128:
+        return LaunchConfig(64, 32, 8, 2)
+    if masked:
+        return LaunchConfig(64, 64, 4, 3)
+    return LaunchConfig(128, 64, 8, 3) if head_dim_pad <= 64 else LaunchConfig(128, 128, 8, 3)
+
+
+def gpu_bwd_config(head_dim_pad: int, dtype: ir.DType) -> LaunchConfig:
+    """Backward tiles.  The dK/dV kernel keeps two BLOCK_N x HEAD_DIM fp32
+    accumulators in registers, so wide heads get narrower key tiles."""
+    wide = dtype is ir.DType.FP32
+    if head_dim_pad <= 64:
+        return LaunchConfig(64, 64, 4, 2 if wide else 3)
+    if head_dim_pad <= 128:
+        # Measured on the H200: 64 x 128 with 8 warps and TMA loads (see
+        # `gpu_tma`), 336-396 TFLOP/s at d128.
+        return LaunchConfig(32, 32, 4, 2) if wide else LaunchConfig(64, 128, 8, 3)
+    return LaunchConfig(16 if wide else 32, 16 if wide else 32, 8, 1 if wide else 2)
+
+
+def gpu_tma(head_dim_pad: int, dtype: ir.DType) -> tuple[bool, bool]:
+    """Whether (forward, backward) load tiles through TMA descriptors by default.
+
+    Measured on the H200 (BENCHMARKS.md, sweep 3): TMA made the forward 2-10%
+    slower at d64 and no faster at d128, and the backward 4-6% faster at d128
+    and slightly slower at d64.
+    """
+    return False, head_dim_pad >= 128 and dtype is not ir.DType.FP32
+
+
+# The Gluon forward for any mask and score ("any" below) against the Triton
+# forward on the same spec (BENCHMARKS.md, entry 29; d128, bf16): 0.84-0.99x
+# at N = 1024, 1.02-1.07x at N = 4096 and 16384 when a query row sees
+# thousands of keys, 0.85-0.91x for a 257-key band at every N.  It runs when
+
+
+# The Triton interpreter runs each program instance in numpy: bigger tiles mean
+# fewer Python-level steps.
+CPU_CONFIG = LaunchConfig(32, 32, 1, 1)
+

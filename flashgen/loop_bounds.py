@@ -1,0 +1,237 @@
+"""Loop bounds: a mask in negation normal form in, the ranges the kernels'
+loops walk out, as `flashgen.kernel_expr` trees over the other side's tile.
+
+* **Position bounds.**  Conjunctions of comparisons that bound k by an
+  affine function of q (causal, windows), and `q div C == k div C` (chunks),
+  give the range of key positions a query tile can see at all (and the
+  converse for queries); the loops run only over that range.  Anything else
+  leaves the range open and the per-tile test does the skipping.
+
+* **Interior.**  The same comparisons, read the other way, give the keys
+  that *every* query of a tile sees: tiles inside that interval run in a
+  loop with no mask and no branch, which Triton can software-pipeline; only
+  the tiles before and after it pay for the elementwise mask.
+"""
+
+from __future__ import annotations
+
+from flashgen import ir
+from flashgen import kernel_expr as kx
+from flashgen.mask_forms import CONSTANT_TRUTH, FLIPPED, chunk_match, difference, is_comparison
+from flashgen.tiles import OTHER_RANGES, Truth, affine_bound, compare_interval
+
+Bounds = tuple["kx.Expr | None", "kx.Expr | None"]  # None: unbounded on that side
+
+# --------------------------------------------------------------------------- #
+# Position bounds: what some pair of the tile can see
+# --------------------------------------------------------------------------- #
+
+
+def key_bounds(e: ir.Expr) -> Bounds:
+    """Inclusive (lo, hi) key positions visible to some query of the tile.
+
+    `e` is a desugared mask in negation normal form.  None means unbounded.
+    The code refers to q_lo, q_hi, head and num_heads only.
+    """
+    return position_bounds(e, "k")
+
+
+def query_bounds(e: ir.Expr) -> Bounds:
+    """Inclusive (lo, hi) query positions that see some key of the tile."""
+    return position_bounds(e, "q")
+
+
+def position_bounds(e: ir.Expr, var: str) -> Bounds:
+    """Bounds on `var` ("q" or "k") implied by `e`, given the other's tile."""
+    if isinstance(e, ir.Binary) and e.op in (ir.BinOp.AND, ir.BinOp.OR):
+        (alo, ahi), (blo, bhi) = position_bounds(e.left, var), position_bounds(e.right, var)
+        if e.op is ir.BinOp.AND:
+            return kx.combine(alo, blo, kx.Max), kx.combine(ahi, bhi, kx.Min)
+        lo = None if alo is None or blo is None else kx.combine(alo, blo, kx.Min)
+        hi = None if ahi is None or bhi is None else kx.combine(ahi, bhi, kx.Max)
+        return lo, hi
+    if is_comparison(e):
+        free = _free_truth(e, var)
+        if free is not None:
+            return _all_or_none(free[1])
+        return _compare_bounds(e, var)
+    return None, None
+
+
+def _all_or_none(cond: kx.Expr) -> Bounds:
+    """Every position where `cond` holds, none where it does not: bounds at
+    kx.FAR, a position no tile reaches, for "unbounded" and "empty" alike."""
+    if cond == kx.TRUE:
+        return None, None
+    far, near = kx.FAR, kx.Neg(kx.FAR)
+    if cond == kx.FALSE:
+        return far, near
+    return kx.Where(cond, near, far), kx.Where(cond, far, near)
+
+
+def _free_truth(e: ir.Binary, var: str) -> Truth | None:
+    """(must, may) over the other variable's tile of an affine comparison
+    that does not mention `var` (`k < P` when bounding queries), or None."""
+    d = difference(e)
+    if d is None or var in d:
+        return None
+    if set(d) <= {""}:
+        value = kx.Bool(CONSTANT_TRUTH[e.op](d.get("", 0)))
+        return value, value
+    ranges = OTHER_RANGES[var]
+    return compare_interval(e.op, affine_bound(d, False, ranges), affine_bound(d, True, ranges))
+
+
+def _compare_bounds(e: ir.Binary, var: str) -> Bounds:
+    chunk = _chunk_range(e, var)
+    if chunk is not None:
+        lo, hi, c = chunk  # var lies in A's chunks
+        return _chunk_start(lo, c), _chunk_end(hi, c)
+    isolated = _isolate(e, var)
+    if isolated is None:
+        return None, None
+    op, lo, hi = isolated
+    one = kx.Int(1)
+    return {
+        ir.BinOp.LE: (None, hi),
+        ir.BinOp.LT: (None, kx.sub(hi, one)),
+        ir.BinOp.GE: (lo, None),
+        ir.BinOp.GT: (kx.add(lo, one), None),
+        ir.BinOp.EQ: (lo, hi),
+        ir.BinOp.NE: (None, None),
+    }[op]
+
+
+def _isolate(e: ir.Binary, var: str) -> tuple[ir.BinOp, kx.Expr, kx.Expr] | None:
+    """Read an affine comparison as `var op rest`, with var's coefficient ±1:
+    op and rest's min and max over the other variable's tile."""
+    d = difference(e)
+    if d is None:
+        return None
+    coeff = d.pop(var, 0)
+    if coeff not in (1, -1):
+        return None
+    # coeff * var + rest  op  0   <=>   var  op'  -coeff * rest
+    rest = {v: -coeff * c for v, c in d.items()}
+    op = e.op if coeff == 1 else FLIPPED[e.op]
+    ranges = OTHER_RANGES[var]
+    return op, affine_bound(rest, False, ranges), affine_bound(rest, True, ranges)
+
+
+def _chunk_range(e: ir.Binary, var: str) -> tuple[kx.Expr, kx.Expr, int] | None:
+    """For `A div C == var div C`: A's min and max over the other variable's
+    tile, and C."""
+    match = chunk_match(e, var)
+    if match is None:
+        return None
+    inner, c = match
+    ranges = OTHER_RANGES[var]
+    return affine_bound(inner, False, ranges), affine_bound(inner, True, ranges), c
+
+
+# Chunks wider than this get their bounds clamped to the sentinel: the start
+# of A's chunk is A - (c - 1) at the least and its end A + c - 1, which for A
+# and c near 2^30 leaves int32 (and the kernels add a tile or q_offset more).
+_CLAMPED_CHUNK = ir.POSITION_BOUND
+
+
+def _chunk_start(a: kx.Expr, c: int) -> kx.Expr:
+    """The first position of a's chunk of size c."""
+    start = kx.mul(kx.FloorDiv(a, c), kx.Int(c))
+    return start if c <= _CLAMPED_CHUNK else kx.Max(start, kx.Neg(kx.FAR))
+
+
+def _chunk_end(a: kx.Expr, c: int) -> kx.Expr:
+    """The last position of a's chunk of size c.  Clamped for wide chunks,
+    which is sound for bounds of either kind: no position reaches the
+    sentinel."""
+    start = kx.mul(kx.FloorDiv(a, c), kx.Int(c))
+    if c <= _CLAMPED_CHUNK:
+        return kx.add(start, kx.Int(c - 1))
+    return kx.add(kx.Min(start, kx.sub(kx.FAR, kx.Int(c - 1))), kx.Int(c - 1))
+
+
+# --------------------------------------------------------------------------- #
+# Interior bounds: what every pair of the tile sees
+# --------------------------------------------------------------------------- #
+
+
+def interior_bounds(e: ir.Expr, var: str) -> Bounds | None:
+    """Inclusive (lo, hi) positions of `var` visible to *every* position of
+    the other variable's tile, or None where no such interval is found.
+
+    `e` is a desugared mask in negation normal form; a side that is None is
+    unbounded.  Sound, not always tight: an `|` whose operands' intervals do
+    not touch keeps the first one.
+    """
+    if isinstance(e, ir.Name):  # the mask `full`
+        return None, None
+    if isinstance(e, ir.Binary) and e.op is ir.BinOp.AND:
+        a, b = interior_bounds(e.left, var), interior_bounds(e.right, var)
+        if a is None or b is None:
+            return None
+        return kx.combine(a[0], b[0], kx.Max), kx.combine(a[1], b[1], kx.Min)
+    if isinstance(e, ir.Binary) and e.op is ir.BinOp.OR:
+        for one, other in ((e.left, e.right), (e.right, e.left)):
+            free = _free_truth(one, var) if is_comparison(one) else None
+            if free is not None:
+                # Everything where `one` holds for the whole tile, else other's.
+                rest = interior_bounds(other, var)
+                if rest is None or isinstance(free[0], kx.Bool):
+                    return _all_or_none(free[0])
+                lo, hi = rest
+                return (
+                    None if lo is None else kx.Where(free[0], kx.Neg(kx.FAR), lo),
+                    None if hi is None else kx.Where(free[0], kx.FAR, hi),
+                )
+        a, b = interior_bounds(e.left, var), interior_bounds(e.right, var)
+        if a is None or b is None:
+            return a or b
+        return _union(a, b)
+    if is_comparison(e):
+        free = _free_truth(e, var)
+        if free is not None:
+            return _all_or_none(free[0])
+        return _compare_interior(e, var)
+    return None
+
+
+def _union(a: Bounds, b: Bounds) -> Bounds:
+    """An interval inside the union of two: their hull where they touch."""
+    (alo, ahi), (blo, bhi) = a, b
+    if (alo is None) != (blo is None) or (ahi is None) != (bhi is None):
+        return a
+    touch = [
+        kx.Cmp("<=", x, kx.add(y, kx.Int(1)))
+        for x, y in ((alo, bhi), (blo, ahi))
+        if x is not None and y is not None
+    ]
+    if not touch:  # both reach -inf or both reach +inf: they overlap
+        return kx.combine(alo, blo, kx.Min), kx.combine(ahi, bhi, kx.Max)
+    cond = kx.And(*touch) if len(touch) == 2 else kx.Paren(touch[0])
+    lo = None if alo is None else kx.Where(cond, kx.combine(alo, blo, kx.Min), alo)
+    hi = None if ahi is None else kx.Where(cond, kx.combine(ahi, bhi, kx.Max), ahi)
+    return lo, hi
+
+
+def _compare_interior(e: ir.Binary, var: str) -> Bounds | None:
+    chunk = _chunk_range(e, var)
+    if chunk is not None:
+        # When all of A lies in one chunk, that chunk: from A's last chunk's
+        # start to its first chunk's end, empty when A spans two chunks.
+        lo, hi, c = chunk
+        return _chunk_start(hi, c), _chunk_end(lo, c)
+    isolated = _isolate(e, var)
+    if isolated is None:
+        return None
+    # var op rest must hold for every value of rest over the tile.
+    op, lo, hi = isolated
+    one = kx.Int(1)
+    return {
+        ir.BinOp.LE: (None, lo),
+        ir.BinOp.LT: (None, kx.sub(lo, one)),
+        ir.BinOp.GE: (hi, None),
+        ir.BinOp.GT: (kx.add(hi, one), None),
+        ir.BinOp.EQ: (hi, lo),
+        ir.BinOp.NE: None,
+    }[op]
