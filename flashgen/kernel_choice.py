@@ -38,7 +38,7 @@ class GluonForward(str, enum.Enum):
     ANY = "any"
 
 # The Gluon forward for any mask and score ("any" below) against the Triton
-# forward on the same spec (BENCHMARKS.md, entry 29; d128, bf16): 0.84-0.99x
+# forward on the same spec (docs/decisions/029; d128, bf16): 0.84-0.99x
 # at N = 1024, 1.02-1.07x at N = 4096 and 16384 when a query row sees
 # thousands of keys, 0.85-0.91x for a 257-key band at every N.  It runs when
 # a query row can see at least GLUON_ANY_MIN_KEYS keys: the module's mask
@@ -146,7 +146,7 @@ def _chunk_size(e: ir.Expr) -> int | None:
 
 def gluon_forward(v: ir.Variant) -> GluonForward | None:
     """Whether the module gets the warp-specialized Gluon forward for sm90
-    (BENCHMARKS.md, entries 13, 16 and 29), and which, or None.
+    (docs/decisions/013, 016 and 029), and which, or None.
 
     Written for the plain variants that race cuDNN: a full or causal mask,
     the score s, 16-bit inputs, head dim 128.  With GLUON_FORWARD_ANY, ANY
@@ -172,7 +172,7 @@ def gluon_min_keys(forward: GluonForward | None) -> int:
 
 def gluon_backward(v: ir.Variant) -> bool:
     """Whether the module gets the warp-specialized Gluon backward for sm90
-    (BENCHMARKS.md, entry 25): any mask and score, 16-bit inputs, head dim 64
+    (docs/decisions/025): any mask and score, 16-bit inputs, head dim 64
     or 128.  The module still checks each call's shapes and falls back to the
     Triton kernel."""
     return v.dtype is not ir.DType.FP32 and v.head_dim in (64, 128)

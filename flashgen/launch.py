@@ -86,7 +86,7 @@ def gpu_tma(head_dim_pad: int, dtype: ir.DType) -> tuple[bool, bool]:
 
 
 # The Gluon forward for any mask and score ("any" below) against the Triton
-# forward on the same spec (BENCHMARKS.md, entry 29; d128, bf16): 0.84-0.99x
+# forward on the same spec (docs/decisions/029; d128, bf16): 0.84-0.99x
 # at N = 1024, 1.02-1.07x at N = 4096 and 16384 when a query row sees
 # thousands of keys, 0.85-0.91x for a 257-key band at every N.  It runs when
 

@@ -104,7 +104,7 @@ class KernelModel:
     rescale_threshold: float
     # input_precision of every tl.dot, or None for the operands' own: float32
     # specs keep IEEE products (three TF32 products, "tf32x3", were 5-10x
-    # faster but failed the float32 error rule: BENCHMARKS.md, entry 15).
+    # faster but failed the float32 error rule: docs/decisions/015).
     dot_precision: str | None
     # Score.  `score_log2_code` is log2(e) times the bias for ADDITIVE and
     # log2(e) times f(s) for GENERAL.

@@ -37,7 +37,7 @@ BACKWARD_CANDIDATES = tuple(
 
 
 # A quick pass for a GPU session with many specs: the measured defaults of
-# `lower._gpu_config` / `_gpu_bwd_config` and their nearest neighbours.  The
+# `launch.gpu_config` / `gpu_bwd_config` and their nearest neighbours.  The
 # backward's include the two shapes that compile without register spills for
 # the masked examples at d128 (scripts/sm90_resources.py), where the default
 # (64, 128, 8, 3) spills 36-516 bytes, and two with fewer stages, which win

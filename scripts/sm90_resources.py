@@ -33,7 +33,7 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
-from flashgen import api, lower  # noqa: E402
+from flashgen import api, kernel_choice, lower  # noqa: E402
 
 _DTYPES = {"torch.float16": "fp16", "torch.bfloat16": "bf16", "torch.float32": "fp32"}
 _TENSORS = ("q", "k", "v", "o", "do", "dq", "dk", "dv")
@@ -227,11 +227,11 @@ def main() -> None:
         "--gluon-forward-any",
         action="store_true",
         help="the Gluon forward for any mask and score at every band width"
-        " (lower.GLUON_ANY_MIN_KEYS = 0)",
+        " (kernel_choice.GLUON_ANY_MIN_KEYS = 0)",
     )
     args = parser.parse_args()
     if args.gluon_forward_any:
-        lower.GLUON_ANY_MIN_KEYS = 0
+        kernel_choice.GLUON_ANY_MIN_KEYS = 0
     if os.environ.get("TRITON_INTERPRET") == "1":
         parser.error("unset TRITON_INTERPRET: the kernels must be compiled, not interpreted")
     for path in args.specs:
