@@ -64,7 +64,7 @@ for _name in sorted(dir(builtins)):
     _RESERVED_BLOCK_NAMES.setdefault(_name.casefold(), f"`{_name}` is a Python builtin")
 for _name in sorted(sys.stdlib_module_names):
     _RESERVED_BLOCK_NAMES[_name.casefold()] = f"`{_name}` is a module of Python's standard library"
-# Top-level modules templates/attention.py.j2 imports (the standard-library
+# Top-level modules a generated module imports (the standard-library
 # ones are covered above, but say so explicitly).
 for _name in ("functools", "math", "os", "typing", "torch", "triton"):
     _RESERVED_BLOCK_NAMES[_name] = f"`{_name}` is a module that generated modules import"

@@ -34,8 +34,10 @@ class ScoreKind(str, enum.Enum):
     ADDITIVE = "additive"
     GENERAL = "general"
 
+
 _ELEMENT_NAMES = {"q": "q_pos", "k": "k_pos", "h": "head", "H": "num_heads", "s": "s"}
 _REAL_CALLS = {"exp": "tl.exp", "log": "tl.log", "sqrt": "tl.sqrt", "tanh": "_tanh"}
+
 
 def _ieee(op, *args: float) -> float:
     """op(*args) in float64 with IEEE results where Python's math raises."""
@@ -362,7 +364,6 @@ def score_code(score: ir.Expr, elements: ElementCode) -> ScoreCode:
     return ScoreCode(score_kind, log2_code, grad_code, grad_uses_s)
 
 
-
 def _f32(x: float) -> float:
     """x rounded to float32 (to nearest, ties to even)."""
     return struct.unpack("f", struct.pack("f", x))[0]
@@ -405,4 +406,3 @@ def _score_parts(score: ir.Expr) -> tuple[ScoreKind, ir.Expr | None]:
         if score.op is ir.BinOp.ADD and score.right == _S and not ir.mentions(score.left, s_names):
             return ScoreKind.ADDITIVE, score.left
     return ScoreKind.GENERAL, score
-

@@ -1,9 +1,13 @@
 """Emit: a checked `Variant` in, the source of its standalone module out.
 
 The only importer of jinja2 and black.  `lower` makes every decision; the
-template in `templates/attention.py.j2` loops and branches over the result,
-with the host runtime's sections (`flashgen/runtime.py`) copied in verbatim,
-and black formats it here, in exactly one place, with a fixed mode so the
+templates loop and branch over the result: `templates/module.py.j2`, the
+module's shell (header, constants, the public API), includes one template per
+kernel family (`triton_forward.py.j2`, `triton_backward.py.j2`,
+`gluon_forward.py.j2`, `gluon_backward.py.j2`, with the Triton kernels'
+shared helpers in `triton_common.py.j2` and loop macros in `tile_loops.j2`)
+and copies in the host runtime's sections (`flashgen/runtime.py`) verbatim.
+black formats the result here, in exactly one place, with a fixed mode so the
 output is byte-for-byte reproducible.
 """
 
@@ -77,7 +81,7 @@ def render_module(variant: ir.Variant, tuning: Tuning | None = None) -> str:
     model = lower(variant, tuning)
     source = (
         _environment()
-        .get_template("attention.py.j2")
+        .get_template("module.py.j2")
         .render(
             m=model,
             version=__version__,

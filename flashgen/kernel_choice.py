@@ -37,6 +37,7 @@ class GluonForward(str, enum.Enum):
     CAUSAL = "causal"
     ANY = "any"
 
+
 # The Gluon forward for any mask and score ("any" below) against the Triton
 # forward on the same spec (docs/decisions/029; d128, bf16): 0.84-0.99x
 # at N = 1024, 1.02-1.07x at N = 4096 and 16384 when a query row sees
@@ -45,6 +46,7 @@ class GluonForward(str, enum.Enum):
 # must allow that many (`key_span`), the call's sequence must be that long.
 GLUON_FORWARD_ANY = True
 GLUON_ANY_MIN_KEYS = 4096
+
 
 def key_span(e: ir.Expr) -> int | None:
     """The most keys one query position can see, when a constant bounds it

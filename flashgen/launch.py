@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 from flashgen import ir
 
+
 @dataclass(frozen=True)
 class LaunchConfig:
     block_m: int
@@ -94,4 +95,3 @@ def gpu_tma(head_dim_pad: int, dtype: ir.DType) -> tuple[bool, bool]:
 # The Triton interpreter runs each program instance in numpy: bigger tiles mean
 # fewer Python-level steps.
 CPU_CONFIG = LaunchConfig(32, 32, 1, 1)
-

@@ -145,6 +145,10 @@ class KernelModel:
     query_interior_hi: str | None
     # Every tile inside the key (and query) bounds has a visible pair.
     bounds_dense: bool
+    # Tiles outside a loop's interior are classified (the tile code) before
+    # their masked step runs: not when every such tile may hold a visible
+    # pair anyway (`tile_never_empty`) or the bounds are dense.
+    classify_edge_tiles: bool
     # Helpers the element code calls.
     needs_floor_div: bool
     needs_tanh: bool
@@ -277,6 +281,7 @@ def lower(v: ir.Variant, tuning: Tuning | None = None) -> KernelModel:
         query_lo=_source(query_lo),
         query_hi=_source(query_hi),
         bounds_dense=mask_is_full or edges_dense(mask),
+        classify_edge_tiles=not (may == kx.TRUE or mask_is_full or edges_dense(mask)),
         key_interior=key_interior is not None,
         key_interior_lo=_source(key_interior[0]) if key_interior else None,
         key_interior_hi=_source(key_interior[1]) if key_interior else None,

@@ -197,7 +197,6 @@ def k_minus_q(e: ir.Expr) -> tuple[ir.BinOp, int] | None:
     return (e.op if sign == 1 else FLIPPED[e.op]), -sign * c
 
 
-
 def keys_before_queries(mask: ir.Expr) -> bool:
     """Does the (desugared, NNF) mask hide every pair with k > q?
 
@@ -215,7 +214,6 @@ def keys_before_queries(mask: ir.Expr) -> bool:
     return (op in (ir.BinOp.LE, ir.BinOp.EQ) and bound <= 0) or (op is ir.BinOp.LT and bound <= 1)
 
 
-
 CONSTANT_TRUTH = {
     ir.BinOp.LE: lambda c: c <= 0,
     ir.BinOp.LT: lambda c: c < 0,
@@ -226,7 +224,6 @@ CONSTANT_TRUTH = {
 }
 
 
-
 FLIPPED = {
     ir.BinOp.LE: ir.BinOp.GE,
     ir.BinOp.GE: ir.BinOp.LE,
@@ -235,7 +232,6 @@ FLIPPED = {
     ir.BinOp.EQ: ir.BinOp.EQ,
     ir.BinOp.NE: ir.BinOp.NE,
 }
-
 
 
 def is_comparison(e: ir.Expr) -> bool:
@@ -336,7 +332,6 @@ def prefix_atom(e: ir.Expr) -> bool:
     if d == {"k": -1}:
         return e.op in (ir.BinOp.GE, ir.BinOp.GT)
     return False
-
 
 
 def chunk_match(e: ir.Binary, var: str) -> tuple[Affine, int] | None:

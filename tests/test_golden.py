@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ast
 import builtins
+import re
 import symtable
 import sys
 from pathlib import Path
@@ -153,7 +154,10 @@ def test_private_triton_api_only_in_the_direct_launch_section(variant):
     assert text.count(section) == 1
     outside = text.replace(section, "")
     assert [p for p in _PRIVATE if p in outside] == []
-    assert "DIRECT_LAUNCH = _driver is not None and triton.__version__.startswith(TESTED_TRITON)" in section
+    assert (
+        "DIRECT_LAUNCH = _driver is not None and triton.__version__.startswith(TESTED_TRITON)"
+        in section
+    )
 
 
 @pytest.mark.parametrize("variant", VARIANTS, ids=lambda v: v.name)
@@ -217,3 +221,13 @@ def test_no_references_to_files_a_vendor_lacks():
     for path in sorted(GENERATED.glob("*.py")):
         text = path.read_text()
         assert "BENCHMARKS" not in text and "docs/" not in text and "entry " not in text, path.name
+
+
+def test_templates_only_loop_and_branch():
+    """The lowering decides; a template assigns nothing and joins no strings
+    (no `{% set %}`, no `~` inside a tag)."""
+    for path in sorted((ROOT / "templates").glob("*.j2")):
+        text = path.read_text()
+        tags = re.findall(r"{%.*?%}|{{.*?}}", text, flags=re.S)
+        assert [t for t in tags if re.match(r"{%-?\s*set\b", t)] == [], path.name
+        assert [t for t in tags if "~" in t] == [], path.name

@@ -26,7 +26,9 @@ from flashgen.ir import BinOp, Name, Num, Unary, UnaryOp
 from flashgen.parse import parse
 from test_diagnostics import diagnose
 
-TEMPLATE = Path(__file__).parent.parent / "templates" / "attention.py.j2"
+ROOT = Path(__file__).parent.parent
+# What a generated module is made of: the templates and the host runtime.
+MODULE_SOURCES = sorted((ROOT / "templates").glob("*.j2")) + [ROOT / "flashgen" / "runtime.py"]
 
 # The documented rules, written out independently of the checker.
 POSITIONS = 2**25  # |q|, |k| with padding: twice the longest sequence, 2^24
@@ -538,7 +540,7 @@ def test_reserved_block_names(name, why):
 
 def test_every_module_the_template_imports_is_reserved():
     imported = set()
-    for line in TEMPLATE.read_text(encoding="utf-8").splitlines():
+    for line in "\n".join(p.read_text(encoding="utf-8") for p in MODULE_SOURCES).splitlines():
         if match := re.match(r"\s*(?:import|from)\s+([A-Za-z_]\w*)", line):
             imported.add(match.group(1))
     assert {"torch", "triton", "math", "os", "functools"} <= imported

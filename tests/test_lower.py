@@ -30,6 +30,7 @@ from flashgen.reference import mask_matrix
 from kernel_utils import make_variant
 from strategies import masks, variants
 
+
 def _namespace(q_lo, q_hi, k_lo, k_hi, head, num_heads):
     i = np.int64
     return {
@@ -287,7 +288,9 @@ def test_scores_use_the_mask_facts():
         ir.Binary(ir.BinOp.ADD, n("s"), n("alibi")), lower.ElementCode(True)
     ).log2_code
     assert "abs" not in code and "(k_pos - q_pos)" in code
-    code = lower.score_code(ir.Binary(ir.BinOp.ADD, n("s"), n("alibi")), lower.ElementCode()).log2_code
+    code = lower.score_code(
+        ir.Binary(ir.BinOp.ADD, n("s"), n("alibi")), lower.ElementCode()
+    ).log2_code
     assert "tl.abs(q_pos - k_pos)" in code
 
 
