@@ -323,7 +323,25 @@ def to_source(e: Expr) -> str:
 def stmt_source(s: Stmt) -> str:
     if isinstance(s, Comment):
         return f"# {s.text}"
-    return f"{s.name} = {to_source(s.value)}"
+    return f"{s.name} = {_unwrapped(to_source(s.value))}"
+
+
+def _unwrapped(text: str) -> str:
+    """`text` without parentheses around all of it (an assignment needs none)."""
+    while text.startswith("(") and _closing(text) == len(text) - 1:
+        text = text[1:-1]
+    return text
+
+
+def _closing(text: str) -> int:
+    """Index of the parenthesis that closes text[0]."""
+    depth = 0
+    for i, ch in enumerate(text):
+        depth += ch == "("
+        depth -= ch == ")"
+        if depth == 0:
+            return i
+    return -1
 
 
 def _wrap(e: Expr, least: int) -> str:

@@ -34,7 +34,7 @@ try:  # Hopper's tensor memory accelerator (TMA), Triton >= 3.4
 except ImportError:  # pragma: no cover
     TensorDescriptor = None
 
-SPEC = "attention custom {\n    head_dim = 80\n    dtype = fp32\n    scale = 0.1\n    mask = causal & (q - k) % 2 == 0\n    score = s - 0.05 * abs(q - k)\n    align = bottom_right\n    rescale_threshold = 0.0\n}\n"
+SPEC = "attention custom {\n    head_dim = 80\n    dtype = fp32\n    scale = 0.1\n    mask = causal & (q - k) % 2 == 0\n    score = s - 0.05 * abs(q - k)\n    align = bottom_right\n    rescale_threshold = 0.0\n}\n"  # fmt: skip
 HEAD_DIM = 80
 HEAD_DIM_PAD = 128  # the kernels' tiles: HEAD_DIM rounded up to a power of two
 DTYPE = torch.float32
@@ -93,7 +93,7 @@ def _load_block(
         rows = start + tl.arange(0, BLOCK)
         tile = _load_rows(
             ptr, rows, n_rows, stride_row, stride_d, HEAD_DIM, HEAD_DIM_PAD, CHECK_ROWS
-        )
+        )  # fmt: skip
     return tile
 
 
@@ -111,7 +111,7 @@ def _store_rows(
 @triton.jit
 def _scores_log2(
     qk, q_pos, k_pos, n_keys, head, num_heads, alibi_slope, sm_scale, MASKED: tl.constexpr
-):
+):  # fmt: skip
     """Score modifier and mask on a tile of q.k products, in log2 units.
 
     Masked pairs (and keys past n_keys) get -inf.  Tiles known to be fully
@@ -119,9 +119,7 @@ def _scores_log2(
     """
     # s * log2(e) + bias * log2(e), log2(e) folded into a constant factor of
     # the bias where it has one: exp2 of these scores computes exp.
-    s2 = qk * (sm_scale * 1.4426950408889634) + -0.07213475204444818 * ((q_pos - k_pos)).to(
-        tl.float32
-    )
+    s2 = qk * (sm_scale * 1.4426950408889634) + -0.07213475204444818 * ((q_pos - k_pos)).to(tl.float32)  # fmt: skip
     if MASKED:
         visible = (k_pos < n_keys) & ((k_pos <= q_pos) & (((q_pos - k_pos) & 1) == 0))
         s2 = tl.where(visible, s2, float("-inf"))
@@ -137,24 +135,13 @@ def _attn_fwd_tile(
     """One key tile of the online softmax."""
     offs_n = start_n + tl.arange(0, BLOCK_N)
     k = _load_block(
-        k_desc,
-        k_base,
-        batch,
-        kv_head,
-        start_n,
-        n_keys,
-        stride_kn,
-        stride_kd,
-        BLOCK_N,
-        HEAD_DIM,
-        HEAD_DIM_PAD,
-        MASKED,
-        USE_TMA,
-    )
+        k_desc, k_base, batch, kv_head, start_n, n_keys, stride_kn, stride_kd, BLOCK_N, HEAD_DIM,
+        HEAD_DIM_PAD, MASKED, USE_TMA,
+    )  # fmt: skip
     qk = tl.dot(q, tl.trans(k), input_precision="ieee")
     s2 = _scores_log2(
         qk, q_pos, offs_n[None, :], n_keys, head, num_heads, alibi_slope, sm_scale, MASKED
-    )
+    )  # fmt: skip
     m_blk = tl.max(s2, 1)
     m_new = tl.maximum(m_i, m_blk)
     if MASKED:
@@ -167,20 +154,9 @@ def _attn_fwd_tile(
     p = tl.math.exp2(s2 - m_ref[:, None])
     l_i = l_i * alpha + tl.sum(p, 1)
     v = _load_block(
-        v_desc,
-        v_base,
-        batch,
-        kv_head,
-        start_n,
-        n_keys,
-        stride_vn,
-        stride_vd,
-        BLOCK_N,
-        HEAD_DIM,
-        HEAD_DIM_PAD,
-        MASKED,
-        USE_TMA,
-    )
+        v_desc, v_base, batch, kv_head, start_n, n_keys, stride_vn, stride_vd, BLOCK_N, HEAD_DIM,
+        HEAD_DIM_PAD, MASKED, USE_TMA,
+    )  # fmt: skip
     # The matrix unit accumulates into the rescaled acc directly.
     acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None], input_precision="ieee")
     return acc, l_i, m_new
@@ -188,41 +164,15 @@ def _attn_fwd_tile(
 
 @triton.jit
 def _attn_fwd(
-    q_ptr,
-    k_ptr,
-    v_ptr,
-    o_ptr,
-    lse_ptr,
-    alibi_slopes_ptr,
-    k_desc,
-    v_desc,
-    stride_qb,
-    stride_qh,
-    stride_qm,
-    stride_qd,
-    stride_kb,
-    stride_kh,
-    stride_kn,
-    stride_kd,
-    stride_vb,
-    stride_vh,
-    stride_vn,
-    stride_vd,
-    stride_ob,
-    stride_oh,
-    stride_om,
-    stride_od,
-    num_heads,
-    kv_group,
-    n_queries,
-    n_keys,
-    sm_scale,
-    HEAD_DIM: tl.constexpr,
-    HEAD_DIM_PAD: tl.constexpr,
-    BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr,
+    q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr, alibi_slopes_ptr, k_desc, v_desc,
+    stride_qb, stride_qh, stride_qm, stride_qd,
+    stride_kb, stride_kh, stride_kn, stride_kd,
+    stride_vb, stride_vh, stride_vn, stride_vd,
+    stride_ob, stride_oh, stride_om, stride_od,
+    num_heads, kv_group, n_queries, n_keys, sm_scale,
+    HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     USE_TMA: tl.constexpr,
-):
+):  # fmt: skip
     """Grid: (query tiles, batch * heads).  Writes o and the log-sum-exp.
 
     Query tiles run last to first: under causal-like masks the last tiles
@@ -265,9 +215,7 @@ def _attn_fwd(
         m1_must = k_hi <= q_lo
         m1_may = k_lo <= q_hi
         # (q - k) % 2 == 0
-        mod2_wraps = ((-k_lo + q_hi) - 2 >= (-k_hi + q_lo)) | (
-            ((-k_hi + q_lo) & 1) > ((-k_lo + q_hi) & 1)
-        )
+        mod2_wraps = ((-k_lo + q_hi) - 2 >= (-k_hi + q_lo)) | (((-k_hi + q_lo) & 1) > ((-k_lo + q_hi) & 1))  # fmt: skip
         mod2_lo = tl.where(mod2_wraps, 0, ((-k_hi + q_lo) & 1))
         mod2_hi = tl.where(mod2_wraps, 1, ((-k_lo + q_hi) & 1))
         sub3_lo = mod2_lo - (0)
@@ -279,62 +227,16 @@ def _attn_fwd(
 
         if (m5_must) & (k_hi == start_n + BLOCK_N - 1):
             acc, l_i, m_i = _attn_fwd_tile(
-                acc,
-                l_i,
-                m_i,
-                q,
-                q_pos,
-                k_desc,
-                v_desc,
-                k_base,
-                v_base,
-                stride_kn,
-                stride_kd,
-                stride_vn,
-                stride_vd,
-                batch,
-                kv_head,
-                start_n,
-                n_keys,
-                head,
-                num_heads,
-                alibi_slope,
-                sm_scale,
-                HEAD_DIM,
-                HEAD_DIM_PAD,
-                BLOCK_N,
-                False,
-                USE_TMA,
-            )
+                acc, l_i, m_i, q, q_pos, k_desc, v_desc, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
+                batch, kv_head, start_n, n_keys, head, num_heads, alibi_slope, sm_scale,
+                HEAD_DIM, HEAD_DIM_PAD, BLOCK_N, False, USE_TMA,
+            )  # fmt: skip
         elif m5_may:
             acc, l_i, m_i = _attn_fwd_tile(
-                acc,
-                l_i,
-                m_i,
-                q,
-                q_pos,
-                k_desc,
-                v_desc,
-                k_base,
-                v_base,
-                stride_kn,
-                stride_kd,
-                stride_vn,
-                stride_vd,
-                batch,
-                kv_head,
-                start_n,
-                n_keys,
-                head,
-                num_heads,
-                alibi_slope,
-                sm_scale,
-                HEAD_DIM,
-                HEAD_DIM_PAD,
-                BLOCK_N,
-                True,
-                USE_TMA,
-            )
+                acc, l_i, m_i, q, q_pos, k_desc, v_desc, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
+                batch, kv_head, start_n, n_keys, head, num_heads, alibi_slope, sm_scale,
+                HEAD_DIM, HEAD_DIM_PAD, BLOCK_N, True, USE_TMA,
+            )  # fmt: skip
 
     # Rows that saw no visible key have l = 0: they output 0 and lse = -inf.
     l_safe = tl.where(l_i == 0.0, 1.0, l_i)
@@ -370,8 +272,8 @@ def _attn_bwd_preprocess(
     do_base = do_ptr + batch.to(tl.int64) * stride_dob + head.to(tl.int64) * stride_doh
     o = _load_rows(o_base, offs_m, n_queries, stride_om, stride_od, HEAD_DIM, HEAD_DIM_PAD, True)
     do = _load_rows(
-        do_base, offs_m, n_queries, stride_dom, stride_dod, HEAD_DIM, HEAD_DIM_PAD, True
-    )
+        do_base, offs_m, n_queries, stride_dom, stride_dod, HEAD_DIM, HEAD_DIM_PAD, True,
+    )  # fmt: skip
     delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), 1)
     row = batch_head.to(tl.int64) * n_queries + offs_m
     if HAS_DLSE:
@@ -382,7 +284,7 @@ def _attn_bwd_preprocess(
 @triton.jit
 def _attn_probs(
     qk, lse, q_pos, k_pos, n_keys, head, num_heads, alibi_slope, sm_scale, MASKED: tl.constexpr
-):
+):  # fmt: skip
     """Recompute P = exp(score - lse) for a tile from the saved log-sum-exp;
     also the scores (log2 units), from which some derivatives are cheaper.
 
@@ -410,20 +312,9 @@ def _attn_bwd_dkdv_tile(
     """
     offs_m = start_m + tl.arange(0, BLOCK_M)
     q = _load_block(
-        q_desc,
-        q_base,
-        batch,
-        head,
-        start_m,
-        n_queries,
-        stride_qm,
-        stride_qd,
-        BLOCK_M,
-        HEAD_DIM,
-        HEAD_DIM_PAD,
-        MASKED,
-        USE_TMA,
-    )
+        q_desc, q_base, batch, head, start_m, n_queries, stride_qm, stride_qd, BLOCK_M, HEAD_DIM,
+        HEAD_DIM_PAD, MASKED, USE_TMA,
+    )  # fmt: skip
     do = _load_block(do_desc, do_base, batch, head, start_m, n_queries, stride_dom, stride_dod, BLOCK_M, HEAD_DIM, HEAD_DIM_PAD, MASKED, USE_TMA)  # fmt: skip
     if MASKED:
         lse = tl.load(lse_base + offs_m, mask=offs_m < n_queries, other=float("inf"))
@@ -435,7 +326,7 @@ def _attn_bwd_dkdv_tile(
     qk_t = tl.dot(k, tl.trans(q), input_precision="ieee")
     p_t, s2_t = _attn_probs(
         qk_t, lse[None, :], q_pos, k_pos, n_keys, head, num_heads, alibi_slope, sm_scale, MASKED
-    )
+    )  # fmt: skip
     dv = tl.dot(p_t.to(do.dtype), do, dv, input_precision="ieee")
     dp_t = tl.dot(v, tl.trans(do), input_precision="ieee")
     ds_t = p_t * (dp_t - delta[None, :])
@@ -445,54 +336,18 @@ def _attn_bwd_dkdv_tile(
 
 @triton.jit
 def _attn_bwd_dkdv(
-    key_tile,
-    batch_kv_head,
-    q_ptr,
-    k_ptr,
-    v_ptr,
-    do_ptr,
-    lse_ptr,
-    delta_ptr,
-    dk_ptr,
-    dv_ptr,
-    alibi_slopes_ptr,
-    q_desc,
-    do_desc,
-    stride_qb,
-    stride_qh,
-    stride_qm,
-    stride_qd,
-    stride_kb,
-    stride_kh,
-    stride_kn,
-    stride_kd,
-    stride_vb,
-    stride_vh,
-    stride_vn,
-    stride_vd,
-    stride_dob,
-    stride_doh,
-    stride_dom,
-    stride_dod,
-    stride_dkb,
-    stride_dkh,
-    stride_dkn,
-    stride_dkd,
-    stride_dvb,
-    stride_dvh,
-    stride_dvn,
-    stride_dvd,
-    num_heads,
-    kv_group,
-    n_queries,
-    n_keys,
-    sm_scale,
-    HEAD_DIM: tl.constexpr,
-    HEAD_DIM_PAD: tl.constexpr,
-    BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr,
+    key_tile, batch_kv_head,
+    q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dk_ptr, dv_ptr, alibi_slopes_ptr, q_desc, do_desc,
+    stride_qb, stride_qh, stride_qm, stride_qd,
+    stride_kb, stride_kh, stride_kn, stride_kd,
+    stride_vb, stride_vh, stride_vn, stride_vd,
+    stride_dob, stride_doh, stride_dom, stride_dod,
+    stride_dkb, stride_dkh, stride_dkn, stride_dkd,
+    stride_dvb, stride_dvh, stride_dvn, stride_dvd,
+    num_heads, kv_group, n_queries, n_keys, sm_scale,
+    HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     USE_TMA: tl.constexpr,
-):
+):  # fmt: skip
     """dK and dV of one key tile of one (batch, kv head), BLOCK_M queries at a time.
 
     With GQA/MQA the program loops over the query heads that share its kv
@@ -536,9 +391,7 @@ def _attn_bwd_dkdv(
             m1_must = k_hi <= q_lo
             m1_may = k_lo <= q_hi
             # (q - k) % 2 == 0
-            mod2_wraps = ((-k_lo + q_hi) - 2 >= (-k_hi + q_lo)) | (
-                ((-k_hi + q_lo) & 1) > ((-k_lo + q_hi) & 1)
-            )
+            mod2_wraps = ((-k_lo + q_hi) - 2 >= (-k_hi + q_lo)) | (((-k_hi + q_lo) & 1) > ((-k_lo + q_hi) & 1))  # fmt: skip
             mod2_lo = tl.where(mod2_wraps, 0, ((-k_hi + q_lo) & 1))
             mod2_hi = tl.where(mod2_wraps, 1, ((-k_lo + q_hi) & 1))
             sub3_lo = mod2_lo - (0)
@@ -550,74 +403,22 @@ def _attn_bwd_dkdv(
 
             if (m5_must) & ((k_hi == start_n + BLOCK_N - 1) & (start_m + BLOCK_M <= n_queries)):
                 dk, dv = _attn_bwd_dkdv_tile(
-                    dk,
-                    dv,
-                    k,
-                    v,
-                    q_desc,
-                    do_desc,
-                    q_base,
-                    do_base,
-                    lse_base,
-                    delta_base,
-                    stride_qm,
-                    stride_qd,
-                    stride_dom,
-                    stride_dod,
-                    batch,
-                    start_m,
-                    n_queries,
-                    q_offset,
-                    k_pos,
-                    n_keys,
-                    head,
-                    num_heads,
-                    alibi_slope,
-                    sm_scale,
-                    HEAD_DIM,
-                    HEAD_DIM_PAD,
-                    BLOCK_M,
-                    False,
-                    USE_TMA,
-                )
+                    dk, dv, k, v, q_desc, do_desc, q_base, do_base, lse_base, delta_base, stride_qm, stride_qd, stride_dom, stride_dod,
+                    batch, start_m, n_queries, q_offset, k_pos, n_keys, head, num_heads, alibi_slope, sm_scale,
+                    HEAD_DIM, HEAD_DIM_PAD, BLOCK_M, False, USE_TMA,
+                )  # fmt: skip
             elif m5_may:
                 dk, dv = _attn_bwd_dkdv_tile(
-                    dk,
-                    dv,
-                    k,
-                    v,
-                    q_desc,
-                    do_desc,
-                    q_base,
-                    do_base,
-                    lse_base,
-                    delta_base,
-                    stride_qm,
-                    stride_qd,
-                    stride_dom,
-                    stride_dod,
-                    batch,
-                    start_m,
-                    n_queries,
-                    q_offset,
-                    k_pos,
-                    n_keys,
-                    head,
-                    num_heads,
-                    alibi_slope,
-                    sm_scale,
-                    HEAD_DIM,
-                    HEAD_DIM_PAD,
-                    BLOCK_M,
-                    True,
-                    USE_TMA,
-                )
+                    dk, dv, k, v, q_desc, do_desc, q_base, do_base, lse_base, delta_base, stride_qm, stride_qd, stride_dom, stride_dod,
+                    batch, start_m, n_queries, q_offset, k_pos, n_keys, head, num_heads, alibi_slope, sm_scale,
+                    HEAD_DIM, HEAD_DIM_PAD, BLOCK_M, True, USE_TMA,
+                )  # fmt: skip
 
     dk_base = dk_ptr + batch.to(tl.int64) * stride_dkb + kv_head.to(tl.int64) * stride_dkh
     dv_base = dv_ptr + batch.to(tl.int64) * stride_dvb + kv_head.to(tl.int64) * stride_dvh
     _store_rows(
         dk_base, offs_n, n_keys, stride_dkn, stride_dkd, dk * sm_scale, HEAD_DIM, HEAD_DIM_PAD
-    )
+    )  # fmt: skip
     _store_rows(dv_base, offs_n, n_keys, stride_dvn, stride_dvd, dv, HEAD_DIM, HEAD_DIM_PAD)
 
 
@@ -630,26 +431,15 @@ def _attn_bwd_dq_tile(
     """Accumulate one key tile's contribution to a query tile's dQ."""
     offs_n = start_n + tl.arange(0, BLOCK_N)
     k = _load_block(
-        k_desc,
-        k_base,
-        batch,
-        kv_head,
-        start_n,
-        n_keys,
-        stride_kn,
-        stride_kd,
-        BLOCK_N,
-        HEAD_DIM,
-        HEAD_DIM_PAD,
-        MASKED,
-        USE_TMA,
-    )
+        k_desc, k_base, batch, kv_head, start_n, n_keys, stride_kn, stride_kd, BLOCK_N, HEAD_DIM,
+        HEAD_DIM_PAD, MASKED, USE_TMA,
+    )  # fmt: skip
     v = _load_block(v_desc, v_base, batch, kv_head, start_n, n_keys, stride_vn, stride_vd, BLOCK_N, HEAD_DIM, HEAD_DIM_PAD, MASKED, USE_TMA)  # fmt: skip
     k_pos = offs_n[None, :]
     qk = tl.dot(q, tl.trans(k), input_precision="ieee")
     p, s2 = _attn_probs(
         qk, lse[:, None], q_pos, k_pos, n_keys, head, num_heads, alibi_slope, sm_scale, MASKED
-    )
+    )  # fmt: skip
     dp = tl.dot(do, tl.trans(v), input_precision="ieee")
     ds = p * (dp - delta[:, None])
     dq = tl.dot(ds.to(k.dtype), k, dq, input_precision="ieee")
@@ -658,49 +448,17 @@ def _attn_bwd_dq_tile(
 
 @triton.jit
 def _attn_bwd_dq(
-    query_tile,
-    batch_head,
-    q_ptr,
-    k_ptr,
-    v_ptr,
-    do_ptr,
-    lse_ptr,
-    delta_ptr,
-    dq_ptr,
-    alibi_slopes_ptr,
-    k_desc,
-    v_desc,
-    stride_qb,
-    stride_qh,
-    stride_qm,
-    stride_qd,
-    stride_kb,
-    stride_kh,
-    stride_kn,
-    stride_kd,
-    stride_vb,
-    stride_vh,
-    stride_vn,
-    stride_vd,
-    stride_dob,
-    stride_doh,
-    stride_dom,
-    stride_dod,
-    stride_dqb,
-    stride_dqh,
-    stride_dqm,
-    stride_dqd,
-    num_heads,
-    kv_group,
-    n_queries,
-    n_keys,
-    sm_scale,
-    HEAD_DIM: tl.constexpr,
-    HEAD_DIM_PAD: tl.constexpr,
-    BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr,
+    query_tile, batch_head,
+    q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dq_ptr, alibi_slopes_ptr, k_desc, v_desc,
+    stride_qb, stride_qh, stride_qm, stride_qd,
+    stride_kb, stride_kh, stride_kn, stride_kd,
+    stride_vb, stride_vh, stride_vn, stride_vd,
+    stride_dob, stride_doh, stride_dom, stride_dod,
+    stride_dqb, stride_dqh, stride_dqm, stride_dqd,
+    num_heads, kv_group, n_queries, n_keys, sm_scale,
+    HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     USE_TMA: tl.constexpr,
-):
+):  # fmt: skip
     """dQ of one query tile of one (batch, head), BLOCK_N keys at a time."""
     start_m = query_tile * BLOCK_M
     batch = batch_head // num_heads
@@ -713,8 +471,8 @@ def _attn_bwd_dq(
     v_base = v_ptr + batch.to(tl.int64) * stride_vb + kv_head.to(tl.int64) * stride_vh
     q = _load_rows(q_base, offs_m, n_queries, stride_qm, stride_qd, HEAD_DIM, HEAD_DIM_PAD, True)
     do = _load_rows(
-        do_base, offs_m, n_queries, stride_dom, stride_dod, HEAD_DIM, HEAD_DIM_PAD, True
-    )
+        do_base, offs_m, n_queries, stride_dom, stride_dod, HEAD_DIM, HEAD_DIM_PAD, True,
+    )  # fmt: skip
     row = batch_head.to(tl.int64) * n_queries + offs_m
     lse = tl.load(lse_ptr + row, mask=offs_m < n_queries, other=float("inf"))
     delta = tl.load(delta_ptr + row, mask=offs_m < n_queries, other=0.0)
@@ -743,9 +501,7 @@ def _attn_bwd_dq(
         m1_must = k_hi <= q_lo
         m1_may = k_lo <= q_hi
         # (q - k) % 2 == 0
-        mod2_wraps = ((-k_lo + q_hi) - 2 >= (-k_hi + q_lo)) | (
-            ((-k_hi + q_lo) & 1) > ((-k_lo + q_hi) & 1)
-        )
+        mod2_wraps = ((-k_lo + q_hi) - 2 >= (-k_hi + q_lo)) | (((-k_hi + q_lo) & 1) > ((-k_lo + q_hi) & 1))  # fmt: skip
         mod2_lo = tl.where(mod2_wraps, 0, ((-k_hi + q_lo) & 1))
         mod2_hi = tl.where(mod2_wraps, 1, ((-k_lo + q_hi) & 1))
         sub3_lo = mod2_lo - (0)
@@ -757,126 +513,38 @@ def _attn_bwd_dq(
 
         if (m5_must) & (k_hi == start_n + BLOCK_N - 1):
             dq = _attn_bwd_dq_tile(
-                dq,
-                q,
-                do,
-                lse,
-                delta,
-                q_pos,
-                k_desc,
-                v_desc,
-                k_base,
-                v_base,
-                stride_kn,
-                stride_kd,
-                stride_vn,
-                stride_vd,
-                batch,
-                kv_head,
-                start_n,
-                n_keys,
-                head,
-                num_heads,
-                alibi_slope,
-                sm_scale,
-                HEAD_DIM,
-                HEAD_DIM_PAD,
-                BLOCK_N,
-                False,
-                USE_TMA,
-            )
+                dq, q, do, lse, delta, q_pos, k_desc, v_desc, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
+                batch, kv_head, start_n, n_keys, head, num_heads, alibi_slope, sm_scale,
+                HEAD_DIM, HEAD_DIM_PAD, BLOCK_N, False, USE_TMA,
+            )  # fmt: skip
         elif m5_may:
             dq = _attn_bwd_dq_tile(
-                dq,
-                q,
-                do,
-                lse,
-                delta,
-                q_pos,
-                k_desc,
-                v_desc,
-                k_base,
-                v_base,
-                stride_kn,
-                stride_kd,
-                stride_vn,
-                stride_vd,
-                batch,
-                kv_head,
-                start_n,
-                n_keys,
-                head,
-                num_heads,
-                alibi_slope,
-                sm_scale,
-                HEAD_DIM,
-                HEAD_DIM_PAD,
-                BLOCK_N,
-                True,
-                USE_TMA,
-            )
+                dq, q, do, lse, delta, q_pos, k_desc, v_desc, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
+                batch, kv_head, start_n, n_keys, head, num_heads, alibi_slope, sm_scale,
+                HEAD_DIM, HEAD_DIM_PAD, BLOCK_N, True, USE_TMA,
+            )  # fmt: skip
 
     dq_base = dq_ptr + batch.to(tl.int64) * stride_dqb + head.to(tl.int64) * stride_dqh
     _store_rows(
         dq_base, offs_m, n_queries, stride_dqm, stride_dqd, dq * sm_scale, HEAD_DIM, HEAD_DIM_PAD
-    )
+    )  # fmt: skip
 
 
 @triton.jit
 def _attn_bwd(
-    q_ptr,
-    k_ptr,
-    v_ptr,
-    do_ptr,
-    lse_ptr,
-    delta_ptr,
-    dq_ptr,
-    dk_ptr,
-    dv_ptr,
-    alibi_slopes_ptr,
-    q_desc,
-    do_desc,
-    k_desc,
-    v_desc,
-    stride_qb,
-    stride_qh,
-    stride_qm,
-    stride_qd,
-    stride_kb,
-    stride_kh,
-    stride_kn,
-    stride_kd,
-    stride_vb,
-    stride_vh,
-    stride_vn,
-    stride_vd,
-    stride_dob,
-    stride_doh,
-    stride_dom,
-    stride_dod,
-    stride_dqb,
-    stride_dqh,
-    stride_dqm,
-    stride_dqd,
-    stride_dkb,
-    stride_dkh,
-    stride_dkn,
-    stride_dkd,
-    stride_dvb,
-    stride_dvh,
-    stride_dvn,
-    stride_dvd,
-    num_heads,
-    kv_group,
-    n_queries,
-    n_keys,
-    sm_scale,
-    HEAD_DIM: tl.constexpr,
-    HEAD_DIM_PAD: tl.constexpr,
-    BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr,
+    q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dq_ptr, dk_ptr, dv_ptr, alibi_slopes_ptr,
+    q_desc, do_desc, k_desc, v_desc,
+    stride_qb, stride_qh, stride_qm, stride_qd,
+    stride_kb, stride_kh, stride_kn, stride_kd,
+    stride_vb, stride_vh, stride_vn, stride_vd,
+    stride_dob, stride_doh, stride_dom, stride_dod,
+    stride_dqb, stride_dqh, stride_dqm, stride_dqd,
+    stride_dkb, stride_dkh, stride_dkn, stride_dkd,
+    stride_dvb, stride_dvh, stride_dvn, stride_dvd,
+    num_heads, kv_group, n_queries, n_keys, sm_scale,
+    HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     USE_TMA: tl.constexpr,
-):
+):  # fmt: skip
     """Grid: (key tiles + query tiles of BLOCK_N, batch * heads).
 
     The first programs compute the dK and dV of a key tile (the second grid
@@ -1219,13 +887,13 @@ def forward(
         with torch.cuda.device(q.device):
             return _forward(
                 q, k, v, _resolve_scale(scale), block_m, block_n, num_warps, num_stages, tma
-            )
+            )  # fmt: skip
     return _forward(q, k, v, _resolve_scale(scale), block_m, block_n, num_warps, num_stages, tma)
 
 
 def _forward(
     q, k, v, scale: float, block_m=None, block_n=None, num_warps=None, num_stages=None, tma=None
-):
+):  # fmt: skip
     """forward() on checked inputs and a resolved scale."""
     q, k, v = _rows_in_int32("q", q), _rows_in_int32("k", k), _rows_in_int32("v", v)
     default = _launch_config(q.device)
@@ -1240,32 +908,14 @@ def _forward(
     use_tma = n_keys > 0 and _use_tma(tma, GPU_TMA, k, v)
     grid = (_cdiv(n_queries, block_m), batch * num_heads)
     _launch(
-        _attn_fwd,
-        grid,
-        q,
-        k,
-        v,
-        o,
-        lse,
-        _alibi_or_placeholder(num_heads, lse),
-        *_descriptors(use_tma, block_n, k, v),
-        *q.stride(),
-        *k.stride(),
-        *v.stride(),
-        *o.stride(),
-        num_heads,
-        num_heads // k.shape[1],
-        n_queries,
-        n_keys,
-        scale,
-        HEAD_DIM,
-        HEAD_DIM_PAD,
-        block_m,
-        block_n,
-        use_tma,  # the constexprs
+        _attn_fwd, grid,
+        q, k, v, o, lse, _alibi_or_placeholder(num_heads, lse), *_descriptors(use_tma, block_n, k, v),
+        *q.stride(), *k.stride(), *v.stride(), *o.stride(),
+        num_heads, num_heads // k.shape[1], n_queries, n_keys, scale,
+        HEAD_DIM, HEAD_DIM_PAD, block_m, block_n, use_tma,  # the constexprs
         num_warps=num_warps or default[2],
         num_stages=num_stages or default[3],
-    )
+    )  # fmt: skip
     return o, lse
 
 

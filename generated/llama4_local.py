@@ -62,7 +62,7 @@ except ImportError:  # pragma: no cover - a Triton without Gluon runs the Triton
     fence_async_shared = GluonTensorDescriptor = _NoGluon()
     GLUON = False
 
-SPEC = "attention llama4_local {\n    head_dim = 128\n    dtype = bf16\n    mask = causal & chunk(8192)\n    score = s\n    align = bottom_right\n    rescale_threshold = 0.0\n}\n"
+SPEC = "attention llama4_local {\n    head_dim = 128\n    dtype = bf16\n    mask = causal & chunk(8192)\n    score = s\n    align = bottom_right\n    rescale_threshold = 0.0\n}\n"  # fmt: skip
 HEAD_DIM = 128
 HEAD_DIM_PAD = 128  # the kernels' tiles: HEAD_DIM rounded up to a power of two
 DTYPE = torch.bfloat16
@@ -120,7 +120,7 @@ def _load_block(
         rows = start + tl.arange(0, BLOCK)
         tile = _load_rows(
             ptr, rows, n_rows, stride_row, stride_d, HEAD_DIM, HEAD_DIM_PAD, CHECK_ROWS
-        )
+        )  # fmt: skip
     return tile
 
 
@@ -138,7 +138,7 @@ def _store_rows(
 @triton.jit
 def _scores_log2(
     qk, q_pos, k_pos, n_keys, head, num_heads, alibi_slope, sm_scale, MASKED: tl.constexpr
-):
+):  # fmt: skip
     """Score modifier and mask on a tile of q.k products, in log2 units.
 
     Masked pairs (and keys past n_keys) get -inf.  Tiles known to be fully
@@ -161,24 +161,13 @@ def _attn_fwd_tile(
     """One key tile of the online softmax."""
     offs_n = start_n + tl.arange(0, BLOCK_N)
     k = _load_block(
-        k_desc,
-        k_base,
-        batch,
-        kv_head,
-        start_n,
-        n_keys,
-        stride_kn,
-        stride_kd,
-        BLOCK_N,
-        HEAD_DIM,
-        HEAD_DIM_PAD,
-        MASKED,
-        USE_TMA,
-    )
+        k_desc, k_base, batch, kv_head, start_n, n_keys, stride_kn, stride_kd, BLOCK_N, HEAD_DIM,
+        HEAD_DIM_PAD, MASKED, USE_TMA,
+    )  # fmt: skip
     qk = tl.dot(q, tl.trans(k))
     s2 = _scores_log2(
         qk, q_pos, offs_n[None, :], n_keys, head, num_heads, alibi_slope, sm_scale, MASKED
-    )
+    )  # fmt: skip
     m_blk = tl.max(s2, 1)
     m_new = tl.maximum(m_i, m_blk)
     if MASKED:
@@ -191,20 +180,9 @@ def _attn_fwd_tile(
     p = tl.math.exp2(s2 - m_ref[:, None])
     l_i = l_i * alpha + tl.sum(p, 1)
     v = _load_block(
-        v_desc,
-        v_base,
-        batch,
-        kv_head,
-        start_n,
-        n_keys,
-        stride_vn,
-        stride_vd,
-        BLOCK_N,
-        HEAD_DIM,
-        HEAD_DIM_PAD,
-        MASKED,
-        USE_TMA,
-    )
+        v_desc, v_base, batch, kv_head, start_n, n_keys, stride_vn, stride_vd, BLOCK_N, HEAD_DIM,
+        HEAD_DIM_PAD, MASKED, USE_TMA,
+    )  # fmt: skip
     # The matrix unit accumulates into the rescaled acc directly.
     acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None])
     return acc, l_i, m_new
@@ -212,41 +190,15 @@ def _attn_fwd_tile(
 
 @triton.jit
 def _attn_fwd(
-    q_ptr,
-    k_ptr,
-    v_ptr,
-    o_ptr,
-    lse_ptr,
-    alibi_slopes_ptr,
-    k_desc,
-    v_desc,
-    stride_qb,
-    stride_qh,
-    stride_qm,
-    stride_qd,
-    stride_kb,
-    stride_kh,
-    stride_kn,
-    stride_kd,
-    stride_vb,
-    stride_vh,
-    stride_vn,
-    stride_vd,
-    stride_ob,
-    stride_oh,
-    stride_om,
-    stride_od,
-    num_heads,
-    kv_group,
-    n_queries,
-    n_keys,
-    sm_scale,
-    HEAD_DIM: tl.constexpr,
-    HEAD_DIM_PAD: tl.constexpr,
-    BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr,
+    q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr, alibi_slopes_ptr, k_desc, v_desc,
+    stride_qb, stride_qh, stride_qm, stride_qd,
+    stride_kb, stride_kh, stride_kn, stride_kd,
+    stride_vb, stride_vh, stride_vn, stride_vd,
+    stride_ob, stride_oh, stride_om, stride_od,
+    num_heads, kv_group, n_queries, n_keys, sm_scale,
+    HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     USE_TMA: tl.constexpr,
-):
+):  # fmt: skip
     """Grid: (query tiles, batch * heads).  Writes o and the log-sum-exp.
 
     Query tiles run last to first: under causal-like masks the last tiles
@@ -290,92 +242,22 @@ def _attn_fwd(
     mid_hi = tl.minimum(tl.maximum((full_hi + 1) // BLOCK_N * BLOCK_N, mid_lo), end)
     for start_n in range(lo, mid_lo, BLOCK_N):
         acc, l_i, m_i = _attn_fwd_tile(
-            acc,
-            l_i,
-            m_i,
-            q,
-            q_pos,
-            k_desc,
-            v_desc,
-            k_base,
-            v_base,
-            stride_kn,
-            stride_kd,
-            stride_vn,
-            stride_vd,
-            batch,
-            kv_head,
-            start_n,
-            n_keys,
-            head,
-            num_heads,
-            alibi_slope,
-            sm_scale,
-            HEAD_DIM,
-            HEAD_DIM_PAD,
-            BLOCK_N,
-            True,
-            USE_TMA,
-        )
-
+            acc, l_i, m_i, q, q_pos, k_desc, v_desc, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
+            batch, kv_head, start_n, n_keys, head, num_heads, alibi_slope, sm_scale,
+            HEAD_DIM, HEAD_DIM_PAD, BLOCK_N, True, USE_TMA,
+        )  # fmt: skip
     for start_n in range(mid_lo, mid_hi, BLOCK_N):
         acc, l_i, m_i = _attn_fwd_tile(
-            acc,
-            l_i,
-            m_i,
-            q,
-            q_pos,
-            k_desc,
-            v_desc,
-            k_base,
-            v_base,
-            stride_kn,
-            stride_kd,
-            stride_vn,
-            stride_vd,
-            batch,
-            kv_head,
-            start_n,
-            n_keys,
-            head,
-            num_heads,
-            alibi_slope,
-            sm_scale,
-            HEAD_DIM,
-            HEAD_DIM_PAD,
-            BLOCK_N,
-            False,
-            USE_TMA,
-        )
+            acc, l_i, m_i, q, q_pos, k_desc, v_desc, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
+            batch, kv_head, start_n, n_keys, head, num_heads, alibi_slope, sm_scale,
+            HEAD_DIM, HEAD_DIM_PAD, BLOCK_N, False, USE_TMA,
+        )  # fmt: skip
     for start_n in range(mid_hi, hi, BLOCK_N):
         acc, l_i, m_i = _attn_fwd_tile(
-            acc,
-            l_i,
-            m_i,
-            q,
-            q_pos,
-            k_desc,
-            v_desc,
-            k_base,
-            v_base,
-            stride_kn,
-            stride_kd,
-            stride_vn,
-            stride_vd,
-            batch,
-            kv_head,
-            start_n,
-            n_keys,
-            head,
-            num_heads,
-            alibi_slope,
-            sm_scale,
-            HEAD_DIM,
-            HEAD_DIM_PAD,
-            BLOCK_N,
-            True,
-            USE_TMA,
-        )
+            acc, l_i, m_i, q, q_pos, k_desc, v_desc, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
+            batch, kv_head, start_n, n_keys, head, num_heads, alibi_slope, sm_scale,
+            HEAD_DIM, HEAD_DIM_PAD, BLOCK_N, True, USE_TMA,
+        )  # fmt: skip
 
     # Rows that saw no visible key have l = 0: they output 0 and lse = -inf.
     l_safe = tl.where(l_i == 0.0, 1.0, l_i)
@@ -411,8 +293,8 @@ def _attn_bwd_preprocess(
     do_base = do_ptr + batch.to(tl.int64) * stride_dob + head.to(tl.int64) * stride_doh
     o = _load_rows(o_base, offs_m, n_queries, stride_om, stride_od, HEAD_DIM, HEAD_DIM_PAD, True)
     do = _load_rows(
-        do_base, offs_m, n_queries, stride_dom, stride_dod, HEAD_DIM, HEAD_DIM_PAD, True
-    )
+        do_base, offs_m, n_queries, stride_dom, stride_dod, HEAD_DIM, HEAD_DIM_PAD, True,
+    )  # fmt: skip
     delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), 1)
     row = batch_head.to(tl.int64) * n_queries + offs_m
     if HAS_DLSE:
@@ -423,7 +305,7 @@ def _attn_bwd_preprocess(
 @triton.jit
 def _attn_probs(
     qk, lse, q_pos, k_pos, n_keys, head, num_heads, alibi_slope, sm_scale, MASKED: tl.constexpr
-):
+):  # fmt: skip
     """Recompute P = exp(score - lse) for a tile from the saved log-sum-exp;
     also the scores (log2 units), from which some derivatives are cheaper.
 
@@ -451,20 +333,9 @@ def _attn_bwd_dkdv_tile(
     """
     offs_m = start_m + tl.arange(0, BLOCK_M)
     q = _load_block(
-        q_desc,
-        q_base,
-        batch,
-        head,
-        start_m,
-        n_queries,
-        stride_qm,
-        stride_qd,
-        BLOCK_M,
-        HEAD_DIM,
-        HEAD_DIM_PAD,
-        MASKED,
-        USE_TMA,
-    )
+        q_desc, q_base, batch, head, start_m, n_queries, stride_qm, stride_qd, BLOCK_M, HEAD_DIM,
+        HEAD_DIM_PAD, MASKED, USE_TMA,
+    )  # fmt: skip
     do = _load_block(do_desc, do_base, batch, head, start_m, n_queries, stride_dom, stride_dod, BLOCK_M, HEAD_DIM, HEAD_DIM_PAD, MASKED, USE_TMA)  # fmt: skip
     if MASKED:
         lse = tl.load(lse_base + offs_m, mask=offs_m < n_queries, other=float("inf"))
@@ -476,7 +347,7 @@ def _attn_bwd_dkdv_tile(
     qk_t = tl.dot(k, tl.trans(q))
     p_t, s2_t = _attn_probs(
         qk_t, lse[None, :], q_pos, k_pos, n_keys, head, num_heads, alibi_slope, sm_scale, MASKED
-    )
+    )  # fmt: skip
     dv = tl.dot(p_t.to(do.dtype), do, dv)
     dp_t = tl.dot(v, tl.trans(do))
     ds_t = p_t * (dp_t - delta[None, :])
@@ -486,54 +357,18 @@ def _attn_bwd_dkdv_tile(
 
 @triton.jit
 def _attn_bwd_dkdv(
-    key_tile,
-    batch_kv_head,
-    q_ptr,
-    k_ptr,
-    v_ptr,
-    do_ptr,
-    lse_ptr,
-    delta_ptr,
-    dk_ptr,
-    dv_ptr,
-    alibi_slopes_ptr,
-    q_desc,
-    do_desc,
-    stride_qb,
-    stride_qh,
-    stride_qm,
-    stride_qd,
-    stride_kb,
-    stride_kh,
-    stride_kn,
-    stride_kd,
-    stride_vb,
-    stride_vh,
-    stride_vn,
-    stride_vd,
-    stride_dob,
-    stride_doh,
-    stride_dom,
-    stride_dod,
-    stride_dkb,
-    stride_dkh,
-    stride_dkn,
-    stride_dkd,
-    stride_dvb,
-    stride_dvh,
-    stride_dvn,
-    stride_dvd,
-    num_heads,
-    kv_group,
-    n_queries,
-    n_keys,
-    sm_scale,
-    HEAD_DIM: tl.constexpr,
-    HEAD_DIM_PAD: tl.constexpr,
-    BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr,
+    key_tile, batch_kv_head,
+    q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dk_ptr, dv_ptr, alibi_slopes_ptr, q_desc, do_desc,
+    stride_qb, stride_qh, stride_qm, stride_qd,
+    stride_kb, stride_kh, stride_kn, stride_kd,
+    stride_vb, stride_vh, stride_vn, stride_vd,
+    stride_dob, stride_doh, stride_dom, stride_dod,
+    stride_dkb, stride_dkh, stride_dkn, stride_dkd,
+    stride_dvb, stride_dvh, stride_dvn, stride_dvd,
+    num_heads, kv_group, n_queries, n_keys, sm_scale,
+    HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     USE_TMA: tl.constexpr,
-):
+):  # fmt: skip
     """dK and dV of one key tile of one (batch, kv head), BLOCK_M queries at a time.
 
     With GQA/MQA the program loops over the query heads that share its kv
@@ -565,9 +400,7 @@ def _attn_bwd_dkdv(
         delta_base = delta_ptr + batch_head.to(tl.int64) * n_queries
         alibi_slope = 0.0
         # Query rows that can see this key tile (from the mask's affine bounds).
-        row_lo = (
-            tl.maximum(tl.maximum(k_lo, (k_lo >> 13) * 8192) - q_offset, 0) // BLOCK_M * BLOCK_M
-        )
+        row_lo = tl.maximum(tl.maximum(k_lo, (k_lo >> 13) * 8192) - q_offset, 0) // BLOCK_M * BLOCK_M  # fmt: skip
         row_hi = tl.minimum((k_hi >> 13) * 8192 + 8191 - q_offset + 1, n_queries)
         # Query tiles that see every key of this tile (when the key tile is whole)
         # run without the elementwise mask; the tiles on either side are masked.
@@ -580,107 +413,28 @@ def _attn_bwd_dkdv(
         mid_hi = tl.minimum(tl.maximum((full_hi + 1) // BLOCK_M * BLOCK_M, mid_lo), end)
         for start_m in range(row_lo, mid_lo, BLOCK_M):
             dk, dv = _attn_bwd_dkdv_tile(
-                dk,
-                dv,
-                k,
-                v,
-                q_desc,
-                do_desc,
-                q_base,
-                do_base,
-                lse_base,
-                delta_base,
-                stride_qm,
-                stride_qd,
-                stride_dom,
-                stride_dod,
-                batch,
-                start_m,
-                n_queries,
-                q_offset,
-                k_pos,
-                n_keys,
-                head,
-                num_heads,
-                alibi_slope,
-                sm_scale,
-                HEAD_DIM,
-                HEAD_DIM_PAD,
-                BLOCK_M,
-                True,
-                USE_TMA,
-            )
-
+                dk, dv, k, v, q_desc, do_desc, q_base, do_base, lse_base, delta_base, stride_qm, stride_qd, stride_dom, stride_dod,
+                batch, start_m, n_queries, q_offset, k_pos, n_keys, head, num_heads, alibi_slope, sm_scale,
+                HEAD_DIM, HEAD_DIM_PAD, BLOCK_M, True, USE_TMA,
+            )  # fmt: skip
         for start_m in range(mid_lo, mid_hi, BLOCK_M):
             dk, dv = _attn_bwd_dkdv_tile(
-                dk,
-                dv,
-                k,
-                v,
-                q_desc,
-                do_desc,
-                q_base,
-                do_base,
-                lse_base,
-                delta_base,
-                stride_qm,
-                stride_qd,
-                stride_dom,
-                stride_dod,
-                batch,
-                start_m,
-                n_queries,
-                q_offset,
-                k_pos,
-                n_keys,
-                head,
-                num_heads,
-                alibi_slope,
-                sm_scale,
-                HEAD_DIM,
-                HEAD_DIM_PAD,
-                BLOCK_M,
-                False,
-                USE_TMA,
-            )
+                dk, dv, k, v, q_desc, do_desc, q_base, do_base, lse_base, delta_base, stride_qm, stride_qd, stride_dom, stride_dod,
+                batch, start_m, n_queries, q_offset, k_pos, n_keys, head, num_heads, alibi_slope, sm_scale,
+                HEAD_DIM, HEAD_DIM_PAD, BLOCK_M, False, USE_TMA,
+            )  # fmt: skip
         for start_m in range(mid_hi, row_hi, BLOCK_M):
             dk, dv = _attn_bwd_dkdv_tile(
-                dk,
-                dv,
-                k,
-                v,
-                q_desc,
-                do_desc,
-                q_base,
-                do_base,
-                lse_base,
-                delta_base,
-                stride_qm,
-                stride_qd,
-                stride_dom,
-                stride_dod,
-                batch,
-                start_m,
-                n_queries,
-                q_offset,
-                k_pos,
-                n_keys,
-                head,
-                num_heads,
-                alibi_slope,
-                sm_scale,
-                HEAD_DIM,
-                HEAD_DIM_PAD,
-                BLOCK_M,
-                True,
-                USE_TMA,
-            )
+                dk, dv, k, v, q_desc, do_desc, q_base, do_base, lse_base, delta_base, stride_qm, stride_qd, stride_dom, stride_dod,
+                batch, start_m, n_queries, q_offset, k_pos, n_keys, head, num_heads, alibi_slope, sm_scale,
+                HEAD_DIM, HEAD_DIM_PAD, BLOCK_M, True, USE_TMA,
+            )  # fmt: skip
 
     dk_base = dk_ptr + batch.to(tl.int64) * stride_dkb + kv_head.to(tl.int64) * stride_dkh
     dv_base = dv_ptr + batch.to(tl.int64) * stride_dvb + kv_head.to(tl.int64) * stride_dvh
     _store_rows(
         dk_base, offs_n, n_keys, stride_dkn, stride_dkd, dk * sm_scale, HEAD_DIM, HEAD_DIM_PAD
-    )
+    )  # fmt: skip
     _store_rows(dv_base, offs_n, n_keys, stride_dvn, stride_dvd, dv, HEAD_DIM, HEAD_DIM_PAD)
 
 
@@ -693,26 +447,15 @@ def _attn_bwd_dq_tile(
     """Accumulate one key tile's contribution to a query tile's dQ."""
     offs_n = start_n + tl.arange(0, BLOCK_N)
     k = _load_block(
-        k_desc,
-        k_base,
-        batch,
-        kv_head,
-        start_n,
-        n_keys,
-        stride_kn,
-        stride_kd,
-        BLOCK_N,
-        HEAD_DIM,
-        HEAD_DIM_PAD,
-        MASKED,
-        USE_TMA,
-    )
+        k_desc, k_base, batch, kv_head, start_n, n_keys, stride_kn, stride_kd, BLOCK_N, HEAD_DIM,
+        HEAD_DIM_PAD, MASKED, USE_TMA,
+    )  # fmt: skip
     v = _load_block(v_desc, v_base, batch, kv_head, start_n, n_keys, stride_vn, stride_vd, BLOCK_N, HEAD_DIM, HEAD_DIM_PAD, MASKED, USE_TMA)  # fmt: skip
     k_pos = offs_n[None, :]
     qk = tl.dot(q, tl.trans(k))
     p, s2 = _attn_probs(
         qk, lse[:, None], q_pos, k_pos, n_keys, head, num_heads, alibi_slope, sm_scale, MASKED
-    )
+    )  # fmt: skip
     dp = tl.dot(do, tl.trans(v))
     ds = p * (dp - delta[:, None])
     dq = tl.dot(ds.to(k.dtype), k, dq)
@@ -721,49 +464,17 @@ def _attn_bwd_dq_tile(
 
 @triton.jit
 def _attn_bwd_dq(
-    query_tile,
-    batch_head,
-    q_ptr,
-    k_ptr,
-    v_ptr,
-    do_ptr,
-    lse_ptr,
-    delta_ptr,
-    dq_ptr,
-    alibi_slopes_ptr,
-    k_desc,
-    v_desc,
-    stride_qb,
-    stride_qh,
-    stride_qm,
-    stride_qd,
-    stride_kb,
-    stride_kh,
-    stride_kn,
-    stride_kd,
-    stride_vb,
-    stride_vh,
-    stride_vn,
-    stride_vd,
-    stride_dob,
-    stride_doh,
-    stride_dom,
-    stride_dod,
-    stride_dqb,
-    stride_dqh,
-    stride_dqm,
-    stride_dqd,
-    num_heads,
-    kv_group,
-    n_queries,
-    n_keys,
-    sm_scale,
-    HEAD_DIM: tl.constexpr,
-    HEAD_DIM_PAD: tl.constexpr,
-    BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr,
+    query_tile, batch_head,
+    q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dq_ptr, alibi_slopes_ptr, k_desc, v_desc,
+    stride_qb, stride_qh, stride_qm, stride_qd,
+    stride_kb, stride_kh, stride_kn, stride_kd,
+    stride_vb, stride_vh, stride_vn, stride_vd,
+    stride_dob, stride_doh, stride_dom, stride_dod,
+    stride_dqb, stride_dqh, stride_dqm, stride_dqd,
+    num_heads, kv_group, n_queries, n_keys, sm_scale,
+    HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     USE_TMA: tl.constexpr,
-):
+):  # fmt: skip
     """dQ of one query tile of one (batch, head), BLOCK_N keys at a time."""
     start_m = query_tile * BLOCK_M
     batch = batch_head // num_heads
@@ -776,8 +487,8 @@ def _attn_bwd_dq(
     v_base = v_ptr + batch.to(tl.int64) * stride_vb + kv_head.to(tl.int64) * stride_vh
     q = _load_rows(q_base, offs_m, n_queries, stride_qm, stride_qd, HEAD_DIM, HEAD_DIM_PAD, True)
     do = _load_rows(
-        do_base, offs_m, n_queries, stride_dom, stride_dod, HEAD_DIM, HEAD_DIM_PAD, True
-    )
+        do_base, offs_m, n_queries, stride_dom, stride_dod, HEAD_DIM, HEAD_DIM_PAD, True,
+    )  # fmt: skip
     row = batch_head.to(tl.int64) * n_queries + offs_m
     lse = tl.load(lse_ptr + row, mask=offs_m < n_queries, other=float("inf"))
     delta = tl.load(delta_ptr + row, mask=offs_m < n_queries, other=0.0)
@@ -807,157 +518,44 @@ def _attn_bwd_dq(
     mid_hi = tl.minimum(tl.maximum((full_hi + 1) // BLOCK_N * BLOCK_N, mid_lo), end)
     for start_n in range(lo, mid_lo, BLOCK_N):
         dq = _attn_bwd_dq_tile(
-            dq,
-            q,
-            do,
-            lse,
-            delta,
-            q_pos,
-            k_desc,
-            v_desc,
-            k_base,
-            v_base,
-            stride_kn,
-            stride_kd,
-            stride_vn,
-            stride_vd,
-            batch,
-            kv_head,
-            start_n,
-            n_keys,
-            head,
-            num_heads,
-            alibi_slope,
-            sm_scale,
-            HEAD_DIM,
-            HEAD_DIM_PAD,
-            BLOCK_N,
-            True,
-            USE_TMA,
-        )
-
+            dq, q, do, lse, delta, q_pos, k_desc, v_desc, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
+            batch, kv_head, start_n, n_keys, head, num_heads, alibi_slope, sm_scale,
+            HEAD_DIM, HEAD_DIM_PAD, BLOCK_N, True, USE_TMA,
+        )  # fmt: skip
     for start_n in range(mid_lo, mid_hi, BLOCK_N):
         dq = _attn_bwd_dq_tile(
-            dq,
-            q,
-            do,
-            lse,
-            delta,
-            q_pos,
-            k_desc,
-            v_desc,
-            k_base,
-            v_base,
-            stride_kn,
-            stride_kd,
-            stride_vn,
-            stride_vd,
-            batch,
-            kv_head,
-            start_n,
-            n_keys,
-            head,
-            num_heads,
-            alibi_slope,
-            sm_scale,
-            HEAD_DIM,
-            HEAD_DIM_PAD,
-            BLOCK_N,
-            False,
-            USE_TMA,
-        )
+            dq, q, do, lse, delta, q_pos, k_desc, v_desc, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
+            batch, kv_head, start_n, n_keys, head, num_heads, alibi_slope, sm_scale,
+            HEAD_DIM, HEAD_DIM_PAD, BLOCK_N, False, USE_TMA,
+        )  # fmt: skip
     for start_n in range(mid_hi, hi, BLOCK_N):
         dq = _attn_bwd_dq_tile(
-            dq,
-            q,
-            do,
-            lse,
-            delta,
-            q_pos,
-            k_desc,
-            v_desc,
-            k_base,
-            v_base,
-            stride_kn,
-            stride_kd,
-            stride_vn,
-            stride_vd,
-            batch,
-            kv_head,
-            start_n,
-            n_keys,
-            head,
-            num_heads,
-            alibi_slope,
-            sm_scale,
-            HEAD_DIM,
-            HEAD_DIM_PAD,
-            BLOCK_N,
-            True,
-            USE_TMA,
-        )
+            dq, q, do, lse, delta, q_pos, k_desc, v_desc, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
+            batch, kv_head, start_n, n_keys, head, num_heads, alibi_slope, sm_scale,
+            HEAD_DIM, HEAD_DIM_PAD, BLOCK_N, True, USE_TMA,
+        )  # fmt: skip
 
     dq_base = dq_ptr + batch.to(tl.int64) * stride_dqb + head.to(tl.int64) * stride_dqh
     _store_rows(
         dq_base, offs_m, n_queries, stride_dqm, stride_dqd, dq * sm_scale, HEAD_DIM, HEAD_DIM_PAD
-    )
+    )  # fmt: skip
 
 
 @triton.jit
 def _attn_bwd(
-    q_ptr,
-    k_ptr,
-    v_ptr,
-    do_ptr,
-    lse_ptr,
-    delta_ptr,
-    dq_ptr,
-    dk_ptr,
-    dv_ptr,
-    alibi_slopes_ptr,
-    q_desc,
-    do_desc,
-    k_desc,
-    v_desc,
-    stride_qb,
-    stride_qh,
-    stride_qm,
-    stride_qd,
-    stride_kb,
-    stride_kh,
-    stride_kn,
-    stride_kd,
-    stride_vb,
-    stride_vh,
-    stride_vn,
-    stride_vd,
-    stride_dob,
-    stride_doh,
-    stride_dom,
-    stride_dod,
-    stride_dqb,
-    stride_dqh,
-    stride_dqm,
-    stride_dqd,
-    stride_dkb,
-    stride_dkh,
-    stride_dkn,
-    stride_dkd,
-    stride_dvb,
-    stride_dvh,
-    stride_dvn,
-    stride_dvd,
-    num_heads,
-    kv_group,
-    n_queries,
-    n_keys,
-    sm_scale,
-    HEAD_DIM: tl.constexpr,
-    HEAD_DIM_PAD: tl.constexpr,
-    BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr,
+    q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dq_ptr, dk_ptr, dv_ptr, alibi_slopes_ptr,
+    q_desc, do_desc, k_desc, v_desc,
+    stride_qb, stride_qh, stride_qm, stride_qd,
+    stride_kb, stride_kh, stride_kn, stride_kd,
+    stride_vb, stride_vh, stride_vn, stride_vd,
+    stride_dob, stride_doh, stride_dom, stride_dod,
+    stride_dqb, stride_dqh, stride_dqm, stride_dqd,
+    stride_dkb, stride_dkh, stride_dkn, stride_dkd,
+    stride_dvb, stride_dvh, stride_dvn, stride_dvd,
+    num_heads, kv_group, n_queries, n_keys, sm_scale,
+    HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     USE_TMA: tl.constexpr,
-):
+):  # fmt: skip
     """Grid: (key tiles + query tiles of BLOCK_N, batch * heads).
 
     The first programs compute the dK and dV of a key tile (the second grid
@@ -1368,7 +966,7 @@ def _gluon_softmax_step(s, m_i, l_i, sm_scale, q_idx, k_start, o_rows: gl.conste
     k_pos = gl.expand_dims(k_idx, 0)
     whole, _ = _gluon_tile_class(
         q_lo, q_lo + s.shape[0] - 1, k_start, k_start + s.shape[1] - 1, head, num_heads
-    )
+    )  # fmt: skip
     if whole:
         s2 = _scores_log2(s, q_pos, k_pos, n_ctx, head, num_heads, alibi_slope, sm_scale, False)
     else:
@@ -1399,33 +997,16 @@ def _gluon_key_tiles(start_cta, n_ctx, head, num_heads, BLOCK_N: gl.constexpr):
 
 @gluon.jit
 def _gluon_fwd_consumer(args, HALF: gl.constexpr):
-    (
-        q_desc,
-        k_desc,
-        v_desc,
-        o_desc,
-        lse_ptr,
-        qk_scale,
-        n_ctx,
-        num_heads,
-        group,
-        q_smem,
-        k_smem,
-        v_smem,
-        q_bars,
-        k_ready,
-        v_ready,
-        k_empty,
-        v_empty,
-    ) = args
+    (q_desc, k_desc, v_desc, o_desc, lse_ptr, qk_scale, n_ctx, num_heads, group,
+     q_smem, k_smem, v_smem, q_bars, k_ready, v_ready, k_empty, v_empty) = args  # fmt: skip
     dtype: gl.constexpr = q_desc.dtype
     ROWS: gl.constexpr = q_desc.block_type.shape[0]
     HEAD_DIM: gl.constexpr = q_desc.block_type.shape[1]
     BLOCK_N: gl.constexpr = k_desc.block_type.shape[0]
     STAGES: gl.constexpr = k_smem.type.shape[0]
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(
-        version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BLOCK_N, 16]
-    )
+        version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BLOCK_N, 16],
+    )  # fmt: skip
     o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, HEAD_DIM, 16])  # fmt: skip
     p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
     s_rows: gl.constexpr = gl.SliceLayout(1, s_layout)
@@ -1466,7 +1047,9 @@ def _gluon_fwd_consumer(args, HALF: gl.constexpr):
     last = n_tiles - 1
     if n_tiles > 1:
         # Tiles 0 .. last - 1; turn j issues S(j), then P(j - 1) V(j - 1).
-        p, m_i, l_i, alpha = _gluon_softmax_step(s, m_i, l_i, sm_scale, q_idx, key0, o_rows, pos)
+        p, m_i, l_i, alpha = _gluon_softmax_step(
+            s, m_i, l_i, sm_scale, q_idx, key0, o_rows, pos
+        )  # fmt: skip
         for j in range(1, last):
             stage = j % STAGES
             prev = (j - 1) % STAGES
@@ -1474,18 +1057,18 @@ def _gluon_fwd_consumer(args, HALF: gl.constexpr):
             mbarrier.wait(k_ready.index(stage), (j // STAGES) & 1)
             s = warpgroup_mma(
                 q_buf, k_smem.index(stage).permute((1, 0)), s_zero, use_acc=False, is_async=True
-            )
+            )  # fmt: skip
             acc = acc * gl.expand_dims(alpha, 1)
             mbarrier.wait(v_ready.index(prev), ((j - 1) // STAGES) & 1)
             acc = warpgroup_mma(
                 gl.convert_layout(p.to(dtype), p_layout), v_smem.index(prev), acc, is_async=True
-            )
+            )  # fmt: skip
             mbarrier.arrive(other, count=1)
             s = warpgroup_mma_wait(num_outstanding=1, deps=(s,))  # S(j) is done
             mbarrier.arrive(k_empty.index(stage), count=1)
             p, m_i, l_i, alpha = _gluon_softmax_step(
                 s, m_i, l_i, sm_scale, q_idx, key0 + j * BLOCK_N, o_rows, pos
-            )
+            )  # fmt: skip
             acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
             mbarrier.arrive(v_empty.index(prev), count=1)
         stage = last % STAGES  # turn last: the boundary tile
@@ -1494,28 +1077,30 @@ def _gluon_fwd_consumer(args, HALF: gl.constexpr):
         mbarrier.wait(k_ready.index(stage), (last // STAGES) & 1)
         s = warpgroup_mma(
             q_buf, k_smem.index(stage).permute((1, 0)), s_zero, use_acc=False, is_async=True
-        )
+        )  # fmt: skip
         acc = acc * gl.expand_dims(alpha, 1)
         mbarrier.wait(v_ready.index(prev), ((last - 1) // STAGES) & 1)
         acc = warpgroup_mma(
             gl.convert_layout(p.to(dtype), p_layout), v_smem.index(prev), acc, is_async=True
-        )
+        )  # fmt: skip
         mbarrier.arrive(other, count=1)
         s = warpgroup_mma_wait(num_outstanding=1, deps=(s,))
         mbarrier.arrive(k_empty.index(stage), count=1)
         p, m_i, l_i, alpha = _gluon_softmax_step(
             s, m_i, l_i, sm_scale, q_idx, key0 + last * BLOCK_N, o_rows, pos
-        )
+        )  # fmt: skip
         acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
         mbarrier.arrive(v_empty.index(prev), count=1)
     else:
-        p, m_i, l_i, alpha = _gluon_softmax_step(s, m_i, l_i, sm_scale, q_idx, key0, o_rows, pos)
+        p, m_i, l_i, alpha = _gluon_softmax_step(
+            s, m_i, l_i, sm_scale, q_idx, key0, o_rows, pos
+        )  # fmt: skip
     mbarrier.wait(turn, ((last + 1) & 1) ^ (1 - HALF))  # the last turn: P(last) V(last)
     acc = acc * gl.expand_dims(alpha, 1)
     mbarrier.wait(v_ready.index(last % STAGES), (last // STAGES) & 1)
     acc = warpgroup_mma(
         gl.convert_layout(p.to(dtype), p_layout), v_smem.index(last % STAGES), acc, is_async=True
-    )
+    )  # fmt: skip
     mbarrier.arrive(other, count=1)
     acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
     mbarrier.arrive(v_empty.index(last % STAGES), count=1)
@@ -1533,25 +1118,8 @@ def _gluon_fwd_consumer(args, HALF: gl.constexpr):
 
 @gluon.jit
 def _gluon_fwd_producer(args, HALF: gl.constexpr):
-    (
-        q_desc,
-        k_desc,
-        v_desc,
-        o_desc,
-        lse_ptr,
-        qk_scale,
-        n_ctx,
-        num_heads,
-        group,
-        q_smem,
-        k_smem,
-        v_smem,
-        q_bars,
-        k_ready,
-        v_ready,
-        k_empty,
-        v_empty,
-    ) = args
+    (q_desc, k_desc, v_desc, o_desc, lse_ptr, qk_scale, n_ctx, num_heads, group,
+     q_smem, k_smem, v_smem, q_bars, k_ready, v_ready, k_empty, v_empty) = args  # fmt: skip
     ROWS: gl.constexpr = q_desc.block_type.shape[0]
     BLOCK_N: gl.constexpr = k_desc.block_type.shape[0]
     STAGES: gl.constexpr = k_smem.type.shape[0]
@@ -1563,7 +1131,7 @@ def _gluon_fwd_producer(args, HALF: gl.constexpr):
         mbarrier.expect(q_bars.index(i), q_desc.block_type.nbytes)
         gl_tma.async_copy_global_to_shared(
             q_desc, [batch_head * n_ctx + start_cta + i * ROWS, 0], q_bars.index(i), q_smem.index(i)
-        )
+        )  # fmt: skip
     key0, n_tiles = _gluon_key_tiles(start_cta, n_ctx, batch_head % num_heads, num_heads, BLOCK_N)
     for j in range(n_tiles):
         stage = j % STAGES
@@ -1574,18 +1142,19 @@ def _gluon_fwd_producer(args, HALF: gl.constexpr):
         mbarrier.expect(k_ready.index(stage), k_desc.block_type.nbytes)
         gl_tma.async_copy_global_to_shared(
             k_desc, [row, 0], k_ready.index(stage), k_smem.index(stage)
-        )
+        )  # fmt: skip
         mbarrier.wait(v_empty.index(stage), phase ^ 1)
         mbarrier.expect(v_ready.index(stage), v_desc.block_type.nbytes)
         gl_tma.async_copy_global_to_shared(
             v_desc, [row, 0], v_ready.index(stage), v_smem.index(stage)
-        )
+        )  # fmt: skip
 
 
 @gluon.jit
 def _gluon_attn_fwd(
-    q_desc, k_desc, v_desc, o_desc, lse_ptr, qk_scale, n_ctx, num_heads, group, STAGES: gl.constexpr
-):
+    q_desc, k_desc, v_desc, o_desc, lse_ptr, qk_scale, n_ctx, num_heads, group,
+    STAGES: gl.constexpr,
+):  # fmt: skip
     dtype: gl.constexpr = q_desc.dtype
     ROWS: gl.constexpr = q_desc.block_type.shape[0]
     HEAD_DIM: gl.constexpr = q_desc.block_type.shape[1]
@@ -1605,25 +1174,8 @@ def _gluon_attn_fwd(
         mbarrier.init(v_ready.index(i), count=1)
         mbarrier.init(k_empty.index(i), count=2)  # released by both consumers
         mbarrier.init(v_empty.index(i), count=2)
-    args = (
-        q_desc,
-        k_desc,
-        v_desc,
-        o_desc,
-        lse_ptr,
-        qk_scale,
-        n_ctx,
-        num_heads,
-        group,
-        q_smem,
-        k_smem,
-        v_smem,
-        q_bars,
-        k_ready,
-        v_ready,
-        k_empty,
-        v_empty,
-    )
+    args = (q_desc, k_desc, v_desc, o_desc, lse_ptr, qk_scale, n_ctx, num_heads, group,
+            q_smem, k_smem, v_smem, q_bars, k_ready, v_ready, k_empty, v_empty)  # fmt: skip
     gl.warp_specialize(
         [
             (_gluon_fwd_consumer, (args, 0)),
@@ -1632,7 +1184,7 @@ def _gluon_attn_fwd(
         ],
         [4, 1],  # warps of the second consumer and of the producer
         [240, 24],  # their registers per thread; the first consumer gets the rest
-    )
+    )  # fmt: skip
 
 
 def _gluon_supported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> bool:
@@ -1651,18 +1203,10 @@ def _gluon_forward(q, k, v, o, lse, scale: float) -> None:
         for x, rows in ((q, 64), (k, GLUON_BLOCK), (v, GLUON_BLOCK), (o, 64))
     ]
     _launch(
-        _gluon_attn_fwd,
-        (n // GLUON_BLOCK, batch * num_heads),
-        *descriptors,
-        lse,
-        scale * 1.4426950408889634,
-        n,
-        num_heads,
-        num_heads // k.shape[1],
-        GLUON_STAGES,
-        num_warps=4,
-        maxnreg=168,
-    )
+        _gluon_attn_fwd, (n // GLUON_BLOCK, batch * num_heads),
+        *descriptors, lse, scale * 1.4426950408889634, n, num_heads, num_heads // k.shape[1],
+        GLUON_STAGES, num_warps=4, maxnreg=168,
+    )  # fmt: skip
 
 
 # --------------------------------------------------------------------------- #
@@ -1739,28 +1283,8 @@ def _gluon_dkdv_cta(num_heads, kv_group, KEYS: gl.constexpr):
 
 @gluon.jit
 def _gluon_dkdv_consumer(args, HALF: gl.constexpr):
-    (
-        q_desc,
-        k_desc,
-        v_desc,
-        do_desc,
-        dk_desc,
-        dv_desc,
-        lse_ptr,
-        delta_ptr,
-        alibi_slopes_ptr,
-        sm_scale,
-        n_ctx,
-        num_heads,
-        kv_group,
-        k_smem,
-        v_smem,
-        q_smem,
-        do_smem,
-        kv_bar,
-        q_ready,
-        q_empty,
-    ) = args
+    (q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, lse_ptr, delta_ptr, alibi_slopes_ptr, sm_scale,
+     n_ctx, num_heads, kv_group, k_smem, v_smem, q_smem, do_smem, kv_bar, q_ready, q_empty) = args  # fmt: skip
     dtype: gl.constexpr = q_desc.dtype
     ROWS: gl.constexpr = q_desc.block_type.shape[0]
     HEAD_DIM: gl.constexpr = q_desc.block_type.shape[1]
@@ -1769,7 +1293,7 @@ def _gluon_dkdv_consumer(args, HALF: gl.constexpr):
     # S^T and dP^T are (keys x query rows); dK and dV (keys x head dim).
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(
         version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, ROWS, 16]
-    )
+    )  # fmt: skip
     acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, HEAD_DIM, 16])  # fmt: skip
     a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_layout, k_width=2)
     key_vec: gl.constexpr = gl.SliceLayout(1, s_layout)
@@ -1791,24 +1315,24 @@ def _gluon_dkdv_consumer(args, HALF: gl.constexpr):
         row0 = (batch * num_heads + head) * n_ctx
         alibi_slope = 0.0
         row_lo, row_hi = _gluon_query_rows(
-            start_n, start_n + 2 * KEYS - 1, n_ctx, head, num_heads, ROWS
-        )
+            start_n, start_n + 2 * KEYS - 1, n_ctx, head, num_heads, ROWS,
+        )  # fmt: skip
         for start_m in range(row_lo, row_hi, ROWS):
             _, cta_may = _gluon_tile_class(
-                start_m, start_m + ROWS - 1, start_n, start_n + 2 * KEYS - 1, head, num_heads
-            )
+                start_m, start_m + ROWS - 1, start_n, start_n + 2 * KEYS - 1, head, num_heads,
+            )  # fmt: skip
             if cta_may:  # the producer loaded this tile
                 stage = t % STAGES
                 mbarrier.wait(q_ready.index(stage), (t // STAGES) & 1)
                 whole, may = _gluon_tile_class(
                     start_m, start_m + ROWS - 1, k_lo, k_lo + KEYS - 1, head, num_heads
-                )
+                )  # fmt: skip
                 if may:
                     q_buf = q_smem.index(stage)
                     do_buf = do_smem.index(stage)
                     s_t = warpgroup_mma(
                         k_buf, q_buf.permute((1, 0)), s_zero, use_acc=False, is_async=True
-                    )
+                    )  # fmt: skip
                     dp_t = warpgroup_mma(v_buf, do_buf.permute((1, 0)), s_zero, use_acc=False, is_async=True)  # fmt: skip
                     q_idx = start_m + gl.arange(0, ROWS, layout=row_vec)
                     q_pos = gl.expand_dims(q_idx, 0)
@@ -1822,23 +1346,15 @@ def _gluon_dkdv_consumer(args, HALF: gl.constexpr):
                         )  # fmt: skip
                     else:
                         p_t, s2_t = _attn_probs(
-                            s_t,
-                            lse,
-                            q_pos,
-                            k_pos,
-                            n_ctx,
-                            head,
-                            num_heads,
-                            alibi_slope,
-                            sm_scale,
+                            s_t, lse, q_pos, k_pos, n_ctx, head, num_heads, alibi_slope, sm_scale,
                             True,
-                        )
+                        )  # fmt: skip
                     dv = warpgroup_mma(gl.convert_layout(p_t.to(dtype), a_layout), do_buf, dv, is_async=True)  # fmt: skip
                     dp_t = warpgroup_mma_wait(num_outstanding=1, deps=(dp_t,))
                     ds_t = p_t * (dp_t - delta)
                     dk = warpgroup_mma(
                         gl.convert_layout(ds_t.to(dtype), a_layout), q_buf, dk, is_async=True
-                    )
+                    )  # fmt: skip
                     dv, dk = warpgroup_mma_wait(num_outstanding=0, deps=(dv, dk))
                 mbarrier.arrive(q_empty.index(stage), count=1)
                 t += 1
@@ -1855,28 +1371,8 @@ def _gluon_dkdv_consumer(args, HALF: gl.constexpr):
 
 @gluon.jit
 def _gluon_dkdv_producer(args, HALF: gl.constexpr):
-    (
-        q_desc,
-        k_desc,
-        v_desc,
-        do_desc,
-        dk_desc,
-        dv_desc,
-        lse_ptr,
-        delta_ptr,
-        alibi_slopes_ptr,
-        sm_scale,
-        n_ctx,
-        num_heads,
-        kv_group,
-        k_smem,
-        v_smem,
-        q_smem,
-        do_smem,
-        kv_bar,
-        q_ready,
-        q_empty,
-    ) = args
+    (q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, lse_ptr, delta_ptr, alibi_slopes_ptr, sm_scale,
+     n_ctx, num_heads, kv_group, k_smem, v_smem, q_smem, do_smem, kv_bar, q_ready, q_empty) = args  # fmt: skip
     ROWS: gl.constexpr = q_desc.block_type.shape[0]
     KEYS: gl.constexpr = k_desc.block_type.shape[0]
     STAGES: gl.constexpr = q_smem.type.shape[0]
@@ -1891,22 +1387,22 @@ def _gluon_dkdv_producer(args, HALF: gl.constexpr):
         head = kv_head * kv_group + group_head
         row0 = (batch * num_heads + head) * n_ctx
         row_lo, row_hi = _gluon_query_rows(
-            start_n, start_n + 2 * KEYS - 1, n_ctx, head, num_heads, ROWS
-        )
+            start_n, start_n + 2 * KEYS - 1, n_ctx, head, num_heads, ROWS,
+        )  # fmt: skip
         for start_m in range(row_lo, row_hi, ROWS):
             _, cta_may = _gluon_tile_class(
-                start_m, start_m + ROWS - 1, start_n, start_n + 2 * KEYS - 1, head, num_heads
-            )
+                start_m, start_m + ROWS - 1, start_n, start_n + 2 * KEYS - 1, head, num_heads,
+            )  # fmt: skip
             if cta_may:
                 stage = t % STAGES
                 # A barrier starts with phase 1 complete: the first STAGES waits pass.
                 mbarrier.wait(q_empty.index(stage), ((t // STAGES) & 1) ^ 1)
                 mbarrier.expect(
                     q_ready.index(stage), q_desc.block_type.nbytes + do_desc.block_type.nbytes
-                )
+                )  # fmt: skip
                 gl_tma.async_copy_global_to_shared(
                     q_desc, [row0 + start_m, 0], q_ready.index(stage), q_smem.index(stage)
-                )
+                )  # fmt: skip
                 gl_tma.async_copy_global_to_shared(do_desc, [row0 + start_m, 0], q_ready.index(stage), do_smem.index(stage))  # fmt: skip
                 t += 1
 
@@ -1942,7 +1438,7 @@ def _gluon_attn_bwd_dkdv(
         ],
         [4, 1],  # warps of the second consumer and of the producer
         [240, 24],  # their registers per thread
-    )
+    )  # fmt: skip
 
 
 @gluon.jit
@@ -1953,38 +1449,16 @@ def _gluon_dq_cta(ROWS: gl.constexpr):
 
 @gluon.jit
 def _gluon_dq_consumer(args, HALF: gl.constexpr, HAS_DLSE: gl.constexpr):
-    (
-        q_desc,
-        k_desc,
-        v_desc,
-        do_desc,
-        dq_desc,
-        o_ptr,
-        dlse_ptr,
-        lse_ptr,
-        delta_ptr,
-        alibi_slopes_ptr,
-        sm_scale,
-        n_ctx,
-        num_heads,
-        kv_group,
-        q_smem,
-        do_smem,
-        k_smem,
-        v_smem,
-        q_bar,
-        k_ready,
-        v_ready,
-        kv_empty,
-    ) = args
+    (q_desc, k_desc, v_desc, do_desc, dq_desc, o_ptr, dlse_ptr, lse_ptr, delta_ptr, alibi_slopes_ptr, sm_scale,
+     n_ctx, num_heads, kv_group, q_smem, do_smem, k_smem, v_smem, q_bar, k_ready, v_ready, kv_empty) = args  # fmt: skip
     dtype: gl.constexpr = q_desc.dtype
     ROWS: gl.constexpr = q_desc.block_type.shape[0]  # this consumer's query rows
     HEAD_DIM: gl.constexpr = q_desc.block_type.shape[1]
     BLOCK_N: gl.constexpr = k_desc.block_type.shape[0]
     STAGES: gl.constexpr = k_smem.type.shape[0]
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(
-        version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BLOCK_N, 16]
-    )
+        version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BLOCK_N, 16],
+    )  # fmt: skip
     acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, HEAD_DIM, 16])  # fmt: skip
     a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_layout, k_width=2)
     row_vec: gl.constexpr = gl.SliceLayout(1, s_layout)
@@ -2020,20 +1494,20 @@ def _gluon_dq_consumer(args, HALF: gl.constexpr, HAS_DLSE: gl.constexpr):
     t = 0  # tiles received
     for start_n in range(lo, hi, BLOCK_N):
         _, cta_may = _gluon_tile_class(
-            start_cta, start_cta + 2 * ROWS - 1, start_n, start_n + BLOCK_N - 1, head, num_heads
-        )
+            start_cta, start_cta + 2 * ROWS - 1, start_n, start_n + BLOCK_N - 1, head, num_heads,
+        )  # fmt: skip
         if cta_may:  # the producer loaded this tile
             stage = t % STAGES
             phase = (t // STAGES) & 1
             mbarrier.wait(k_ready.index(stage), phase)
             whole, may = _gluon_tile_class(
                 q_lo, q_lo + ROWS - 1, start_n, start_n + BLOCK_N - 1, head, num_heads
-            )
+            )  # fmt: skip
             if may:
                 k_buf = k_smem.index(stage)
                 s = warpgroup_mma(
                     q_buf, k_buf.permute((1, 0)), s_zero, use_acc=False, is_async=True
-                )
+                )  # fmt: skip
                 mbarrier.wait(v_ready.index(stage), phase)
                 dp = warpgroup_mma(
                     do_buf, v_smem.index(stage).permute((1, 0)), s_zero, use_acc=False,
@@ -2044,16 +1518,16 @@ def _gluon_dq_consumer(args, HALF: gl.constexpr, HAS_DLSE: gl.constexpr):
                 if whole:
                     p, s2 = _attn_probs(
                         s, lse, q_pos, k_pos, n_ctx, head, num_heads, alibi_slope, sm_scale, False
-                    )
+                    )  # fmt: skip
                 else:
                     p, s2 = _attn_probs(
                         s, lse, q_pos, k_pos, n_ctx, head, num_heads, alibi_slope, sm_scale, True
-                    )
+                    )  # fmt: skip
                 dp = warpgroup_mma_wait(num_outstanding=0, deps=(dp,))
                 ds = p * (dp - delta)
                 dq = warpgroup_mma(
                     gl.convert_layout(ds.to(dtype), a_layout), k_buf, dq, is_async=True
-                )
+                )  # fmt: skip
                 dq = warpgroup_mma_wait(num_outstanding=0, deps=(dq,))
             else:  # the copy into this stage must land before the stage is released
                 mbarrier.wait(v_ready.index(stage), phase)
@@ -2069,30 +1543,8 @@ def _gluon_dq_consumer(args, HALF: gl.constexpr, HAS_DLSE: gl.constexpr):
 
 @gluon.jit
 def _gluon_dq_producer(args, HALF: gl.constexpr):
-    (
-        q_desc,
-        k_desc,
-        v_desc,
-        do_desc,
-        dq_desc,
-        o_ptr,
-        dlse_ptr,
-        lse_ptr,
-        delta_ptr,
-        alibi_slopes_ptr,
-        sm_scale,
-        n_ctx,
-        num_heads,
-        kv_group,
-        q_smem,
-        do_smem,
-        k_smem,
-        v_smem,
-        q_bar,
-        k_ready,
-        v_ready,
-        kv_empty,
-    ) = args
+    (q_desc, k_desc, v_desc, do_desc, dq_desc, o_ptr, dlse_ptr, lse_ptr, delta_ptr, alibi_slopes_ptr, sm_scale,
+     n_ctx, num_heads, kv_group, q_smem, do_smem, k_smem, v_smem, q_bar, k_ready, v_ready, kv_empty) = args  # fmt: skip
     ROWS: gl.constexpr = q_desc.block_type.shape[0]
     BLOCK_N: gl.constexpr = k_desc.block_type.shape[0]
     STAGES: gl.constexpr = k_smem.type.shape[0]
@@ -2110,8 +1562,8 @@ def _gluon_dq_producer(args, HALF: gl.constexpr):
     t = 0  # tiles sent, counted as the consumers count them
     for start_n in range(lo, hi, BLOCK_N):
         _, cta_may = _gluon_tile_class(
-            start_cta, start_cta + 2 * ROWS - 1, start_n, start_n + BLOCK_N - 1, head, num_heads
-        )
+            start_cta, start_cta + 2 * ROWS - 1, start_n, start_n + BLOCK_N - 1, head, num_heads,
+        )  # fmt: skip
         if cta_may:
             stage = t % STAGES
             # A barrier starts with phase 1 complete: the first STAGES waits pass.
@@ -2119,11 +1571,11 @@ def _gluon_dq_producer(args, HALF: gl.constexpr):
             mbarrier.expect(k_ready.index(stage), k_desc.block_type.nbytes)
             gl_tma.async_copy_global_to_shared(
                 k_desc, [kv_row0 + start_n, 0], k_ready.index(stage), k_smem.index(stage)
-            )
+            )  # fmt: skip
             mbarrier.expect(v_ready.index(stage), v_desc.block_type.nbytes)
             gl_tma.async_copy_global_to_shared(
                 v_desc, [kv_row0 + start_n, 0], v_ready.index(stage), v_smem.index(stage)
-            )
+            )  # fmt: skip
             t += 1
 
 
@@ -2161,25 +1613,25 @@ def _gluon_attn_bwd_dq(
         ],
         [4, 1],  # warps of the second consumer and of the producer
         [240, 24],  # their registers per thread
-    )
+    )  # fmt: skip
 
 
 def _gluon_backward_supported(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor, do: torch.Tensor
-) -> bool:
+) -> bool:  # fmt: skip
     """Whether this call can take the Gluon backward (`_gluon_fits`)."""
     return _gluon_fits(GLUON_BWD_BLOCK, q, k, v, o, do)
 
 
 def _gluon_backward(
     q, k, v, o, do, lse, dlse, delta, dq, dk, dv, alibi_slopes, scale: float
-) -> None:
+) -> None:  # fmt: skip
     """dQ and delta first (the dQ kernel computes delta), then dK and dV."""
     batch, num_heads, n, _ = q.shape
     kv_heads = k.shape[1]
     q_desc, k_desc, v_desc, do_desc, dq_desc, dk_desc, dv_desc = (
         _gluon_descriptor(x, GLUON_BWD_TILE) for x in (q, k, v, do, dq, dk, dv)
-    )
+    )  # fmt: skip
     common = (alibi_slopes, scale, n, num_heads, num_heads // kv_heads)
     _launch(
         _gluon_attn_bwd_dq, (n // GLUON_BWD_BLOCK, batch * num_heads),
@@ -2220,13 +1672,13 @@ def forward(
         with torch.cuda.device(q.device):
             return _forward(
                 q, k, v, _resolve_scale(scale), block_m, block_n, num_warps, num_stages, tma
-            )
+            )  # fmt: skip
     return _forward(q, k, v, _resolve_scale(scale), block_m, block_n, num_warps, num_stages, tma)
 
 
 def _forward(
     q, k, v, scale: float, block_m=None, block_n=None, num_warps=None, num_stages=None, tma=None
-):
+):  # fmt: skip
     """forward() on checked inputs and a resolved scale."""
     q, k, v = _rows_in_int32("q", q), _rows_in_int32("k", k), _rows_in_int32("v", v)
     explicit = (block_m, block_n, num_warps, num_stages) != (None,) * 4 or tma is False
@@ -2245,32 +1697,14 @@ def _forward(
     use_tma = n_keys > 0 and _use_tma(tma, GPU_TMA, k, v)
     grid = (_cdiv(n_queries, block_m), batch * num_heads)
     _launch(
-        _attn_fwd,
-        grid,
-        q,
-        k,
-        v,
-        o,
-        lse,
-        _alibi_or_placeholder(num_heads, lse),
-        *_descriptors(use_tma, block_n, k, v),
-        *q.stride(),
-        *k.stride(),
-        *v.stride(),
-        *o.stride(),
-        num_heads,
-        num_heads // k.shape[1],
-        n_queries,
-        n_keys,
-        scale,
-        HEAD_DIM,
-        HEAD_DIM_PAD,
-        block_m,
-        block_n,
-        use_tma,  # the constexprs
+        _attn_fwd, grid,
+        q, k, v, o, lse, _alibi_or_placeholder(num_heads, lse), *_descriptors(use_tma, block_n, k, v),
+        *q.stride(), *k.stride(), *v.stride(), *o.stride(),
+        num_heads, num_heads // k.shape[1], n_queries, n_keys, scale,
+        HEAD_DIM, HEAD_DIM_PAD, block_m, block_n, use_tma,  # the constexprs
         num_warps=num_warps or default[2],
         num_stages=num_stages or default[3],
-    )
+    )  # fmt: skip
     return o, lse
 
 

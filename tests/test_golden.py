@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from flashgen.check import check
-from flashgen.emit import render_module, runtime_sections
+from flashgen.emit import LINE_LENGTH, _mark_long_lines, render_module, runtime_sections
 from flashgen.sidecar import tuning_for
 from flashgen.parse import parse
 
@@ -231,3 +231,37 @@ def test_templates_only_loop_and_branch():
         tags = re.findall(r"{%.*?%}|{{.*?}}", text, flags=re.S)
         assert [t for t in tags if re.match(r"{%-?\s*set\b", t)] == [], path.name
         assert [t for t in tags if "~" in t] == [], path.name
+
+
+@pytest.mark.parametrize("variant", VARIANTS, ids=lambda v: v.name)
+def test_generated_module_is_black_clean_as_emitted(variant):
+    """The module is emitted in its final form (no formatter runs when it is
+    built); black, the project's formatter, changes nothing in it."""
+    import black
+
+    text = (GENERATED / f"{variant.name}.py").read_text()
+    mode = black.Mode(
+        target_versions={black.TargetVersion.PY310},
+        line_length=LINE_LENGTH,
+        magic_trailing_comma=False,
+    )
+    assert black.format_str(text, mode=mode) == text
+
+
+def test_long_lowered_lines_are_marked_for_black():
+    """A statement the lowering made longer than a line is kept as it is
+    (`# fmt: skip`); docstrings, comments and bracketed lines are not touched."""
+    long = "x" * 120
+    source = (
+        f"def f():\n"
+        f'    """{long}\n    {long}"""\n'
+        f"    y = {long}\n"
+        f"    # {long}\n"
+        f"    z = g(\n        {long},\n    )\n"
+        f"    w = 1\n"
+    )
+    marked = _mark_long_lines(source).splitlines()
+    assert marked[3] == f"    y = {long}  # fmt: skip"
+    assert [line.endswith("# fmt: skip") for line in marked] == [
+        False, False, False, True, False, False, False, False, False,
+    ]  # fmt: skip
