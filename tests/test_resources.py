@@ -44,9 +44,8 @@ GLUON_ANY = {
 # 64 x 128 in fp32 each) spill 24-232 B today.
 GLUON_BACKWARD = {(Path(spec).stem, d) for spec in SPECS for d in (64, 128)}
 
-# The kernels tier.  Under pytest-xdist (`--dist loadgroup`) one worker runs the
-# module, so the compiles of the `resources` fixture happen once.
-pytestmark = [pytest.mark.kernels, pytest.mark.xdist_group("sm90_resources")]
+# The kernels tier: the compiles take minutes.
+pytestmark = pytest.mark.kernels
 
 
 @pytest.fixture(scope="module")
