@@ -1,4 +1,11 @@
-"""Test-wide setup: where kernels run and where generated modules are cached.
+"""Test-wide setup: the tiers, where kernels run and where generated modules are cached.
+
+Two tiers (docs/DEVELOPING.md).  A bare `pytest` runs the quick one: pyproject.toml's
+addopts deselect the tests marked `kernels` (kernels under the Triton interpreter, the
+sm_90a compiles, the fuzzer's campaigns).  `pytest -m kernels` runs those alone, and
+`pytest -m ""` runs everything.  When the default deselects tests, the summary says how
+many and how to run them, so `pytest tests/test_kernels.py` does not pass silently on
+nothing.
 
 Without a CUDA GPU the Triton kernels run on the CPU interpreter.  `triton.jit`
 decides between compiling and interpreting when a kernel is defined, that is
@@ -38,6 +45,17 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip_gpu)
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    addopts = config.getini("addopts")
+    default = addopts[addopts.index("-m") + 1] if "-m" in addopts else None
+    deselected = len(terminalreporter.stats.get("deselected", ()))
+    if deselected and default and config.getoption("markexpr") == default:
+        terminalreporter.write_line(
+            f"{deselected} deselected: a bare pytest runs the quick tier (-m {default!r}); "
+            "`pytest -m kernels` runs the kernels tier, `pytest -m \"\"` every test"
+        )
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -36,6 +36,7 @@ def _variant(text: str) -> ir.Variant:
     return v
 
 
+@pytest.mark.kernels  # 60 attentions through FlexAttention and the reference
 @settings(max_examples=60, deadline=None)
 @given(variant=variants(), n_queries=st.integers(1, 40), n_keys=st.integers(1, 40))
 def test_flex_mods_compute_the_reference_attention(variant, n_queries, n_keys):

@@ -206,6 +206,7 @@ def test_no_traceback_for_a_bad_spec_in_a_real_process(specs):
 # --------------------------------------------------------------------------- #
 
 
+@pytest.mark.kernels  # builds every example: 10-20 s each on 2 cores
 def test_build_writes_one_module_per_block_and_is_idempotent(capsys, tmp_path):
     out_dir = tmp_path / "out"
     code, out, err = run(capsys, "build", *EXAMPLES, "-o", out_dir)
@@ -339,6 +340,7 @@ def repo_copy(tmp_path, monkeypatch):
     return tmp_path
 
 
+@pytest.mark.kernels  # builds every example: 10-20 s each on 2 cores
 def test_build_check_passes_when_current(capsys, repo_copy):
     capsys.readouterr()
     code, out, err = run(capsys, "build", "--check")
@@ -346,6 +348,7 @@ def test_build_check_passes_when_current(capsys, repo_copy):
     assert out == f"ok: {len(EXAMPLES)} modules in generated/ up to date\n"
 
 
+@pytest.mark.kernels  # builds every example: 10-20 s each on 2 cores
 def test_build_check_lists_every_out_of_date_module(capsys, repo_copy):
     generated = repo_copy / "generated"
     (generated / "full.py").write_text((generated / "full.py").read_text() + "# edited\n")
@@ -367,6 +370,7 @@ def test_build_check_lists_every_out_of_date_module(capsys, repo_copy):
     assert not (generated / "custom.py").exists()
 
 
+@pytest.mark.kernels  # builds every example: 10-20 s each on 2 cores
 def test_build_check_sees_a_removed_spec(capsys, repo_copy):
     (repo_copy / "examples" / "full.attn").unlink()
     capsys.readouterr()

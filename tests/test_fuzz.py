@@ -42,6 +42,7 @@ def _finish(campaign: fuzz.Campaign) -> None:
     assert not campaign.violations, "invariant violated:\n" + campaign.report()
 
 
+@pytest.mark.kernels
 def test_fuzz_grammar(tmp_path, monkeypatch):
     campaign = _campaign(tmp_path, GRAMMAR_KERNELS)
     monkeypatch.chdir(campaign.cwd)
@@ -57,6 +58,7 @@ def test_fuzz_grammar(tmp_path, monkeypatch):
     assert not missing, f"no in-domain kernel run used {sorted(missing)}"
 
 
+@pytest.mark.kernels
 def test_fuzz_mutation(tmp_path, monkeypatch):
     campaign = _campaign(tmp_path, MUTATION_KERNELS)
     monkeypatch.chdir(campaign.cwd)

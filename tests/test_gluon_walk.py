@@ -28,7 +28,10 @@ from flashgen.reference import mask_matrix
 from kernel_utils import DEVICE, build, example_variants, make_variant, shrink_masks
 from strategies import variants
 
-pytestmark = pytest.mark.skipif(DEVICE != "cpu", reason="interpreter test")
+pytestmark = [
+    pytest.mark.kernels,
+    pytest.mark.skipif(DEVICE != "cpu", reason="interpreter test"),
+]
 
 SKIPPED, MASKED, WHOLE = 0, 1, 2  # what a consumer does with a half-tile
 

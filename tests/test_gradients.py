@@ -36,6 +36,9 @@ from kernel_utils import (
 )
 from strategies import variants
 
+# Every test here runs generated kernels under the Triton interpreter.
+pytestmark = pytest.mark.kernels
+
 
 @pytest.mark.parametrize(
     "variant", [shrink_masks(interpretable(v)) for v in example_variants()], ids=lambda v: v.name

@@ -32,6 +32,9 @@ from kernel_utils import (
 )
 from strategies import variants
 
+# Every test here runs generated kernels under the Triton interpreter.
+pytestmark = pytest.mark.kernels
+
 BLOCKS = [(16, 16), (16, 32), (32, 16), (32, 32), (64, 32)]
 
 

@@ -44,6 +44,9 @@ GLUON_ANY = {
 # 64 x 128 in fp32 each) spill 24-232 B today.
 GLUON_BACKWARD = {(Path(spec).stem, d) for spec in SPECS for d in (64, 128)}
 
+# The kernels tier: the compiles take minutes.
+pytestmark = pytest.mark.kernels
+
 
 @pytest.fixture(scope="module")
 def resources() -> list[dict]:

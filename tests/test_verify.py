@@ -38,6 +38,7 @@ def _module(mask: str, name: str = "w"):
     return load_variant(dataclasses.replace(_variant(mask), name=name))
 
 
+@pytest.mark.kernels
 def test_window_255_is_crossed_on_the_cpu():
     """The old lengths (at most 128 on the CPU) never reached window(255)'s
     edge; now a shape's compared rows sit well past it."""
@@ -56,6 +57,7 @@ def test_window_255_is_crossed_on_the_cpu():
     assert report.table().endswith("ok: 4 of 4 cases within tolerance, every mask edge crossed")
 
 
+@pytest.mark.kernels
 @pytest.mark.parametrize("wrong", ["causal & window(256)", "causal & window(254)"])
 def test_a_window_off_by_one_fails_at_the_edge(wrong):
     """Negative control: a module built from a window one key wider (or
@@ -74,6 +76,7 @@ def test_a_window_off_by_one_fails_at_the_edge(wrong):
     assert report.table().splitlines()[-1].startswith("FAILED: 2 of 4")
 
 
+@pytest.mark.kernels
 def test_an_edge_beyond_the_cpu_budget_is_not_checked_and_not_ok():
     variant = _variant("causal & window(4095)")
     report = verify(variant, examples=1, max_len=16, gradients=False)
@@ -143,6 +146,7 @@ def test_random_shapes_include_unequal_lengths():
         assert any(s.n_queries != s.n_keys for s in shapes)
 
 
+@pytest.mark.kernels
 def test_row_bands_judge_only_their_rows_but_every_gradient():
     """With rows, the reference covers just those rows; a right module passes
     forward and backward, a module off by one at the edge fails both even
