@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Correctness run on a CUDA machine that has torch and triton but no package
 # index (our H200 test machine).  lark and black travel as wheels in .whl/
-# (see README: "GPU runs").  Writes the per-case error table to $OUT.
+# (see docs/DEVELOPING.md, "On a GPU").  Writes the per-case error table to $OUT.
 #
 #   bash scripts/gpu_check.sh [pytest args...]
 set -uo pipefail

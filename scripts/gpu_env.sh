@@ -1,6 +1,6 @@
 # Sourced by the scripts/gpu_*.sh: makes flashgen importable on a CUDA machine
 # that has torch and triton but no package index.  lark and black travel as
-# wheels in .whl/ (README, "On a GPU").
+# wheels in .whl/ (docs/DEVELOPING.md, "On a GPU").
 OUT=${OUT:-/tmp/flashgen-gpu}
 mkdir -p "$OUT"
 if ! python3 -c "import lark, black" 2>/dev/null; then
