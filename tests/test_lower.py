@@ -248,6 +248,51 @@ def test_element_code_matches_reference(variant, n_queries, n_keys):
         )
 
 
+@settings(max_examples=100, deadline=None)
+@given(variant=variants(), n_queries=st.integers(1, 24), n_keys=st.integers(1, 24))
+def test_score_derivative_matches_autograd(variant, n_queries, n_keys):
+    """d score / d s per element, the tree evaluated against torch's autograd
+    of the reference (the same subgradient conventions).  With head_dim = Nk,
+    k the identity and scale 1, s is q itself, element by element."""
+    from flashgen.reference import alibi_slopes, positions, scores
+
+    heads = 2
+    spec = dataclasses.replace(variant, head_dim=n_keys, scale=1.0)
+    gen = torch.Generator().manual_seed(n_queries * 100 + n_keys)
+    q = (torch.rand(1, heads, n_queries, n_keys, generator=gen, dtype=torch.float64) - 0.5) * 40
+    q.requires_grad_(True)
+    k = torch.eye(n_keys, dtype=torch.float64).expand(1, heads, n_keys, n_keys)
+    scores(spec, q, k).sum().backward()
+    expected = q.grad.numpy()
+    visible = mask_matrix(variant, n_queries, n_keys, heads).numpy()
+    q_pos, k_pos = (p.numpy() for p in positions(n_queries, n_keys, variant.align))
+    slopes = alibi_slopes(heads).numpy()
+
+    nnf = nnf_of(variant.mask)
+    code = lower.score_code(variant.score, lower.ElementCode(lower.keys_before_queries(nnf)))
+    for h in range(heads):
+        s = q.detach()[0, h].numpy()
+        env = {
+            "s": s,
+            "q_pos": q_pos[:, None],
+            "k_pos": k_pos[None, :],
+            "head": np.int64(h),
+            "num_heads": np.int64(heads),
+            "alibi_slope": slopes[h],
+        }
+        if code.grad is None:
+            got = np.ones_like(s)
+        else:
+            if code.log2 is not None:
+                env["s2"] = kx.evaluate(code.log2, env)  # the kernels' score, log2 units
+            with np.errstate(all="ignore"):
+                got = np.broadcast_to(kx.evaluate(code.grad, env), s.shape)
+        # softcap's derivative reads tanh back through a float32 factor.
+        np.testing.assert_allclose(
+            got[visible[h]], expected[0, h][visible[h]], rtol=1e-6, atol=1e-6
+        )
+
+
 def test_scores_use_the_mask_facts():
     """Under a mask that hides k > q, |q - k| and ALiBi skip the abs."""
     n = ir.Name
