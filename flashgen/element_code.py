@@ -1,8 +1,10 @@
-"""Element code: the mask and the score, as Triton expressions per element.
+"""Element code: the mask and the score, as kernel expressions per element.
 
-Checked expressions in, Triton source over the tile's position vectors
-(`q_pos`, `k_pos`), the query head (`head`, `num_heads`) and the scaled score
-`s` out.  Expressions without variables are folded to one literal
+Checked expressions in, `flashgen.kernel_expr` trees over the tile's
+position vectors (`q_pos`, `k_pos`), the query head (`head`, `num_heads`)
+and the scaled score `s` out; `flashgen.lower` prints them, and the facts
+the module needs (`_tanh`, the ALiBi slopes, the floor helpers) are read
+off the trees.  Expressions without variables are folded to one literal
 (`constant_value`), an int in integer contexts and a float in real ones, so
 that no Python constant meets `.to()` or a tl function in any backend.  The
 score is classified (`ScoreKind`) and its derivative with respect to s, from
@@ -14,13 +16,11 @@ from __future__ import annotations
 import enum
 import math
 import operator
-import re
 import struct
 from dataclasses import dataclass
 
 from flashgen import grad, ir
-from flashgen.kernel_expr import float_literal as _float_literal
-from flashgen.kernel_expr import power_of_two
+from flashgen import kernel_expr as kx
 from flashgen.mask_forms import K_MINUS_Q, affine, clean, int_arg, kind
 
 LOG2E = 1.4426950408889634
@@ -36,7 +36,7 @@ class ScoreKind(str, enum.Enum):
 
 
 _ELEMENT_NAMES = {"q": "q_pos", "k": "k_pos", "h": "head", "H": "num_heads", "s": "s"}
-_REAL_CALLS = {"exp": "tl.exp", "log": "tl.log", "sqrt": "tl.sqrt", "tanh": "_tanh"}
+_REAL_CALLS = {"exp": "tl.exp", "log": "tl.log", "sqrt": "tl.sqrt", "tanh": kx.TANH}
 
 
 def _ieee(op, *args: float) -> float:
@@ -133,37 +133,56 @@ def constant_value(e: ir.Expr) -> int | float | None:
     return None
 
 
-def _atom(code: str, e: ir.Expr) -> str:
-    """Parenthesise `code`, the translation of `e`, unless it is atomic."""
-    if constant_value(e) is not None:  # one literal
-        return f"({code})" if code.startswith("-") else code
+def _negative_literal(value: int | float) -> bool:
+    """Whether the literal for `value` starts with a minus sign."""
+    if isinstance(value, int):
+        return value < 0
+    return math.isfinite(value) and math.copysign(1.0, value) < 0
+
+
+def _literal(value: int | float) -> kx.Expr:
+    return kx.Int(value) if isinstance(value, int) else kx.Float(value)
+
+
+def _atom(code: kx.Expr, e: ir.Expr) -> kx.Expr:
+    """`code`, the translation of `e`, as an operand: bracketed unless `e` is
+    a name, a call, a non-negative literal or a floor division (a shift or a
+    mask in brackets, or a helper call).  softcap's call is the product
+    `c * _tanh(...)`; the printer brackets it where precedence needs."""
+    value = constant_value(e)
+    if value is not None:  # one literal
+        return kx.Paren(code) if _negative_literal(value) else code
     if isinstance(e, ir.Name) and e.id == ir.ALIBI:
-        return f"({code})"
+        return kx.Paren(code)
     if isinstance(e, (ir.Name, ir.Call)) or (isinstance(e, ir.Num) and e.value >= 0):
         return code
     if isinstance(e, ir.Binary) and e.op in (ir.BinOp.FLOORDIV, ir.BinOp.MOD):
-        return code  # emitted as a call
-    return f"({code})"
+        return code
+    return kx.Paren(code)
+
+
+_F32 = "tl.float32"
+Q_POS, K_POS, S, S2, ALIBI_SLOPE = (
+    kx.Var(name) for name in ("q_pos", "k_pos", "s", "s2", "alibi_slope")
+)
 
 
 class ElementCode:
-    """Translates checked expressions into Triton source for one tile."""
+    """Translates checked expressions into `kernel_expr` trees over one tile's
+    elements (printed by `flashgen.lower`)."""
 
     def __init__(self, keys_before_queries: bool = False) -> None:
-        self.needs_floor_div = False
-        self.needs_tanh = False
-        self.uses_alibi = False
         # Score code may assume k <= q: the mask hides every other pair (see
         # `keys_before_queries`).  Then |q - k| is q - k, one operation less.
         self.keys_before_queries = keys_before_queries
 
-    def scaled(self, e: ir.Expr, c: float) -> str:
-        """Code for c * e as a float32 value, with c folded into a constant
-        factor of e where there is one (`50.0 * _tanh(...)` times log2(e) is
+    def scaled(self, e: ir.Expr, c: float) -> kx.Expr:
+        """c * e as a float32 value, with c folded into a constant factor of
+        e where there is one (`50.0 * _tanh(...)` times log2(e) is
         `72.13... * _tanh(...)`): one multiplication per element less."""
         value = constant_value(e)
         if value is not None:
-            return _float_literal(c * value)
+            return kx.Float(c * value)
         if isinstance(e, ir.Unary) and e.op is ir.UnaryOp.NEG:
             return self.scaled(e.operand, -c)
         if isinstance(e, ir.Binary) and e.op is ir.BinOp.MUL:
@@ -175,141 +194,102 @@ class ElementCode:
             return self._alibi(c)
         if isinstance(e, ir.Call) and e.fn == ir.SOFTCAP:
             return self._softcap(e, c)
-        return f"{_float_literal(c)} * {self._real_operand(e)}"
+        return kx.mul(kx.Float(c), self._real_operand(e))
 
-    def _alibi(self, c: float) -> str:
+    def _alibi(self, c: float) -> kx.Expr:
         """c * alibi, alibi = -slope * |q - k|, with c * slope computed once."""
-        self.uses_alibi = True
         if self.keys_before_queries:
-            coeff, distance = c, "(k_pos - q_pos)"
+            coeff, distance = c, kx.sub(K_POS, Q_POS)
         else:
-            coeff, distance = -c, "tl.abs(q_pos - k_pos)"
-        slope = {1.0: "alibi_slope", -1.0: "-alibi_slope"}.get(coeff)
-        slope = slope or f"(alibi_slope * {_float_literal(coeff)})"
-        return f"{slope} * {distance}.to(tl.float32)"
+            coeff, distance = -c, kx.Abs(kx.sub(Q_POS, K_POS))
+        if coeff == 1.0:
+            slope: kx.Expr = ALIBI_SLOPE
+        elif coeff == -1.0:
+            slope = kx.Neg(ALIBI_SLOPE)
+        else:
+            slope = kx.Paren(kx.mul(ALIBI_SLOPE, kx.Float(coeff)))
+        return kx.mul(slope, kx.Cast(distance, _F32))
 
-    def _softcap(self, e: ir.Call, c: float) -> str:
+    def _softcap(self, e: ir.Call, c: float) -> kx.Expr:
         """c * softcap(x, cap) = (c * cap) * tanh(x / cap)."""
-        self.needs_tanh = True
         cap = float(e.args[1].value)  # type: ignore[union-attr]
         x = self.real(e.args[0])
-        t = f"_tanh(({x}) * {_float_literal(1.0 / cap)})"
+        t = kx.Call(kx.TANH, (kx.mul(kx.Paren(x), kx.Float(1.0 / cap)),))
         if abs(c * cap) > FLOAT32_MAX:  # a cap near float32's max: c * cap overflows
-            return f"{_float_literal(c)} * ({_float_literal(cap)} * {t})"
-        return f"{_float_literal(c * cap)} * {t}"
+            return kx.mul(kx.Float(c), kx.Paren(kx.mul(kx.Float(cap), t)))
+        return kx.mul(kx.Float(c * cap), t)
 
-    def real(self, e: ir.Expr) -> str:
-        """Code for `e` as a float32 value."""
+    def real(self, e: ir.Expr) -> kx.Expr:
+        """`e` as a float32 value."""
         value = constant_value(e)
         if value is not None:
-            return _float_literal(value)
+            return kx.Float(float(value))
         if kind(e) is ir.Kind.INT:
-            return f"({self.expr(e)}).to(tl.float32)"
+            return kx.Cast(kx.Paren(self.expr(e)), _F32)
         return self.expr(e)
 
-    def expr(self, e: ir.Expr) -> str:
+    def expr(self, e: ir.Expr) -> kx.Expr:
         value = constant_value(e)
         if value is not None:
-            return str(value) if isinstance(value, int) else _float_literal(value)
+            return _literal(value)
         if isinstance(e, ir.Name):
             if e.id == ir.ALIBI:
                 return self._alibi(1.0)
             if e.id == "full":
-                return "True"
-            return _ELEMENT_NAMES[e.id]
+                return kx.TRUE
+            return kx.Var(_ELEMENT_NAMES[e.id])
         if isinstance(e, ir.Unary):
             if e.op is ir.UnaryOp.NOT:
-                return _not(self.expr(e.operand))
-            return f"-({self.expr(e.operand)})"
+                return kx.not_(self.expr(e.operand))
+            return kx.Neg(kx.Paren(self.expr(e.operand)))
         if isinstance(e, ir.Binary):
             return self._binary(e)
         return self._call(e)
 
-    def _binary(self, e: ir.Binary) -> str:
+    def _binary(self, e: ir.Binary) -> kx.Expr:
         op = e.op
         if op in (ir.BinOp.AND, ir.BinOp.OR):
-            combine = _and if op is ir.BinOp.AND else _or
+            combine = kx.and_ if op is ir.BinOp.AND else kx.or_
             return combine(self.expr(e.left), self.expr(e.right))
-        if op in (ir.BinOp.FLOORDIV, ir.BinOp.MOD):
-            c = int_arg(e.right)
-            self.needs_floor_div |= not power_of_two(c)
-            fn = floor_div if op is ir.BinOp.FLOORDIV else floor_mod
-            return fn(self.expr(e.left), c)
-        if op in ir.COMPARISONS or kind(e) is ir.Kind.INT:
-            left = _atom(self.expr(e.left), e.left)
-            right = _atom(self.expr(e.right), e.right)
+        if op is ir.BinOp.FLOORDIV:
+            return kx.FloorDiv(self.expr(e.left), int_arg(e.right))
+        if op is ir.BinOp.MOD:
+            return kx.FloorMod(self.expr(e.left), int_arg(e.right))
+        if op in ir.COMPARISONS:
+            left, right = _atom(self.expr(e.left), e.left), _atom(self.expr(e.right), e.right)
+            return kx.Cmp(op.value, left, right)
+        if kind(e) is ir.Kind.INT:
+            left, right = _atom(self.expr(e.left), e.left), _atom(self.expr(e.right), e.right)
         else:
             left, right = self._real_operand(e.left), self._real_operand(e.right)
-        return f"{left} {op.value} {right}"
+        return kx.Arith(op.value, left, right)
 
-    def _real_operand(self, e: ir.Expr) -> str:
+    def _real_operand(self, e: ir.Expr) -> kx.Expr:
         if kind(e) is ir.Kind.INT and not isinstance(e, ir.Num):
             return self.real(e)  # `(...).to(tl.float32)` is atomic
         return _atom(self.real(e), e)
 
-    def _call(self, e: ir.Call) -> str:
+    def _call(self, e: ir.Call) -> kx.Expr:
         if e.fn == grad.SIGN:
             x = self.real(e.args[0])
-            return f"tl.where({x} > 0, 1.0, tl.where({x} < 0, -1.0, 0.0))"
+            zero = kx.Int(0)
+            negative = kx.Where(kx.Cmp("<", x, zero), kx.Float(-1.0), kx.Float(0.0))
+            return kx.Where(kx.Cmp(">", x, zero), kx.Float(1.0), negative)
         if e.fn == grad.SELECT:
             cond, a, b = e.args
-            return f"tl.where({self.expr(cond)}, {self.real(a)}, {self.real(b)})"
+            return kx.Where(self.expr(cond), self.real(a), self.real(b))
         if e.fn == ir.SOFTCAP:
             return self._softcap(e, 1.0)
         if e.fn in _REAL_CALLS:
-            self.needs_tanh |= e.fn == "tanh"
-            return f"{_REAL_CALLS[e.fn]}({self.real(e.args[0])})"
+            return kx.Call(_REAL_CALLS[e.fn], (self.real(e.args[0]),))
         if e.fn == "abs":
             if self.keys_before_queries and clean(affine(e.args[0]) or {}) in K_MINUS_Q:
-                return "(q_pos - k_pos)"
-            return f"tl.abs({self.expr(e.args[0])})"
-        fn = "tl.minimum" if e.fn == "min" else "tl.maximum"
+                return kx.Paren(kx.sub(Q_POS, K_POS))
+            return kx.Abs(self.expr(e.args[0]))
+        fn = kx.Min if e.fn == "min" else kx.Max
         if kind(e) is ir.Kind.INT:
-            return f"{fn}({self.expr(e.args[0])}, {self.expr(e.args[1])})"
-        return f"{fn}({self.real(e.args[0])}, {self.real(e.args[1])})"
-
-
-def _not(a: str) -> str:
-    return {"True": "False", "False": "True"}.get(a, f"~({a})")
-
-
-def _and(a: str, b: str) -> str:
-    if "False" in (a, b):
-        return "False"
-    if a == "True":
-        return b
-    return a if b == "True" else f"({a}) & ({b})"
-
-
-def _or(a: str, b: str) -> str:
-    if "True" in (a, b):
-        return "True"
-    if a == "False":
-        return b
-    return a if b == "False" else f"({a}) | ({b})"
-
-
-def floor_div(a: str, c: int) -> str:
-    """Code for a // c (floor) with c > 0: an arithmetic shift when c is a
-    power of two (exact for negative a too), else the module's `_floor_div`.
-    The shift keeps chunked masks as cheap as causal ones: the helper's
-    division and select cost registers in the backward."""
-    if power_of_two(c):
-        return f"({_grouped(a)} >> {c.bit_length() - 1})"
-    return f"_floor_div({a}, {c})"
-
-
-def floor_mod(a: str, c: int) -> str:
-    """Code for a mod c (floor, so in [0, c)) with c > 0."""
-    if power_of_two(c):
-        return f"({_grouped(a)} & {c - 1})"
-    return f"_floor_mod({a}, {c})"
-
-
-def _grouped(code: str) -> str:
-    """`code` as an operand of a binary operator: parenthesized unless it is
-    a name or a number."""
-    return code if re.fullmatch(r"-?\w+", code) else f"({code})"
+            return fn(self.expr(e.args[0]), self.expr(e.args[1]))
+        return fn(self.real(e.args[0]), self.real(e.args[1]))
 
 
 _S = ir.Name("s")
@@ -320,12 +300,27 @@ class ScoreCode:
     """The score as the kernels compute it (see KernelModel)."""
 
     kind: ScoreKind
-    # log2(e) times the bias (ADDITIVE) or times f(s) (GENERAL); "" for IDENTITY.
-    log2_code: str
+    # log2(e) times the bias (ADDITIVE) or times f(s) (GENERAL); None for IDENTITY.
+    log2: kx.Expr | None
     # d score / d s for GENERAL scores (None when it is the constant 1).
-    grad_code: str | None
-    # Whether grad_code reads s (softcap's reads the score s2 back instead).
-    grad_uses_s: bool
+    grad: kx.Expr | None
+
+    def trees(self) -> list[kx.Expr | None]:
+        return [self.log2, self.grad]
+
+    @property
+    def grad_uses_s(self) -> bool:
+        """Whether the derivative reads s (softcap's reads the score s2 back
+        instead)."""
+        return self.grad is not None and kx.uses(self.grad, S.name)
+
+    @property
+    def uses_alibi(self) -> bool:
+        return any(e is not None and kx.uses(e, ALIBI_SLOPE.name) for e in self.trees())
+
+    @property
+    def needs_tanh(self) -> bool:
+        return kx.calls(self.trees(), kx.TANH)
 
 
 def score_code(score: ir.Expr, elements: ElementCode) -> ScoreCode:
@@ -333,14 +328,14 @@ def score_code(score: ir.Expr, elements: ElementCode) -> ScoreCode:
     derivative with respect to s."""
     score_kind, expr = _score_parts(score)
     if score_kind is ScoreKind.IDENTITY:
-        return ScoreCode(score_kind, "", None, False)
-    log2_code = elements.scaled(expr, LOG2E)
+        return ScoreCode(score_kind, None, None)
+    log2 = elements.scaled(expr, LOG2E)
     if score_kind is ScoreKind.GENERAL and not grad.depends_on_s(expr):
         # A score without s (`2.0`, `q * 0.5`, `h`) may be a scalar or one
         # row or column; the softmax needs it broadcast to the tile.  s is
         # finite, so s * 0.0 adds nothing but the shape (and its layout).
-        log2_code = f"s * 0.0 + ({log2_code})"
-    grad_code, grad_uses_s = None, False
+        log2 = kx.add(kx.mul(S, kx.Float(0.0)), kx.Paren(log2))
+    derivative: kx.Expr | None = None
     if (
         score_kind is ScoreKind.GENERAL
         and isinstance(expr, ir.Call)
@@ -354,14 +349,14 @@ def score_code(score: ir.Expr, elements: ElementCode) -> ScoreCode:
         # (+-1, where every pair sits when the cap is tiny) gives a
         # derivative of exactly 0, not a few ulps of noise.
         inverse, exact = tanh_reader(LOG2E * float(expr.args[1].value))
-        t = f"(s2 * {_float_literal(inverse)})"
-        grad_code = f"1.0 - {t} * {t}" if exact else f"1.0 - tl.minimum({t} * {t}, 1.0)"
+        t = kx.Paren(kx.mul(S2, kx.Float(inverse)))
+        squared = kx.mul(t, t)
+        derivative = kx.sub(kx.Float(1.0), squared if exact else kx.Min(squared, kx.Float(1.0)))
     elif score_kind is ScoreKind.GENERAL:
-        derivative = grad.derivative(expr)
-        if derivative != grad.ONE:
-            grad_code = elements.real(derivative)
-            grad_uses_s = ir.mentions(derivative, frozenset({"s"}))
-    return ScoreCode(score_kind, log2_code, grad_code, grad_uses_s)
+        d = grad.derivative(expr)
+        if d != grad.ONE:
+            derivative = elements.real(d)
+    return ScoreCode(score_kind, log2, derivative)
 
 
 def _f32(x: float) -> float:

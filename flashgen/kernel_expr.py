@@ -51,7 +51,8 @@ class Bool:
 
 @dataclass(frozen=True)
 class Arith:
-    """An integer or real binary operator: + - * << >> and bitwise &."""
+    """An integer or real binary operator: + - * / << >> and bitwise &
+    (`/` on reals only)."""
 
     op: str
     left: Expr
@@ -174,6 +175,8 @@ class Comment:
 Stmt = Union[Assign, Comment]
 
 TRUE, FALSE = Bool(True), Bool(False)
+# The module's tanh (a Triton function: tl has none).
+TANH = "_tanh"
 # A position no tile reaches: (-FAR, FAR) holds every position, (FAR, -FAR) none.
 FAR = Paren(Arith("<<", Int(1), Int(30)))
 
@@ -291,6 +294,11 @@ def needs_floor_helpers(code: list[Stmt | Expr | None]) -> bool:
     )
 
 
+def calls(code: list[Stmt | Expr | None], fn: str) -> bool:
+    """Does the code call the function `fn` (a `Call` node)?"""
+    return any(isinstance(x, Call) and x.fn == fn for x in walk_code(code))
+
+
 def uses(e: Expr, name: str) -> bool:
     """Does `e` read the kernel variable `name`?"""
     return any(isinstance(x, Var) and x.name == name for x in walk(e))
@@ -301,7 +309,7 @@ def uses(e: Expr, name: str) -> bool:
 # --------------------------------------------------------------------------- #
 
 _CMP, _OR, _AND, _SHIFT, _ADD, _MUL, _UNARY, _ATOM = 1, 2, 4, 5, 6, 7, 8, 10
-_ARITH = {"+": _ADD, "-": _ADD, "*": _MUL, "<<": _SHIFT, ">>": _SHIFT, "&": _AND}
+_ARITH = {"+": _ADD, "-": _ADD, "*": _MUL, "/": _MUL, "<<": _SHIFT, ">>": _SHIFT, "&": _AND}
 
 
 def float_literal(x: float) -> str:
@@ -421,7 +429,7 @@ class NumpyOps:
         "tl.exp": np.exp,
         "tl.log": np.log,
         "tl.sqrt": np.sqrt,
-        "_tanh": np.tanh,
+        TANH: np.tanh,
     }
 
     @staticmethod
@@ -438,6 +446,7 @@ _BINARY: dict[str, Callable[[Any, Any], Any]] = {
     "+": lambda a, b: a + b,
     "-": lambda a, b: a - b,
     "*": lambda a, b: a * b,
+    "/": lambda a, b: a / b,
     "<<": lambda a, b: a << b,
     ">>": lambda a, b: a >> b,
     "&": lambda a, b: a & b,

@@ -217,11 +217,10 @@ def lower(v: ir.Variant, tuning: Tuning | None = None) -> KernelModel:
     pad = head_dim_pad(v.head_dim)
 
     mask = negation_normal_form(desugar_mask(v.mask))
-    elements = ElementCode()
-    mask_code = elements.expr(mask)
-    mask_is_full = mask_code == "True"
-    scores = ElementCode(keys_before_queries(mask))
-    score = score_code(v.score, scores)
+    mask_code = ElementCode().expr(mask)
+    mask_is_full = mask_code == kx.TRUE
+    # The score code may assume the mask's facts (keys before queries).
+    score = score_code(v.score, ElementCode(keys_before_queries(mask)))
 
     tiles = TileCode()
     if mask_is_full:
@@ -242,9 +241,7 @@ def lower(v: ir.Variant, tuning: Tuning | None = None) -> KernelModel:
         *(key_interior or ()),
         *(query_interior or ()),
     ]
-    needs_floor_div = (
-        elements.needs_floor_div or scores.needs_floor_div or kx.needs_floor_helpers(scalar_code)
-    )
+    needs_floor_div = kx.needs_floor_helpers([mask_code, *score.trees(), *scalar_code])
 
     positions = frozenset({"q", "k"})
     default_tma = gpu_tma(pad, v.dtype)
@@ -264,14 +261,14 @@ def lower(v: ir.Variant, tuning: Tuning | None = None) -> KernelModel:
         rescale_threshold=float(v.rescale_threshold),
         dot_precision="ieee" if v.dtype is ir.DType.FP32 else None,
         score_kind=score.kind,
-        score_log2_code=score.log2_code,
-        score_grad_code=score.grad_code,
+        score_log2_code=_source(score.log2) or "",
+        score_grad_code=_source(score.grad),
         score_nan_at_zero=_nan_at_zero(v.score),
         score_grad_uses_s=score.grad_uses_s,
-        uses_alibi=scores.uses_alibi,
-        uses_positions=ir.mentions(v.score, positions) or scores.uses_alibi,
+        uses_alibi=score.uses_alibi,
+        uses_positions=ir.mentions(v.score, positions) or score.uses_alibi,
         mask_is_full=mask_is_full,
-        mask_code=mask_code,
+        mask_code=kx.to_source(mask_code),
         tile_lines=tuple(kx.stmt_source(s) for s in tiles.lines),
         tile_all_visible=kx.to_source(all_visible),
         tile_may=kx.to_source(may),
@@ -289,7 +286,7 @@ def lower(v: ir.Variant, tuning: Tuning | None = None) -> KernelModel:
         query_interior_lo=_source(query_interior[0]) if query_interior else None,
         query_interior_hi=_source(query_interior[1]) if query_interior else None,
         needs_floor_div=needs_floor_div,
-        needs_tanh=scores.needs_tanh,
+        needs_tanh=score.needs_tanh,
         tanh_small_poly=tanh_small_poly(v),
         gpu_config=(tuning.forward if tuning else gpu_config(pad, v.dtype, not mask_is_full)),
         cpu_config=CPU_CONFIG,

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import re
 import types
 
 import numpy as np
@@ -28,7 +27,7 @@ from flashgen import element_code, ir, kernel_choice, lower, mask_forms
 from flashgen import kernel_expr as kx
 from flashgen.reference import mask_matrix
 from kernel_utils import make_variant
-from strategies import masks, variants
+from strategies import masks, scores, variants
 
 
 def _namespace(q_lo, q_hi, k_lo, k_hi, head, num_heads):
@@ -196,36 +195,18 @@ def test_affine_normal_form():
 # Element code: the Triton expressions for scores and masks
 # --------------------------------------------------------------------------- #
 
-_TL_ELEMENT = types.SimpleNamespace(
-    abs=np.abs,
-    exp=np.exp,
-    log=np.log,
-    sqrt=np.sqrt,
-    minimum=np.minimum,
-    maximum=np.maximum,
-    float32="float64",
-)
 
-
-def _eval_element(code: str, s, q_pos, k_pos, head, num_heads, alibi_slope):
-    # Test-only evaluation of emitted element code with numpy as `tl`: the
-    # only Triton-specific method it uses is `.to(dtype)`.
-    code = code.replace(".to(tl.float32)", ".astype('float64')")
+def _eval_element(code: kx.Expr, s, q_pos, k_pos, head, num_heads, alibi_slope):
+    """Element code evaluated over a tile, numpy standing in for tl."""
     env = {
-        "tl": _TL_ELEMENT,
-        "_tanh": np.tanh,
-        "_floor_div": np.floor_divide,
-        "_floor_mod": np.mod,
         "s": s,
         "q_pos": q_pos,
         "k_pos": k_pos,
         "head": np.int64(head),
         "num_heads": np.int64(num_heads),
         "alibi_slope": alibi_slope,
-        "True": np.bool_(True),
-        "False": np.bool_(False),
     }
-    return np.broadcast_to(eval(code, env), np.broadcast_shapes(q_pos.shape, k_pos.shape))
+    return np.broadcast_to(kx.evaluate(code, env), np.broadcast_shapes(q_pos.shape, k_pos.shape))
 
 
 @settings(max_examples=150, deadline=None)
@@ -250,7 +231,7 @@ def test_element_code_matches_reference(variant, n_queries, n_keys):
     # As `lower` emits them: the score code may assume the mask's facts.
     scores_code = lower.ElementCode(lower.keys_before_queries(mask))
     score = lower.score_code(variant.score, scores_code)
-    kind, log2_code = score.kind, score.log2_code
+    kind, log2_code = score.kind, score.log2
     for h in range(heads):
         s = raw[0, h].numpy()
         args = (q_pos, k_pos, h, heads, slopes[h])
@@ -264,6 +245,51 @@ def test_element_code_matches_reference(variant, n_queries, n_keys):
         # Scores matter only where the mask shows them.
         np.testing.assert_allclose(
             got[visible], expected_scores[0, h][visible], rtol=1e-12, atol=1e-12
+        )
+
+
+@settings(max_examples=100, deadline=None)
+@given(variant=variants(), n_queries=st.integers(1, 24), n_keys=st.integers(1, 24))
+def test_score_derivative_matches_autograd(variant, n_queries, n_keys):
+    """d score / d s per element, the tree evaluated against torch's autograd
+    of the reference (the same subgradient conventions).  With head_dim = Nk,
+    k the identity and scale 1, s is q itself, element by element."""
+    from flashgen.reference import alibi_slopes, positions, scores
+
+    heads = 2
+    spec = dataclasses.replace(variant, head_dim=n_keys, scale=1.0)
+    gen = torch.Generator().manual_seed(n_queries * 100 + n_keys)
+    q = (torch.rand(1, heads, n_queries, n_keys, generator=gen, dtype=torch.float64) - 0.5) * 40
+    q.requires_grad_(True)
+    k = torch.eye(n_keys, dtype=torch.float64).expand(1, heads, n_keys, n_keys)
+    scores(spec, q, k).sum().backward()
+    expected = q.grad.numpy()
+    visible = mask_matrix(variant, n_queries, n_keys, heads).numpy()
+    q_pos, k_pos = (p.numpy() for p in positions(n_queries, n_keys, variant.align))
+    slopes = alibi_slopes(heads).numpy()
+
+    nnf = nnf_of(variant.mask)
+    code = lower.score_code(variant.score, lower.ElementCode(lower.keys_before_queries(nnf)))
+    for h in range(heads):
+        s = q.detach()[0, h].numpy()
+        env = {
+            "s": s,
+            "q_pos": q_pos[:, None],
+            "k_pos": k_pos[None, :],
+            "head": np.int64(h),
+            "num_heads": np.int64(heads),
+            "alibi_slope": slopes[h],
+        }
+        if code.grad is None:
+            got = np.ones_like(s)
+        else:
+            if code.log2 is not None:
+                env["s2"] = kx.evaluate(code.log2, env)  # the kernels' score, log2 units
+            with np.errstate(all="ignore"):
+                got = np.broadcast_to(kx.evaluate(code.grad, env), s.shape)
+        # softcap's derivative reads tanh back through a float32 factor.
+        np.testing.assert_allclose(
+            got[visible[h]], expected[0, h][visible[h]], rtol=1e-6, atol=1e-6
         )
 
 
@@ -284,14 +310,13 @@ def test_scores_use_the_mask_facts():
     ]:
         mask = lower.negation_normal_form(lower.desugar_mask(make_variant(text).mask))
         assert lower.keys_before_queries(mask), text
-    code = lower.score_code(
-        ir.Binary(ir.BinOp.ADD, n("s"), n("alibi")), lower.ElementCode(True)
-    ).log2_code
-    assert "abs" not in code and "(k_pos - q_pos)" in code
-    code = lower.score_code(
-        ir.Binary(ir.BinOp.ADD, n("s"), n("alibi")), lower.ElementCode()
-    ).log2_code
-    assert "tl.abs(q_pos - k_pos)" in code
+    alibi = ir.Binary(ir.BinOp.ADD, n("s"), n("alibi"))
+    q_pos, k_pos = kx.Var("q_pos"), kx.Var("k_pos")
+    code = list(kx.walk(lower.score_code(alibi, lower.ElementCode(True)).log2))
+    assert not any(isinstance(x, kx.Abs) for x in code)
+    assert kx.sub(k_pos, q_pos) in code
+    code = list(kx.walk(lower.score_code(alibi, lower.ElementCode()).log2))
+    assert kx.Abs(kx.sub(q_pos, k_pos)) in code
 
 
 def _full_interval(mask: ir.Expr, var: str, env: dict, n: int):
@@ -661,12 +686,15 @@ def test_constants_reach_kernels_as_float_literals(score):
     """The derivative of -s is the integer -1; `(-(1)).to(tl.float32)` is not
     Triton (a Python int has no .to) and broke the interpreter and the Gluon
     backward.  Every constant in a real context is one float literal."""
-    model = lower.lower(make_variant("causal", score=score))
-    for code in (model.score_log2_code, model.score_grad_code or ""):
-        assert not re.search(r"\(-?\(?\d+\)?\)\.to\(", code), code
-        assert ".to(" not in code or "q_pos" in code or "k_pos" in code or "head" in code
+    variant = make_variant("causal", score=score)
+    nnf = nnf_of(variant.mask)
+    code = lower.score_code(variant.score, lower.ElementCode(lower.keys_before_queries(nnf)))
+    positions = ("q_pos", "k_pos", "head", "num_heads")
+    casts = [x for x in kx.walk_code(code.trees()) if isinstance(x, kx.Cast)]
+    assert all(any(kx.uses(x.operand, name) for name in positions) for x in casts), casts
     if score == "-s":
-        assert model.score_grad_code == "-1.0"
+        assert code.grad == kx.Float(-1.0)
+        assert lower.lower(variant).score_grad_code == "-1.0"
 
 
 def test_float_literals_are_triton_syntax():
@@ -694,13 +722,12 @@ def test_tanh_reader_recovers_saturated_tanh_exactly():
 def test_saturated_softcap_derivative_is_zero():
     """The emitted derivative at tanh = +-1, in float32 as the kernel computes."""
     for cap in ("1e-30", "30.0", "50.0", "7.3"):
-        model = lower.lower(make_variant("causal", score=f"softcap(s, {cap})"))
+        variant = make_variant("causal", score=f"softcap(s, {cap})")
+        score = lower.score_code(variant.score, lower.ElementCode())
+        assert not kx.uses(score.grad, "s")  # it reads the score s2 back
         s2 = np.float32(lower.LOG2E * float(cap)) * np.float32(-1.0)
-        env = {"s2": s2, "tl": types.SimpleNamespace(minimum=np.minimum)}
-        assert (
-            eval(model.score_grad_code.replace("1.0 -", "np.float32(1.0) -"), {**env, "np": np})
-            == 0
-        )
+        # float32 throughout: numpy keeps s2's type against Python literals.
+        assert kx.evaluate(score.grad, {"s2": s2}) == 0
 
 
 @pytest.mark.parametrize(
@@ -929,15 +956,34 @@ def test_spec_at_the_nesting_limit_takes_the_gluon_paths(head_dim, monkeypatch):
 # The kernel expression IR: printer, builders, facts
 # --------------------------------------------------------------------------- #
 
-_TL = types.SimpleNamespace(where=np.where, minimum=np.minimum, maximum=np.maximum, abs=np.abs)
+
+class _Tensor(np.ndarray):
+    """numpy arrays with the one tensor method the element code calls."""
+
+    def to(self, dtype):
+        return self.astype(dtype)
+
+
+_TL = types.SimpleNamespace(
+    where=np.where,
+    minimum=np.minimum,
+    maximum=np.maximum,
+    abs=np.abs,
+    exp=np.exp,
+    log=np.log,
+    sqrt=np.sqrt,
+    int64=np.int64,
+    float32=np.float64,
+)
 
 
 @settings(max_examples=200, deadline=None)
-@given(mask=masks(), rects=st.lists(rectangles(), min_size=1, max_size=4))
-def test_printed_tile_code_computes_what_the_trees_do(mask, rects):
-    """The one check of the printer: the Triton source of the tile code and
-    the bounds, executed with numpy as `tl`, gives the values the trees
-    evaluate to, name by name (the parse tree of the text is the tree)."""
+@given(mask=masks(), score=scores(), rects=st.lists(rectangles(), min_size=1, max_size=4))
+def test_printed_code_computes_what_the_trees_do(mask, score, rects):
+    """The one check of the printer: the Triton source of the tile code, the
+    bounds and the element code (mask, score, derivative), executed with
+    numpy as `tl`, gives the values the trees evaluate to, name by name (the
+    parse tree of the text is the tree)."""
     nnf = nnf_of(mask)
     tiles = lower.TileCode()
     must, may = tiles.truth(nnf)
@@ -945,13 +991,17 @@ def test_printed_tile_code_computes_what_the_trees_do(mask, rects):
     for var in ("k", "q"):
         bounds += lower.interior_bounds(nnf, var) or ()
     results = [must, may, *(b for b in bounds if b is not None)]
+    code = lower.score_code(score, lower.ElementCode(lower.keys_before_queries(nnf)))
+    elements = [lower.ElementCode().expr(nnf), *(e for e in code.trees() if e is not None)]
     offset = N_KEYS - N_QUERIES
+    rng = np.random.default_rng(len(rects))
     for qa, qb, ka, kb, head, num_heads in rects:
         names = _namespace(qa + offset, qb + offset, ka, kb, head, num_heads)
         trees = kx.run(tiles.lines, dict(names))
         printed = {
             **names,
             "tl": _TL,
+            "_tanh": np.tanh,
             "_floor_div": np.floor_divide,
             "_floor_mod": np.mod,
         }
@@ -963,6 +1013,21 @@ def test_printed_tile_code_computes_what_the_trees_do(mask, rects):
         for e in results:
             source = kx.to_source(e)
             assert eval(source, printed) == kx.evaluate(e, trees), source  # test-only
+        tile = {
+            "q_pos": np.arange(qa, qb + 1)[:, None] + offset,
+            "k_pos": np.arange(ka, kb + 1)[None, :],
+            "head": np.full((1, 1), head),
+            "num_heads": np.full((1, 1), num_heads),
+            "s": rng.uniform(-50, 50, (qb - qa + 1, kb - ka + 1)),
+            "s2": rng.uniform(-50, 50, (qb - qa + 1, kb - ka + 1)),
+            "alibi_slope": rng.uniform(0, 1),
+        }
+        tile = {k: v.view(_Tensor) if isinstance(v, np.ndarray) else v for k, v in tile.items()}
+        with np.errstate(all="ignore"):
+            for e in elements:
+                source = kx.to_source(e)
+                got = eval(source, {**printed, **tile})  # test-only
+                np.testing.assert_array_equal(got, kx.evaluate(e, tile), err_msg=source)
 
 
 def test_printer_parenthesises_by_precedence():
@@ -979,6 +1044,49 @@ def test_printer_parenthesises_by_precedence():
     summed = kx.add(k, kx.sub(q, kx.Int(3)))
     assert summed == kx.sub(kx.add(k, q), kx.Int(3))
     assert kx.to_source(summed) == "k_lo + q_hi - 3"
+
+
+def test_real_division_and_calls():
+    """`/` binds like `*`: the printer brackets a product divisor, and the
+    evaluator divides; `calls` finds the module's tanh."""
+    s, x = kx.Var("s"), kx.Var("x")
+    product = kx.mul(kx.Float(5.0), kx.Call(kx.TANH, (s,)))
+    assert kx.to_source(kx.Arith("/", kx.Float(2.0), product)) == "2.0 / (5.0 * _tanh(s))"
+    assert kx.to_source(kx.Arith("/", product, kx.Float(2.0))) == "5.0 * _tanh(s) / 2.0"
+    assert kx.to_source(kx.Arith("/", s, kx.Arith("/", x, s))) == "s / (x / s)"
+    assert kx.to_source(kx.Arith("-", kx.Float(1.0), kx.Arith("/", s, x))) == "1.0 - s / x"
+    quotient = kx.Arith("/", kx.Float(2.0), product)
+    assert kx.evaluate(quotient, {"s": 0.5}) == 2.0 / (5.0 * np.tanh(0.5))
+    assert kx.evaluate(kx.Arith("/", s, x), {"s": 3.0, "x": 4.0}) == 0.75
+    assert kx.calls([None, kx.Assign("y", quotient)], kx.TANH)
+    assert not kx.calls([kx.Call("tl.exp", (s,))], kx.TANH)
+
+
+@pytest.mark.parametrize("score", ["2.0 / softcap(s, 5.0)", "s * softcap(s, 5.0)"])
+def test_softcap_as_a_right_operand(score):
+    """softcap(x, c) is c * tanh(x / c): as a divisor it needs brackets (the
+    text translation printed `2.0 / 5.0 * _tanh(...)`, which is 0.4 * tanh)."""
+    from flashgen.reference import scores as reference_scores
+
+    variant = make_variant("full", score=score)
+    code = lower.score_code(variant.score, lower.ElementCode())
+    s = np.linspace(-40.0, 40.0, 81)
+    q = torch.from_numpy(s).reshape(1, 1, 81, 1)
+    raw = ir.Variant("raw", 1, variant.dtype, scale=1.0)
+    k = torch.ones(1, 1, 1, 1, dtype=torch.float64)
+    expected = reference_scores(dataclasses.replace(variant, head_dim=1, scale=1.0), q, k)
+    assert torch.equal(reference_scores(raw, q, k)[0, 0, :, 0], torch.from_numpy(s))
+    with np.errstate(divide="ignore"):  # 2 / softcap(0, 5) is inf, as in the reference
+        got = kx.evaluate(code.log2, {"s": s}) / lower.LOG2E
+    np.testing.assert_allclose(got, expected[0, 0, :, 0].numpy(), rtol=1e-12)
+    assert "(5.0 * _tanh(" in lower.lower(variant).score_log2_code
+
+
+def test_floor_helpers_only_where_called():
+    """A mask that folds to `full` calls nothing, even if a chunk was in it."""
+    model = lower.lower(make_variant("!(chunk(24) & causal) | full"))
+    assert model.mask_is_full and model.mask_code == "True"
+    assert not model.needs_floor_div
 
 
 def test_truth_builders_fold_constants():
