@@ -1127,3 +1127,48 @@ def test_score_grad_uses_s(score, uses_s):
     model = lower.lower(make_variant("causal", score))
     assert model.score_grad_uses_s is uses_s
     assert model.score_kind is lower.ScoreKind.GENERAL
+
+
+@st.composite
+def _real_trees(draw, depth: int = 4) -> kx.Expr:
+    """Arbitrary real-valued code trees, built without the folding builders,
+    so every nesting of operators the printer can meet occurs."""
+    if depth == 0 or draw(st.integers(0, 3)) == 0:
+        return draw(
+            st.sampled_from([kx.Var("s"), kx.Var("x"), kx.Float(2.5), kx.Float(-0.5), kx.Int(3)])
+        )
+    sub = lambda: draw(_real_trees(depth - 1))  # noqa: E731
+    kind = draw(st.integers(0, 6))
+    if kind <= 2:
+        return kx.Arith(draw(st.sampled_from(["+", "-", "*", "/"])), sub(), sub())
+    if kind == 3:
+        return kx.Neg(sub())
+    if kind == 4:
+        return kx.Call(draw(st.sampled_from(["tl.exp", kx.TANH])), (sub(),))
+    if kind == 5:
+        return draw(st.sampled_from([kx.Min, kx.Max]))(sub(), sub())
+    return kx.Where(kx.Cmp(draw(st.sampled_from(["<", ">="])), sub(), sub()), sub(), sub())
+
+
+@settings(max_examples=300, deadline=None)
+@given(tree=_real_trees())
+def test_printed_trees_parse_as_the_trees(tree):
+    """Any tree, printed and read back by Python, computes what the tree
+    does, operation for operation (a missing bracket changes the order)."""
+    env = {"s": np.linspace(-3.0, 3.0, 7), "x": np.linspace(0.5, 2.0, 7)}
+    namespace = {**env, "tl": _TL, "_tanh": np.tanh}
+    outcomes = []
+    for compute in (
+        lambda: eval(kx.to_source(tree), namespace),  # test-only: the printer's own output
+        lambda: kx.evaluate(tree, env),
+    ):
+        try:
+            with np.errstate(all="ignore"):
+                outcomes.append(compute())
+        except ZeroDivisionError:  # a constant subtree dividing by 0 (Python floats)
+            outcomes.append("ZeroDivisionError")
+    got, want = outcomes
+    if isinstance(want, str):
+        assert got == want, kx.to_source(tree)
+    else:
+        np.testing.assert_array_equal(got, want, err_msg=kx.to_source(tree))
