@@ -330,9 +330,9 @@ _BUILT: dict[tuple[tuple[str, str], ...], dict[str, str]] = {}
 
 
 @functools.lru_cache(maxsize=256)
-def _render(variant: ir.Variant, tuning: Tuning | None) -> str:
-    """render_module, once per checked variant and tuning."""
-    return render_module(variant, tuning)
+def _render(variant: ir.Variant, tuning: Tuning | None, knobs: tuple = ()) -> str:
+    """render_module, once per checked variant, tuning and experiment knobs."""
+    return render_module(variant, tuning, dict(knobs))
 
 
 def build_source(spec: Spec, name: str | None = None) -> str:
@@ -377,9 +377,13 @@ def load_all(spec: Spec) -> dict[str, types.ModuleType]:
     return {name: _import(name, text) for name, text in build_sources([spec]).items()}
 
 
-def load_variant(variant: ir.Variant) -> types.ModuleType:
-    """The generated module of an already checked variant."""
-    return _import(variant.name, _render(variant, tuning_for(variant)))
+def load_variant(
+    variant: ir.Variant, experiments: Mapping[str, object] | None = None
+) -> types.ModuleType:
+    """The generated module of an already checked variant; `experiments`: plan
+    knobs (flashgen.experiments.parse_settings) for a measurement."""
+    knobs = tuple((experiments or {}).items())
+    return _import(variant.name, _render(variant, tuning_for(variant), knobs))
 
 
 def cache_dir() -> Path:

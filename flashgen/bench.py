@@ -30,6 +30,7 @@ by commit, date, GPU and versions (`records` says what each field holds).
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 import datetime
 import hashlib
 import json
@@ -187,8 +188,11 @@ def bench(
     compile_flex: bool = True,
     systems: Sequence[str] = ("flashgen", "flex", "sdpa-cudnn", "sdpa-flash"),
     progress: bool = True,
+    experiments: Mapping[str, object] | None = None,
 ) -> list[Measurement]:
     """Time every variant at every sequence length on every system.
+
+    `experiments` sets plan knobs of flashgen's modules (flashgen/experiments.py).
 
     `batch=None` keeps B·N at 16384 tokens (B = 16384 // N, at least 1), the
     anchors' convention.  `head_dim` overrides the specs' head dims.  `timer`
@@ -214,7 +218,7 @@ def bench(
     for variant in variants:
         if head_dim is not None:
             variant = dataclasses.replace(variant, head_dim=head_dim)
-        module = load_variant(variant)
+        module = load_variant(variant, experiments)
         dtype = torch_dtype(variant.dtype)
         scale = variant.scale if variant.scale is not None else variant.head_dim**-0.5
         for n in seqlens:

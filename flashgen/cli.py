@@ -40,6 +40,7 @@ from pathlib import Path
 from flashgen import __version__, api, ir
 from flashgen.diagnostics import Diagnostic, SpecError, render_all
 from flashgen.emit import render_module
+from flashgen.experiments import KNOBS, ExperimentError, parse_settings
 from flashgen.tune import (
     BACKWARD_CANDIDATES,
     FORWARD_CANDIDATES,
@@ -145,6 +146,14 @@ def _parser() -> argparse.ArgumentParser:
         action="store_true",
         help="write nothing; exit 1 if any module on disk is missing, different or stale",
     )
+    build.add_argument(
+        "--plan",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="set a plan knob for an experiment (repeatable), e.g. gpu_tma=off, "
+        "gluon_stages=2, gpu_config=128,64,8,2; the knobs: " + ", ".join(KNOBS),
+    )
     build.set_defaults(run=_build)
 
     verify = commands.add_parser(
@@ -208,6 +217,14 @@ def _parser() -> argparse.ArgumentParser:
         default=list(SYSTEMS),
         help="what to time (default: all)",
     )
+    bench.add_argument(
+        "--plan",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="set a plan knob for an experiment (repeatable), e.g. gpu_tma=off, "
+        "gluon_stages=2, gpu_config=128,64,8,2; the knobs: " + ", ".join(KNOBS),
+    )
     bench.set_defaults(run=_bench)
 
     tune = commands.add_parser(
@@ -270,6 +287,7 @@ def _bench(args: argparse.Namespace) -> int:
     if args.plot and importlib.util.find_spec("matplotlib") is None:
         # Checked first: the plot is drawn after the whole run.
         raise _UsageError("bench: --plot needs matplotlib (pip install 'flashgen[plot]')")
+    experiments = _plan(args)
     variants = _gpu_variants(args, "bench")
     from flashgen import bench
 
@@ -284,6 +302,7 @@ def _bench(args: argparse.Namespace) -> int:
             head_dim=head_dim,
             systems=args.systems,
             timer=args.timer,
+            experiments=experiments,
         )
     print(bench.table(results))
     if args.json:
@@ -371,8 +390,9 @@ def _build(args: argparse.Namespace) -> int:
         if not specs:
             raise _UsageError(f"build: no SPEC given and no {EXAMPLES_GLOB} here")
     out = Path(GENERATED_DIR if args.out is None else args.out)
+    experiments = _plan(args)
     variants, _ = _check_sources(_read(specs))
-    modules = _render(variants)
+    modules = _render(variants, experiments)
     if args.check:
         return _compare(modules, out)
     try:
@@ -384,7 +404,16 @@ def _build(args: argparse.Namespace) -> int:
     return 0
 
 
-def _render(variants: Sequence[ir.Variant]) -> dict[str, str]:
+def _plan(args: argparse.Namespace) -> dict[str, object]:
+    try:
+        return parse_settings(args.plan)
+    except ExperimentError as e:
+        raise _UsageError(f"{args.command}: --plan: {e}") from None
+
+
+def _render(
+    variants: Sequence[ir.Variant], experiments: dict[str, object] | None = None
+) -> dict[str, str]:
     """Block name -> module source, with the tuning of each spec's sidecar."""
     modules = {}
     for v in variants:
@@ -395,7 +424,7 @@ def _render(variants: Sequence[ir.Variant]) -> dict[str, str]:
         except OSError as e:
             where = f" '{e.filename}'" if e.filename else ""
             raise _Failure(f"cannot read{where}: {e.strerror or e}") from None
-        modules[v.name] = render_module(v, tuning)
+        modules[v.name] = render_module(v, tuning, experiments)
     return modules
 
 

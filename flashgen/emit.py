@@ -18,14 +18,15 @@ is black-clean.
 from __future__ import annotations
 
 import functools
-from pathlib import Path
-
 import io
 import tokenize
+from collections.abc import Mapping
+from pathlib import Path
 
 import jinja2
 
 from flashgen import __version__, ir
+from flashgen.experiments import apply as apply_experiments
 from flashgen.lower import Tuning, lower
 
 # black's line length for this project (pyproject.toml, [tool.black]).
@@ -78,12 +79,17 @@ def _environment() -> jinja2.Environment:
     )
 
 
-def render_module(variant: ir.Variant, tuning: Tuning | None = None) -> str:
+def render_module(
+    variant: ir.Variant,
+    tuning: Tuning | None = None,
+    experiments: Mapping[str, object] | None = None,
+) -> str:
     """Full source of the module for one attention block, in its final form.
 
-    `tuning` (from `flashgen tune`) replaces the default GPU launch configs.
+    `tuning` (from `flashgen tune`) replaces the default GPU launch configs;
+    `experiments` sets plan knobs (flashgen/experiments.py, parsed values).
     """
-    model = lower(variant, tuning)
+    model = apply_experiments(lower(variant, tuning), experiments or {})
     source = (
         _environment()
         .get_template("module.py.j2")

@@ -175,6 +175,8 @@ class KernelModel:
     gluon_backward: bool = False
     gluon_bwd_stages: tuple[int, int] = (3, 2)
     gluon_dq_heavy_last: bool = False
+    # Experiment knobs set on this plan (flashgen/experiments.py), as NAME=VALUE.
+    experiments: tuple[str, ...] = ()
 
 
 def _pick(measured: bool | None, default: bool) -> bool:

@@ -54,7 +54,7 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
     if deselected and default and config.getoption("markexpr") == default:
         terminalreporter.write_line(
             f"{deselected} deselected: a bare pytest runs the quick tier (-m {default!r}); "
-            "`pytest -m kernels` runs the kernels tier, `pytest -m \"\"` every test"
+            '`pytest -m kernels` runs the kernels tier, `pytest -m ""` every test'
         )
 
 

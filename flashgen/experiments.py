@@ -1,0 +1,127 @@
+"""Experiment knobs: settings of a module's plan that change how its kernels
+run, never what they compute, for measuring one choice against another on
+a GPU (`flashgen build --plan NAME=VALUE`, `flashgen bench --plan ...`).
+
+They replace text patches of generated modules: an experiment is a field of
+the `KernelModel` that the lowering would otherwise decide.  Only settings
+that keep the result are allowed: a Gluon kernel can be turned off but not
+on (the lowering turns it on only where it is correct), the accurate tanh on
+but not off.  A module built with knobs says so in its docstring.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Mapping
+
+from flashgen.launch import LaunchConfig
+from flashgen.lower import KernelModel
+
+
+class ExperimentError(ValueError):
+    """A --plan setting that is not a knob, or a value the knob does not take."""
+
+
+def _bool(text: str) -> bool:
+    values = {"on": True, "true": True, "1": True, "off": False, "false": False, "0": False}
+    if text.lower() not in values:
+        raise ValueError("expected on or off")
+    return values[text.lower()]
+
+
+def _only(value: object) -> Callable[[str], object]:
+    """A knob that takes one setting (e.g. off), given as on/off text."""
+
+    def parse(text: str) -> object:
+        wanted = {False: "off", True: "on"}
+        if value in (None, False) and _bool(text) is False:
+            return value
+        if value is True and _bool(text) is True:
+            return value
+        raise ValueError(f"can only be set {wanted[bool(value)]}")
+
+    return parse
+
+
+def _ints(count: int, low: int, high: int) -> Callable[[str], tuple[int, ...]]:
+    def parse(text: str) -> tuple[int, ...]:
+        parts = text.split(",")
+        if len(parts) != count or not all(p.strip().isdigit() for p in parts):
+            raise ValueError(f"expected {count} integer{'s' * (count > 1)} separated by commas")
+        values = tuple(int(p) for p in parts)
+        if not all(low <= v <= high for v in values):
+            raise ValueError(f"each must lie in [{low}, {high}]")
+        return values
+
+    return parse
+
+
+def _config(text: str) -> LaunchConfig:
+    block_m, block_n, warps, stages = _ints(4, 1, 256)(text)
+    for name, value, low in (
+        ("block_m", block_m, 16),
+        ("block_n", block_n, 16),
+        ("warps", warps, 1),
+    ):
+        if value < low or value & (value - 1):
+            raise ValueError(f"{name} must be a power of two >= {low}, got {value}")
+    if not 1 <= stages <= 8:
+        raise ValueError(f"stages must lie in [1, 8], got {stages}")
+    return LaunchConfig(block_m, block_n, warps, stages)
+
+
+# Knob -> parser of its value.  Each is a KernelModel field.
+KNOBS: dict[str, Callable[[str], object]] = {
+    "gpu_config": _config,  # BLOCK_M,BLOCK_N,WARPS,STAGES of the Triton forward
+    "gpu_bwd_config": _config,  # the same for the Triton backward
+    "gpu_tma": _bool,  # forward: key tiles through TMA descriptors by default
+    "gpu_bwd_tma": _bool,  # backward: the same
+    "gluon_forward": _only(None),  # off: the Triton forward everywhere
+    "gluon_backward": _only(False),  # off: the Triton backward everywhere
+    "gluon_stages": lambda text: _ints(1, 1, 4)(text)[0],  # K/V buffers of the Gluon forward
+    "gluon_bwd_stages": _ints(2, 1, 4),  # streamed buffers: dK/dV kernel, dQ kernel
+    "gluon_min_keys": lambda text: _ints(1, 0, 1 << 24)(text)[0],
+    "gluon_dq_heavy_last": _bool,  # the Gluon dQ CTAs take the last rows first
+    "tanh_small_poly": _only(True),  # on: tanh accurate near 0 (never off)
+}
+
+
+def parse_settings(settings: list[str]) -> dict[str, object]:
+    """NAME=VALUE strings -> knob values; ExperimentError naming every problem."""
+    values: dict[str, object] = {}
+    problems = []
+    for setting in settings:
+        name, sep, text = setting.partition("=")
+        name = name.strip()
+        if not sep:
+            problems.append(f"{setting!r}: expected NAME=VALUE")
+        elif name not in KNOBS:
+            problems.append(f"{name!r} is not a plan knob; the knobs are {', '.join(KNOBS)}")
+        elif name in values:
+            problems.append(f"{name!r} is set twice")
+        else:
+            try:
+                values[name] = KNOBS[name](text.strip())
+            except ValueError as e:
+                problems.append(f"{name}={text.strip()}: {e}")
+    if problems:
+        raise ExperimentError("; ".join(problems))
+    return values
+
+
+def apply(model: KernelModel, values: Mapping[str, object]) -> KernelModel:
+    """`model` with the knobs set, and their settings recorded in it."""
+    if not values:
+        return model
+    record = tuple(f"{name}={_show(value)}" for name, value in values.items())
+    return dataclasses.replace(model, **values, experiments=model.experiments + record)
+
+
+def _show(value: object) -> str:
+    if isinstance(value, LaunchConfig):
+        return f"{value.block_m},{value.block_n},{value.num_warps},{value.num_stages}"
+    if isinstance(value, tuple):
+        return ",".join(map(str, value))
+    if isinstance(value, bool) or value is None:
+        return "on" if value else "off"
+    return str(value)

@@ -1,0 +1,112 @@
+"""Plan knobs for experiments (flashgen/experiments.py): what each takes,
+what it changes in a module, and that a module built with knobs still
+computes the variant."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from flashgen import ir
+from flashgen.emit import render_module
+from flashgen.experiments import KNOBS, ExperimentError, parse_settings
+from flashgen.launch import LaunchConfig
+from flashgen.verify import check_forward
+
+from kernel_utils import make_variant
+from test_cli import run
+
+
+def test_settings_parse_to_the_fields_values():
+    values = parse_settings(
+        ["gpu_config=128,64,8,2", "gpu_bwd_tma=on", "gluon_bwd_stages=2,2", "gluon_forward=off",
+         "gluon_stages=2", "gluon_min_keys=0", "tanh_small_poly=on", "gluon_dq_heavy_last=false"]
+    )  # fmt: skip
+    assert values == {
+        "gpu_config": LaunchConfig(128, 64, 8, 2),
+        "gpu_bwd_tma": True,
+        "gluon_bwd_stages": (2, 2),
+        "gluon_forward": None,
+        "gluon_stages": 2,
+        "gluon_min_keys": 0,
+        "tanh_small_poly": True,
+        "gluon_dq_heavy_last": False,
+    }
+
+
+def test_every_problem_is_named_at_once():
+    with pytest.raises(ExperimentError) as e:
+        parse_settings(
+            ["gluon_forward=on", "tanh_small_poly=off", "nope=1", "gpu_config=100,64,4,2",
+             "gluon_stages=9", "gpu_tma=maybe", "gpu_tma=on", "gpu_tma=off", "bare"]
+        )  # fmt: skip
+    message = str(e.value)
+    for part in [
+        "gluon_forward=on: can only be set off",
+        "tanh_small_poly=off: can only be set on",
+        "'nope' is not a plan knob",
+        "block_m must be a power of two >= 16, got 100",
+        "gluon_stages=9: each must lie in [1, 4]",
+        "gpu_tma=maybe: expected on or off",
+        "'gpu_tma' is set twice",
+        "'bare': expected NAME=VALUE",
+    ]:
+        assert part in message, part
+
+
+def test_knobs_change_what_they_name():
+    variant = make_variant("causal", dtype=ir.DType.BF16, head_dim=128)
+    default = render_module(variant)
+    assert "GLUON_STAGES = 3" in default and "def _gluon_backward(" in default
+    knobs = parse_settings(["gluon_stages=2", "gluon_backward=off", "gpu_tma=off",
+                            "gpu_config=64,32,4,1"])  # fmt: skip
+    source = render_module(variant, None, knobs)
+    assert "GLUON_STAGES = 2" in source
+    assert "def _gluon_backward(" not in source and "_gluon_backward_supported" not in source
+    assert "GPU_TMA = False" in source and "GPU_CONFIG = (64, 32, 4, 1)" in source
+    assert "built with plan knobs gluon_stages=2, gluon_backward=off, gpu_tma=off" in source
+    assert "plan knobs" not in default
+    off = render_module(variant, None, parse_settings(["gluon_forward=off"]))
+    assert "def _gluon_forward(" not in off and "def _attn_fwd(" in off
+
+
+def test_every_knob_is_a_plan_field():
+    from flashgen.lower import KernelModel
+
+    fields = {f.name for f in KernelModel.__dataclass_fields__.values()}
+    assert set(KNOBS) <= fields
+
+
+def test_a_module_built_with_knobs_computes_the_variant():
+    """The accurate tanh switched on in a 16-bit softcap module (its plan
+    had the cheaper one): the kernels still match the reference."""
+    variant = make_variant("causal", score="softcap(s, 20.0)", dtype=ir.DType.FP16, head_dim=16)
+    from flashgen.lower import lower
+
+    assert not lower(variant).tanh_small_poly
+    source = render_module(variant, None, parse_settings(["tanh_small_poly=on"]))
+    module = type(torch)("flashgen_test_knobs")
+    import sys
+
+    sys.modules[module.__name__] = module
+    try:
+        exec(compile(source, "<knobs>", "exec"), module.__dict__)
+        gen = torch.Generator().manual_seed(0)
+        q, k, v = (torch.randn(1, 2, n, 16, generator=gen).half() for n in (21, 37, 37))
+        result = check_forward(variant, module, q, k, v)
+    finally:
+        del sys.modules[module.__name__]
+    assert result.ok, result
+
+
+def test_cli_build_takes_plan_knobs(capsys, tmp_path):
+    spec = tmp_path / "x.attn"
+    spec.write_text("attention x { head_dim = 64; dtype = fp16; mask = causal }\n")
+    code, out, _ = run(capsys, "build", str(spec), "-o", str(tmp_path / "out"),
+                       "--plan", "gpu_bwd_tma=off")  # fmt: skip
+    assert code == 0
+    text = (tmp_path / "out" / "x.py").read_text()
+    assert "GPU_BWD_TMA = False" in text and "plan knobs gpu_bwd_tma=off" in text
+    code, _, err = run(capsys, "build", str(spec), "-o", str(tmp_path / "o2"), "--plan", "gluon=1")
+    assert code == 2 and "build: --plan: 'gluon' is not a plan knob" in err
+    assert not (tmp_path / "o2").exists()
