@@ -1,8 +1,9 @@
 """Lowering: a checked `Variant` in, a frozen view-model out.
 
-Every decision about the generated kernel is made in Python; the Jinja
-template only loops and branches over the `KernelModel` that `lower`
-returns.  The analyses live beside this module, one concern each:
+Every decision about the generated kernels is made in Python; the Jinja
+templates (one per kernel family, templates/) only loop and branch over the
+`KernelModel` that `lower` returns, which experiments may adjust through
+its knobs (`flashgen.experiments`).  The analyses live beside this module, one concern each:
 
 * `flashgen.mask_forms`: named masks desugared, negation normal form,
   affine forms, and facts read off them (bands, dense edges).
