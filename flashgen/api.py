@@ -264,10 +264,7 @@ def check_sources(
 
 
 def _check_specs(specs: Spec | Sequence[Spec]) -> tuple[ir.Variant, ...]:
-    return _checked(_read_specs(specs))
-
-
-def _checked(sources: Mapping[str, str]) -> tuple[ir.Variant, ...]:
+    sources = _read_specs(specs)
     try:
         variants, _ = check_sources(sources)
     except SpecError as e:
@@ -311,27 +308,13 @@ def build_sources(specs: Spec | Sequence[Spec]) -> dict[str, str]:
     `specs` is one spec or a sequence of them: a str is spec text, an
     os.PathLike a spec file.
     """
-    sources = _read_specs(specs)
-    # Spec text alone (no file, so no sidecar) determines the modules: text
-    # built before in this process is neither parsed nor rendered again.
-    key = tuple(sources.items()) if all(p.startswith("<") for p in sources) else None
-    if key is not None and (built := _BUILT.get(key)) is not None:
-        return dict(built)
-    built = {v.name: _render(v, tuning_for(v)) for v in _checked(sources)}
-    if key is not None:
-        if len(_BUILT) >= 256:
-            _BUILT.clear()
-        _BUILT[key] = built
-    return dict(built)
-
-
-# Spec texts -> their modules' sources (see build_sources).
-_BUILT: dict[tuple[tuple[str, str], ...], dict[str, str]] = {}
+    return {v.name: _render(v, tuning_for(v)) for v in _check_specs(specs)}
 
 
 @functools.lru_cache(maxsize=256)
 def _render(variant: ir.Variant, tuning: Tuning | None, knobs: tuple = ()) -> str:
-    """render_module, once per checked variant, tuning and experiment knobs."""
+    """render_module, once per checked variant, tuning and experiment knobs:
+    a spec loaded again in a process costs its parse and check only."""
     return render_module(variant, tuning, dict(knobs))
 
 

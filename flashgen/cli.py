@@ -146,14 +146,7 @@ def _parser() -> argparse.ArgumentParser:
         action="store_true",
         help="write nothing; exit 1 if any module on disk is missing, different or stale",
     )
-    build.add_argument(
-        "--plan",
-        action="append",
-        default=[],
-        metavar="NAME=VALUE",
-        help="set a plan knob for an experiment (repeatable), e.g. gpu_tma=off, "
-        "gluon_stages=2, gpu_config=128,64,8,2; the knobs: " + ", ".join(KNOBS),
-    )
+    _add_plan_argument(build)
     build.set_defaults(run=_build)
 
     verify = commands.add_parser(
@@ -217,14 +210,7 @@ def _parser() -> argparse.ArgumentParser:
         default=list(SYSTEMS),
         help="what to time (default: all)",
     )
-    bench.add_argument(
-        "--plan",
-        action="append",
-        default=[],
-        metavar="NAME=VALUE",
-        help="set a plan knob for an experiment (repeatable), e.g. gpu_tma=off, "
-        "gluon_stages=2, gpu_config=128,64,8,2; the knobs: " + ", ".join(KNOBS),
-    )
+    _add_plan_argument(bench)
     bench.set_defaults(run=_bench)
 
     tune = commands.add_parser(
@@ -402,6 +388,17 @@ def _build(args: argparse.Namespace) -> int:
     for path, wrote in written.items():
         print(f"{'wrote' if wrote else 'unchanged'} {path}")
     return 0
+
+
+def _add_plan_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--plan",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="set a plan knob for an experiment (repeatable), e.g. gpu_tma=off, "
+        "gluon_stages=2, gpu_config=128,64,8,2; the knobs: " + ", ".join(KNOBS),
+    )
 
 
 def _plan(args: argparse.Namespace) -> dict[str, object]:

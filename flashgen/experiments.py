@@ -30,15 +30,14 @@ def _bool(text: str) -> bool:
 
 
 def _only(value: object) -> Callable[[str], object]:
-    """A knob that takes one setting (e.g. off), given as on/off text."""
+    """A knob that may only be set one way: to `value`, given as on (True)
+    or off (None, False)."""
+    setting = "on" if value is True else "off"
 
     def parse(text: str) -> object:
-        wanted = {False: "off", True: "on"}
-        if value in (None, False) and _bool(text) is False:
-            return value
-        if value is True and _bool(text) is True:
-            return value
-        raise ValueError(f"can only be set {wanted[bool(value)]}")
+        if _bool(text) != (value is True):
+            raise ValueError(f"can only be set {setting}")
+        return value
 
     return parse
 
