@@ -18,6 +18,7 @@ len(rows) * Nk instead of Nq * Nk.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 from typing import Callable
@@ -409,11 +410,18 @@ def _scores(
     if rows is not None:
         q = q[:, :, rows]
     s = (q.to(dtype) @ k.transpose(-2, -1)) * scale
-    scope = _scope(nq, nk, num_heads, variant.align, s=s, real=dtype, device=q.device, rows=rows)
+    return _score_of(variant, s, nq, nk, rows)
+
+
+def _score_of(
+    variant: ir.Variant, s: torch.Tensor, nq: int, nk: int, rows: torch.Tensor | None
+) -> torch.Tensor:
+    """The score expression applied to the products `s` (B, H, rows, Nk)."""
+    scope = _scope(nq, nk, s.shape[1], variant.align, s=s, real=s.dtype, device=s.device, rows=rows)
     scored = _evaluate(variant.score, scope)
     if _is_bool(scored):
         raise ValueError("the score expression must be a number")
-    return torch.broadcast_to(scored.to(dtype), s.shape)
+    return torch.broadcast_to(scored.to(s.dtype), s.shape)
 
 
 def scores(
@@ -433,6 +441,31 @@ def scores(
     _check_shapes(q, k, None)
     index = _row_index(rows, q.shape[2], q.device)
     return _scores(variant, q, k, scale, torch.float64, index)
+
+
+def score_slope(
+    variant: ir.Variant,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    scale: float | None = None,
+    *,
+    rows: Rows = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """float64 (s, d score / d s), both (B, H, Nq, Nk) (or len(rows) query
+    rows): the products s = q k^T * scale and the score expression's
+    derivative at them, pair by pair.  The mask is not applied."""
+    _check_shapes(q, k, None)
+    index = _row_index(rows, q.shape[2], q.device)
+    products = scores(
+        dataclasses.replace(variant, score=ir.Name(ir.SCORE_VARIABLE)), q, k, scale, rows=rows
+    )
+    s = products.detach().requires_grad_()
+    with torch.enable_grad():
+        scored = _score_of(variant, s, q.shape[2], k.shape[2], index)
+        if not scored.requires_grad:  # a score without `s`
+            return products, torch.zeros_like(products)
+        (slope,) = torch.autograd.grad(scored.sum(), s, allow_unused=True)
+    return products, torch.zeros_like(products) if slope is None else slope
 
 
 def attention_ref(

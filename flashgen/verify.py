@@ -22,6 +22,13 @@ for gradients), plus a small floor.  The floor has two parts, both below any rea
   softmax-backward row term delta = rowsum(dO * O), which FlashAttention
   computes apart from dP (see `_row_term_noise`).  For 16-bit inputs these
   terms are negligible and the 2x / 3x rule alone decides.
+
+Both parts scale with the score's slope f'(s) where it is steep
+(`max_visible_score`, docs/decisions/040-steep-scores.md).  The backward
+recomputes s = q.k in another summation order than the forward, so its P
+differs from the forward's normalization by about f'(s) times fp32 rounding
+of s; a dense implementation keeps P and has no such error.  For score = s,
+softcap, scaling and biases the floor is what it was without the slope.
 """
 
 from __future__ import annotations
@@ -37,7 +44,7 @@ from types import ModuleType
 import torch
 
 from flashgen import ir
-from flashgen.reference import attention_ref, mask_matrix, scores
+from flashgen.reference import attention_ref, mask_matrix, score_slope, scores
 
 _TORCH_DTYPES = {
     ir.DType.FP16: torch.float16,
@@ -259,23 +266,27 @@ def _row_term_noise(variant, q, k, v, do, scale, rows=None) -> tuple[float, floa
     The backward forms dS = P (dP - delta) with delta = rowsum(dO * O)
     computed separately from dP = dO V^T; the two sums of D products differ
     by about eps * sqrt(D) * |dO| |V| even where dP - delta is exactly 0
-    (a single key, say).  That error enters dq through sum_j P_ij K_j (at
-    most max|K|) and dk through sum_i P_ij Q_i (at most max|Q| times the
-    largest column sum of P); dv does not see it.  `do` holds the rows
-    `rows` only, when given.
+    (a single key, say).  That error reaches the products s through the
+    score's slope f'(s) (1 for score = s): it enters dq through
+    sum_j P_ij |f'_ij| K_j (at most max|K| times the largest such row sum)
+    and dk through sum_i P_ij |f'_ij| Q_i (at most max|Q| times the largest
+    column sum); dv does not see it.  `do` holds the rows `rows` only, when
+    given.
     """
     if q.numel() == 0 or k.numel() == 0:
         return 0.0, 0.0, 0.0
     if scale is None:
         scale = variant.scale if variant.scale is not None else variant.head_dim**-0.5
-    s = scores(variant, q.double(), k.double(), scale, rows=rows)
-    visible = mask_matrix(variant, q.shape[2], k.shape[2], q.shape[1], device=s.device, rows=rows)
-    s = torch.where(visible, s, float("-inf"))
-    p = torch.softmax(s, dim=-1).nan_to_num(0.0)
+    f = scores(variant, q.double(), k.double(), scale, rows=rows)
+    _, slope = score_slope(variant, q.double(), k.double(), scale, rows=rows)
+    visible = mask_matrix(variant, q.shape[2], k.shape[2], q.shape[1], device=f.device, rows=rows)
+    f = torch.where(visible, f, float("-inf"))
+    p = torch.softmax(f, dim=-1).nan_to_num(0.0)
+    weight = p * torch.where(visible, slope.abs(), 0.0).nan_to_num(0.0, posinf=0.0)
     group = q.shape[1] // k.shape[1]
-    column = p.sum(dim=2).unflatten(1, (k.shape[1], group)).sum(dim=2)
+    column = weight.sum(dim=2).unflatten(1, (k.shape[1], group)).sum(dim=2)
     per_row = math.sqrt(q.shape[3]) * do.abs().max().item() * v.abs().max().item()
-    dq = per_row * scale * k.abs().max().item()
+    dq = per_row * scale * k.abs().max().item() * weight.sum(dim=3).max().item()
     dk = per_row * scale * q.abs().max().item() * column.max().item()
     return dq, dk, 0.0
 
@@ -287,14 +298,20 @@ def max_visible_score(
     scale: float | None,
     rows: Sequence[int] | None = None,
 ) -> float:
-    """max |s| over the (query, key) pairs the mask keeps, in float64 (of the
-    query rows `rows`, when given)."""
+    """The scale of fp32 rounding in the scores, over the (query, key) pairs
+    the mask keeps, in float64 (of the query rows `rows`, when given): the
+    largest of |f(s)| and |f'(s) s|.  Rounding the score f moves it by a few
+    ulps of |f|; rounding the products s (which the backward recomputes, in
+    another order than the forward) moves f by a few ulps of |s| times the
+    slope f'(s).  For score = s the two are the same."""
     if q.numel() == 0 or k.numel() == 0 or (rows is not None and not len(rows)):
         return 0.0
-    s = scores(variant, q.double(), k.double(), scale, rows=rows)
-    visible = mask_matrix(variant, q.shape[2], k.shape[2], q.shape[1], device=s.device, rows=rows)
-    s = torch.where(visible, s.abs(), torch.zeros_like(s))
-    return s.max().item()
+    f = scores(variant, q.double(), k.double(), scale, rows=rows)
+    s, slope = score_slope(variant, q.double(), k.double(), scale, rows=rows)
+    visible = mask_matrix(variant, q.shape[2], k.shape[2], q.shape[1], device=f.device, rows=rows)
+    # An infinite slope (sqrt at 0) leaves the gradient undefined there: no bound from it.
+    scale_of = torch.maximum(f.abs(), (slope * s).abs().nan_to_num(0.0, posinf=0.0))
+    return torch.where(visible, scale_of, torch.zeros_like(f)).max().item()
 
 
 def random_inputs(
