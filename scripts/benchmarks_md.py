@@ -5,8 +5,10 @@
 
 The standing is the latest record (by order in the file: `flashgen bench
 --jsonl` appends) of each spec, head dim, N, system and direction, timed by
-do_bench and without error, for flashgen, FlexAttention and cuDNN.  Pure
-Python: no GPU, no torch.
+do_bench and without error, for flashgen, FlexAttention and cuDNN, from runs
+that timed flashgen beside another system (a run of flashgen alone, such as
+scripts/gpu_before_after.sh's comparison of two commits, is data but no
+standing against the others).  Pure Python: no GPU, no torch.
 """
 
 from __future__ import annotations
@@ -51,13 +53,20 @@ def load(path: str) -> list[dict]:
         return [json.loads(line) for line in f if line.strip()]
 
 
+def _run_point(r: dict) -> tuple:
+    return (r["date"], r["run"], r["commit"], r["command"], r["spec"], r["D"], r["Nq"])
+
+
 def standing(records: Iterable[dict]) -> dict[tuple, dict]:
-    """(spec, D, N, system, direction) -> the latest do_bench record without error."""
+    """(spec, D, N, system, direction) -> the latest do_bench record without
+    error, of a run that timed more than flashgen at that point."""
+    records = list(records)
+    compared = {_run_point(r) for r in records if r.get("system") != "flashgen"}
     latest = {}
     for r in records:
         if r.get("timer") != "do_bench" or r.get("error") or r.get("system") not in SYSTEMS:
             continue
-        if r["Nq"] != r["Nk"]:
+        if r["Nq"] != r["Nk"] or _run_point(r) not in compared:
             continue
         latest[(r["spec"], r["D"], r["Nq"], r["system"], r["direction"])] = r
     return latest

@@ -16,12 +16,16 @@ if [ $# -eq 0 ]; then
   set -- --head-dim 64 128 --seqlens 1024 2048 4096 8192 16384 --systems flashgen
 fi
 site=$(tr ':' '\n' <<<"$PYTHONPATH" | grep -vx "$PWD" | paste -sd:)  # the wheels, not this tree
+for root in "$PWD/.base" "$PWD"; do  # which flashgen each run imports
+  (cd "$root" && PYTHONPATH=${site:+$site:}$root python3 -c "import flashgen; print(flashgen.__file__)")
+done
 for spec in ${SPECS:-examples/*.attn}; do
   for tree in base head; do
     root=$PWD
     [ $tree = base ] && root=$PWD/.base
-    PYTHONPATH=${site:+$site:}$root python3 -m flashgen bench "$spec" "$@" \
-      --json "$OUT/$tree.one.json" >"$OUT/$tree.txt" 2>&1 || tail -3 "$OUT/$tree.txt"
+    # From the tree's own root: `python -m` puts the working directory first on sys.path.
+    (cd "$root" && PYTHONPATH=${site:+$site:}$root python3 -m flashgen bench "$OLDPWD/$spec" "$@" \
+      --json "$OUT/$tree.one.json" >"$OUT/$tree.txt" 2>&1) || tail -3 "$OUT/$tree.txt"
     [ -s "$OUT/$tree.one.json" ] && tr -d '\n' <"$OUT/$tree.one.json" >>"$OUT/$tree.jsonl" \
       && echo >>"$OUT/$tree.jsonl"
     rm -f "$OUT/$tree.one.json"

@@ -6,6 +6,7 @@ kernels: here, that the paths it takes are the ones the module takes there.
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 
@@ -73,8 +74,10 @@ def test_benchmarks_md_is_generated_from_the_results():
 
 
 def test_benchmarks_md_standing_is_the_latest_record(tmp_path):
-    """The standing takes each point's latest do_bench record without error,
-    marks host-paced points and points behind Flex, and names its runs."""
+    """The standing takes each point's latest do_bench record without error
+    from a run that timed flashgen beside another system (3a, flashgen alone,
+    is not one), marks host-paced points and points behind Flex, and names
+    its runs."""
     import json
 
     import benchmarks_md
@@ -104,8 +107,10 @@ def test_benchmarks_md_standing_is_the_latest_record(tmp_path):
         record("1a", "flashgen", 100.0, 50.0)
         + record("1a", "flex", 80.0, 60.0)
         + record("2a", "flashgen", 120.0, 55.0, hp=True)
+        + record("2a", "sdpa-cudnn", 100.0, 50.0)
         + record("2b", "flashgen", 999.0, 999.0, timer="cuda-graph")
         + record("2c", "flashgen", 999.0, 999.0, error="RuntimeError")
+        + record("3a", "flashgen", 999.0, 999.0)
     )
     (tmp_path / "benchmarks").mkdir()
     (tmp_path / "benchmarks" / "results.jsonl").write_text(
@@ -114,7 +119,37 @@ def test_benchmarks_md_standing_is_the_latest_record(tmp_path):
     (tmp_path / "docs" / "decisions").mkdir(parents=True)
     (tmp_path / "docs" / "decisions" / "007-a-thing.md").write_text("# 007. A thing\n")
     text = benchmarks_md.render(str(tmp_path))
-    assert "| full | 1024 | 120 / 55 h | 80 / 60 | – | 1.50 / 0.92 ✗ | – | 2a, 1a |" in text
+    assert (
+        "| full | 1024 | 120 / 55 h | 80 / 60 | 100 / 50 | 1.50 / 0.92 ✗ | 1.20 / 1.10 | 2a, 1a |"
+        in text
+    )
     assert "behind at full d64 N=1024 (0.92×, host-paced)" in text
-    assert "- run 2a, 2026-12-01, commit abc1234" in text and "run 2b" not in text
+    assert "- run 2a, 2026-12-01, commit abc1234" in text
+    assert "run 2b" not in text and "run 3a" not in text
     assert "[007. A thing](docs/decisions/007-a-thing.md)" in text
+
+
+def test_compare_bench_sets_host_paced_points_apart(tmp_path, capsys, monkeypatch):
+    """scripts/compare_bench.py: head / base per point; a point where either
+    run went at the host's pace counts apart from the kernels' points."""
+    import compare_bench
+
+    def point(n, fwd_tflops, bwd_tflops, host_ms):
+        return dict(
+            variant="v", system="flashgen", head_dim=64, seqlen=n, error="", fwd_ms=1.0,
+            bwd_ms=1.0, host_ms=host_ms, fwd_tflops=fwd_tflops, bwd_tflops=bwd_tflops,
+        )  # fmt: skip
+
+    base = [point(1024, 100.0, 50.0, 1.9), point(2048, 200.0, 100.0, 0.1)]
+    head = [point(1024, 100.0, 100.0, 0.1), point(2048, 220.0, 90.0, 0.1)]
+    (tmp_path / "base.jsonl").write_text(json.dumps(base) + "\n")
+    (tmp_path / "head.jsonl").write_text(json.dumps(head) + "\n")
+    monkeypatch.setattr(
+        sys, "argv", ["compare_bench", str(tmp_path / "base.jsonl"), str(tmp_path / "head.jsonl")]
+    )
+    assert compare_bench.main() == 0
+    out = capsys.readouterr().out
+    assert "(2.00)h" in out and "(0.90) " in out
+    assert "d64 fwd+bwd (host-paced): geomean 2.000, min 2.000, max 2.000 over 1 points" in out
+    assert "d64 fwd+bwd (kernels): geomean 0.900, min 0.900, max 0.900 over 1 points" in out
+    assert "d64 fwd (kernels): geomean 1.049, min 1.000, max 1.100 over 2 points" in out
