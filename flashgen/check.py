@@ -105,9 +105,13 @@ _SETTING_RULES = {
 
 
 def check(
-    files: Sequence[ir.SpecFile],
+    files: Sequence[ir.SpecFile], *, runtime_data: bool = False
 ) -> tuple[tuple[ir.Variant, ...], list[Diagnostic]]:
-    """Check all blocks of all files; see the module docstring for the contract."""
+    """Check all blocks of all files; see the module docstring for the contract.
+
+    `runtime_data`: accept input declarations and the batch index, which no
+    kernel reads yet (for the reference and its tests); off, they are refused
+    once everything else about them has been checked."""
     variants: list[ir.Variant] = []
     diagnostics: list[Diagnostic] = []
     first_by_name: dict[str, tuple[str, ir.Block]] = {}
@@ -116,7 +120,7 @@ def check(
         file_diagnostics: list[Diagnostic] = []
         for block in spec.blocks:
             report = _Reporter(spec.path)
-            variant = _check_block(block, report)
+            variant = _check_block(block, report, runtime_data)
             _check_unique_name(block, spec.path, first_by_name, first_by_folded_name, report)
             file_diagnostics += report.diagnostics
             if variant is not None and not report.diagnostics:
@@ -185,7 +189,7 @@ def _check_unique_name(
     first_by_folded_name[folded] = (path, block)
 
 
-def _check_block(block: ir.Block, report: _Reporter) -> ir.Variant | None:
+def _check_block(block: ir.Block, report: _Reporter, runtime_data: bool) -> ir.Variant | None:
     _check_block_name(block, report)
     inputs, broken = _check_inputs(block.inputs, report)
     used: set[str] = set(broken)
@@ -237,7 +241,8 @@ def _check_block(block: ir.Block, report: _Reporter) -> ir.Variant | None:
                 f"input `{decl.name}` is declared but neither the mask nor the score reads it",
                 note="remove the declaration, or index the input where it is meant",
             )
-    _refuse_runtime_data(block, values, report)
+    if not runtime_data:
+        _refuse_runtime_data(block, values, report)
     if report.diagnostics:
         return None
     return ir.Variant(
