@@ -13,7 +13,9 @@ them on a machine without a GPU.
         [--forward-config M N W S] [--backward-config M N W S] [--no-tma] [--json]
 
 One line per kernel: registers per thread, spill stores / loads (bytes),
-shared memory (bytes).  The default configs are each module's own.
+shared memory (bytes).  The default configs are each module's own.  With
+--ptx DIR, each kernel's PTX (debug information left out) is written there
+too: two trees whose files are equal compiled the same kernels.
 """
 
 from __future__ import annotations
@@ -32,7 +34,8 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+# The flashgen to compile: this checkout's, or FLASHGEN_TREE's (scripts/same_ptx.sh).
+sys.path.insert(0, os.environ.get("FLASHGEN_TREE") or os.path.join(os.path.dirname(__file__), ".."))
 from flashgen import api, kernel_choice, lower  # noqa: E402
 
 _DTYPES = {"torch.float16": "fp16", "torch.bfloat16": "bf16", "torch.float32": "fp32"}
@@ -70,7 +73,7 @@ def compile_kernel(fn, config, *, dtype: str, head_dim: int, head_dim_pad: int, 
         target=GPUTarget("cuda", 90, 32),
         options=dict(num_warps=warps, num_stages=stages),
     )
-    return (*ptxas_report(kernel.asm["ptx"]), kernel.metadata.shared)
+    return (*ptxas_report(kernel.asm["ptx"]), kernel.metadata.shared, kernel.asm["ptx"])
 
 
 def compile_gluon(module, fn, descriptors, scalars, constants, options):
@@ -105,7 +108,7 @@ def compile_gluon(module, fn, descriptors, scalars, constants, options):
         target=GPUTarget("cuda", 90, 32),
         options=options,
     )
-    return (*ptxas_report(kernel.asm["ptx"]), kernel.metadata.shared)
+    return (*ptxas_report(kernel.asm["ptx"]), kernel.metadata.shared, kernel.asm["ptx"])
 
 
 def gluon_resources(module) -> list:
@@ -156,6 +159,19 @@ def gluon_resources(module) -> list:
     return found
 
 
+def normalized_ptx(ptx: str) -> str:
+    """PTX without what names the source rather than the code: `.loc` and
+    `.file` lines, comments, and the debug sections at the end."""
+    ptx = ptx.split("\t.section\t.debug", 1)[0]
+    kept = []
+    for line in ptx.splitlines():
+        stripped = line.strip()
+        if stripped.startswith((".loc", ".file", "//")) or not stripped:
+            continue
+        kept.append(line)
+    return "\n".join(kept) + "\n"
+
+
 def ptxas_report(ptx: str) -> tuple[int, int, int]:
     """Registers per thread and spill stores / loads (bytes) that the ptxas
     shipped with Triton reports for `ptx` on sm_90a."""
@@ -184,6 +200,7 @@ class Resources:
     spill_stores: int
     spill_loads: int
     shared: int
+    ptx: str = dataclasses.field(default="", repr=False)  # as compiled (see `normalized_ptx`)
 
 
 def module_resources(module, forward_config=None, backward_config=None, tma: bool = True):
@@ -224,6 +241,12 @@ def main() -> None:
     parser.add_argument("--no-tma", action="store_true", help="pointer loads in both passes")
     parser.add_argument("--json", action="store_true", help="one JSON object per kernel")
     parser.add_argument(
+        "--ptx",
+        metavar="DIR",
+        help="also write each kernel's PTX, without debug information, to DIR "
+        "(scripts/same_ptx.sh compares two trees' kernels this way)",
+    )
+    parser.add_argument(
         "--gluon-forward-any",
         action="store_true",
         help="the Gluon forward for any mask and score at every band width"
@@ -252,10 +275,14 @@ def report(variant, args) -> None:
         )
         return
     for r in found:
+        if args.ptx:
+            name = f"{variant.name}-d{module.HEAD_DIM}-{r.kernel}.ptx"
+            with open(os.path.join(args.ptx, name), "w", encoding="utf-8") as f:
+                f.write(normalized_ptx(r.ptx))
         if args.json:
-            print(
-                json.dumps(dict(dataclasses.asdict(r), name=variant.name, head_dim=module.HEAD_DIM))
-            )
+            record = dict(dataclasses.asdict(r), name=variant.name, head_dim=module.HEAD_DIM)
+            del record["ptx"]
+            print(json.dumps(record))
             continue
         print(
             f"{variant.name:<16} d{module.HEAD_DIM:<4} {r.kernel:<10} "

@@ -153,3 +153,14 @@ def test_compare_bench_sets_host_paced_points_apart(tmp_path, capsys, monkeypatc
     assert "d64 fwd+bwd (host-paced): geomean 2.000, min 2.000, max 2.000 over 1 points" in out
     assert "d64 fwd+bwd (kernels): geomean 0.900, min 0.900, max 0.900 over 1 points" in out
     assert "d64 fwd (kernels): geomean 1.049, min 1.000, max 1.100 over 2 points" in out
+
+
+def test_normalized_ptx_keeps_the_code_and_drops_what_names_the_source():
+    """scripts/same_ptx.sh compares kernels by their PTX: line numbers, file
+    names, comments and debug sections must not count, instructions must."""
+    sm90_resources = pytest.importorskip("sm90_resources")
+    ptx = (
+        '.version 8.7\n\t.file\t1 "/a/b/module.py"\n// a comment\n'
+        "\t.loc\t1 42 7\n\tadd.s32 \t%r1, %r2, %r3;\n\n\t.section\t.debug_info\n{ junk }\n"
+    )
+    assert sm90_resources.normalized_ptx(ptx) == ".version 8.7\n\tadd.s32 \t%r1, %r2, %r3;\n"
