@@ -353,6 +353,13 @@ def _input_element(decl: ir.InputDecl, report: _Reporter) -> ir.Element | None:
 
 def _input_shape_ok(decl: ir.InputDecl, report: _Reporter) -> bool:
     ok = True
+    if not decl.shape:
+        report(
+            decl.span,
+            f"`{decl.name}` has no dimensions; an input has 1 to {ir.MAX_INPUT_RANK}",
+            note=f"declare one number as `{decl.name}: {decl.element}[1]` and read `{decl.name}[0]`",
+        )
+        ok = False
     if len(decl.shape) > ir.MAX_INPUT_RANK:
         report(
             decl.span,
@@ -769,7 +776,7 @@ class _Expressions:
             self.report(e.span, f"{_MASK_KINDS}; `{e.input}` holds {decl.element.value} reals")
             return None
         kind = Kind.INT if decl.element.is_integer else Kind.REAL
-        return replace(e, args=tuple(a[0] for a in args)), kind
+        return replace(e, args=tuple(a[0] for a in args), element=decl.element), kind
 
     # -- leaves -------------------------------------------------------------- #
 

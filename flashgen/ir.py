@@ -110,11 +110,13 @@ class Binary:
 
 @dataclass(frozen=True)
 class Index:
-    """`doc[b, q]`: an element of a declared input, one index per dimension."""
+    """`doc[b, q]`: an element of a declared input, one index per dimension.
+    `element` is the input's element type, filled in by `check`."""
 
     input: str
     args: tuple["Expr", ...]
     span: Span = _span()
+    element: "Element | None" = None
 
 
 Expr = Union[Num, Name, Call, Unary, Binary, Index]

@@ -254,9 +254,17 @@ def _call(node: ir.Call, scope: _Scope) -> torch.Tensor:
 
 def _binary(node: ir.Binary, scope: _Scope) -> torch.Tensor:
     left = _evaluate(node.left, scope)
+    read_before = len(scope.out_of_range)
     right = _evaluate(node.right, scope)
     op = node.op
     if op in _LOGICAL:
+        # `a & b` reads b only where a holds, `a | b` only where a fails: an
+        # index of b out of range elsewhere does not count.
+        needed = _boolean(left, op.value) if op is ir.BinOp.AND else ~_boolean(left, op.value)
+        scope.out_of_range[read_before:] = [
+            (name, dim, size, index, outside & needed)
+            for name, dim, size, index, outside in scope.out_of_range[read_before:]
+        ]
         return _LOGICAL[op](_boolean(left, op.value), _boolean(right, op.value))
     if op in _COMPARISONS:
         return _COMPARISONS[op](*_unify(left, right, scope, op.value))

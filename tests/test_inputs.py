@@ -213,6 +213,7 @@ def test_check_refuses_inputs_and_the_batch_index_until_kernels_read_them():
         ),
         ("d: int32[B]; d: int32[B]; mask = d[b] == 0", "duplicate input `d`"),
         ("d: int32[B, 0]; mask = d[b, 0] == 0", "a size must be between 1 and 2147483647, got 0"),
+        ("d: int32[]; mask = causal", "`d` has no dimensions; an input has 1 to 4"),
         ("d: int32[B]; mask = d[b, q] == 0", "`d` has 1 dimension, indexed with 2 indices"),
         ("d: int32[B]; mask = d == 0", "`d` is an input; index it with 1 index: d[...]"),
         ("d: int32[B]; mask = e[b] == 0", "unknown input 'e'"),
@@ -244,3 +245,84 @@ def test_int32_inputs_compare_and_add_in_64_bits():
         "attention x { head_dim = 16; dtype = fp32; d: int32[B, Nk]; "
         "mask = d[b, q] == d[b, k] & d[b, q] + q > 0 }"
     )
+
+
+# --------------------------------------------------------------------------- #
+# Kernels that read inputs, under the interpreter, against the reference
+# --------------------------------------------------------------------------- #
+
+KERNEL_SPECS = {
+    "packed documents, T5-style bias table": (
+        "doc: int32[B, Nk]; rel: fp32[H, 8]; "
+        "mask = causal & doc[b, q] == doc[b, k]; score = s + rel[h, min(q - k, 7)]"
+    ),
+    "per-example prefix (int64), a window": (
+        "prefix_len: int64[B]; mask = causal & window(20) | k < prefix_len[b]"
+    ),
+    "a per-head temperature, every pair": ("temp: fp32[H]; score = s * temp[h]"),
+    "a per-key bias read twice, the batch index": (
+        "bias: fp16[B, Nk]; mask = causal | b == 1; score = softcap(s + bias[b, k], 5.0) - bias[b, k]"
+    ),
+}
+
+
+@pytest.fixture
+def _interpreter(monkeypatch):
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+
+
+@pytest.mark.kernels
+@pytest.mark.parametrize("dtype", ["fp32", "fp16"])
+@pytest.mark.parametrize("name", sorted(KERNEL_SPECS))
+def test_kernels_that_read_inputs_match_the_reference(name, dtype, _interpreter):
+    from flashgen.api import load_variant
+    from flashgen.verify import (
+        Shape,
+        check_backward,
+        check_forward,
+        random_inputs,
+        random_runtime_inputs,
+    )
+
+    variant = _variant(f"attention t {{ head_dim = 16; dtype = {dtype}; {KERNEL_SPECS[name]} }}")
+    module = load_variant(variant)
+    generator = torch.Generator().manual_seed(0)
+    torch_dtype = {"fp32": torch.float32, "fp16": torch.float16}[dtype]
+    for shape in (Shape(2, 2, 1, 45, 45), Shape(1, 2, 2, 33, 70), Shape(2, 1, 1, 70, 33)):
+        q, k, v = random_inputs(shape, 16, torch_dtype, "cpu", generator=generator)
+        data = random_runtime_inputs(variant, shape, "cpu", generator=generator)
+        forward = check_forward(variant, module, q, k, v, inputs=data)
+        backward = check_backward(variant, module, q, k, v, generator=generator, inputs=data)
+        for result in (forward, backward):
+            assert result.ok, [(c.what, c.error, c.bound) for c in result.checks]
+
+
+@pytest.mark.kernels
+def test_a_module_checks_its_inputs_like_q_k_v(_interpreter):
+    from flashgen.api import load_variant
+
+    module = load_variant(_variant(PACKED))
+    q = k = v = torch.zeros(2, 1, 5, 16)
+    doc = torch.zeros(2, 5, dtype=torch.int32)
+    module.attention(q, k, v, doc=doc)
+    with pytest.raises(TypeError, match="missing 1 required keyword-only argument: 'doc'"):
+        module.attention(q, k, v)
+    with pytest.raises(
+        TypeError, match="doc has dtype torch.int64, but the spec declares torch.int32"
+    ):
+        module.attention(q, k, v, doc=doc.long())
+    with pytest.raises(ValueError, match=r"doc must have shape \(2, 5\), got \(5, 2\)"):
+        module.forward(q, k, v, doc=doc.T)
+    with pytest.raises(TypeError, match="doc must be a torch.Tensor, got list"):
+        module.backward(q, k, v, q, torch.zeros(2, 1, 5), q, doc=[[0] * 5] * 2)
+
+
+def test_variants_that_read_inputs_take_the_triton_kernels():
+    from flashgen import lower
+
+    for body in (
+        "doc: int32[B, Nk]; mask = causal & doc[b, q] == doc[b, k]",
+        "mask = causal | b == 0",
+    ):
+        model = lower.lower(_variant(f"attention t {{ head_dim = 128; dtype = bf16; {body} }}"))
+        assert model.gluon_forward is None and not model.gluon_backward
