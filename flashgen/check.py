@@ -39,12 +39,12 @@ import keyword
 import math
 import re
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 
 from flashgen import ir
 from flashgen.diagnostics import Diagnostic, expression_too_deep, expression_too_large
-from flashgen.printer import print_expr
+from flashgen.printer import print_expr, print_input
 
 __all__ = ["check", "integer_magnitude", "reserved_block_name"]
 
@@ -105,9 +105,13 @@ _SETTING_RULES = {
 
 
 def check(
-    files: Sequence[ir.SpecFile],
+    files: Sequence[ir.SpecFile], *, runtime_data: bool = False
 ) -> tuple[tuple[ir.Variant, ...], list[Diagnostic]]:
-    """Check all blocks of all files; see the module docstring for the contract."""
+    """Check all blocks of all files; see the module docstring for the contract.
+
+    `runtime_data`: accept input declarations and the batch index, which no
+    kernel reads yet (for the reference and its tests); off, they are refused
+    once everything else about them has been checked."""
     variants: list[ir.Variant] = []
     diagnostics: list[Diagnostic] = []
     first_by_name: dict[str, tuple[str, ir.Block]] = {}
@@ -116,7 +120,7 @@ def check(
         file_diagnostics: list[Diagnostic] = []
         for block in spec.blocks:
             report = _Reporter(spec.path)
-            variant = _check_block(block, report)
+            variant = _check_block(block, report, runtime_data)
             _check_unique_name(block, spec.path, first_by_name, first_by_folded_name, report)
             file_diagnostics += report.diagnostics
             if variant is not None and not report.diagnostics:
@@ -185,8 +189,10 @@ def _check_unique_name(
     first_by_folded_name[folded] = (path, block)
 
 
-def _check_block(block: ir.Block, report: _Reporter) -> ir.Variant | None:
+def _check_block(block: ir.Block, report: _Reporter, runtime_data: bool) -> ir.Variant | None:
     _check_block_name(block, report)
+    inputs, broken = _check_inputs(block.inputs, report)
+    used: set[str] = set(broken)
     values: dict[str, object] = {}
     first_key_span: dict[str, ir.Span] = {}
     for setting in block.settings:
@@ -205,6 +211,8 @@ def _check_block(block: ir.Block, report: _Reporter) -> ir.Variant | None:
             # before anything recurses into it.
             report(*size_problem)
             value = None
+        elif setting.key in ("mask", "score"):
+            value = checker(setting.value, report, inputs=inputs, used=used)
         else:
             value = checker(setting.value, report)
         if setting.key in first_key_span:
@@ -226,6 +234,17 @@ def _check_block(block: ir.Block, report: _Reporter) -> ir.Variant | None:
             )
     if report.diagnostics or any(v is None for v in values.values()):
         return None
+    for decl in block.inputs:
+        if decl.name not in used:
+            report(
+                decl.name_span,
+                f"input `{decl.name}` is declared but neither the mask nor the score reads it",
+                note="remove the declaration, or index the input where it is meant",
+            )
+    if not runtime_data:
+        _refuse_runtime_data(block, values, report)
+    if report.diagnostics:
+        return None
     return ir.Variant(
         name=block.name,
         head_dim=values["head_dim"],
@@ -235,9 +254,155 @@ def _check_block(block: ir.Block, report: _Reporter) -> ir.Variant | None:
         scale=values.get("scale"),
         align=values.get("align", ir.Align.BOTTOM_RIGHT),
         rescale_threshold=values.get("rescale_threshold", 0.0),
+        inputs=tuple(inputs.values()),
         span=block.span,
         path=report.path,
     )
+
+
+# --------------------------------------------------------------------------- #
+# Input declarations
+# --------------------------------------------------------------------------- #
+
+# Keyword arguments of a generated module's attention(), forward() and
+# backward(): an input becomes one more.
+_API_ARGUMENTS = frozenset(
+    {"q", "k", "v", "o", "lse", "do", "dlse", "scale", "return_lse"}
+    | {"block_m", "block_n", "num_warps", "num_stages", "tma"}
+)
+_LANGUAGE_NAMES = (
+    ir.INT_VARIABLES
+    | ir.NAMED_MASKS
+    | {ir.SCORE_VARIABLE, ir.ALIBI, ir.SOFTCAP}
+    | set(ir.MASK_FUNCTIONS)
+    | ir.REAL_FUNCTIONS
+    | set(ir.POLY_FUNCTIONS)
+)
+_ELEMENTS = tuple(e.value for e in ir.Element)
+_ELEMENT_ALIASES = {
+    "int": "int32",
+    "i32": "int32",
+    "i64": "int64",
+    "long": "int64",
+    **_DTYPE_ALIASES,
+}
+
+
+def _check_inputs(
+    decls: Sequence[ir.InputDecl], report: _Reporter
+) -> tuple[dict[str, ir.Input], set[str]]:
+    """The well-formed declarations by name, and the names of the others
+    (whose uses are then not reported again); every problem is reported."""
+    inputs: dict[str, ir.Input] = {}
+    first: dict[str, ir.InputDecl] = {}
+    for decl in decls:
+        ok = _input_name_ok(decl, report)
+        if decl.name in first:
+            earlier = first[decl.name].name_span
+            report(
+                decl.name_span,
+                f"duplicate input `{decl.name}`",
+                note=f"first declared at line {earlier.line}, column {earlier.column}",
+            )
+            continue
+        first[decl.name] = decl
+        element = _input_element(decl, report)
+        shape_ok = _input_shape_ok(decl, report)
+        if element is not None and decl.learnable and element.is_integer:
+            report(
+                decl.element_span,
+                f"an integer input cannot be learnable; `{decl.name}` holds {element.value}",
+                note="learnable inputs are reals (fp32, fp16, bf16) that get a gradient",
+            )
+            ok = False
+        if ok and shape_ok and element is not None:
+            inputs[decl.name] = ir.Input(
+                decl.name, element, decl.shape, decl.learnable, span=decl.span
+            )
+    return inputs, set(first) - set(inputs)
+
+
+def _input_name_ok(decl: ir.InputDecl, report: _Reporter) -> bool:
+    name = decl.name
+    why = None
+    if name in _LANGUAGE_NAMES:
+        why = f"`{name}` is a name of the language"
+    elif name in ir.SIZES:
+        why = f"`{name}` names a size"
+    elif name in _API_ARGUMENTS:
+        why = f"`{name}` is an argument of the module's attention()"
+    elif keyword.iskeyword(name) or name.startswith("_"):
+        why = f"`{name}` cannot be a Python keyword argument"
+    if why is not None:
+        report(decl.name_span, f"input name `{name}` is not allowed: {why}")
+    return why is None
+
+
+def _input_element(decl: ir.InputDecl, report: _Reporter) -> ir.Element | None:
+    if decl.element in _ELEMENTS:
+        return ir.Element(decl.element)
+    alias = _ELEMENT_ALIASES.get(decl.element)
+    hint = f"; did you mean '{alias}'?" if alias else _did_you_mean(decl.element, _ELEMENTS)
+    report(
+        decl.element_span,
+        f"unknown element type '{decl.element}'{hint}",
+        note="inputs hold one of " + ", ".join(_ELEMENTS),
+    )
+    return None
+
+
+def _input_shape_ok(decl: ir.InputDecl, report: _Reporter) -> bool:
+    ok = True
+    if not decl.shape:
+        report(
+            decl.span,
+            f"`{decl.name}` has no dimensions; an input has 1 to {ir.MAX_INPUT_RANK}",
+            note=f"declare one number as `{decl.name}: {decl.element}[1]` and read `{decl.name}[0]`",
+        )
+        ok = False
+    if len(decl.shape) > ir.MAX_INPUT_RANK:
+        report(
+            decl.span,
+            f"`{decl.name}` has {len(decl.shape)} dimensions; inputs have at most "
+            f"{ir.MAX_INPUT_RANK}",
+        )
+        ok = False
+    for size, span in zip(decl.shape, decl.size_spans):
+        if isinstance(size, str) and size not in ir.SIZES:
+            report(
+                span,
+                f"unknown size '{size}'{_did_you_mean(size, ir.SIZES)}",
+                note="a size is one of " + ", ".join(ir.SIZES) + ", or a positive integer",
+            )
+            ok = False
+        elif isinstance(size, int) and not 1 <= size <= ir.MAX_INPUT_SIZE:
+            report(span, f"a size must be between 1 and {ir.MAX_INPUT_SIZE}, got {size}")
+            ok = False
+    return ok
+
+
+def _refuse_runtime_data(block: ir.Block, values: Mapping[str, object], report: _Reporter) -> None:
+    """Inputs and the batch index are checked in full, but no kernel reads
+    them yet: such a spec is refused here, so that every spec `check` accepts
+    builds."""
+    if block.inputs:
+        report(
+            block.inputs[0].name_span,
+            "inputs are not supported by the generated kernels yet",
+            note="the declaration and its uses are well formed",
+        )
+        return
+    for key in ("mask", "score"):
+        value = values.get(key)
+        if isinstance(value, (ir.Binary, ir.Unary, ir.Call, ir.Name)) and ir.mentions(
+            value, frozenset({"b"})
+        ):
+            report(value.span, "the batch index `b` is not supported by the generated kernels yet")
+            return
+
+
+def _plural(n: int, word: str, plural: str | None = None) -> str:
+    return f"{n} {word if n == 1 else plural or word + 's'}"
 
 
 def _check_block_name(block: ir.Block, report: _Reporter) -> None:
@@ -364,8 +529,10 @@ def _check_rescale_threshold(value: ir.Expr, report: _Reporter) -> float | None:
     return float(threshold) + 0.0  # no -0.0
 
 
-def _check_mask(value: ir.Expr, report: _Reporter) -> ir.Expr | None:
-    checked = _Expressions(report, in_mask=True).check(value)
+def _check_mask(
+    value: ir.Expr, report: _Reporter, inputs: Mapping[str, ir.Input], used: set[str]
+) -> ir.Expr | None:
+    checked = _Expressions(report, in_mask=True, inputs=inputs, used=used).check(value)
     if checked is None:
         return None
     expr, kind = checked
@@ -376,17 +543,19 @@ def _check_mask(value: ir.Expr, report: _Reporter) -> ir.Expr | None:
             note="compare it, e.g. `q - k >= 0`",
         )
         return None
-    if _report_first(_integer_problems(expr), report):
+    if _report_first(_integer_problems(expr, tuple(inputs.values())), report):
         return None
     return expr
 
 
-def _check_score(value: ir.Expr, report: _Reporter) -> ir.Expr | None:
-    checked = _Expressions(report, in_mask=False).check(value)
+def _check_score(
+    value: ir.Expr, report: _Reporter, inputs: Mapping[str, ir.Input], used: set[str]
+) -> ir.Expr | None:
+    checked = _Expressions(report, in_mask=False, inputs=inputs, used=used).check(value)
     if checked is None:
         return None
     expr = checked[0]
-    integer_bad = _report_first(_integer_problems(expr), report)
+    integer_bad = _report_first(_integer_problems(expr, tuple(inputs.values())), report)
     real_bad = _report_first(_real_constant_problems(expr), report)
     return None if integer_bad or real_bad else expr
 
@@ -399,7 +568,7 @@ def _report_first(problems: list[tuple[ir.Span, str, str | None]], report: _Repo
     return bool(problems)
 
 
-_SETTING_CHECKERS: dict[str, Callable[[ir.Expr, _Reporter], object]] = {
+_SETTING_CHECKERS: dict[str, Callable[..., object]] = {
     "head_dim": _check_head_dim,
     "dtype": _check_dtype,
     "scale": _check_scale,
@@ -527,10 +696,20 @@ class _Expressions:
     in that subtree, and its parents report nothing more about it.
     """
 
-    def __init__(self, report: _Reporter, *, in_mask: bool) -> None:
+    def __init__(
+        self,
+        report: _Reporter,
+        *,
+        in_mask: bool,
+        inputs: Mapping[str, ir.Input] | None = None,
+        used: set[str] | None = None,
+    ) -> None:
         self.report = report
         self.in_mask = in_mask
         self.constants = _Constants(report)
+        self.inputs = inputs or {}
+        self.used = used if used is not None else set()
+        self.in_index = False  # inside an index expression
 
     def check(self, e: ir.Expr) -> tuple[ir.Expr, Kind] | None:
         match e:
@@ -544,7 +723,60 @@ class _Expressions:
                 return self._unary(e)
             case ir.Binary():
                 return self._binary(e)
+            case ir.Index():
+                return self._index(e)
         raise TypeError(f"not an ir expression: {e!r}")
+
+    # -- inputs -------------------------------------------------------------- #
+
+    def _index(self, e: ir.Index) -> tuple[ir.Expr, Kind] | None:
+        decl = self.inputs.get(e.input)
+        if decl is None and e.input in self.used:  # declared, but not well: reported there
+            self._check_all(e.args)
+            return None
+        if decl is None:
+            if e.input in ir.INT_VARIABLES or e.input in (ir.SCORE_VARIABLE, ir.ALIBI):
+                self.report(
+                    e.span, f"`{e.input}` is not an input; only declared inputs are indexed"
+                )
+            else:
+                hint = _did_you_mean(e.input, tuple(self.inputs))
+                self.report(
+                    e.span,
+                    f"unknown input '{e.input}'{hint}",
+                    note=None if hint else "declare it in the block, e.g. `doc: int32[B, Nk]`",
+                )
+            self._check_all(e.args)
+            return None
+        self.used.add(e.input)
+        if len(e.args) != len(decl.shape):
+            self.report(
+                e.span,
+                f"`{e.input}` has {_plural(len(decl.shape), 'dimension')}, "
+                f"indexed with {_plural(len(e.args), 'index', 'indices')}",
+                note=f"declared as `{print_input(decl)}`",
+            )
+            self._check_all(e.args)
+            return None
+        if self.in_index:
+            self.report(e.span, "an index may not read an input")
+            return None
+        self.in_index = True
+        try:
+            args = [self._numeric(a, "[]") for a in e.args]
+        finally:
+            self.in_index = False
+        if any(a is None for a in args):
+            return None
+        for arg, (_, kind) in zip(e.args, args):
+            if kind is not Kind.INT:
+                self.report(arg.span, f"an index must be an integer, got {_kind_words(kind)}")
+                return None
+        if not decl.element.is_integer and self.in_mask:
+            self.report(e.span, f"{_MASK_KINDS}; `{e.input}` holds {decl.element.value} reals")
+            return None
+        kind = Kind.INT if decl.element.is_integer else Kind.REAL
+        return replace(e, args=tuple(a[0] for a in args), element=decl.element), kind
 
     # -- leaves -------------------------------------------------------------- #
 
@@ -579,6 +811,14 @@ class _Expressions:
             return e, Kind.BOOL
         if name in _ALL_FUNCTIONS:
             self.report(e.span, f"`{name}` is a function; call it with arguments: {name}(...)")
+            return None
+        if name in self.inputs:
+            rank = len(self.inputs[name].shape)
+            self.report(
+                e.span,
+                f"`{name}` is an input; index it with {_plural(rank, 'index', 'indices')}: "
+                f"{name}[{', '.join('...' for _ in range(rank))}]",
+            )
             return None
         candidates = _MASK_NAMES if self.in_mask else _SCORE_NAMES
         self.report(e.span, f"unknown name '{name}'{_did_you_mean(name, candidates)}")
@@ -807,9 +1047,9 @@ def _size_problem(e: ir.Expr) -> tuple[ir.Span, str, str] | None:
             children = (node.left, node.right)
         elif isinstance(node, ir.Unary):
             children = (node.operand,)
-        elif isinstance(node, ir.Call):
+        elif isinstance(node, (ir.Call, ir.Index)):
             children = node.args
-        if isinstance(node, (ir.Binary, ir.Unary, ir.Call)):
+        if isinstance(node, (ir.Binary, ir.Unary, ir.Call, ir.Index)):
             level += 1
             if level > ir.MAX_EXPR_DEPTH:
                 return (node.span, *expression_too_deep())
@@ -851,10 +1091,10 @@ def integer_magnitude(e: ir.Expr) -> int | None:
     return _Magnitudes().bound(e)
 
 
-def _integer_problems(e: ir.Expr) -> list[Problem]:
+def _integer_problems(e: ir.Expr, inputs: Sequence[ir.Input] = ()) -> list[Problem]:
     """Every integer quantity a kernel computes for `e` that can leave
     ±ir.INT_MAGNITUDE_MAX, innermost first."""
-    magnitudes = _Magnitudes()
+    magnitudes = _Magnitudes(inputs)
     magnitudes.bound(e)
     return magnitudes.problems
 
@@ -871,8 +1111,14 @@ class _Magnitudes:
     and the definitions of the named masks.  `problems` collects each bound
     over the limit, children before parents."""
 
-    def __init__(self) -> None:
+    def __init__(self, inputs: Sequence[ir.Input] = ()) -> None:
         self.problems: list[Problem] = []
+        # Integer inputs: the largest magnitude their element type holds.
+        self.input_bounds = {
+            i.name: 2**31 if i.element is ir.Element.INT32 else 2**63
+            for i in inputs
+            if i.element.is_integer
+        }
 
     def bound(self, e: ir.Expr) -> int | None:
         match e:
@@ -889,7 +1135,13 @@ class _Magnitudes:
                     return ir.POSITION_BOUND
                 if name in ("h", "H"):
                     return ir.MAX_HEADS
+                if name == "b":
+                    return ir.MAX_BATCH
                 return None
+            case ir.Index(args=args):
+                for a in args:
+                    self.bound(a)
+                return self.input_bounds.get(e.input)
             case ir.Unary(op=ir.UnaryOp.NEG, operand=operand):
                 return self.bound(operand)
             case ir.Unary(operand=operand):
@@ -919,7 +1171,10 @@ class _Magnitudes:
         if a is None or b is None:
             return None
         if op in ir.COMPARISONS:
-            self._within(e, a + b, f"the two sides of `{_text(e)}` can differ by")
+            # A comparison that reads an input is evaluated as it stands (in 64
+            # bits); the others are rewritten as differences (see above).
+            if not ir.reads_inputs(e):
+                self._within(e, a + b, f"the two sides of `{_text(e)}` can differ by")
             return None
         if op in (ir.BinOp.ADD, ir.BinOp.SUB):
             return self._within(e, a + b)
@@ -928,7 +1183,19 @@ class _Magnitudes:
         return None  # `/` gives a real
 
     def _within(self, e: ir.Expr, magnitude: int, what: str | None = None) -> int:
-        if magnitude > _INT_LIMIT:
+        if ir.reads_inputs(e):
+            if magnitude > ir.INPUT_MAGNITUDE_MAX:
+                what = what or f"`{_text(e)}` can reach"
+                self.problems.append(
+                    (
+                        e.span,
+                        f"{what} {_power_words(magnitude)}; integer expressions that read "
+                        f"inputs must stay within ±2^62",
+                        "they are computed in 64 bits; an input of int32 holds values up "
+                        "to 2^31, one of int64 up to 2^63",
+                    )
+                )
+        elif magnitude > _INT_LIMIT:
             what = what or f"`{_text(e)}` can reach"
             self.problems.append(
                 (e.span, f"{what} {_power_words(magnitude)}; {_INT_RULE}", _INT_NOTE)

@@ -35,7 +35,9 @@ class ScoreKind(str, enum.Enum):
     GENERAL = "general"
 
 
-_ELEMENT_NAMES = {"q": "q_pos", "k": "k_pos", "h": "head", "H": "num_heads", "s": "s"}
+_ELEMENT_NAMES = {
+    "q": "q_pos", "k": "k_pos", "h": "head", "H": "num_heads", "s": "s", "b": "batch"
+}  # fmt: skip
 _REAL_CALLS = {"exp": "tl.exp", "log": "tl.log", "sqrt": "tl.sqrt", "tanh": kx.TANH}
 
 
@@ -154,7 +156,7 @@ def _atom(code: kx.Expr, e: ir.Expr) -> kx.Expr:
         return kx.Paren(code) if _negative_literal(value) else code
     if isinstance(e, ir.Name) and e.id == ir.ALIBI:
         return kx.Paren(code)
-    if isinstance(e, (ir.Name, ir.Call)) or (isinstance(e, ir.Num) and e.value >= 0):
+    if isinstance(e, (ir.Name, ir.Call, ir.Index)) or (isinstance(e, ir.Num) and e.value >= 0):
         return code
     if isinstance(e, ir.Binary) and e.op in (ir.BinOp.FLOORDIV, ir.BinOp.MOD):
         return code
@@ -244,6 +246,8 @@ class ElementCode:
             return kx.Neg(kx.Paren(self.expr(e.operand)))
         if isinstance(e, ir.Binary):
             return self._binary(e)
+        if isinstance(e, ir.Index):
+            return kx.Load(e.input, tuple(self.expr(a) for a in e.args))
         return self._call(e)
 
     def _binary(self, e: ir.Binary) -> kx.Expr:

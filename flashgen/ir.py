@@ -108,7 +108,18 @@ class Binary:
     span: Span = _span()
 
 
-Expr = Union[Num, Name, Call, Unary, Binary]
+@dataclass(frozen=True)
+class Index:
+    """`doc[b, q]`: an element of a declared input, one index per dimension.
+    `element` is the input's element type, filled in by `check`."""
+
+    input: str
+    args: tuple["Expr", ...]
+    span: Span = _span()
+    element: "Element | None" = None
+
+
+Expr = Union[Num, Name, Call, Unary, Binary, Index]
 
 
 def mentions(e: Expr, names: frozenset[str]) -> bool:
@@ -122,6 +133,19 @@ def mentions(e: Expr, names: frozenset[str]) -> bool:
     if isinstance(e, Binary):
         return mentions(e.left, names) or mentions(e.right, names)
     return any(mentions(a, names) for a in e.args)
+
+
+def reads_inputs(e: Expr) -> bool:
+    """Whether `e` reads a declared input anywhere."""
+    if isinstance(e, Index):
+        return True
+    if isinstance(e, (Name, Num)):
+        return False
+    if isinstance(e, Unary):
+        return reads_inputs(e.operand)
+    if isinstance(e, Binary):
+        return reads_inputs(e.left) or reads_inputs(e.right)
+    return any(reads_inputs(a) for a in e.args)
 
 
 # --------------------------------------------------------------------------- #
@@ -140,13 +164,29 @@ class Setting:
 
 
 @dataclass(frozen=True)
+class InputDecl:
+    """`name: [learnable] type[size, ...]` inside an attention block; each size
+    is a named size (a str, unchecked) or an integer."""
+
+    name: str
+    element: str
+    shape: tuple[str | int, ...]
+    learnable: bool = False
+    span: Span = _span()
+    name_span: Span = _span()
+    element_span: Span = _span()
+    size_spans: tuple[Span, ...] = field(default=(), compare=False, repr=False)
+
+
+@dataclass(frozen=True)
 class Block:
-    """`attention NAME { settings }`."""
+    """`attention NAME { settings and input declarations }`."""
 
     name: str
     settings: tuple[Setting, ...]
     span: Span = _span()
     name_span: Span = _span()
+    inputs: tuple[InputDecl, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -171,6 +211,36 @@ class Align(enum.Enum):
     TOP_LEFT = "top_left"
 
 
+class Element(enum.Enum):
+    """Element types of declared inputs."""
+
+    INT32 = "int32"
+    INT64 = "int64"
+    FP32 = "fp32"
+    FP16 = "fp16"
+    BF16 = "bf16"
+
+    @property
+    def is_integer(self) -> bool:
+        return self in (Element.INT32, Element.INT64)
+
+
+# Sizes an input's shape may name: batch, query heads, key/value heads, query
+# and key sequence lengths (the call's q (B, H, Nq, D) and k (B, Hkv, Nk, D)).
+SIZES = ("B", "H", "Hkv", "Nq", "Nk")
+
+
+@dataclass(frozen=True)
+class Input:
+    """A checked input declaration: a tensor passed to attention() by keyword."""
+
+    name: str
+    element: Element
+    shape: tuple[str | int, ...]  # names from SIZES, or positive integers
+    learnable: bool = False
+    span: Span = _span()
+
+
 FULL = Name("full")
 IDENTITY_SCORE = Name("s")
 
@@ -193,6 +263,7 @@ class Variant:
     scale: float | None = None
     align: Align = Align.BOTTOM_RIGHT
     rescale_threshold: float = 0.0
+    inputs: tuple[Input, ...] = ()
     span: Span = _span()
     path: str = field(default="<string>", compare=False)
 
@@ -208,8 +279,9 @@ class Kind(enum.Enum):
     BOOL = "boolean"
 
 
-# Position of the query, of the key, query head index, number of query heads.
-INT_VARIABLES = frozenset({"q", "k", "h", "H"})
+# Position of the query, of the key, query head index, number of query heads,
+# batch index.
+INT_VARIABLES = frozenset({"q", "k", "h", "H", "b"})
 # The scaled score; only meaningful in `score`.
 SCORE_VARIABLE = "s"
 # Nullary masks and terms written as bare names.
@@ -246,6 +318,16 @@ MAX_SEQ_LEN = 2**24
 POSITION_BOUND = 2 * MAX_SEQ_LEN
 # Most query heads a generated module accepts (H <= this; h < H).
 MAX_HEADS = 2**16
+# Bound on the batch index b the range analysis assumes (kernels launch one
+# program per batch and head along a grid axis of at most 2^16 - 1).
+MAX_BATCH = 2**16
+# Integer expressions that read an input are computed in 64 bits and must
+# stay within +-this (int64 inputs hold values up to 2^63 - 1: arithmetic on
+# them beyond a comparison is refused).
+INPUT_MAGNITUDE_MAX = 2**62
+# Most dimensions of an input, and the largest integer size in its shape.
+MAX_INPUT_RANK = 4
+MAX_INPUT_SIZE = 2**31 - 1
 # Kernels evaluate integer expressions in int32.  Every integer subexpression
 # of a mask or score, and the difference of the two sides of every comparison,
 # must be proven to stay within +-INT_MAGNITUDE_MAX over the positions and

@@ -157,7 +157,7 @@ def gluon_forward(v: ir.Variant) -> GluonForward | None:
     query rows may see GLUON_ANY_MIN_KEYS keys or more.  The module still
     checks each call's shapes and falls back to the Triton kernel.
     """
-    if v.dtype is ir.DType.FP32 or v.head_dim != 128:
+    if v.dtype is ir.DType.FP32 or v.head_dim != 128 or _runtime_data(v):
         return None
     if v.score == ir.IDENTITY_SCORE and v.mask in (ir.FULL, ir.Name("causal")):
         return GluonForward.FULL if v.mask == ir.FULL else GluonForward.CAUSAL
@@ -176,8 +176,14 @@ def gluon_backward(v: ir.Variant) -> bool:
     """Whether the module gets the warp-specialized Gluon backward for sm90
     (docs/decisions/025): any mask and score, 16-bit inputs, head dim 64
     or 128.  The module still checks each call's shapes and falls back to the
-    Triton kernel."""
-    return v.dtype is not ir.DType.FP32 and v.head_dim in (64, 128)
+    Triton kernel.  Not yet for a variant that reads runtime data."""
+    return v.dtype is not ir.DType.FP32 and v.head_dim in (64, 128) and not _runtime_data(v)
+
+
+def _runtime_data(v: ir.Variant) -> bool:
+    """Whether the mask or the score reads an input or the batch index: the
+    Gluon kernels do not take them yet."""
+    return bool(v.inputs) or any(ir.mentions(e, frozenset({"b"})) for e in (v.mask, v.score))
 
 
 # Largest softcap cap for which 16-bit modules compute tanh without the

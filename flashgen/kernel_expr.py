@@ -146,6 +146,15 @@ class Call:
 
 
 @dataclass(frozen=True)
+class Load:
+    """An element of a declared input at the given indices, read through the
+    module's `_read_<input>` helper (masked: an index out of range reads 0)."""
+
+    input: str
+    indices: tuple[Expr, ...]
+
+
+@dataclass(frozen=True)
 class Cast:
     """`operand.to(dtype)`, dtype as the kernel spells it (`tl.int64`)."""
 
@@ -155,7 +164,7 @@ class Cast:
 
 Expr = Union[
     Var, Int, Float, Bool, Arith, Neg, Paren, FloorDiv, FloorMod, Min, Max, Abs, Where, Cmp,
-    Not, And, Or, Call, Cast,
+    Not, And, Or, Call, Cast, Load,
 ]  # fmt: skip
 
 
@@ -266,6 +275,8 @@ def children(e: Expr) -> tuple[Expr, ...]:
         return (e.cond, e.then, e.otherwise)
     if isinstance(e, Call):
         return e.args
+    if isinstance(e, Load):
+        return e.indices
     return (e.left, e.right)
 
 
@@ -399,8 +410,21 @@ def _print(e: Expr) -> tuple[str, int]:
         return f"({to_source(e.left)}) {op} ({to_source(e.right)})", p
     if isinstance(e, Call):
         return f"{e.fn}({', '.join(to_source(a) for a in e.args)})", _ATOM
+    if isinstance(e, Load):
+        args = [to_source(i) for i in e.indices] + [f"{e.input}{x}" for x in INPUT_PARTS]
+        return f"{read_helper(e.input)}({', '.join(args)})", _ATOM
     assert isinstance(e, Cast), e
     return f"{_wrap(e.operand, _ATOM)}.to({e.dtype})", _ATOM
+
+
+# What a kernel holds of input `name`: `name_ptr`, and the tuples
+# `name_strides` and `name_sizes` (one entry per dimension).
+INPUT_PARTS = ("_ptr", "_strides", "_sizes")
+
+
+def read_helper(name: str) -> str:
+    """The module's function that reads input `name`."""
+    return f"_read_{name}"
 
 
 def _grouped(e: Expr) -> str:
@@ -499,6 +523,8 @@ def evaluate(e: Expr, env: Mapping[str, Any], ops: Any = NumpyOps) -> Any:
         return ev(e.left) | ev(e.right)
     if isinstance(e, Call):
         return ops.functions[e.fn](*(ev(a) for a in e.args))
+    if isinstance(e, Load):
+        return ops.read(e.input, *(ev(i) for i in e.indices))
     assert isinstance(e, Cast), e
     return ops.cast(ev(e.operand), e.dtype)
 

@@ -53,6 +53,7 @@ __all__ = [
     "LOG2E",
     "ElementCode",
     "GluonForward",
+    "InputModel",
     "KernelModel",
     "LaunchConfig",
     "ScoreKind",
@@ -70,6 +71,7 @@ __all__ = [
     "lower",
     "negation_normal_form",
     "query_bounds",
+    "reads_runtime_data",
     "score_code",
     "spec_hash",
 ]
@@ -84,6 +86,51 @@ _TL_DTYPES = {
     ir.DType.BF16: "tl.bfloat16",
     ir.DType.FP32: "tl.float32",
 }
+
+
+@dataclass(frozen=True)
+class InputModel:
+    """A declared input as the module passes it: the kernels take `name_ptr`,
+    `strides` and `sizes` (scalar parameters, one per dimension) and gather
+    them into the tuples `name_strides` and `name_sizes`."""
+
+    name: str
+    rank: int
+    integer: bool  # read as int64 (else float32)
+    torch_dtype: str
+    # The shape as the host checks it: "B", "H", "Hkv", "Nq", "Nk" or a literal.
+    shape: tuple[str, ...]
+
+    @property
+    def strides(self) -> tuple[str, ...]:
+        return tuple(f"{self.name}_stride{d}" for d in range(self.rank))
+
+    @property
+    def sizes(self) -> tuple[str, ...]:
+        return tuple(f"{self.name}_size{d}" for d in range(self.rank))
+
+    @property
+    def kernel_params(self) -> tuple[str, ...]:
+        return (f"{self.name}_ptr", *self.strides, *self.sizes)
+
+
+_INPUT_TORCH_DTYPES = {
+    ir.Element.INT32: "torch.int32",
+    ir.Element.INT64: "torch.int64",
+    ir.Element.FP32: "torch.float32",
+    ir.Element.FP16: "torch.float16",
+    ir.Element.BF16: "torch.bfloat16",
+}
+
+
+def _input_model(i: ir.Input) -> InputModel:
+    return InputModel(
+        name=i.name,
+        rank=len(i.shape),
+        integer=i.element.is_integer,
+        torch_dtype=_INPUT_TORCH_DTYPES[i.element],
+        shape=tuple(str(d) for d in i.shape),
+    )
 
 
 @dataclass(frozen=True)
@@ -178,6 +225,21 @@ class KernelModel:
     gluon_dq_heavy_last: bool = False
     # Experiment knobs set on this plan (flashgen/experiments.py), as NAME=VALUE.
     experiments: tuple[str, ...] = ()
+    # Runtime data: the declared inputs, and what the element code's helpers
+    # (`_scores_log2`, `_score_grad`, `_attn_probs`) take besides their usual
+    # arguments: the batch index and each input's pointer, strides and sizes
+    # (empty for a variant that reads neither).
+    inputs: tuple[InputModel, ...] = ()
+    element_args: tuple[str, ...] = ()
+
+    @property
+    def input_parts(self) -> tuple[str, ...]:
+        """What the tile functions pass on to the element code's helpers."""
+        return tuple(f"{i.name}{part}" for i in self.inputs for part in kx.INPUT_PARTS)
+
+    @property
+    def input_kernel_params(self) -> tuple[str, ...]:
+        return tuple(p for i in self.inputs for p in i.kernel_params)
 
 
 def _pick(measured: bool | None, default: bool) -> bool:
@@ -301,4 +363,17 @@ def lower(v: ir.Variant, tuning: Tuning | None = None) -> KernelModel:
         gluon_min_keys=gluon_min_keys(gluon),
         gluon_backward=gluon_backward(v),
         gluon_dq_heavy_last=keys_before_queries(mask),
+        inputs=tuple(_input_model(i) for i in v.inputs),
+        element_args=_element_args(v),
     )
+
+
+def _element_args(v: ir.Variant) -> tuple[str, ...]:
+    if not reads_runtime_data(v):
+        return ()
+    return ("batch", *(f"{i.name}{part}" for i in v.inputs for part in kx.INPUT_PARTS))
+
+
+def reads_runtime_data(v: ir.Variant) -> bool:
+    """Whether the mask or the score reads an input or the batch index."""
+    return any(ir.reads_inputs(e) or ir.mentions(e, frozenset({"b"})) for e in (v.mask, v.score))

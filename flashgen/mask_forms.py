@@ -28,6 +28,8 @@ def kind(e: ir.Expr) -> ir.Kind:
         if e.id in ir.NAMED_MASKS:
             return ir.Kind.BOOL
         return ir.Kind.REAL  # s, alibi
+    if isinstance(e, ir.Index):  # checked: it knows its input's element type
+        return ir.Kind.INT if e.element is not None and e.element.is_integer else ir.Kind.REAL
     if isinstance(e, ir.Unary):
         return ir.Kind.BOOL if e.op is ir.UnaryOp.NOT else kind(e.operand)
     if isinstance(e, ir.Binary):
@@ -144,7 +146,7 @@ def affine(e: ir.Expr) -> Affine | None:
     """sum(c_i * v_i) + c0 over q, k, h, H, or None if `e` is not affine."""
     if isinstance(e, ir.Num) and isinstance(e.value, int):
         return {"": e.value}
-    if isinstance(e, ir.Name) and e.id in ir.INT_VARIABLES:
+    if isinstance(e, ir.Name) and e.id in ir.INT_VARIABLES - {"b"}:
         return {e.id: 1}
     if isinstance(e, ir.Unary) and e.op is ir.UnaryOp.NEG:
         a = affine(e.operand)

@@ -100,8 +100,8 @@ def _lark() -> Lark:
 
 # Rules (and aliases) that become an ir node of their own; `paren` leaves none
 # but is a level of nesting.
-_NODE_RULES = frozenset({"binary", "unary", "call", "name", "int", "real"})
-_NESTING_RULES = frozenset({"binary", "unary", "call", "paren"})
+_NODE_RULES = frozenset({"binary", "unary", "call", "index", "name", "int", "real"})
+_NESTING_RULES = frozenset({"binary", "unary", "call", "index", "paren"})
 
 
 def _drop_oversized_settings(tree: Tree, path: str) -> list[Diagnostic]:
@@ -153,7 +153,7 @@ def _nesting_span(node: Tree) -> ir.Span:
     (not the whole subtree, which may run over most of a long line)."""
     if node.data == "binary":
         return _span(node.children[1])
-    if node.data in ("unary", "call"):
+    if node.data in ("unary", "call", "index"):
         return _span(node.children[0])
     if node.data == "paren":
         line, column = node.meta.line, node.meta.column
@@ -205,16 +205,46 @@ class _ToIR(Transformer_NonRecursive):
     def spec_file(self, meta, *blocks: ir.Block) -> tuple[ir.Block, ...]:
         return blocks
 
-    def block(self, meta, keyword: Token, name: Token, *settings: ir.Setting) -> ir.Block:
+    def block(self, meta, keyword: Token, name: Token, *statements) -> ir.Block:
         return ir.Block(
             name=str(name),
-            settings=settings,
+            settings=tuple(x for x in statements if isinstance(x, ir.Setting)),
             span=_span(meta),
             name_span=_span(name),
+            inputs=tuple(x for x in statements if isinstance(x, ir.InputDecl)),
         )
 
     def setting(self, meta, key: Token, value: ir.Expr) -> ir.Setting:
         return ir.Setting(key=str(key), value=value, span=_span(meta), key_span=_span(key))
+
+    def input(self, meta, name: Token, *rest) -> ir.InputDecl:
+        learnable = bool(rest) and isinstance(rest[0], Token) and rest[0].type == "LEARNABLE"
+        element, *sizes = rest[1:] if learnable else rest
+        return ir.InputDecl(
+            name=str(name),
+            element=str(element),
+            shape=tuple(value for value, _ in sizes),
+            learnable=learnable,
+            span=_span(meta),
+            name_span=_span(name),
+            element_span=_span(element),
+            size_spans=tuple(span for _, span in sizes),
+        )
+
+    def size_name(self, meta, token: Token) -> tuple[str, ir.Span]:
+        return str(token), _span(token)
+
+    def size_int(self, meta, token: Token) -> tuple[int, ir.Span]:
+        digits = str(token).lstrip("0") or "0"
+        if len(digits) > _MAX_INT_DIGITS:
+            self.diagnostics.append(
+                Diagnostic(self.path, _span(token), "integer literal is too large")
+            )
+            return 0, _span(token)
+        return int(digits), _span(token)
+
+    def index(self, meta, name: Token, *args: ir.Expr) -> ir.Index:
+        return ir.Index(str(name), args, span=_span(meta))
 
     def binary(self, meta, left: ir.Expr, op: Token, right: ir.Expr) -> ir.Binary:
         return ir.Binary(_BINARY_OPS[op.type], left, right, span=_span(meta))
@@ -255,6 +285,7 @@ class _ToIR(Transformer_NonRecursive):
 # What a terminal is called in messages, when it is not a fixed string.
 _TERMINAL_WORDS = {
     "NAME": "a name",
+    "LEARNABLE": "'learnable'",
     "INT": "an integer",
     "REAL": "a number",
     "_NL": "a newline",
@@ -270,9 +301,6 @@ _CHARACTER_HINTS = {
     "'": "the language has no strings",
     '"': "the language has no strings",
     ".": "the language has no attribute access; reals are written like 0.5",
-    "[": "the language has no indexing",
-    "]": "the language has no indexing",
-    ":": "settings are written `name = value`",
     "@": "the language has no decorators or matrix products",
     "`": "the language has no strings",
     "\\": "a statement ends at the end of its line; there is no line continuation",
@@ -424,9 +452,9 @@ class _Recovering:
             self.in_block = True
         elif kind == "RBRACE":
             self.in_block = False
-        elif kind == "LPAR":
+        elif kind in ("LPAR", "LSQB"):
             self.open_parens.append(token)
-        elif kind == "RPAR" and self.open_parens:
+        elif kind in ("RPAR", "RSQB") and self.open_parens:
             self.open_parens.pop()
         if kind == "EQUAL" and self.in_block:
             self.value = _ValueLimits()
@@ -526,27 +554,37 @@ class _Recovering:
         found = token.type
         if found == "EQUAL" and "EQ" in accepts:
             return "unexpected '='; use '==' to compare"
+        if found == "EQ" and "EQUAL" in accepts:
+            return "expected '=' after the setting name, found '=='"
         if found in _COMPARISON_TERMINALS and "PLUS" in accepts and "EQ" not in accepts:
             return "comparisons do not chain: write `a < b & b < c` instead of `a < b < c`"
-        if found == "RPAR" and not self.open_parens:
-            return "unmatched ')'"
-        if (
-            self.open_parens
-            and "RPAR" in accepts
-            and "INT" not in accepts  # an operand is complete
-            and found in _STATEMENT_END | {"$END"}
-        ):
+        if found in ("RPAR", "RSQB") and not self.open_parens:
+            return f"unmatched '{token}'"
+        closer = {"LPAR": ("RPAR", ")"), "LSQB": ("RSQB", "]")}
+        if self.open_parens:
             paren = self.open_parens[-1]
-            return (
-                f"expected ')' to close the '(' at line {paren.line}, "
-                f"column {paren.column}, found {_describe(token)}"
-            )
+            kind, char = closer[paren.type]
+            if (
+                kind in accepts
+                and "INT" not in accepts  # an operand is complete
+                and found in _STATEMENT_END | {"$END"}
+            ):
+                return (
+                    f"expected '{char}' to close the '{paren}' at line {paren.line}, "
+                    f"column {paren.column}, found {_describe(token)}"
+                )
         return f"expected {self._expected_words(accepts)}, found {_describe(token)}"
 
     def _expected_words(self, accepts: set[str]) -> str:
         """What the parser would have accepted, in words."""
         if _OPERAND_START <= accepts:
             return "an expression or ')'" if "RPAR" in accepts else "an expression"
+        if accepts == {"LEARNABLE", "NAME"}:  # after `name:`
+            return "an element type such as int32 or fp32 (after 'learnable' if it is one)"
+        if accepts == {"LSQB"}:  # `name: type` before its '['
+            return "'[' and the input's sizes"
+        if "COLON" in accepts and "EQUAL" in accepts:
+            return "'=' after the setting name, or ':' to declare an input"
         if self.in_header:
             if "NAME" in accepts:
                 return "a block name after 'attention'"
@@ -563,6 +601,8 @@ class _Recovering:
                 words.append("','")
             if "RPAR" in accepts:
                 words.append("')'")
+            if "RSQB" in accepts:
+                words.append("']'")
             if accepts & _STATEMENT_END:
                 words.append("the end of the statement")
             return _or_list(words)
@@ -601,21 +641,21 @@ class _ValueLimits:
             self.parts += 1
             self.levels.append("-")
             opened = token
-        elif kind in _BINARY_OPERATOR_TERMINALS or kind in ("COMMA", "RPAR"):
+        elif kind in _BINARY_OPERATOR_TERMINALS or kind in ("COMMA", "RPAR", "RSQB"):
             # A unary operator's operand ends at the next binary operator
-            # (negation binds tighter than all of them), ',' or ')'.
+            # (negation binds tighter than all of them), ',', ')' or ']'.
             while self.levels and self.levels[-1] == "-":
                 self.levels.pop()
-            if kind == "RPAR" and self.levels:
+            if kind in ("RPAR", "RSQB") and self.levels:
                 self.levels.pop()
             self.parts += kind in _BINARY_OPERATOR_TERMINALS
-        elif kind == "LPAR":
+        elif kind in ("LPAR", "LSQB"):
             self.levels.append("(")
             called = self.previous is not None and self.previous.type == "NAME"
             opened = self.previous if called else token
         elif kind in ("NAME", "INT", "REAL"):
             self.parts += 1
-        self.expect_operand = kind not in ("NAME", "INT", "REAL", "RPAR")
+        self.expect_operand = kind not in ("NAME", "INT", "REAL", "RPAR", "RSQB")
         self.previous = token
         if opened is not None and len(self.levels) > ir.MAX_EXPR_DEPTH:
             return (_span(opened), *expression_too_deep())
@@ -637,7 +677,7 @@ def _describe(token: Token) -> str:
         return f"integer {token}"
     if kind == "REAL":
         return f"number {token}"
-    if kind in {"ATTENTION", "DIV"}:
+    if kind in {"ATTENTION", "DIV", "LEARNABLE"}:
         return f"keyword '{token}'"
     return f"'{token}'"
 

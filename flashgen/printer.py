@@ -3,8 +3,8 @@
 `print_expr` writes an expression with the fewest parentheses that parse back
 to the same tree (left-associative binary operators, non-associative
 comparisons; see grammars/attn.lark for the precedence ladder).
-`print_variant` writes one block in normal form: four-space indent, one
-setting per line in `ir.SETTINGS` order, every setting spelled out except
+`print_variant` writes one block in normal form: four-space indent, the
+input declarations in their order, then one setting per line in `ir.SETTINGS` order, every setting spelled out except
 `scale`, which appears only when set.  Integers print with `str`, reals with
 `repr(float)` (infinity, which `parse` makes of a literal such as `1e999`, as
 `1e999`), so `parse` of the output gives back equal values.
@@ -20,7 +20,7 @@ from collections.abc import Iterable
 
 from flashgen import ir
 
-__all__ = ["print_expr", "print_variant", "print_file"]
+__all__ = ["print_expr", "print_input", "print_variant", "print_file"]
 
 # Binding strength, loosest first; mirrors the grammar's rule ladder.
 _OR, _AND, _NOT, _COMPARE, _SUM, _PRODUCT, _NEGATION, _ATOM = range(8)
@@ -55,9 +55,16 @@ def print_variant(v: ir.Variant) -> str:
         "rescale_threshold": _real(float(v.rescale_threshold)),
     }
     lines = [f"attention {v.name} {{"]
+    lines += [f"    {print_input(i)}" for i in v.inputs]
     lines += [f"    {key} = {values[key]}" for key in ir.SETTINGS if values[key] is not None]
     lines.append("}")
     return "\n".join(lines) + "\n"
+
+
+def print_input(i: ir.Input) -> str:
+    """An input declaration, e.g. `rel: learnable fp32[H, 32]`."""
+    learnable = "learnable " if i.learnable else ""
+    return f"{i.name}: {learnable}{i.element.value}[{', '.join(map(str, i.shape))}]"
 
 
 def print_file(variants: Iterable[ir.Variant]) -> str:
@@ -85,6 +92,8 @@ def _unparenthesized(e: ir.Expr) -> tuple[str, int]:
             return name, _ATOM
         case ir.Call(fn=fn, args=args):
             return f"{fn}({', '.join(_expr(a, _OR) for a in args)})", _ATOM
+        case ir.Index(input=name, args=args):
+            return f"{name}[{', '.join(_expr(a, _OR) for a in args)}]", _ATOM
         case ir.Unary(op=ir.UnaryOp.NEG, operand=operand):
             return f"-{_expr(operand, _NEGATION)}", _NEGATION
         case ir.Unary(op=ir.UnaryOp.NOT, operand=operand):

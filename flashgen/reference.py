@@ -21,6 +21,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass
+from collections.abc import Mapping
 from typing import Callable
 
 import torch
@@ -29,6 +30,7 @@ from flashgen import ir
 
 __all__ = [
     "alibi_slopes",
+    "check_inputs",
     "positions",
     "mask_matrix",
     "scores",
@@ -93,6 +95,10 @@ class _Scope:
     H: torch.Tensor  # () int64 number of query heads
     s: torch.Tensor | None  # scaled score (B, H, Nq, Nk); None inside masks
     real: torch.dtype  # dtype of every real value
+    b: torch.Tensor | None = None  # (B, 1, 1, 1) int64 batch index
+    inputs: Mapping[str, torch.Tensor] = dataclasses.field(default_factory=dict)
+    # (input, dimension, size, index, where it is outside) of each read out of range
+    out_of_range: list = dataclasses.field(default_factory=list)
 
 
 def _is_int(x: torch.Tensor) -> bool:
@@ -186,8 +192,15 @@ _NAMES: dict[str, Callable[[_Scope], torch.Tensor]] = {
     ir.SCORE_VARIABLE: _score_variable,
     ir.ALIBI: _alibi,
     "full": lambda sc: torch.ones((), dtype=torch.bool, device=sc.q.device),
+    "b": lambda sc: _batch_index(sc),
     "causal": lambda sc: sc.k <= sc.q,
 }
+
+
+def _batch_index(sc: _Scope) -> torch.Tensor:
+    if sc.b is None:
+        raise ValueError("`b` needs the batch size: pass batch= (or the inputs' tensors)")
+    return sc.b
 
 
 def _window(sc: _Scope, left: torch.Tensor, right: torch.Tensor | None = None):
@@ -241,9 +254,17 @@ def _call(node: ir.Call, scope: _Scope) -> torch.Tensor:
 
 def _binary(node: ir.Binary, scope: _Scope) -> torch.Tensor:
     left = _evaluate(node.left, scope)
+    read_before = len(scope.out_of_range)
     right = _evaluate(node.right, scope)
     op = node.op
     if op in _LOGICAL:
+        # `a & b` reads b only where a holds, `a | b` only where a fails: an
+        # index of b out of range elsewhere does not count.
+        needed = _boolean(left, op.value) if op is ir.BinOp.AND else ~_boolean(left, op.value)
+        scope.out_of_range[read_before:] = [
+            (name, dim, size, index, outside & needed)
+            for name, dim, size, index, outside in scope.out_of_range[read_before:]
+        ]
         return _LOGICAL[op](_boolean(left, op.value), _boolean(right, op.value))
     if op in _COMPARISONS:
         return _COMPARISONS[op](*_unify(left, right, scope, op.value))
@@ -277,12 +298,55 @@ def _name(node: ir.Name, scope: _Scope) -> torch.Tensor:
     return _NAMES[node.id](scope)
 
 
+def _index(node: ir.Index, scope: _Scope) -> torch.Tensor:
+    """The input's elements at the (broadcast) indices.  An index outside its
+    dimension reads the nearest element instead and is recorded in
+    `scope.out_of_range`: the caller decides whether that pair counts (a
+    score's index needs to be in range only where the mask keeps the pair)."""
+    if node.input not in scope.inputs:
+        raise ValueError(f"input `{node.input}` was not given")
+    tensor = scope.inputs[node.input]
+    if len(node.args) != tensor.dim():
+        raise ValueError(
+            f"`{node.input}` has {tensor.dim()} dimensions, indexed with {len(node.args)}"
+        )
+    args = [_evaluate(a, scope) for a in node.args]
+    for a in args:
+        if not _is_int(a):
+            raise ValueError(f"an index of `{node.input}` must be an integer")
+    args = list(torch.broadcast_tensors(*args)) if args else []
+    for dim, (a, size) in enumerate(zip(args, tensor.shape)):
+        outside = (a < 0) | (a >= size)
+        if bool(outside.any()):
+            scope.out_of_range.append((node.input, dim, size, a, outside))
+            args[dim] = a.clamp(0, size - 1)
+    value = tensor[tuple(args)] if args else tensor
+    if value.dtype in (torch.int32, torch.int64):
+        return value.to(torch.int64)
+    return value.to(scope.real)
+
+
+def _raise_out_of_range(scope: _Scope, where: torch.Tensor | None = None) -> None:
+    """ValueError for the first index out of range (at a pair where `where`
+    holds, when given)."""
+    for name, dim, size, index, outside in scope.out_of_range:
+        if where is not None:
+            outside = outside & where
+        if bool(outside.any()):
+            index, outside = torch.broadcast_tensors(index, outside)
+            bad = int(index[outside][0])
+            raise ValueError(
+                f"index {bad} of `{name}` is out of range for its dimension {dim} of size {size}"
+            )
+
+
 _NODES: dict[type, Callable[[object, _Scope], torch.Tensor]] = {
     ir.Num: _num,
     ir.Name: _name,
     ir.Call: _call,
     ir.Unary: _unary,
     ir.Binary: _binary,
+    ir.Index: _index,
 }
 
 
@@ -323,10 +387,15 @@ def _scope(
     real: torch.dtype,
     device: torch.device | str | None,
     rows: torch.Tensor | None = None,
+    batch: int | None = None,
+    inputs: Mapping[str, torch.Tensor] | None = None,
 ) -> _Scope:
     q_pos, k_pos = positions(nq, nk, align, device=device)
     if rows is not None:
         q_pos = q_pos[rows]
+    b = None
+    if batch is not None:
+        b = torch.arange(batch, dtype=torch.int64, device=device)[:, None, None, None]
     return _Scope(
         q=q_pos[:, None],
         k=k_pos[None, :],
@@ -334,6 +403,8 @@ def _scope(
         H=torch.tensor(num_heads, dtype=torch.int64, device=device),
         s=s,
         real=real,
+        b=b,
+        inputs={} if inputs is None else dict(inputs),
     )
 
 
@@ -350,22 +421,37 @@ def mask_matrix(
     device: torch.device | str | None = None,
     *,
     rows: Rows = None,
+    batch: int | None = None,
+    inputs: Mapping[str, torch.Tensor] | None = None,
 ) -> torch.Tensor:
     """Boolean (num_heads, Nq, Nk): True where query i may see key j
-    ((num_heads, len(rows), Nk) for the given `rows`).
+    ((num_heads, len(rows), Nk) for the given `rows`).  A mask that reads the
+    batch index or an input differs per batch: (batch, num_heads, Nq, Nk),
+    for the `batch` and `inputs` given.
 
     Real sub-expressions of a mask are evaluated in float64 whatever the
     variant's dtype: the mask is exact by definition.
     """
     index = _row_index(rows, nq, device)
     scope = _scope(
-        nq, nk, num_heads, variant.align, s=None, real=torch.float64, device=device, rows=index
-    )
+        nq, nk, num_heads, variant.align, s=None, real=torch.float64, device=device,
+        rows=index, batch=batch, inputs=inputs,
+    )  # fmt: skip
     visible = _evaluate(variant.mask, scope)
     if not _is_bool(visible):
         raise ValueError("the mask expression must be boolean")
+    _raise_out_of_range(scope)  # the mask's indices must be in range at every pair
     n_rows = nq if index is None else index.numel()
+    if per_batch(variant.mask):
+        if batch is None:
+            raise ValueError("a mask that reads `b` or an input differs per batch: pass batch=")
+        return visible.expand(batch, num_heads, n_rows, nk).clone()
     return visible.expand(num_heads, n_rows, nk).clone()
+
+
+def per_batch(e: ir.Expr) -> bool:
+    """Whether `e` reads the batch index or an input (so differs per batch)."""
+    return ir.reads_inputs(e) or ir.mentions(e, frozenset({"b"}))
 
 
 def _check_shapes(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor | None) -> None:
@@ -393,6 +479,8 @@ def _scores(
     scale: float | None,
     dtype: torch.dtype,
     rows: torch.Tensor | None = None,
+    inputs: Mapping[str, torch.Tensor] | None = None,
+    visible: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Scores of the query rows `rows` (every row for None)."""
     if q.shape[-1] != variant.head_dim:
@@ -410,17 +498,30 @@ def _scores(
     if rows is not None:
         q = q[:, :, rows]
     s = (q.to(dtype) @ k.transpose(-2, -1)) * scale
-    return _score_of(variant, s, nq, nk, rows)
+    return _score_of(variant, s, nq, nk, rows, inputs, visible)
 
 
 def _score_of(
-    variant: ir.Variant, s: torch.Tensor, nq: int, nk: int, rows: torch.Tensor | None
+    variant: ir.Variant,
+    s: torch.Tensor,
+    nq: int,
+    nk: int,
+    rows: torch.Tensor | None,
+    inputs: Mapping[str, torch.Tensor] | None = None,
+    visible: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """The score expression applied to the products `s` (B, H, rows, Nk)."""
-    scope = _scope(nq, nk, s.shape[1], variant.align, s=s, real=s.dtype, device=s.device, rows=rows)
+    """The score expression applied to the products `s` (B, H, rows, Nk).
+    With `visible`, an index out of range at a visible pair is a ValueError;
+    elsewhere (and without it) such a pair's score is undefined."""
+    scope = _scope(
+        nq, nk, s.shape[1], variant.align, s=s, real=s.dtype, device=s.device, rows=rows,
+        batch=s.shape[0], inputs=inputs,
+    )  # fmt: skip
     scored = _evaluate(variant.score, scope)
     if _is_bool(scored):
         raise ValueError("the score expression must be a number")
+    if visible is not None:
+        _raise_out_of_range(scope, visible)
     return torch.broadcast_to(scored.to(s.dtype), s.shape)
 
 
@@ -431,16 +532,18 @@ def scores(
     scale: float | None = None,
     *,
     rows: Rows = None,
+    inputs: Mapping[str, torch.Tensor] | None = None,
 ) -> torch.Tensor:
     """float64 (B, H, Nq, Nk): the score expression applied to s = q k^T * scale
     ((B, H, len(rows), Nk) for the given `rows`).
 
     `scale` defaults to the variant's, else 1/sqrt(head_dim).  The mask is not
-    applied.
+    applied.  `inputs`: the variant's declared inputs by name.
     """
     _check_shapes(q, k, None)
+    inputs = check_inputs(variant, q, k, inputs)
     index = _row_index(rows, q.shape[2], q.device)
-    return _scores(variant, q, k, scale, torch.float64, index)
+    return _scores(variant, q, k, scale, torch.float64, index, inputs)
 
 
 def score_slope(
@@ -450,6 +553,7 @@ def score_slope(
     scale: float | None = None,
     *,
     rows: Rows = None,
+    inputs: Mapping[str, torch.Tensor] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """float64 (s, d score / d s), both (B, H, Nq, Nk) (or len(rows) query
     rows): the products s = q k^T * scale and the score expression's
@@ -457,15 +561,62 @@ def score_slope(
     _check_shapes(q, k, None)
     index = _row_index(rows, q.shape[2], q.device)
     products = scores(
-        dataclasses.replace(variant, score=ir.Name(ir.SCORE_VARIABLE)), q, k, scale, rows=rows
-    )
+        dataclasses.replace(variant, score=ir.Name(ir.SCORE_VARIABLE)), q, k, scale, rows=rows,
+        inputs=inputs,
+    )  # fmt: skip
     s = products.detach().requires_grad_()
     with torch.enable_grad():
-        scored = _score_of(variant, s, q.shape[2], k.shape[2], index)
+        inputs = {n: x.detach() for n, x in check_inputs(variant, q, k, inputs).items()}
+        scored = _score_of(variant, s, q.shape[2], k.shape[2], index, inputs)
         if not scored.requires_grad:  # a score without `s`
             return products, torch.zeros_like(products)
         (slope,) = torch.autograd.grad(scored.sum(), s, allow_unused=True)
     return products, torch.zeros_like(products) if slope is None else slope
+
+
+def check_inputs(
+    variant: ir.Variant,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    inputs: Mapping[str, torch.Tensor] | None,
+) -> dict[str, torch.Tensor]:
+    """The variant's inputs from `inputs`, each checked against its
+    declaration (shape from q (B, H, Nq, D) and k (B, Hkv, Nk, D), element
+    type, device): a missing, unknown or mis-shaped input is a ValueError (a
+    wrong type a TypeError) naming it."""
+    given = dict(inputs or {})
+    declared = {i.name: i for i in variant.inputs}
+    for name in given:
+        if name not in declared:
+            raise ValueError(f"unknown input `{name}`; the variant declares {sorted(declared)}")
+    sizes = {
+        "B": q.shape[0],
+        "H": q.shape[1],
+        "Hkv": k.shape[1],
+        "Nq": q.shape[2],
+        "Nk": k.shape[2],
+    }
+    dtypes = {
+        ir.Element.INT32: torch.int32,
+        ir.Element.INT64: torch.int64,
+        ir.Element.FP32: torch.float32,
+        ir.Element.FP16: torch.float16,
+        ir.Element.BF16: torch.bfloat16,
+    }
+    for name, decl in declared.items():
+        if name not in given:
+            raise ValueError(f"missing input `{name}` ({decl.element.value}{list(decl.shape)})")
+        x = given[name]
+        if not isinstance(x, torch.Tensor):
+            raise TypeError(f"input `{name}` must be a torch.Tensor, got {type(x).__name__}")
+        shape = tuple(sizes[d] if isinstance(d, str) else d for d in decl.shape)
+        if tuple(x.shape) != shape:
+            raise ValueError(f"input `{name}` must have shape {shape}, got {tuple(x.shape)}")
+        if x.dtype != dtypes[decl.element]:
+            raise TypeError(f"input `{name}` must be {dtypes[decl.element]}, got {x.dtype}")
+        if x.device != q.device:
+            raise ValueError(f"input `{name}` is on {x.device}, but q is on {q.device}")
+    return given
 
 
 def attention_ref(
@@ -477,6 +628,7 @@ def attention_ref(
     scale: float | None = None,
     dtype: torch.dtype = torch.float64,
     rows: Rows = None,
+    inputs: Mapping[str, torch.Tensor] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Dense attention of `variant`, every operation in `dtype`.
 
@@ -487,13 +639,19 @@ def attention_ref(
     backward.  With `rows`, o is (B, H, len(rows), D) and lse (B, H,
     len(rows)): those query rows only, at their positions in the full
     problem; gradients still flow to the whole q (zero on other rows).
+    `inputs`: the variant's declared inputs by name (`check_inputs`); real
+    ones are read in `dtype`, and a learnable one that requires grad gets its
+    gradient through autograd.
     """
     _check_shapes(q, k, v)
-    _, num_heads, nq, _ = q.shape
+    inputs = check_inputs(variant, q, k, inputs)
+    batch, num_heads, nq, _ = q.shape
     nk = k.shape[2]
     index = _row_index(rows, nq, q.device)
-    s = _scores(variant, q, k, scale, dtype, index)
-    visible = mask_matrix(variant, nq, nk, num_heads, device=q.device, rows=index)
+    visible = mask_matrix(
+        variant, nq, nk, num_heads, device=q.device, rows=index, batch=batch, inputs=inputs
+    )
+    s = _scores(variant, q, k, scale, dtype, index, inputs, visible)
     any_visible = visible.any(dim=-1, keepdim=True)
 
     # Safe softmax.  The row max is only a shift (the result does not depend

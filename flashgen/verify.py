@@ -37,7 +37,7 @@ import dataclasses
 import math
 import os
 import random
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from types import ModuleType
 
@@ -159,21 +159,25 @@ def check_forward(
     *,
     scale: float | None = None,
     rows: Sequence[int] | None = None,
+    inputs: Mapping[str, torch.Tensor] | None = None,
     **launch: int,
 ) -> CaseResult:
     """Run the module's forward on (q, k, v) and judge o and lse (on the
     query rows `rows` only, when given: the reference is computed for just
-    those rows)."""
-    o, lse = module.forward(q, k, v, scale, **launch)
+    those rows).  `inputs`: the variant's declared inputs by name."""
+    inputs = dict(inputs or {})
+    o, lse = module.forward(q, k, v, scale, **launch, **inputs)
     if rows is not None:
         index = torch.tensor(rows, dtype=torch.int64, device=o.device)
         o, lse = o[:, :, index], lse[:, :, index]
     ref_o, ref_lse = attention_ref(
-        variant, q.double(), k.double(), v.double(), scale=scale, rows=rows
+        variant, q.double(), k.double(), v.double(), scale=scale, rows=rows, inputs=inputs
     )
-    ord_o, ord_lse = attention_ref(variant, q, k, v, scale=scale, dtype=q.dtype, rows=rows)
+    ord_o, ord_lse = attention_ref(
+        variant, q, k, v, scale=scale, dtype=q.dtype, rows=rows, inputs=inputs
+    )
     shape = Shape(q.shape[0], q.shape[1], k.shape[1], q.shape[2], k.shape[2])
-    s_max = max_visible_score(variant, q, k, scale, rows=rows)
+    s_max = max_visible_score(variant, q, k, scale, rows=rows, inputs=inputs)
     v_max = v.abs().max().item() if v.numel() else 0.0
     checks = (
         tolerance(o.cpu(), ref_o.cpu(), ord_o.cpu(), q.dtype, what="o", score_noise=s_max * v_max),
@@ -193,6 +197,7 @@ def check_backward(
     generator: torch.Generator | None = None,
     with_lse: bool = True,
     rows: Sequence[int] | None = None,
+    inputs: Mapping[str, torch.Tensor] | None = None,
 ) -> CaseResult:
     """Gradients through `module.attention` against float64 autograd of the
     reference, with the 3x rule.  The loss weights o by a random dO and, when
@@ -225,24 +230,28 @@ def check_backward(
         # their gradient is zero, not missing.
         return [torch.zeros_like(x) if x.grad is None else x.grad for x in inputs]
 
+    inputs = dict(inputs or {})
+
     def kernel_fn(a, b, c):
         if with_lse:
-            return module.attention(a, b, c, scale=scale, return_lse=True)
-        return module.attention(a, b, c, scale=scale), None
+            return module.attention(a, b, c, scale=scale, return_lse=True, **inputs)
+        return module.attention(a, b, c, scale=scale, **inputs), None
 
     kernel = grads(kernel_fn, q.dtype)
     ref = grads(
-        lambda a, b, c: attention_ref(variant, a, b, c, scale=scale, rows=rows),
+        lambda a, b, c: attention_ref(variant, a, b, c, scale=scale, rows=rows, inputs=inputs),
         torch.float64,
         all_rows=False,
     )
     ordinary = grads(
-        lambda a, b, c: attention_ref(variant, a, b, c, scale=scale, dtype=q.dtype, rows=rows),
+        lambda a, b, c: attention_ref(
+            variant, a, b, c, scale=scale, dtype=q.dtype, rows=rows, inputs=inputs
+        ),
         q.dtype,
         all_rows=False,
     )
-    s_max = max_visible_score(variant, q, k, scale, rows=rows)
-    row_noise = _row_term_noise(variant, q, k, v, do, scale, rows)
+    s_max = max_visible_score(variant, q, k, scale, rows=rows, inputs=inputs)
+    row_noise = _row_term_noise(variant, q, k, v, do, scale, rows, inputs)
     checks = tuple(
         tolerance(
             g.cpu(),
@@ -259,7 +268,9 @@ def check_backward(
     return CaseResult(shape, q.dtype, checks, rows=_describe_rows(rows))
 
 
-def _row_term_noise(variant, q, k, v, do, scale, rows=None) -> tuple[float, float, float]:
+def _row_term_noise(
+    variant, q, k, v, do, scale, rows=None, inputs=None
+) -> tuple[float, float, float]:
     """Rounding noise of FlashAttention's softmax-backward row term, per
     gradient, in units of fp32 eps (see `tolerance`).
 
@@ -277,9 +288,12 @@ def _row_term_noise(variant, q, k, v, do, scale, rows=None) -> tuple[float, floa
         return 0.0, 0.0, 0.0
     if scale is None:
         scale = variant.scale if variant.scale is not None else variant.head_dim**-0.5
-    f = scores(variant, q.double(), k.double(), scale, rows=rows)
-    _, slope = score_slope(variant, q.double(), k.double(), scale, rows=rows)
-    visible = mask_matrix(variant, q.shape[2], k.shape[2], q.shape[1], device=f.device, rows=rows)
+    f = scores(variant, q.double(), k.double(), scale, rows=rows, inputs=inputs)
+    _, slope = score_slope(variant, q.double(), k.double(), scale, rows=rows, inputs=inputs)
+    visible = mask_matrix(
+        variant, q.shape[2], k.shape[2], q.shape[1], device=f.device, rows=rows,
+        batch=q.shape[0], inputs=inputs,
+    )  # fmt: skip
     f = torch.where(visible, f, float("-inf"))
     p = torch.softmax(f, dim=-1).nan_to_num(0.0)
     weight = p * torch.where(visible, slope.abs(), 0.0).nan_to_num(0.0, posinf=0.0)
@@ -297,6 +311,7 @@ def max_visible_score(
     k: torch.Tensor,
     scale: float | None,
     rows: Sequence[int] | None = None,
+    inputs: Mapping[str, torch.Tensor] | None = None,
 ) -> float:
     """The scale of fp32 rounding in the scores, over the (query, key) pairs
     the mask keeps, in float64 (of the query rows `rows`, when given): the
@@ -306,12 +321,60 @@ def max_visible_score(
     slope f'(s).  For score = s the two are the same."""
     if q.numel() == 0 or k.numel() == 0 or (rows is not None and not len(rows)):
         return 0.0
-    f = scores(variant, q.double(), k.double(), scale, rows=rows)
-    s, slope = score_slope(variant, q.double(), k.double(), scale, rows=rows)
-    visible = mask_matrix(variant, q.shape[2], k.shape[2], q.shape[1], device=f.device, rows=rows)
+    f = scores(variant, q.double(), k.double(), scale, rows=rows, inputs=inputs)
+    s, slope = score_slope(variant, q.double(), k.double(), scale, rows=rows, inputs=inputs)
+    visible = mask_matrix(
+        variant, q.shape[2], k.shape[2], q.shape[1], device=f.device, rows=rows,
+        batch=q.shape[0], inputs=inputs,
+    )  # fmt: skip
     # An infinite slope (sqrt at 0) leaves the gradient undefined there: no bound from it.
     scale_of = torch.maximum(f.abs(), (slope * s).abs().nan_to_num(0.0, posinf=0.0))
     return torch.where(visible, scale_of, torch.zeros_like(f)).max().item()
+
+
+def _zero_inputs(variant: ir.Variant, c: "_Candidate", device: str) -> dict[str, torch.Tensor]:
+    sizes = {"B": 1, "H": c.heads, "Hkv": c.heads, "Nq": c.n_queries, "Nk": c.n_keys}
+    return {
+        i.name: torch.zeros(
+            [sizes[d] if isinstance(d, str) else d for d in i.shape],
+            dtype=_INPUT_DTYPES[i.element],
+            device=device,
+        )
+        for i in variant.inputs
+    }
+
+
+_INPUT_DTYPES = {
+    ir.Element.INT32: torch.int32,
+    ir.Element.INT64: torch.int64,
+    ir.Element.FP32: torch.float32,
+    ir.Element.FP16: torch.float16,
+    ir.Element.BF16: torch.bfloat16,
+}
+
+
+def random_runtime_inputs(
+    variant: ir.Variant, shape: Shape, device: str | torch.device, *, generator: torch.Generator
+) -> dict[str, torch.Tensor]:
+    """Random values of the variant's declared inputs for one case.  Reals are
+    standard normal; integers run up from 0 along their last dimension in
+    steps of 0 or 1 (a new value with probability 0.15), so that, read as
+    document ids, they make documents of a few tokens to a few dozen, some
+    crossing tile edges, and read as lengths they reach past short prefixes."""
+    sizes = {
+        "B": shape.batch, "H": shape.heads, "Hkv": shape.kv_heads,
+        "Nq": shape.n_queries, "Nk": shape.n_keys,
+    }  # fmt: skip
+    out = {}
+    for i in variant.inputs:
+        dims = [sizes[d] if isinstance(d, str) else d for d in i.shape]
+        if i.element.is_integer:
+            steps = (torch.rand(dims, generator=generator) < 0.15).to(torch.int64)
+            values = torch.cumsum(steps, dim=-1) if dims else steps
+        else:
+            values = torch.randn(dims, generator=generator)
+        out[i.name] = values.to(dtype=_INPUT_DTYPES[i.element], device=device)
+    return out
 
 
 def random_inputs(
@@ -489,8 +552,13 @@ def _moved_rows(
             for start in range(0, c.n_queries, chunk):
                 part = list(range(start, min(c.n_queries, start + chunk)))
                 args = (c.n_queries, c.n_keys, c.heads)
-                base = mask_matrix(variant, *args, device=device, rows=part)
-                changed = (mask_matrix(other, *args, device=device, rows=part) != base).any(dim=0)
+                # Inputs all zero (one document, say): the mask's positional edges.
+                data = dict(batch=1, inputs=_zero_inputs(variant, c, device))
+                base = mask_matrix(variant, *args, device=device, rows=part, **data)
+                changed = mask_matrix(other, *args, device=device, rows=part, **data) != base
+                if changed.dim() == 4:  # a mask that reads runtime data: batch 1
+                    changed = changed[0]
+                changed = changed.any(dim=0)
                 rows += [part[i] for i in changed.any(dim=1).nonzero().flatten().tolist()]
         except (RuntimeError, ValueError, ZeroDivisionError):  # e.g. division by zero
             moved[delta] = None
@@ -701,9 +769,14 @@ def verify(
     results = []
     for shape, rows in cases:
         q, k, v = random_inputs(shape, variant.head_dim, dtype, device, generator=generator)
-        results.append(check_forward(variant, module, q, k, v, rows=rows))
+        data = random_runtime_inputs(variant, shape, device, generator=generator)
+        results.append(check_forward(variant, module, q, k, v, rows=rows, inputs=data))
         if gradients:
-            results.append(check_backward(variant, module, q, k, v, generator=generator, rows=rows))
+            results.append(
+                check_backward(
+                    variant, module, q, k, v, generator=generator, rows=rows, inputs=data
+                )
+            )
     crossed = tuple(
         f"{shape}, {_describe_rows(rows)}: {', '.join(names)}" for shape, rows, names in plan.cases
     )

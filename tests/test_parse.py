@@ -261,6 +261,10 @@ def test_spans_do_not_affect_equality():
             "comparisons do not chain: write `a < b & b < c` instead of `a < b < c`",
         ),
         ("attention a { x == 1 }", "expected '=' after the setting name, found '=='"),
+        (
+            "attention a { x 1 }",
+            "expected '=' after the setting name, or ':' to declare an input, found integer 1",
+        ),
         ("attention a { 1 = 1 }", "expected a setting name or '}', found integer 1"),
         (
             "attention a { x = 1 y = 2 }",
@@ -274,10 +278,20 @@ def test_spans_do_not_affect_equality():
         ("attention a { x = 'fp16' }", "unexpected character '\\''"),
         ('attention a { x = "fp16" }', "unexpected character '\"'"),
         ("attention a { x = s.real }", "unexpected character '.'"),
-        ("attention a { x = s[0] }", "unexpected character '['"),
+        ("attention a { x = [0] }", "expected an expression, found '['"),
+        (
+            "attention a { x = d[0 }",
+            "expected ']' to close the '[' at line 1, column 20, found '}'",
+        ),
+        ("attention a { x = d[0]] }", "unmatched ']'"),
         ("attention a { x = 2 ** 3 }", "expected an expression, found '*'"),
         ("attention a { x = λ }", "unexpected character 'λ'; expected an expression"),
-        ("attention a { x: 1 }", "unexpected character ':'"),
+        (
+            "attention a { x: 1 }",
+            "expected an element type such as int32 or fp32 (after 'learnable' if it is one), "
+            "found integer 1",
+        ),
+        ("attention a { x: int32 B }", "expected '[' and the input's sizes, found name 'B'"),
         (
             "attention a { x = 1 } $",
             "unexpected character '$'; expected 'attention' to start a block",

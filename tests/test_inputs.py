@@ -1,0 +1,328 @@
+"""Declared inputs (runtime data): the language, the checker and the float64
+reference.  No kernel reads inputs yet, so `check` refuses them unless asked
+(`runtime_data=True`, as here); these tests pin down what they mean.
+
+The reference is checked against independent computations: a packed batch
+with a document mask must equal each document attended alone, a per-example
+prefix must equal the positional `prefix(P)` of that example, a bias table
+must equal the bias added by hand, and a learnable table's gradient must
+equal the one autograd gives for that hand-built score."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from flashgen import ir
+from flashgen.check import check
+from flashgen.diagnostics import render_all
+from flashgen.parse import parse
+from flashgen.printer import print_variant
+from flashgen.reference import attention_ref, check_inputs, mask_matrix
+
+
+def _variants(text: str, runtime_data: bool = True):
+    spec, diagnostics = parse(text, "<t>")
+    assert not diagnostics, render_all(diagnostics, {"<t>": text})
+    return check([spec], runtime_data=runtime_data)
+
+
+def _variant(text: str) -> ir.Variant:
+    (variant,), diagnostics = _variants(text)
+    assert not diagnostics, render_all(diagnostics, {"<t>": text})
+    return variant
+
+
+def _messages(text: str, runtime_data: bool = True) -> list[str]:
+    spec, diagnostics = parse(text, "<t>")
+    if spec is not None:
+        diagnostics = _variants(text, runtime_data)[1]
+    return [d.message for d in diagnostics]
+
+
+PACKED = """attention packed {
+    head_dim = 16
+    dtype = fp32
+    doc: int32[B, Nk]
+    mask = causal & doc[b, q] == doc[b, k]
+}
+"""
+
+
+def _inputs(seed: int, *shape: int) -> torch.Tensor:
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
+
+
+def test_packed_documents_equal_each_document_alone():
+    variant = _variant(PACKED)
+    causal = _variant("attention c { head_dim = 16; dtype = fp32; mask = causal }")
+    lengths = [[3, 1, 5, 2], [7, 4]]  # two packed sequences of 11 tokens
+    doc = torch.tensor(
+        [sum(([i] * n for i, n in enumerate(row)), []) for row in lengths], dtype=torch.int32
+    )
+    q, k, v = (_inputs(seed, 2, 2, 11, 16) for seed in (1, 2, 3))
+    o, lse = attention_ref(variant, q, k, v, inputs={"doc": doc})
+    for batch, row in enumerate(lengths):
+        start = 0
+        for n in row:
+            part = slice(start, start + n)
+            sub = [x[batch : batch + 1, :, part] for x in (q, k, v)]
+            o_alone, lse_alone = attention_ref(causal, *sub)
+            torch.testing.assert_close(o[batch : batch + 1, :, part], o_alone)
+            torch.testing.assert_close(lse[batch : batch + 1, :, part], lse_alone)
+            start += n
+    assert mask_matrix(variant, 11, 11, 2, batch=2, inputs={"doc": doc}).shape == (2, 2, 11, 11)
+
+
+def test_per_example_prefix_equals_each_examples_positional_prefix():
+    variant = _variant(
+        "attention p { head_dim = 16; dtype = fp32; prefix_len: int64[B]; "
+        "mask = causal | k < prefix_len[b] }"
+    )
+    q, k, v = (_inputs(seed, 3, 2, 9, 16) for seed in (4, 5, 6))
+    lengths = [0, 4, 9]
+    o, _ = attention_ref(variant, q, k, v, inputs={"prefix_len": torch.tensor(lengths)})
+    for batch, n in enumerate(lengths):
+        alone = _variant(
+            f"attention a {{ head_dim = 16; dtype = fp32; mask = causal | prefix({n}) }}"
+        )
+        o_alone, _ = attention_ref(alone, *(x[batch : batch + 1] for x in (q, k, v)))
+        torch.testing.assert_close(o[batch : batch + 1], o_alone)
+
+
+BUCKETS = """attention t5 {
+    head_dim = 16
+    dtype = fp32
+    rel: learnable fp32[H, 8]
+    mask = causal
+    score = s + rel[h, min(q - k, 7)]
+}
+"""
+
+
+def test_a_learnable_bias_table_is_added_and_gets_autograds_gradient():
+    variant = _variant(BUCKETS)
+    q, k, v = (_inputs(seed, 1, 2, 6, 16) for seed in (7, 8, 9))
+    table = torch.randn(2, 8, generator=torch.Generator().manual_seed(10))
+    do = _inputs(11, 1, 2, 6, 16)
+
+    rel = table.clone().requires_grad_()
+    o, _ = attention_ref(variant, q, k, v, inputs={"rel": rel})
+    (o * do).sum().backward()
+
+    by_hand = table.double().clone().requires_grad_()
+    i = torch.arange(6)[:, None]
+    j = torch.arange(6)[None, :]
+    bucket = torch.clamp(i - j, max=7).clamp(min=0)  # masked pairs (j > i) never count
+    bias = by_hand[:, bucket]  # (H, Nq, Nk)
+    s = q @ k.transpose(-1, -2) / 4.0 + bias
+    s = torch.where(j <= i, s, float("-inf"))
+    o_hand = torch.softmax(s, dim=-1) @ v
+    (o_hand * do).sum().backward()
+
+    torch.testing.assert_close(o, o_hand)
+    torch.testing.assert_close(rel.grad.double(), by_hand.grad, rtol=1e-6, atol=1e-6)
+    # Buckets 6 and 7 (q - k >= 6) are never reached in 6 positions.
+    assert rel.grad[:, 6:].abs().max() == 0 and rel.grad[:, :6].abs().min() > 0
+
+
+def test_inputs_are_checked_by_name():
+    variant = _variant(PACKED)
+    q = k = torch.zeros(2, 1, 5, 16)
+    good = torch.zeros(2, 5, dtype=torch.int32)
+    assert check_inputs(variant, q, k, {"doc": good}).keys() == {"doc"}
+    with pytest.raises(ValueError, match="missing input `doc`"):
+        check_inputs(variant, q, k, {})
+    with pytest.raises(ValueError, match="unknown input `docs`"):
+        check_inputs(variant, q, k, {"doc": good, "docs": good})
+    with pytest.raises(ValueError, match=r"input `doc` must have shape \(2, 5\), got \(5, 2\)"):
+        check_inputs(variant, q, k, {"doc": good.T})
+    with pytest.raises(TypeError, match="input `doc` must be torch.int32, got torch.int64"):
+        check_inputs(variant, q, k, {"doc": good.long()})
+    with pytest.raises(TypeError, match="input `doc` must be a torch.Tensor, got list"):
+        check_inputs(variant, q, k, {"doc": [[0] * 5] * 2})
+
+
+def test_a_score_index_needs_to_be_in_range_only_where_the_mask_keeps_the_pair():
+    q, k, v = (_inputs(seed, 1, 1, 6, 16) for seed in (1, 2, 3))
+    rel = {"rel": torch.zeros(4)}
+    banded = _variant(
+        "attention r { head_dim = 16; dtype = fp32; rel: fp32[4]; "
+        "mask = causal & q - k < 4; score = s + rel[q - k] }"
+    )
+    attention_ref(banded, q, k, v, inputs=rel)  # q - k in 0..3 wherever visible
+    full = _variant(
+        "attention r { head_dim = 16; dtype = fp32; rel: fp32[4]; score = s + rel[q - k] }"
+    )
+    with pytest.raises(
+        ValueError, match="index -1 of `rel` is out of range for its dimension 0 of size 4"
+    ):
+        attention_ref(full, q, k, v, inputs=rel)
+
+
+def test_a_mask_index_must_be_in_range_at_every_pair():
+    variant = _variant(
+        "attention r { head_dim = 16; dtype = fp32; d: int32[4]; mask = causal & d[k] == 0 }"
+    )
+    with pytest.raises(
+        ValueError, match="index 4 of `d` is out of range for its dimension 0 of size 4"
+    ):
+        mask_matrix(variant, 6, 6, 1, batch=1, inputs={"d": torch.zeros(4, dtype=torch.int32)})
+
+
+def test_a_variant_with_inputs_prints_and_checks_back_the_same():
+    for text in (PACKED, BUCKETS):
+        variant = _variant(text)
+        assert _variant(print_variant(variant)) == variant
+
+
+def test_check_refuses_inputs_and_the_batch_index_until_kernels_read_them():
+    assert _messages(PACKED, runtime_data=False) == [
+        "inputs are not supported by the generated kernels yet"
+    ]
+    assert _messages(
+        "attention x { head_dim = 16; dtype = fp32; mask = causal | b == 0 }", runtime_data=False
+    ) == ["the batch index `b` is not supported by the generated kernels yet"]
+
+
+@pytest.mark.parametrize(
+    "body, message",
+    [
+        ("doc: int32[B, N]; mask = doc[b, q] == 0", "unknown size 'N'; did you mean 'Nq'?"),
+        (
+            "doc: int33[B]; mask = doc[b] == 0",
+            "unknown element type 'int33'; did you mean 'int32'?",
+        ),
+        ("doc: long[B]; mask = doc[b] == 0", "unknown element type 'long'; did you mean 'int64'?"),
+        (
+            "q: int32[B]; mask = causal",
+            "input name `q` is not allowed: `q` is a name of the language",
+        ),
+        ("Nk: int32[B]; mask = causal", "input name `Nk` is not allowed: `Nk` names a size"),
+        (
+            "scale: fp32[H]; mask = causal",
+            "input name `scale` is not allowed: `scale` is an argument of the module's attention()",
+        ),
+        (
+            "lambda: fp32[H]; score = s + lambda[h]",
+            "input name `lambda` is not allowed: `lambda` cannot be a Python keyword argument",
+        ),
+        (
+            "d: learnable int32[B]; mask = d[b] == 0",
+            "an integer input cannot be learnable; `d` holds int32",
+        ),
+        ("d: int32[B]; d: int32[B]; mask = d[b] == 0", "duplicate input `d`"),
+        ("d: int32[B, 0]; mask = d[b, 0] == 0", "a size must be between 1 and 2147483647, got 0"),
+        ("d: int32[]; mask = causal", "`d` has no dimensions; an input has 1 to 4"),
+        ("d: int32[B]; mask = d[b, q] == 0", "`d` has 1 dimension, indexed with 2 indices"),
+        ("d: int32[B]; mask = d == 0", "`d` is an input; index it with 1 index: d[...]"),
+        ("d: int32[B]; mask = e[b] == 0", "unknown input 'e'"),
+        ("d: int32[B]; mask = q[b] == 0", "`q` is not an input; only declared inputs are indexed"),
+        ("d: int32[B, Nk]; mask = d[b, d[b, k]] == 0", "an index may not read an input"),
+        ("t: fp32[H]; score = t[s]", "an index must be an integer, got a real"),
+        (
+            "t: fp32[H]; mask = t[h] > 0",
+            "the mask must be an integer/boolean expression; `t` holds fp32 reals",
+        ),
+        (
+            "d: int32[B]; mask = causal",
+            "input `d` is declared but neither the mask nor the score reads it",
+        ),
+        (
+            "d: int64[B]; mask = d[b] + 1 > 0",
+            "`d[b] + 1` can reach about 2^63.0; integer expressions that read inputs must stay within ±2^62",
+        ),
+    ],
+)
+def test_input_diagnostics(body, message):
+    assert _messages(f"attention x {{ head_dim = 16; dtype = fp32; {body} }}") == [message]
+
+
+def test_int32_inputs_compare_and_add_in_64_bits():
+    """Comparing two int32 values (a difference up to 2^32) and adding to one
+    are fine: expressions that read inputs are computed in 64 bits."""
+    _variant(
+        "attention x { head_dim = 16; dtype = fp32; d: int32[B, Nk]; "
+        "mask = d[b, q] == d[b, k] & d[b, q] + q > 0 }"
+    )
+
+
+# --------------------------------------------------------------------------- #
+# Kernels that read inputs, under the interpreter, against the reference
+# --------------------------------------------------------------------------- #
+
+KERNEL_SPECS = {
+    "packed documents, T5-style bias table": (
+        "doc: int32[B, Nk]; rel: fp32[H, 8]; "
+        "mask = causal & doc[b, q] == doc[b, k]; score = s + rel[h, min(q - k, 7)]"
+    ),
+    "per-example prefix (int64), a window": (
+        "prefix_len: int64[B]; mask = causal & window(20) | k < prefix_len[b]"
+    ),
+    "a per-head temperature, every pair": ("temp: fp32[H]; score = s * temp[h]"),
+    "a per-key bias read twice, the batch index": (
+        "bias: fp16[B, Nk]; mask = causal | b == 1; score = softcap(s + bias[b, k], 5.0) - bias[b, k]"
+    ),
+}
+
+
+@pytest.fixture
+def _interpreter(monkeypatch):
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+
+
+@pytest.mark.kernels
+@pytest.mark.parametrize("dtype", ["fp32", "fp16"])
+@pytest.mark.parametrize("name", sorted(KERNEL_SPECS))
+def test_kernels_that_read_inputs_match_the_reference(name, dtype, _interpreter):
+    from flashgen.api import load_variant
+    from flashgen.verify import (
+        Shape,
+        check_backward,
+        check_forward,
+        random_inputs,
+        random_runtime_inputs,
+    )
+
+    variant = _variant(f"attention t {{ head_dim = 16; dtype = {dtype}; {KERNEL_SPECS[name]} }}")
+    module = load_variant(variant)
+    generator = torch.Generator().manual_seed(0)
+    torch_dtype = {"fp32": torch.float32, "fp16": torch.float16}[dtype]
+    for shape in (Shape(2, 2, 1, 45, 45), Shape(1, 2, 2, 33, 70), Shape(2, 1, 1, 70, 33)):
+        q, k, v = random_inputs(shape, 16, torch_dtype, "cpu", generator=generator)
+        data = random_runtime_inputs(variant, shape, "cpu", generator=generator)
+        forward = check_forward(variant, module, q, k, v, inputs=data)
+        backward = check_backward(variant, module, q, k, v, generator=generator, inputs=data)
+        for result in (forward, backward):
+            assert result.ok, [(c.what, c.error, c.bound) for c in result.checks]
+
+
+@pytest.mark.kernels
+def test_a_module_checks_its_inputs_like_q_k_v(_interpreter):
+    from flashgen.api import load_variant
+
+    module = load_variant(_variant(PACKED))
+    q = k = v = torch.zeros(2, 1, 5, 16)
+    doc = torch.zeros(2, 5, dtype=torch.int32)
+    module.attention(q, k, v, doc=doc)
+    with pytest.raises(TypeError, match="missing 1 required keyword-only argument: 'doc'"):
+        module.attention(q, k, v)
+    with pytest.raises(
+        TypeError, match="doc has dtype torch.int64, but the spec declares torch.int32"
+    ):
+        module.attention(q, k, v, doc=doc.long())
+    with pytest.raises(ValueError, match=r"doc must have shape \(2, 5\), got \(5, 2\)"):
+        module.forward(q, k, v, doc=doc.T)
+    with pytest.raises(TypeError, match="doc must be a torch.Tensor, got list"):
+        module.backward(q, k, v, q, torch.zeros(2, 1, 5), q, doc=[[0] * 5] * 2)
+
+
+def test_variants_that_read_inputs_take_the_triton_kernels():
+    from flashgen import lower
+
+    for body in (
+        "doc: int32[B, Nk]; mask = causal & doc[b, q] == doc[b, k]",
+        "mask = causal | b == 0",
+    ):
+        model = lower.lower(_variant(f"attention t {{ head_dim = 128; dtype = bf16; {body} }}"))
+        assert model.gluon_forward is None and not model.gluon_backward
