@@ -44,7 +44,8 @@ import torch
 
 from flashgen import ir
 from flashgen.flex import flex_mods
-from flashgen.verify import torch_dtype
+from flashgen.reference import per_batch
+from flashgen.verify import Shape, random_runtime_inputs, torch_dtype
 
 BACKWARD_FLOP_FACTOR = 2.5
 # Max |o_system - o_flashgen| above which the table flags a disagreement: a few
@@ -89,20 +90,31 @@ class Measurement:
         return flops / (ms * 1e-3) / 1e12
 
 
-def density(variant: ir.Variant, n: int, heads: int, device) -> float:
-    """Fraction of visible (query, key) pairs, averaged over heads."""
-    mods = flex_mods(variant, n, n, heads, device=device)
+def density(
+    variant: ir.Variant,
+    n: int,
+    heads: int,
+    device,
+    batch: int = 1,
+    inputs: Mapping[str, torch.Tensor] | None = None,
+) -> float:
+    """Fraction of visible (query, key) pairs, averaged over heads (and over
+    the `batch` examples of `inputs` for a mask that reads runtime data)."""
+    mods = flex_mods(variant, n, n, heads, device=device, inputs=inputs)
     if mods.mask_mod is None:
         return 1.0
     keys = torch.arange(n, device=device)[None, :]
+    batches = range(batch) if per_batch(variant.mask) else [0]
     visible = 0
-    for h in range(heads):
-        head = torch.tensor(h, device=device)
-        for start in range(0, n, 1024):
-            rows = torch.arange(start, min(start + 1024, n), device=device)[:, None]
-            mask = mods.mask_mod(None, head, rows, keys)  # 0-d when it ignores q, k
-            visible += int(torch.broadcast_to(mask, (rows.shape[0], n)).sum())
-    return visible / (heads * n * n)
+    for b in batches:
+        index = torch.tensor(b, device=device)
+        for h in range(heads):
+            head = torch.tensor(h, device=device)
+            for start in range(0, n, 1024):
+                rows = torch.arange(start, min(start + 1024, n), device=device)[:, None]
+                mask = mods.mask_mod(index, head, rows, keys)  # 0-d when it ignores q, k
+                visible += int(torch.broadcast_to(mask, (rows.shape[0], n)).sum())
+    return visible / (len(batches) * heads * n * n)
 
 
 def _sdpa_expressible(variant: ir.Variant) -> bool | None:
@@ -228,8 +240,12 @@ def bench(
             q, k, v, do = (
                 torch.randn(shape, device=device, dtype=dtype, generator=gen) for _ in range(4)
             )
-            frac = density(variant, n, heads, device)
-            mods = flex_mods(variant, n, n, heads, device=device)
+            data = random_runtime_inputs(
+                variant, Shape(b, heads, heads, n, n), device,
+                generator=torch.Generator().manual_seed(n),
+            )  # fmt: skip
+            frac = density(variant, n, heads, device, b, data)
+            mods = flex_mods(variant, n, n, heads, device=device, inputs=data)
             is_causal = _sdpa_expressible(variant)
             reference = None
             for system in systems:
@@ -237,7 +253,7 @@ def bench(
                 if bar:
                     bar.show(label + ": compiling and timing")
                 if system == "flashgen":
-                    fn = lambda a, b_, c: module.attention(a, b_, c)  # noqa: E731
+                    fn = lambda a, b_, c: module.attention(a, b_, c, **data)  # noqa: E731
                 elif system == "flex":
                     flex = flex_attention
                     if compile_flex:
@@ -249,8 +265,11 @@ def bench(
                         flex = torch.compile(flex_attention, dynamic=False)
                     # One block mask for all heads unless the mask reads `h`.
                     mask_heads = heads if ir.mentions(variant.mask, frozenset({"h"})) else None
+                    mask_batch = b if per_batch(variant.mask) else None
                     block_mask = (
-                        create_block_mask(mods.mask_mod, None, mask_heads, n, n, device=device)
+                        create_block_mask(
+                            mods.mask_mod, mask_batch, mask_heads, n, n, device=device
+                        )
                         if mods.mask_mod
                         else None
                     )

@@ -14,6 +14,7 @@ specs shift it by Nk - Nq here.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Callable
 
@@ -71,14 +72,36 @@ def _real(x, env):
 
 
 def flex_mods(
-    variant: ir.Variant, n_queries: int, n_keys: int, num_heads: int, device="cuda"
+    variant: ir.Variant,
+    n_queries: int,
+    n_keys: int,
+    num_heads: int,
+    device="cuda",
+    inputs: Mapping[str, torch.Tensor] | None = None,
 ) -> FlexMods:
+    """`inputs`: the variant's declared inputs by name, captured by the mods
+    (FlexAttention's way of reading runtime data; `b` is its batch index)."""
     offset = n_keys - n_queries if variant.align is ir.Align.BOTTOM_RIGHT else 0
     slopes = alibi_slopes(num_heads).to(device=device, dtype=torch.float32)
+    inputs = dict(inputs or {})
+
+    def read(e: ir.Index, env: dict):
+        """The input's element, indices clamped into its shape: an index out
+        of range matters only where the mask hides the pair (or `&`, `|` do
+        not read it), and Flex evaluates the mods everywhere."""
+        tensor = inputs[e.input]
+        index = []
+        for arg, size in zip(e.args, tensor.shape):
+            x = evaluate(arg, env)
+            index.append(x.clamp(0, size - 1) if torch.is_tensor(x) else min(max(x, 0), size - 1))
+        value = tensor[tuple(index)]
+        return value.to(torch.int64) if not value.is_floating_point() else value.to(env["real"])
 
     def evaluate(e: ir.Expr, env: dict):
         if isinstance(e, ir.Num):
             return e.value
+        if isinstance(e, ir.Index):
+            return read(e, env)
         if isinstance(e, ir.Name):
             if e.id == "full":
                 return torch.ones_like(env["k"], dtype=torch.bool)
@@ -121,15 +144,18 @@ def flex_mods(
             return fn(x if torch.is_tensor(x) else torch.tensor(x, device=device))
         return fn(_real(args[0], env))
 
-    def env(h, q_idx, kv_idx, score=None):
+    def env(b, h, q_idx, kv_idx, score=None):
         real = score.dtype if score is not None else torch.float32
-        return {"q": q_idx + offset, "k": kv_idx, "h": h, "H": num_heads, "s": score, "real": real}
+        return {
+            "q": q_idx + offset, "k": kv_idx, "h": h, "H": num_heads, "b": b, "s": score,
+            "real": real,
+        }  # fmt: skip
 
     def score_mod(score, b, h, q_idx, kv_idx):
-        return evaluate(variant.score, env(h, q_idx, kv_idx, score)) + torch.zeros_like(score)
+        return evaluate(variant.score, env(b, h, q_idx, kv_idx, score)) + torch.zeros_like(score)
 
     def mask_mod(b, h, q_idx, kv_idx):
-        visible = evaluate(variant.mask, env(h, q_idx, kv_idx))
+        visible = evaluate(variant.mask, env(b, h, q_idx, kv_idx))
         if not torch.is_tensor(visible):  # a constant mask such as `0 <= 10`
             visible = torch.full_like(kv_idx, bool(visible), dtype=torch.bool)
         return visible

@@ -326,3 +326,66 @@ def test_variants_that_read_inputs_take_the_triton_kernels():
     ):
         model = lower.lower(_variant(f"attention t {{ head_dim = 128; dtype = bf16; {body} }}"))
         assert model.gluon_forward is None and not model.gluon_backward
+
+
+# --------------------------------------------------------------------------- #
+# FlexAttention's mods and `flashgen bench` with inputs
+# --------------------------------------------------------------------------- #
+
+
+@pytest.mark.parametrize("name", sorted(KERNEL_SPECS))
+def test_flex_mods_with_captured_inputs_compute_the_reference(name):
+    """The FlexAttention equivalent that `flashgen bench` cross-checks against
+    reads the inputs as captured tensors (eager flex_attention on the CPU)."""
+    import warnings
+
+    from torch.nn.attention import flex_attention
+
+    from flashgen.flex import flex_mods
+    from flashgen.verify import Shape, random_runtime_inputs
+
+    variant = _variant(f"attention t {{ head_dim = 16; dtype = fp32; {KERNEL_SPECS[name]} }}")
+    shape = Shape(2, 2, 2, 40, 40)
+    generator = torch.Generator().manual_seed(3)
+    q, k, v = (torch.randn(2, 2, 40, 16, generator=generator, dtype=torch.float64) for _ in "qkv")
+    data = random_runtime_inputs(variant, shape, "cpu", generator=generator)
+    mods = flex_mods(variant, 40, 40, 2, device="cpu", inputs=data)
+    block_mask = None
+    if mods.mask_mod is not None:
+        block_mask = flex_attention.create_block_mask(mods.mask_mod, 2, 2, 40, 40, device="cpu")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # eager flex_attention warns it is unfused
+        o = flex_attention.flex_attention(
+            q, k, v, score_mod=mods.score_mod, block_mask=block_mask, scale=0.25
+        )
+    ref, _ = attention_ref(variant, q, k, v, inputs=data)
+    torch.testing.assert_close(o, ref, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.kernels
+def test_bench_runs_a_spec_with_inputs_on_the_cpu(_interpreter):
+    """The same random inputs reach flashgen and FlexAttention, whose outputs
+    agree; the density counts each example's documents."""
+    import warnings
+
+    from flashgen import bench
+
+    variant = _variant(PACKED)
+
+    def timer(fn):
+        fn()
+        return 2.0
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        results = bench.bench(
+            [variant], seqlens=[40], batch=2, heads=2, device="cpu", timer=timer,
+            compile_flex=False, systems=("flashgen", "flex"), progress=False,
+        )  # fmt: skip
+    ours, flex = results
+    assert not ours.error and flex.max_diff is not None and flex.max_diff < 1e-4
+    data = bench.random_runtime_inputs(
+        variant, bench.Shape(2, 2, 2, 40, 40), "cpu", generator=torch.Generator().manual_seed(40)
+    )
+    visible = mask_matrix(variant, 40, 40, 2, batch=2, inputs=data)
+    assert ours.density == pytest.approx(visible.double().mean().item())
