@@ -248,6 +248,23 @@ BLOCK_NAMES = (
 )
 SETTING_KEYS = ("head_dim", "dtype", "scale", "mask", "score", "align", "rescale_threshold")
 ODD_KEYS = ("Head_dim", "head_dims", "window", "s", "dtype_", "k" * 200, "attention", "div")
+# Input declarations (runtime data), well formed and not; `check` refuses inputs for now,
+# so they exercise the parser's and the checker's diagnostics.
+INPUT_DECLS = (
+    "doc: int32[B, Nk]", "rel: learnable fp32[H, 32]", "t: fp16[H]", "p: int64[B]",
+    "w: bf16[B, Hkv, Nq, Nk]", "x: int33[B]", "q: int32[B]", "d: int32[]", "d: int32[B, N]",
+    "d int32[B]", "d: int32 B", "d: int32[B", "d: learnable int32[B]", "d: fp32[B, 0]",
+    "scale: fp32[H]", "lambda: fp32[H]", "d: fp32[B, Nk, H, Hkv, 3]", "doc: int32[B, Nk]",
+)  # fmt: skip
+INDEXED_MASKS = (
+    "causal & doc[b, q] == doc[b, k]", "causal | k < p[b]", "doc[b, q] == doc[b]",
+    "doc[b, q] + 1 > doc[b, k]", "t[h] > 0", "doc[b, doc[b, k]] == 0", "causal | b == 0",
+    "doc[b, q] == doc[b, k",
+)  # fmt: skip
+INDEXED_SCORES = (
+    "s + rel[h, min(q - k, 31)]", "s * t[h]", "s + rel[h, s]", "softcap(s + w[b, h, q, k], 5.0)",
+    "s + doc[b, k] / 2.0", "s + nothere[h]", "s + rel[h, q - k]] ",
+)  # fmt: skip
 # Texts the API could take for a path (it must not): existing files, `.attn` names.
 PATH_LIKE_TEXTS = (
     "x.attn",
@@ -582,6 +599,8 @@ def _setting_value(draw, key: str) -> str:
             return draw(st.sampled_from(["0", "0.0", "4.0", "8.0", "15", "15.0"]))
         return draw(st.sampled_from(["15.5", "-1", "16", "1e999", "nan", "inf", "-0.0"]))
     kind = "mask" if key == "mask" else "score"
+    if _rare(draw, 25):
+        return draw(st.sampled_from(INDEXED_MASKS if kind == "mask" else INDEXED_SCORES))
     if _rare(draw, 15):
         return draw(limit_exprs(kind))
     if _rare(draw, 30):
@@ -609,6 +628,10 @@ def _blocks(draw) -> str:
     for key in keys:
         space = _space(draw)
         settings_text.append(f"{key}{space}={space}{_setting_value(draw, key)}")
+    if _rare(draw, 12):
+        for _ in range(draw(st.integers(1, 2))):
+            at = draw(st.integers(0, len(settings_text)))
+            settings_text.insert(at, draw(st.sampled_from(INPUT_DECLS)))
     sep = draw(st.sampled_from(_SEPARATORS))
     opener = draw(st.sampled_from([" {\n    ", " {", "\n{\n", " { ", "{"]))
     closer = draw(st.sampled_from(["\n}", " }", "}", ";}", "\n\n}"]))
@@ -699,7 +722,7 @@ MUTATION_TOKENS = tuple(
         "attention div { } ( ) , ; = == != < <= > >= + - * / % & | ! # \n "
         "s q k h H alibi causal full window prefix chunk softcap tanh exp log sqrt abs min max "
         "head_dim dtype scale mask score align rescale_threshold fp16 bf16 fp32 top_left "
-        "bottom_right"
+        "bottom_right [ ] : learnable int32 int64 b B Nk doc doc[b,q]"
     ).split(" ")
     + ["\n", " "]
     + list(INT_LITERALS[:15])
