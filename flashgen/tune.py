@@ -94,7 +94,7 @@ def tune(
     import torch
 
     from flashgen.api import load_variant
-    from flashgen.verify import torch_dtype
+    from flashgen.verify import Shape, random_runtime_inputs, torch_dtype
 
     module = load_variant(variant)
     dtype = torch_dtype(variant.dtype)
@@ -106,8 +106,12 @@ def tune(
             torch.randn(b, heads, n, variant.head_dim, device=device, dtype=dtype, generator=gen)
             for _ in range(4)
         )
-        o, lse = module.forward(q, k, v)
-        cases.append((q, k, v, do, o, lse))
+        data = random_runtime_inputs(  # the variant's declared inputs, if any
+            variant, Shape(b, heads, heads, n, n), device,
+            generator=torch.Generator().manual_seed(n),
+        )  # fmt: skip
+        o, lse = module.forward(q, k, v, **data)
+        cases.append((q, k, v, do, o, lse, data))
 
     def total(run) -> float | None:
         try:
@@ -116,11 +120,15 @@ def tune(
             return None
 
     def time_forward(c: LaunchConfig, tma: bool | None = None) -> float | None:
-        return total(lambda q, k, v, do, o, lse: module.forward(q, k, v, **c.kwargs(), tma=tma))
+        return total(
+            lambda q, k, v, do, o, lse, data: module.forward(q, k, v, **c.kwargs(), tma=tma, **data)
+        )
 
     def time_backward(c: LaunchConfig, tma: bool | None = None) -> float | None:
         return total(
-            lambda q, k, v, do, o, lse: module.backward(q, k, v, o, lse, do, **c.kwargs(), tma=tma)
+            lambda q, k, v, do, o, lse, data: module.backward(
+                q, k, v, o, lse, do, **c.kwargs(), tma=tma, **data
+            )
         )
 
     timers = {"forward": time_forward, "backward": time_backward}

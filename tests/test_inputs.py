@@ -389,3 +389,29 @@ def test_bench_runs_a_spec_with_inputs_on_the_cpu(_interpreter):
     )
     visible = mask_matrix(variant, 40, 40, 2, batch=2, inputs=data)
     assert ours.density == pytest.approx(visible.double().mean().item())
+
+
+@pytest.mark.kernels
+def test_tune_times_a_spec_with_inputs(_interpreter):
+    """`flashgen tune` passes random inputs of the declared shapes to every
+    candidate: all of them run (none is skipped as failing)."""
+    from flashgen import tune
+    from flashgen.launch import LaunchConfig
+
+    variant = _variant(PACKED)
+    calls = []
+
+    def timer(fn):
+        fn()
+        calls.append(fn)
+        return float(len(calls))
+
+    forward = [LaunchConfig(16, 16, 1, 1), LaunchConfig(32, 16, 1, 1)]
+    backward = [LaunchConfig(16, 32, 1, 1), LaunchConfig(32, 32, 1, 1)]
+    _, times = tune.tune(
+        variant, seqlens=[40], batch=2, heads=2, device="cpu", timer=timer,
+        forward_candidates=forward, backward_candidates=backward, device_name="Test GPU",
+    )  # fmt: skip
+    assert all(t is not None for t in times["forward"].values())
+    assert all(t is not None for t in times["backward"].values())
+    assert set(times["forward"]) == set(forward) and set(times["backward"]) == set(backward)
