@@ -270,6 +270,13 @@ _API_ARGUMENTS = frozenset(
     {"q", "k", "v", "o", "lse", "do", "dlse", "scale", "return_lse"}
     | {"block_m", "block_n", "num_warps", "num_stages", "tma"}
 )
+# Names a generated module uses where an input's name also appears: modules it
+# imports (an argument would shadow them in the API's bodies), and the stems of
+# the kernels' own pointer parameters (`delta_ptr` beside `delta_ptr`).
+_MODULE_NAMES = frozenset(
+    {"torch", "triton", "tl", "math", "os", "functools", "typing", "gl", "gluon", "mbarrier"}
+    | {"alibi_slopes", "delta", "dq", "dk", "dv", "inputs", "args"}
+)
 _LANGUAGE_NAMES = (
     ir.INT_VARIABLES
     | ir.NAMED_MASKS
@@ -333,6 +340,10 @@ def _input_name_ok(decl: ir.InputDecl, report: _Reporter) -> bool:
         why = f"`{name}` is an argument of the module's attention()"
     elif keyword.iskeyword(name) or name.startswith("_"):
         why = f"`{name}` cannot be a Python keyword argument"
+    elif name in _MODULE_NAMES:
+        why = f"`{name}` is a name the generated module uses"
+    elif name in dir(builtins):
+        why = f"`{name}` is a Python builtin, which the module's functions may call"
     if why is not None:
         report(decl.name_span, f"input name `{name}` is not allowed: {why}")
     return why is None

@@ -212,6 +212,19 @@ def test_check_refuses_inputs_and_the_batch_index_until_kernels_read_them():
             "an integer input cannot be learnable; `d` holds int32",
         ),
         ("d: int32[B]; d: int32[B]; mask = d[b] == 0", "duplicate input `d`"),
+        (
+            "torch: fp32[H]; score = s + torch[h]",
+            "input name `torch` is not allowed: `torch` is a name the generated module uses",
+        ),
+        (
+            "delta: fp32[H]; score = s + delta[h]",
+            "input name `delta` is not allowed: `delta` is a name the generated module uses",
+        ),
+        (
+            "len: int32[B]; mask = k < len[b]",
+            "input name `len` is not allowed: `len` is a Python builtin, which the module's "
+            "functions may call",
+        ),
         ("d: int32[B, 0]; mask = d[b, 0] == 0", "a size must be between 1 and 2147483647, got 0"),
         ("d: int32[]; mask = causal", "`d` has no dimensions; an input has 1 to 4"),
         ("d: int32[B]; mask = d[b, q] == 0", "`d` has 1 dimension, indexed with 2 indices"),
