@@ -44,7 +44,6 @@ import torch
 
 from flashgen import ir
 from flashgen.flex import flex_mods
-from flashgen.reference import per_batch
 from flashgen.verify import Shape, random_runtime_inputs, torch_dtype
 
 BACKWARD_FLOP_FACTOR = 2.5
@@ -104,7 +103,7 @@ def density(
     if mods.mask_mod is None:
         return 1.0
     keys = torch.arange(n, device=device)[None, :]
-    batches = range(batch) if per_batch(variant.mask) else [0]
+    batches = range(batch) if ir.reads_runtime_data(variant.mask) else [0]
     visible = 0
     for b in batches:
         index = torch.tensor(b, device=device)
@@ -265,7 +264,7 @@ def bench(
                         flex = torch.compile(flex_attention, dynamic=False)
                     # One block mask for all heads unless the mask reads `h`.
                     mask_heads = heads if ir.mentions(variant.mask, frozenset({"h"})) else None
-                    mask_batch = b if per_batch(variant.mask) else None
+                    mask_batch = b if ir.reads_runtime_data(variant.mask) else None
                     block_mask = (
                         create_block_mask(
                             mods.mask_mod, mask_batch, mask_heads, n, n, device=device

@@ -405,9 +405,7 @@ def _refuse_runtime_data(block: ir.Block, values: Mapping[str, object], report: 
         return
     for key in ("mask", "score"):
         value = values.get(key)
-        if isinstance(value, (ir.Binary, ir.Unary, ir.Call, ir.Name)) and ir.mentions(
-            value, frozenset({"b"})
-        ):
+        if value is not None and ir.reads_runtime_data(value):
             report(value.span, "the batch index `b` is not supported by the generated kernels yet")
             return
 

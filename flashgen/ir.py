@@ -148,6 +148,12 @@ def reads_inputs(e: Expr) -> bool:
     return any(reads_inputs(a) for a in e.args)
 
 
+def reads_runtime_data(e: Expr) -> bool:
+    """Whether `e` reads a declared input or the batch index `b`: its value
+    then depends on the call's data, not on positions and heads alone."""
+    return reads_inputs(e) or mentions(e, frozenset({"b"}))
+
+
 # --------------------------------------------------------------------------- #
 # Syntax tree of a file
 # --------------------------------------------------------------------------- #
@@ -223,6 +229,13 @@ class Element(enum.Enum):
     @property
     def is_integer(self) -> bool:
         return self in (Element.INT32, Element.INT64)
+
+    @property
+    def torch_name(self) -> str:
+        """The torch dtype, as the generated module spells it (`torch.int32`)."""
+        return {"fp32": "torch.float32", "fp16": "torch.float16", "bf16": "torch.bfloat16"}.get(
+            self.value, f"torch.{self.value}"
+        )
 
 
 # Sizes an input's shape may name: batch, query heads, key/value heads, query

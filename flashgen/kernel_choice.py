@@ -183,7 +183,7 @@ def gluon_backward(v: ir.Variant) -> bool:
 def _runtime_data(v: ir.Variant) -> bool:
     """Whether the mask or the score reads an input or the batch index: the
     Gluon kernels do not take them yet."""
-    return bool(v.inputs) or any(ir.mentions(e, frozenset({"b"})) for e in (v.mask, v.score))
+    return ir.reads_runtime_data(v.mask) or ir.reads_runtime_data(v.score)
 
 
 # Largest softcap cap for which 16-bit modules compute tanh without the

@@ -114,21 +114,12 @@ class InputModel:
         return (f"{self.name}_ptr", *self.strides, *self.sizes)
 
 
-_INPUT_TORCH_DTYPES = {
-    ir.Element.INT32: "torch.int32",
-    ir.Element.INT64: "torch.int64",
-    ir.Element.FP32: "torch.float32",
-    ir.Element.FP16: "torch.float16",
-    ir.Element.BF16: "torch.bfloat16",
-}
-
-
 def _input_model(i: ir.Input) -> InputModel:
     return InputModel(
         name=i.name,
         rank=len(i.shape),
         integer=i.element.is_integer,
-        torch_dtype=_INPUT_TORCH_DTYPES[i.element],
+        torch_dtype=i.element.torch_name,
         shape=tuple(str(d) for d in i.shape),
     )
 
@@ -376,4 +367,4 @@ def _element_args(v: ir.Variant) -> tuple[str, ...]:
 
 def reads_runtime_data(v: ir.Variant) -> bool:
     """Whether the mask or the score reads an input or the batch index."""
-    return any(ir.reads_inputs(e) or ir.mentions(e, frozenset({"b"})) for e in (v.mask, v.score))
+    return ir.reads_runtime_data(v.mask) or ir.reads_runtime_data(v.score)

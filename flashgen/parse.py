@@ -235,13 +235,7 @@ class _ToIR(Transformer_NonRecursive):
         return str(token), _span(token)
 
     def size_int(self, meta, token: Token) -> tuple[int, ir.Span]:
-        digits = str(token).lstrip("0") or "0"
-        if len(digits) > _MAX_INT_DIGITS:
-            self.diagnostics.append(
-                Diagnostic(self.path, _span(token), "integer literal is too large")
-            )
-            return 0, _span(token)
-        return int(digits), _span(token)
+        return self._integer(token), _span(token)
 
     def index(self, meta, name: Token, *args: ir.Expr) -> ir.Index:
         return ir.Index(str(name), args, span=_span(meta))
@@ -259,13 +253,17 @@ class _ToIR(Transformer_NonRecursive):
         return ir.Name(str(token), span=_span(meta))
 
     def int(self, meta, token: Token) -> ir.Num:
+        return ir.Num(self._integer(token), span=_span(meta))
+
+    def _integer(self, token: Token) -> int:
+        """The literal's value; 0, with a diagnostic, past `_MAX_INT_DIGITS` digits."""
         digits = str(token).lstrip("0") or "0"
         if len(digits) > _MAX_INT_DIGITS:
             self.diagnostics.append(
                 Diagnostic(self.path, _span(token), "integer literal is too large")
             )
-            return ir.Num(0, span=_span(meta))
-        return ir.Num(int(digits), span=_span(meta))
+            return 0
+        return int(digits)
 
     def real(self, meta, token: Token) -> ir.Num:
         # float() of a literal this grammar accepts cannot fail; huge exponents

@@ -31,6 +31,8 @@ from flashgen import ir
 __all__ = [
     "alibi_slopes",
     "check_inputs",
+    "input_dtype",
+    "input_shape",
     "positions",
     "mask_matrix",
     "scores",
@@ -442,16 +444,11 @@ def mask_matrix(
         raise ValueError("the mask expression must be boolean")
     _raise_out_of_range(scope)  # the mask's indices must be in range at every pair
     n_rows = nq if index is None else index.numel()
-    if per_batch(variant.mask):
+    if ir.reads_runtime_data(variant.mask):
         if batch is None:
             raise ValueError("a mask that reads `b` or an input differs per batch: pass batch=")
         return visible.expand(batch, num_heads, n_rows, nk).clone()
     return visible.expand(num_heads, n_rows, nk).clone()
-
-
-def per_batch(e: ir.Expr) -> bool:
-    """Whether `e` reads the batch index or an input (so differs per batch)."""
-    return ir.reads_inputs(e) or ir.mentions(e, frozenset({"b"}))
 
 
 def _check_shapes(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor | None) -> None:
@@ -574,6 +571,16 @@ def score_slope(
     return products, torch.zeros_like(products) if slope is None else slope
 
 
+def input_dtype(i: ir.Input) -> torch.dtype:
+    """The torch dtype of input `i`'s elements."""
+    return getattr(torch, i.element.torch_name.removeprefix("torch."))
+
+
+def input_shape(i: ir.Input, sizes: Mapping[str, int]) -> tuple[int, ...]:
+    """Input `i`'s shape for a call's sizes (`B`, `H`, `Hkv`, `Nq`, `Nk`)."""
+    return tuple(sizes[d] if isinstance(d, str) else d for d in i.shape)
+
+
 def check_inputs(
     variant: ir.Variant,
     q: torch.Tensor,
@@ -596,24 +603,17 @@ def check_inputs(
         "Nq": q.shape[2],
         "Nk": k.shape[2],
     }
-    dtypes = {
-        ir.Element.INT32: torch.int32,
-        ir.Element.INT64: torch.int64,
-        ir.Element.FP32: torch.float32,
-        ir.Element.FP16: torch.float16,
-        ir.Element.BF16: torch.bfloat16,
-    }
     for name, decl in declared.items():
         if name not in given:
             raise ValueError(f"missing input `{name}` ({decl.element.value}{list(decl.shape)})")
         x = given[name]
         if not isinstance(x, torch.Tensor):
             raise TypeError(f"input `{name}` must be a torch.Tensor, got {type(x).__name__}")
-        shape = tuple(sizes[d] if isinstance(d, str) else d for d in decl.shape)
+        shape = input_shape(decl, sizes)
         if tuple(x.shape) != shape:
             raise ValueError(f"input `{name}` must have shape {shape}, got {tuple(x.shape)}")
-        if x.dtype != dtypes[decl.element]:
-            raise TypeError(f"input `{name}` must be {dtypes[decl.element]}, got {x.dtype}")
+        if x.dtype != input_dtype(decl):
+            raise TypeError(f"input `{name}` must be {input_dtype(decl)}, got {x.dtype}")
         if x.device != q.device:
             raise ValueError(f"input `{name}` is on {x.device}, but q is on {q.device}")
     return given

@@ -44,7 +44,14 @@ from types import ModuleType
 import torch
 
 from flashgen import ir
-from flashgen.reference import attention_ref, mask_matrix, score_slope, scores
+from flashgen.reference import (
+    attention_ref,
+    input_dtype,
+    input_shape,
+    mask_matrix,
+    score_slope,
+    scores,
+)
 
 _TORCH_DTYPES = {
     ir.DType.FP16: torch.float16,
@@ -335,22 +342,9 @@ def max_visible_score(
 def _zero_inputs(variant: ir.Variant, c: "_Candidate", device: str) -> dict[str, torch.Tensor]:
     sizes = {"B": 1, "H": c.heads, "Hkv": c.heads, "Nq": c.n_queries, "Nk": c.n_keys}
     return {
-        i.name: torch.zeros(
-            [sizes[d] if isinstance(d, str) else d for d in i.shape],
-            dtype=_INPUT_DTYPES[i.element],
-            device=device,
-        )
+        i.name: torch.zeros(input_shape(i, sizes), dtype=input_dtype(i), device=device)
         for i in variant.inputs
     }
-
-
-_INPUT_DTYPES = {
-    ir.Element.INT32: torch.int32,
-    ir.Element.INT64: torch.int64,
-    ir.Element.FP32: torch.float32,
-    ir.Element.FP16: torch.float16,
-    ir.Element.BF16: torch.bfloat16,
-}
 
 
 def random_runtime_inputs(
@@ -367,13 +361,13 @@ def random_runtime_inputs(
     }  # fmt: skip
     out = {}
     for i in variant.inputs:
-        dims = [sizes[d] if isinstance(d, str) else d for d in i.shape]
+        dims = input_shape(i, sizes)
         if i.element.is_integer:
             steps = (torch.rand(dims, generator=generator) < 0.15).to(torch.int64)
             values = torch.cumsum(steps, dim=-1) if dims else steps
         else:
             values = torch.randn(dims, generator=generator)
-        out[i.name] = values.to(dtype=_INPUT_DTYPES[i.element], device=device)
+        out[i.name] = values.to(dtype=input_dtype(i), device=device)
     return out
 
 
