@@ -257,8 +257,9 @@ def check_backward(
         q.dtype,
         all_rows=False,
     )
-    s_max = max_visible_score(variant, q, k, scale, rows=rows, inputs=inputs)
-    row_noise = _row_term_noise(variant, q, k, v, do, scale, rows, inputs)
+    facts = _score_facts(variant, q, k, scale, rows, inputs)
+    s_max = _rounding_scale(facts)
+    row_noise = _row_term_noise(variant, q, k, v, do, scale, facts)
     checks = tuple(
         tolerance(
             g.cpu(),
@@ -275,8 +276,32 @@ def check_backward(
     return CaseResult(shape, q.dtype, checks, rows=_describe_rows(rows))
 
 
+@dataclass(frozen=True)
+class _ScoreFacts:
+    """float64 scores of a case, once for both rounding floors: the score f,
+    the products s, the slope f'(s) and the mask."""
+
+    f: torch.Tensor
+    s: torch.Tensor
+    slope: torch.Tensor
+    visible: torch.Tensor
+
+
+def _score_facts(variant, q, k, scale, rows=None, inputs=None) -> _ScoreFacts | None:
+    """None for an empty case (no rows, no keys)."""
+    if q.numel() == 0 or k.numel() == 0 or (rows is not None and not len(rows)):
+        return None
+    f = scores(variant, q.double(), k.double(), scale, rows=rows, inputs=inputs)
+    s, slope = score_slope(variant, q.double(), k.double(), scale, rows=rows, inputs=inputs)
+    visible = mask_matrix(
+        variant, q.shape[2], k.shape[2], q.shape[1], device=f.device, rows=rows,
+        batch=q.shape[0], inputs=inputs,
+    )  # fmt: skip
+    return _ScoreFacts(f, s, slope, visible)
+
+
 def _row_term_noise(
-    variant, q, k, v, do, scale, rows=None, inputs=None
+    variant, q, k, v, do, scale, facts: _ScoreFacts | None
 ) -> tuple[float, float, float]:
     """Rounding noise of FlashAttention's softmax-backward row term, per
     gradient, in units of fp32 eps (see `tolerance`).
@@ -288,22 +313,16 @@ def _row_term_noise(
     score's slope f'(s) (1 for score = s): it enters dq through
     sum_j P_ij |f'_ij| K_j (at most max|K| times the largest such row sum)
     and dk through sum_i P_ij |f'_ij| Q_i (at most max|Q| times the largest
-    column sum); dv does not see it.  `do` holds the rows `rows` only, when
-    given.
+    column sum); dv does not see it.  `do` holds the compared rows only.
     """
-    if q.numel() == 0 or k.numel() == 0:
+    if facts is None:
         return 0.0, 0.0, 0.0
     if scale is None:
         scale = variant.scale if variant.scale is not None else variant.head_dim**-0.5
-    f = scores(variant, q.double(), k.double(), scale, rows=rows, inputs=inputs)
-    _, slope = score_slope(variant, q.double(), k.double(), scale, rows=rows, inputs=inputs)
-    visible = mask_matrix(
-        variant, q.shape[2], k.shape[2], q.shape[1], device=f.device, rows=rows,
-        batch=q.shape[0], inputs=inputs,
-    )  # fmt: skip
-    f = torch.where(visible, f, float("-inf"))
+    f = torch.where(facts.visible, facts.f, float("-inf"))
     p = torch.softmax(f, dim=-1).nan_to_num(0.0)
-    weight = p * torch.where(visible, slope.abs(), 0.0).nan_to_num(0.0, posinf=0.0)
+    slope = torch.where(facts.visible, facts.slope.abs(), 0.0)
+    weight = p * slope.nan_to_num(0.0, posinf=0.0)
     group = q.shape[1] // k.shape[1]
     column = weight.sum(dim=2).unflatten(1, (k.shape[1], group)).sum(dim=2)
     per_row = math.sqrt(q.shape[3]) * do.abs().max().item() * v.abs().max().item()
@@ -326,17 +345,16 @@ def max_visible_score(
     ulps of |f|; rounding the products s (which the backward recomputes, in
     another order than the forward) moves f by a few ulps of |s| times the
     slope f'(s).  For score = s the two are the same."""
-    if q.numel() == 0 or k.numel() == 0 or (rows is not None and not len(rows)):
+    return _rounding_scale(_score_facts(variant, q, k, scale, rows, inputs))
+
+
+def _rounding_scale(facts: _ScoreFacts | None) -> float:
+    if facts is None:
         return 0.0
-    f = scores(variant, q.double(), k.double(), scale, rows=rows, inputs=inputs)
-    s, slope = score_slope(variant, q.double(), k.double(), scale, rows=rows, inputs=inputs)
-    visible = mask_matrix(
-        variant, q.shape[2], k.shape[2], q.shape[1], device=f.device, rows=rows,
-        batch=q.shape[0], inputs=inputs,
-    )  # fmt: skip
     # An infinite slope (sqrt at 0) leaves the gradient undefined there: no bound from it.
-    scale_of = torch.maximum(f.abs(), (slope * s).abs().nan_to_num(0.0, posinf=0.0))
-    return torch.where(visible, scale_of, torch.zeros_like(f)).max().item()
+    sloped = (facts.slope * facts.s).abs().nan_to_num(0.0, posinf=0.0)
+    scale_of = torch.maximum(facts.f.abs(), sloped)
+    return torch.where(facts.visible, scale_of, torch.zeros_like(facts.f)).max().item()
 
 
 def _zero_inputs(variant: ir.Variant, c: "_Candidate", device: str) -> dict[str, torch.Tensor]:
