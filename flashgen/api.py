@@ -302,25 +302,28 @@ def _looks_like_a_path(text: str) -> bool:
     return "\n" not in text and "{" not in text and text.endswith(".attn")
 
 
-def build_sources(specs: Spec | Sequence[Spec]) -> dict[str, str]:
+def build_sources(specs: Spec | Sequence[Spec], *, triton_only: bool = False) -> dict[str, str]:
     """Block name -> source of its generated module, for all blocks of `specs`.
 
     `specs` is one spec or a sequence of them: a str is spec text, an
-    os.PathLike a spec file.
+    os.PathLike a spec file.  `triton_only` leaves the Hopper (Gluon) kernels
+    out of the modules (`flashgen build --triton-only`).
     """
-    return {v.name: _render(v, tuning_for(v)) for v in _check_specs(specs)}
+    return {v.name: _render(v, tuning_for(v), triton_only=triton_only) for v in _check_specs(specs)}
 
 
 @functools.lru_cache(maxsize=256)
-def _render(variant: ir.Variant, tuning: Tuning | None, knobs: tuple = ()) -> str:
-    """render_module, once per checked variant, tuning and experiment knobs:
-    a spec loaded again in a process costs its parse and check only."""
-    return render_module(variant, tuning, dict(knobs))
+def _render(
+    variant: ir.Variant, tuning: Tuning | None, knobs: tuple = (), triton_only: bool = False
+) -> str:
+    """render_module, once per checked variant, tuning, experiment knobs and
+    kernel set: a spec loaded again in a process costs its parse and check only."""
+    return render_module(variant, tuning, dict(knobs), triton_only)
 
 
-def build_source(spec: Spec, name: str | None = None) -> str:
+def build_source(spec: Spec, name: str | None = None, *, triton_only: bool = False) -> str:
     """Source of the generated module of block `name` (or of the only block)."""
-    sources = build_sources([spec])
+    sources = build_sources([spec], triton_only=triton_only)
     return sources[_pick(sources, name)]
 
 

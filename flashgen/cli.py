@@ -146,6 +146,12 @@ def _parser() -> argparse.ArgumentParser:
         action="store_true",
         help="write nothing; exit 1 if any module on disk is missing, different or stale",
     )
+    build.add_argument(
+        "--triton-only",
+        action="store_true",
+        help="leave the Hopper (Gluon) kernels out: a shorter module that runs its Triton "
+        "kernels on every GPU (on sm90 the default build's Gluon kernels are faster)",
+    )
     _add_plan_argument(build)
     build.set_defaults(run=_build)
 
@@ -378,7 +384,7 @@ def _build(args: argparse.Namespace) -> int:
     out = Path(GENERATED_DIR if args.out is None else args.out)
     experiments = _plan(args)
     variants, _ = _check_sources(_read(specs))
-    modules = _render(variants, experiments)
+    modules = _render(variants, experiments, args.triton_only)
     if args.check:
         return _compare(modules, out)
     try:
@@ -409,7 +415,9 @@ def _plan(args: argparse.Namespace) -> dict[str, object]:
 
 
 def _render(
-    variants: Sequence[ir.Variant], experiments: dict[str, object] | None = None
+    variants: Sequence[ir.Variant],
+    experiments: dict[str, object] | None = None,
+    triton_only: bool = False,
 ) -> dict[str, str]:
     """Block name -> module source, with the tuning of each spec's sidecar."""
     modules = {}
@@ -421,7 +429,7 @@ def _render(
         except OSError as e:
             where = f" '{e.filename}'" if e.filename else ""
             raise _Failure(f"cannot read{where}: {e.strerror or e}") from None
-        modules[v.name] = render_module(v, tuning, experiments)
+        modules[v.name] = render_module(v, tuning, experiments, triton_only)
     return modules
 
 

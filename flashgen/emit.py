@@ -17,6 +17,7 @@ is black-clean.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import io
 import tokenize
@@ -83,13 +84,20 @@ def render_module(
     variant: ir.Variant,
     tuning: Tuning | None = None,
     experiments: Mapping[str, object] | None = None,
+    triton_only: bool = False,
 ) -> str:
     """Full source of the module for one attention block, in its final form.
 
     `tuning` (from `flashgen tune`) replaces the default GPU launch configs;
-    `experiments` sets plan knobs (flashgen/experiments.py, parsed values).
+    `experiments` sets plan knobs (flashgen/experiments.py, parsed values);
+    `triton_only` leaves out the Hopper (Gluon) kernels, for a shorter module
+    that runs the Triton kernels everywhere.
     """
     model = apply_experiments(lower(variant, tuning), experiments or {})
+    if triton_only:
+        model = dataclasses.replace(
+            model, gluon_forward=None, gluon_backward=False, triton_only=True
+        )
     source = (
         _environment()
         .get_template("module.py.j2")

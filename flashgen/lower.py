@@ -216,6 +216,8 @@ class KernelModel:
     gluon_dq_heavy_last: bool = False
     # Experiment knobs set on this plan (flashgen/experiments.py), as NAME=VALUE.
     experiments: tuple[str, ...] = ()
+    # Built with `flashgen build --triton-only`: the Gluon kernels left out.
+    triton_only: bool = False
     # Runtime data: the declared inputs, and what the element code's helpers
     # (`_scores_log2`, `_score_grad`, `_attn_probs`) take besides their usual
     # arguments: the batch index and each input's pointer, strides and sizes

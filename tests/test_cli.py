@@ -498,3 +498,27 @@ def test_demo_refuses_what_is_not_a_spec_file(capsys, specs):
     )
     assert demo.main([str(specs / "bad.attn")]) == 1
     assert "error: unknown dtype 'bf17'" in capsys.readouterr().err
+
+
+def test_build_triton_only_writes_a_module_without_the_hopper_kernels(capsys, tmp_path):
+    """`--triton-only` leaves the Gluon kernels out of bloom_alibi (which has
+    both Gluon families by default); the module still computes the variant
+    (run on the CPU here, forward and backward, against the float64 reference)."""
+    import importlib.util
+
+    spec = REPO / "examples/bloom_alibi.attn"
+    code, out, err = run(capsys, "build", spec, "-o", tmp_path, "--triton-only")
+    assert (code, err) == (0, "")
+    path = tmp_path / "bloom_alibi.py"
+    text = path.read_text()
+    assert "_gluon" not in text and "_gluon" in flashgen.build_source(spec)
+    assert text == flashgen.build_source(spec, triton_only=True)
+
+    loader = importlib.util.spec_from_file_location("bloom_alibi_triton_only", path)
+    module = importlib.util.module_from_spec(loader)
+    loader.loader.exec_module(module)
+    (variant,) = api._check_specs([spec])
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(1, 2, 40, 128, dtype=torch.float16) for _ in range(3))
+    assert verify.check_forward(variant, module, q, k, v).ok
+    assert verify.check_backward(variant, module, q, k, v).ok

@@ -265,3 +265,66 @@ def test_long_lowered_lines_are_marked_for_black():
     assert [line.endswith("# fmt: skip") for line in marked] == [
         False, False, False, True, False, False, False, False, False,
     ]  # fmt: skip
+
+
+# --------------------------------------------------------------------------- #
+# `flashgen build --triton-only`: the module without the Hopper kernels
+# --------------------------------------------------------------------------- #
+
+TRITON_ONLY_MAX_LINES = 1200
+
+
+@pytest.mark.parametrize("variant", VARIANTS, ids=lambda v: v.name)
+def test_triton_only_module_is_short_clean_and_self_contained(variant):
+    """A vendor who wants the shortest module builds it --triton-only: within
+    ~1,200 lines for every example, no Gluon anywhere, black-clean as emitted,
+    and every global its functions read is defined."""
+    import black
+
+    text = render_module(variant, tuning_for(variant), triton_only=True)
+    assert len(text.splitlines()) <= TRITON_ONLY_MAX_LINES
+    names = set()
+    for node in ast.walk(ast.parse(text)):
+        if isinstance(node, ast.Name):
+            names.add(node.id)
+        elif isinstance(node, ast.Attribute):
+            names.add(node.attr)
+        elif isinstance(node, (ast.FunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, ast.ImportFrom):
+            names.add(node.module)
+    assert not [n for n in names if "gluon" in n.lower() or "experimental" in n], names
+    assert "flashgen build --triton-only" in text
+    mode = black.Mode(
+        target_versions={black.TargetVersion.PY310},
+        line_length=LINE_LENGTH,
+        magic_trailing_comma=False,
+    )
+    assert black.format_str(text, mode=mode) == text
+    top = symtable.symtable(text, variant.name, "exec")
+    defined = {s.get_name() for s in top.get_symbols() if s.is_assigned() or s.is_imported()}
+    defined |= set(dir(builtins))
+    free = set()
+    tables = list(top.get_children())
+    while tables:
+        table = tables.pop()
+        tables.extend(table.get_children())
+        if table.get_type() == "function":
+            free |= {
+                s.get_name() for s in table.get_symbols() if s.is_global() and s.is_referenced()
+            }
+    assert free <= defined, free - defined
+
+
+def test_triton_only_changes_only_the_hopper_sections():
+    """Leaving the Gluon kernels out removes lines and adds none but the
+    header's: the Triton kernels and the host code are the default build's."""
+    variant = next(v for v in VARIANTS if v.name == "plain_causal")
+    default = render_module(variant, tuning_for(variant)).splitlines()
+    short = render_module(variant, tuning_for(variant), triton_only=True).splitlines()
+    assert len(short) < len(default) - 500
+    kept = set(default)
+    added = [line for line in short if line not in kept]
+    assert all(
+        line.startswith(("Triton kernels only", "the Hopper", "This file")) for line in added
+    ), added
