@@ -3,7 +3,9 @@
 In: checked `Variant`s and a grid of shapes.  Out: `Measurement`s (one per
 variant, shape and system), printed as a table of TFLOP/s and ratios, written
 as JSON, and optionally plotted.  Every system runs in this one process on the
-same inputs; times are medians of `triton.testing.do_bench` (or, with
+same inputs (and the same random values of a spec's declared inputs, integer
+ones as documents of DOCUMENT_LENGTH tokens on average); times are medians
+of `triton.testing.do_bench` (or, with
 timer="cuda-graph", of calls replayed from a CUDA graph: the kernels' own time
 without the host's launch cost).
 
@@ -47,6 +49,10 @@ from flashgen.flex import flex_mods
 from flashgen.verify import Shape, random_runtime_inputs, torch_dtype
 
 BACKWARD_FLOP_FACTOR = 2.5
+# Declared inputs get random values (`verify.random_runtime_inputs`); integer
+# ones run up in steps of 0 or 1, read as document ids they make documents of
+# this many tokens on average (packed training data, as issue 21 measures it).
+DOCUMENT_LENGTH = 1000
 # Max |o_system - o_flashgen| above which the table flags a disagreement: a few
 # bf16 ulps of outputs of order 1.
 AGREEMENT = 3e-2
@@ -241,7 +247,7 @@ def bench(
             )
             data = random_runtime_inputs(
                 variant, Shape(b, heads, heads, n, n), device,
-                generator=torch.Generator().manual_seed(n),
+                generator=torch.Generator().manual_seed(n), mean_run=DOCUMENT_LENGTH,
             )  # fmt: skip
             frac = density(variant, n, heads, device, b, data)
             mods = flex_mods(variant, n, n, heads, device=device, inputs=data)

@@ -105,13 +105,13 @@ _SETTING_RULES = {
 
 
 def check(
-    files: Sequence[ir.SpecFile], *, runtime_data: bool = False
+    files: Sequence[ir.SpecFile], *, learnable: bool = False
 ) -> tuple[tuple[ir.Variant, ...], list[Diagnostic]]:
     """Check all blocks of all files; see the module docstring for the contract.
 
-    `runtime_data`: accept input declarations and the batch index, which no
-    kernel reads yet (for the reference and its tests); off, they are refused
-    once everything else about them has been checked."""
+    `learnable`: accept learnable inputs, whose gradients no kernel computes
+    yet (for the reference and its tests); off, they are refused once
+    everything else about them has been checked."""
     variants: list[ir.Variant] = []
     diagnostics: list[Diagnostic] = []
     first_by_name: dict[str, tuple[str, ir.Block]] = {}
@@ -120,7 +120,7 @@ def check(
         file_diagnostics: list[Diagnostic] = []
         for block in spec.blocks:
             report = _Reporter(spec.path)
-            variant = _check_block(block, report, runtime_data)
+            variant = _check_block(block, report, learnable)
             _check_unique_name(block, spec.path, first_by_name, first_by_folded_name, report)
             file_diagnostics += report.diagnostics
             if variant is not None and not report.diagnostics:
@@ -189,7 +189,7 @@ def _check_unique_name(
     first_by_folded_name[folded] = (path, block)
 
 
-def _check_block(block: ir.Block, report: _Reporter, runtime_data: bool) -> ir.Variant | None:
+def _check_block(block: ir.Block, report: _Reporter, learnable: bool) -> ir.Variant | None:
     _check_block_name(block, report)
     inputs, broken = _check_inputs(block.inputs, report)
     used: set[str] = set(broken)
@@ -241,8 +241,8 @@ def _check_block(block: ir.Block, report: _Reporter, runtime_data: bool) -> ir.V
                 f"input `{decl.name}` is declared but neither the mask nor the score reads it",
                 note="remove the declaration, or index the input where it is meant",
             )
-    if not runtime_data:
-        _refuse_runtime_data(block, values, report)
+    if not learnable:
+        _refuse_learnable(block, report)
     if report.diagnostics:
         return None
     return ir.Variant(
@@ -392,22 +392,18 @@ def _input_shape_ok(decl: ir.InputDecl, report: _Reporter) -> bool:
     return ok
 
 
-def _refuse_runtime_data(block: ir.Block, values: Mapping[str, object], report: _Reporter) -> None:
-    """Inputs and the batch index are checked in full, but no kernel reads
-    them yet: such a spec is refused here, so that every spec `check` accepts
-    builds."""
-    if block.inputs:
-        report(
-            block.inputs[0].name_span,
-            "inputs are not supported by the generated kernels yet",
-            note="the declaration and its uses are well formed",
-        )
-        return
-    for key in ("mask", "score"):
-        value = values.get(key)
-        if value is not None and ir.reads_runtime_data(value):
-            report(value.span, "the batch index `b` is not supported by the generated kernels yet")
-            return
+def _refuse_learnable(block: ir.Block, report: _Reporter) -> None:
+    """Learnable inputs are checked in full, but no kernel computes their
+    gradients yet: such a spec is refused here, so that every spec `check`
+    accepts gets every gradient it promises."""
+    for decl in block.inputs:
+        if decl.learnable:
+            report(
+                decl.name_span,
+                f"learnable inputs are not supported by the generated kernels yet: "
+                f"attention() would return no gradient for `{decl.name}`",
+                note=f"without `learnable`, `{decl.name}` is read as a constant",
+            )
 
 
 def _plural(n: int, word: str, plural: str | None = None) -> str:

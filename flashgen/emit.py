@@ -38,6 +38,18 @@ TESTED_WITH = "Triton 3.6.0 (torch 2.11 on an NVIDIA H200; torch 2.13 in the CPU
 _SECTION = "# flashgen: section "
 
 
+def python_literal(value: object) -> str:
+    """A tuple of str, int, bool and None as black writes it (double quotes)."""
+    if isinstance(value, tuple):
+        inner = ", ".join(python_literal(v) for v in value)
+        return f"({inner},)" if len(value) == 1 else f"({inner})"
+    if isinstance(value, str):
+        return python_string(value)
+    if value is None or isinstance(value, (bool, int)):
+        return repr(value)
+    raise TypeError(f"not a literal the modules hold: {value!r}")
+
+
 def python_string(text: str) -> str:
     """A Python literal of `text` as black writes it: double quotes unless
     that needs more escapes than single ones."""
@@ -70,7 +82,7 @@ def _templates_dir() -> Path:
 
 @functools.lru_cache(maxsize=1)
 def _environment() -> jinja2.Environment:
-    return jinja2.Environment(
+    environment = jinja2.Environment(
         loader=jinja2.FileSystemLoader(_templates_dir()),
         undefined=jinja2.StrictUndefined,
         trim_blocks=True,
@@ -78,6 +90,8 @@ def _environment() -> jinja2.Environment:
         keep_trailing_newline=True,
         autoescape=False,
     )
+    environment.filters["literal"] = python_literal
+    return environment
 
 
 def render_module(

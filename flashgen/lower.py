@@ -26,7 +26,7 @@ import hashlib
 import math
 from dataclasses import dataclass
 
-from flashgen import ir
+from flashgen import index_ranges, ir
 from flashgen import kernel_expr as kx
 from flashgen.element_code import LOG2E, ElementCode, ScoreKind, constant_value, score_code
 from flashgen.kernel_choice import (
@@ -98,8 +98,8 @@ class InputModel:
     rank: int
     integer: bool  # read as int64 (else float32)
     torch_dtype: str
-    # The shape as the host checks it: "B", "H", "Hkv", "Nq", "Nk" or a literal.
-    shape: tuple[str, ...]
+    # The shape as the host checks it: "B", "H", "Hkv", "Nq", "Nk" or a number.
+    shape: tuple[str | int, ...]
 
     @property
     def strides(self) -> tuple[str, ...]:
@@ -120,7 +120,7 @@ def _input_model(i: ir.Input) -> InputModel:
         rank=len(i.shape),
         integer=i.element.is_integer,
         torch_dtype=i.element.torch_name,
-        shape=tuple(str(d) for d in i.shape),
+        shape=tuple(i.shape),
     )
 
 
@@ -224,6 +224,8 @@ class KernelModel:
     # (empty for a variant that reads neither).
     inputs: tuple[InputModel, ...] = ()
     element_args: tuple[str, ...] = ()
+    # The indices a call checks (`flashgen.index_ranges.IndexRange.as_tuple`).
+    index_ranges: tuple[tuple, ...] = ()
 
     @property
     def input_parts(self) -> tuple[str, ...]:
@@ -357,6 +359,7 @@ def lower(v: ir.Variant, tuning: Tuning | None = None) -> KernelModel:
         gluon_backward=gluon_backward(v),
         gluon_dq_heavy_last=keys_before_queries(mask),
         inputs=tuple(_input_model(i) for i in v.inputs),
+        index_ranges=tuple(r.as_tuple() for r in index_ranges.ranges(v)),
         element_args=_element_args(v),
     )
 

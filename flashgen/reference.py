@@ -26,7 +26,7 @@ from typing import Callable
 
 import torch
 
-from flashgen import ir
+from flashgen import index_ranges, ir
 
 __all__ = [
     "alibi_slopes",
@@ -435,6 +435,11 @@ def mask_matrix(
     variant's dtype: the mask is exact by definition.
     """
     index = _row_index(rows, nq, device)
+    if inputs is not None and batch is not None:
+        sizes = {"B": batch, "H": num_heads, "Hkv": _kv_heads(variant, inputs, num_heads)}
+        problem = index_ranges.out_of_range(variant, {**sizes, "Nq": nq, "Nk": nk})
+        if problem is not None:
+            raise ValueError(problem)
     scope = _scope(
         nq, nk, num_heads, variant.align, s=None, real=torch.float64, device=device,
         rows=index, batch=batch, inputs=inputs,
@@ -449,6 +454,14 @@ def mask_matrix(
             raise ValueError("a mask that reads `b` or an input differs per batch: pass batch=")
         return visible.expand(batch, num_heads, n_rows, nk).clone()
     return visible.expand(num_heads, n_rows, nk).clone()
+
+
+def _kv_heads(variant: ir.Variant, inputs: Mapping[str, torch.Tensor], default: int) -> int:
+    """Hkv as the inputs' shapes give it (a mask alone does not know k)."""
+    for decl in variant.inputs:
+        if "Hkv" in decl.shape and decl.name in inputs:
+            return inputs[decl.name].shape[decl.shape.index("Hkv")]
+    return default
 
 
 def _check_shapes(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor | None) -> None:
@@ -590,7 +603,8 @@ def check_inputs(
     """The variant's inputs from `inputs`, each checked against its
     declaration (shape from q (B, H, Nq, D) and k (B, Hkv, Nk, D), element
     type, device): a missing, unknown or mis-shaped input is a ValueError (a
-    wrong type a TypeError) naming it."""
+    wrong type a TypeError) naming it, and so is an index that may leave its
+    dimension at these sizes (`flashgen.index_ranges`, the language's rule)."""
     given = dict(inputs or {})
     declared = {i.name: i for i in variant.inputs}
     for name in given:
@@ -616,6 +630,9 @@ def check_inputs(
             raise TypeError(f"input `{name}` must be {input_dtype(decl)}, got {x.dtype}")
         if x.device != q.device:
             raise ValueError(f"input `{name}` is on {x.device}, but q is on {q.device}")
+    problem = index_ranges.out_of_range(variant, sizes)
+    if problem is not None:
+        raise ValueError(problem)
     return given
 
 

@@ -46,6 +46,11 @@ MAX_HEADS = 2**16
 GPU_CONFIG = (128, 64, 4, 3)
 GPU_BWD_CONFIG = (64, 64, 4, 2)
 INTERPRETER_CONFIG = (32, 32, 1, 1)
+BOTTOM_RIGHT = True
+# The declared inputs (name, dtype, shape) and the indices a call checks
+# (flashgen/index_ranges.py): a module with inputs defines its own.
+_INPUTS: tuple = ()
+_INDEX_RANGES: tuple = ()
 
 
 # flashgen: section common
@@ -248,6 +253,115 @@ def _alibi_slopes(num_heads: int, device: torch.device) -> torch.Tensor:
     slopes = [2.0 ** (-8.0 * (i + 1) / n) for i in range(n)]
     slopes += [2.0 ** (-8.0 * (i + 1) / (2 * n)) for i in range(0, 2 * (num_heads - n), 2)]
     return torch.tensor(slopes, dtype=torch.float32, device=device)
+
+
+# flashgen: section inputs
+def _check_runtime_inputs(q: torch.Tensor, k: torch.Tensor, inputs: tuple) -> tuple:
+    """The declared inputs, each checked like q, k and v (a tensor of its
+    dtype and shape on q's device), and every index the kernels compute
+    within its dimension at the call's sizes (`_index_problem`)."""
+    sizes = {
+        "B": q.shape[0],
+        "H": q.shape[1],
+        "Hkv": k.shape[1],
+        "Nq": q.shape[2],
+        "Nk": k.shape[2],
+    }
+    for (name, dtype, shape), x in zip(_INPUTS, inputs):
+        if not isinstance(x, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+        if x.dtype != dtype:
+            raise TypeError(f"{name} has dtype {x.dtype}, but the spec declares {dtype}")
+        expected = tuple(sizes[d] if isinstance(d, str) else d for d in shape)
+        if tuple(x.shape) != expected:
+            raise ValueError(f"{name} must have shape {expected}, got {tuple(x.shape)}")
+        if x.device != q.device:
+            raise ValueError(f"{name} is on {x.device}, but q is on {q.device}")
+    problem = _index_problem(*sizes.values())
+    if problem is not None:
+        raise ValueError(problem)
+    return inputs
+
+
+def _input_args(inputs: tuple) -> list:
+    """Each input's tensor, strides and sizes, as the kernels take them."""
+    return [a for x in inputs for a in (x, *x.stride(), *x.shape)]
+
+
+@functools.lru_cache(maxsize=1024)
+def _index_problem(batch: int, heads: int, kv_heads: int, n_queries: int, n_keys: int):
+    """Why a call of these sizes is refused, or None: an index whose interval
+    over the positions, heads and batch where it is read leaves its
+    dimension.  Each entry of _INDEX_RANGES is (input, dimension, size,
+    expression, guard); the guard bounds k - q, q and k where the read
+    happens (None: unbounded)."""
+    if 0 in (batch, heads, n_queries, n_keys):
+        return None  # nothing is read
+    sizes = {"B": batch, "H": heads, "Hkv": kv_heads, "Nq": n_queries, "Nk": n_keys}
+    offset = n_keys - n_queries if BOTTOM_RIGHT else 0
+    for name, dim, size, expr, guard in _INDEX_RANGES:
+        d_lo, d_hi, gq_lo, gq_hi, gk_lo, gk_hi = guard
+        q = _meet((offset, offset + n_queries - 1), gq_lo, gq_hi)
+        k = _meet((0, n_keys - 1), gk_lo, gk_hi)
+        d = _meet((k[0] - q[1], k[1] - q[0]), d_lo, d_hi)
+        for _ in range(2):  # q and k through d = k - q, and back
+            q = _meet(q, k[0] - d[1], k[1] - d[0])
+            k = _meet(k, q[0] + d[0], q[1] + d[1])
+            d = _meet(d, k[0] - q[1], k[1] - q[0])
+        if q[0] > q[1] or k[0] > k[1] or d[0] > d[1]:
+            continue  # never read
+        env = {
+            "q": q,
+            "k": k,
+            "d": d,
+            "b": (0, batch - 1),
+            "h": (0, heads - 1),
+            "H": (heads, heads),
+        }
+        lo, hi = _index_interval(expr, env)
+        size = sizes[size] if isinstance(size, str) else size
+        if lo < 0 or hi >= size:
+            return (
+                f"`{name}`: index {dim} may reach {lo} .. {hi} in this call, outside its "
+                f"dimension of size {size} (clamp the index with min and max, or pass a "
+                f"larger `{name}`)"
+            )
+    return None
+
+
+def _meet(a: tuple[int, int], lo, hi) -> tuple[int, int]:
+    return (a[0] if lo is None else max(a[0], lo), a[1] if hi is None else min(a[1], hi))
+
+
+def _index_interval(node: tuple, env: dict) -> tuple[int, int]:
+    """The interval of an index expression: ("n", c), ("v", name), ("d",)
+    (k - q), ("neg", a), ("abs", a),
+    ("div", a, c), ("%", a, c), ("+", a, b), ("*", a, b), ("min", a, b),
+    ("max", a, b)."""
+    tag = node[0]
+    if tag == "n":
+        return node[1], node[1]
+    if tag in ("v", "d"):
+        return env[node[1] if tag == "v" else "d"]
+    if tag in ("neg", "abs", "div", "%"):
+        lo, hi = _index_interval(node[1], env)
+        if tag == "neg" or (tag == "abs" and hi <= 0):
+            return -hi, -lo
+        if tag == "abs":
+            return (lo, hi) if lo >= 0 else (0, max(-lo, hi))
+        c = node[2]
+        if tag == "div":
+            return lo // c, hi // c
+        return (lo % c, hi % c) if lo // c == hi // c else (0, c - 1)
+    (alo, ahi), (blo, bhi) = _index_interval(node[1], env), _index_interval(node[2], env)
+    if tag == "+":
+        return alo + blo, ahi + bhi
+    if tag == "*":
+        corners = (alo * blo, alo * bhi, ahi * blo, ahi * bhi)
+        return min(corners), max(corners)
+    if tag == "min":
+        return min(alo, blo), min(ahi, bhi)
+    return max(alo, blo), max(ahi, bhi)
 
 
 # flashgen: section direct_launch

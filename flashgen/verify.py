@@ -43,7 +43,7 @@ from types import ModuleType
 
 import torch
 
-from flashgen import ir
+from flashgen import index_ranges, ir
 from flashgen.reference import (
     attention_ref,
     input_dtype,
@@ -151,10 +151,40 @@ class CaseResult:
     checks: tuple[Check, ...]
     note: str = ""
     rows: str = ""  # the query rows compared ("" for all), e.g. "rows 0-63"
+    # A call the language refuses (an index that may leave its input, see
+    # `flashgen.index_ranges`): the reference's ValueError, and what the
+    # module raised for the same call ("" if it raised nothing).
+    refused: str = ""
+    module_refused: str = ""
 
     @property
     def ok(self) -> bool:
+        if self.refused:
+            return self.module_refused == self.refused
         return all(c.ok for c in self.checks)
+
+
+def check_refusal(
+    variant: ir.Variant,
+    module: ModuleType,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    inputs: Mapping[str, torch.Tensor],
+) -> CaseResult | None:
+    """None where the language accepts the call; else the case of a refused
+    call, ok when the module's forward refuses it with the reference's words."""
+    sizes = dict(zip(("B", "H", "Nq"), q.shape[:3])) | {"Hkv": k.shape[1], "Nk": k.shape[2]}
+    refused = index_ranges.out_of_range(variant, sizes)
+    if refused is None:
+        return None
+    try:
+        module.forward(q, k, v, **inputs)
+        module_refused = ""
+    except ValueError as e:
+        module_refused = str(e)
+    shape = Shape(q.shape[0], q.shape[1], k.shape[1], q.shape[2], k.shape[2])
+    return CaseResult(shape, q.dtype, (), refused=refused, module_refused=module_refused)
 
 
 def check_forward(
@@ -366,13 +396,19 @@ def _zero_inputs(variant: ir.Variant, c: "_Candidate", device: str) -> dict[str,
 
 
 def random_runtime_inputs(
-    variant: ir.Variant, shape: Shape, device: str | torch.device, *, generator: torch.Generator
+    variant: ir.Variant,
+    shape: Shape,
+    device: str | torch.device,
+    *,
+    generator: torch.Generator,
+    mean_run: float = 1 / 0.15,
 ) -> dict[str, torch.Tensor]:
     """Random values of the variant's declared inputs for one case.  Reals are
     standard normal; integers run up from 0 along their last dimension in
-    steps of 0 or 1 (a new value with probability 0.15), so that, read as
-    document ids, they make documents of a few tokens to a few dozen, some
-    crossing tile edges, and read as lengths they reach past short prefixes."""
+    steps of 0 or 1 (a new value with probability 1 / mean_run), so that,
+    read as document ids, they make documents of `mean_run` tokens on
+    average (by default a few tokens to a few dozen, some crossing tile
+    edges), and read as lengths they reach past short prefixes."""
     sizes = {
         "B": shape.batch, "H": shape.heads, "Hkv": shape.kv_heads,
         "Nq": shape.n_queries, "Nk": shape.n_keys,
@@ -381,7 +417,7 @@ def random_runtime_inputs(
     for i in variant.inputs:
         dims = input_shape(i, sizes)
         if i.element.is_integer:
-            steps = (torch.rand(dims, generator=generator) < 0.15).to(torch.int64)
+            steps = (torch.rand(dims, generator=generator) < 1 / mean_run).to(torch.int64)
             values = torch.cumsum(steps, dim=-1) if dims else steps
         else:
             values = torch.randn(dims, generator=generator)
@@ -701,6 +737,9 @@ class Report:
             lines.append(f"note: {self.note}")
         lines += [header, "-" * len(header)]
         for r in self.results:
+            if r.refused:
+                verdict = "ok" if r.ok else f"FAIL (module: {r.module_refused or 'no error'})"
+                lines.append(f"{str(r.shape):<34} refused: {r.refused}  {verdict}")
             for c in r.checks:
                 lines.append(
                     f"{str(r.shape):<34} {str(r.dtype).replace('torch.', ''):<9} "
@@ -713,6 +752,9 @@ class Report:
         lines += [f"no effect at the lengths tried: {line}" for line in self.no_effect]
         passed = sum(r.ok for r in self.results)
         counts = f"{passed} of {len(self.results)} cases within tolerance"
+        refused = sum(bool(r.refused) for r in self.results)
+        if refused:
+            counts += f" ({refused} of them calls the language refuses, refused alike)"
         edges = _plural(len(self.unchecked), "mask edge")
         if not self.passed:
             verdict = f"FAILED: {counts}"
@@ -782,6 +824,10 @@ def verify(
     for shape, rows in cases:
         q, k, v = random_inputs(shape, variant.head_dim, dtype, device, generator=generator)
         data = random_runtime_inputs(variant, shape, device, generator=generator)
+        refusal = check_refusal(variant, module, q, k, v, data)
+        if refusal is not None:
+            results.append(refusal)
+            continue
         results.append(check_forward(variant, module, q, k, v, rows=rows, inputs=data))
         if gradients:
             results.append(

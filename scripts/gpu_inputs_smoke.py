@@ -1,7 +1,6 @@
 """Kernels that read runtime inputs on a GPU, against the float64 reference:
 packed documents, with a T5 bias table, and a per-example prefix, in bf16 and
-fp16 at head dims 64 and 128 (docs/decisions/043).  `check` still refuses
-inputs, so the variants are checked with runtime_data=True.
+fp16 at head dims 64 and 128 (docs/decisions/043).
 
     python3 scripts/gpu_inputs_smoke.py     # after scripts/gpu_env.sh; exit 1 on a failure
 """
@@ -30,7 +29,7 @@ for dtype, tdt in (("bf16", torch.bfloat16), ("fp16", torch.float16)):
     for d in (64, 128):
         for name, body in specs.items():
             sp, _ = parse(f"attention {name} {{ head_dim = {d}; dtype = {dtype}; {body} }}")
-            (v,), diags = check([sp], runtime_data=True)
+            (v,), diags = check([sp])
             mod = load_variant(v)
             g = torch.Generator().manual_seed(0)
             for shape in (Shape(2, 4, 2, 1000, 1000), Shape(1, 2, 2, 333, 777)):

@@ -65,7 +65,15 @@ from flashgen import api, cli, ir
 from flashgen.diagnostics import SpecError
 from flashgen.printer import print_expr, print_variant
 from flashgen.reference import mask_matrix, scores
-from flashgen.verify import Shape, check_backward, check_forward, random_inputs, torch_dtype
+from flashgen.verify import (
+    Shape,
+    check_backward,
+    check_forward,
+    check_refusal,
+    random_inputs,
+    random_runtime_inputs,
+    torch_dtype,
+)
 
 import strategies
 
@@ -248,8 +256,9 @@ BLOCK_NAMES = (
 )
 SETTING_KEYS = ("head_dim", "dtype", "scale", "mask", "score", "align", "rescale_threshold")
 ODD_KEYS = ("Head_dim", "head_dims", "window", "s", "dtype_", "k" * 200, "attention", "div")
-# Input declarations (runtime data), well formed and not; `check` refuses inputs for now,
-# so they exercise the parser's and the checker's diagnostics.
+# Input declarations (runtime data), well formed and not: the accepted ones build and run
+# their kernels on random inputs of the declared shapes; `check` refuses learnable ones for
+# now (no kernel computes their gradients yet).
 INPUT_DECLS = (
     "doc: int32[B, Nk]", "rel: learnable fp32[H, 32]", "t: fp16[H]", "p: int64[B]",
     "w: bf16[B, Hkv, Nq, Nk]", "x: int33[B]", "q: int32[B]", "d: int32[]", "d: int32[B, N]",
@@ -264,6 +273,20 @@ INDEXED_MASKS = (
 INDEXED_SCORES = (
     "s + rel[h, min(q - k, 31)]", "s * t[h]", "s + rel[h, s]", "softcap(s + w[b, h, q, k], 5.0)",
     "s + doc[b, k] / 2.0", "s + nothere[h]", "s + rel[h, q - k]] ",
+)  # fmt: skip
+# Coherent runtime data: declarations, and a mask and a score that read them, each with a
+# random positional part ({m}: a boolean expression, {s}: a real one).  Indices in range for
+# every call, and ones that some calls' sizes push out (which the language refuses per call).
+DATA_VARIANTS = (
+    ("doc: int32[B, Nk]", "{m} & doc[b, q] == doc[b, k]", "{s}"),
+    ("doc: int64[B, Nk]", "doc[b, q] == doc[b, k] | {m}", "{s}"),
+    ("p: int32[B]", "{m} | k < p[b]", "{s}"),
+    ("t: fp32[H]", "{m}", "{s} * t[h]"),
+    ("rel: fp32[H, 32]", "{m}", "{s} + rel[h, min(max(q - k, 0), 31)]"),
+    ("rel: bf16[H, 16]", "causal & {m}", "{s} + rel[h, (q - k) % 16]"),
+    ("rel: fp16[16]", "{m}", "{s} + rel[q - k + 8]"),
+    ("doc: int32[B, Nk]; w: fp32[B, Nk]", "{m} & doc[b, q] >= doc[b, k]", "{s} + w[b, k]"),
+    ("", "{m} | b == 1", "{s} + b"),
 )  # fmt: skip
 # Texts the API could take for a path (it must not): existing files, `.attn` names.
 PATH_LIKE_TEXTS = (
@@ -628,6 +651,12 @@ def _blocks(draw) -> str:
     for key in keys:
         space = _space(draw)
         settings_text.append(f"{key}{space}={space}{_setting_value(draw, key)}")
+    if _rare(draw, 8):
+        decls, mask, score = draw(st.sampled_from(DATA_VARIANTS))
+        settings_text = [t for t in settings_text if not t.startswith(("mask", "score"))]
+        settings_text += [d for d in decls.split("; ") if d]
+        settings_text.append("mask = " + mask.format(m=_at(draw(bool_exprs()), _AND + 1)))
+        settings_text.append("score = " + score.format(s=_at(draw(real_exprs()), _SUM + 1)))
     if _rare(draw, 12):
         for _ in range(draw(st.integers(1, 2))):
             at = draw(st.integers(0, len(settings_text)))
@@ -857,6 +886,9 @@ REQUIRED_FEATURES = frozenset(
         "align:bottom_right",
         "scale",
         "rescale",
+        "mask:input",
+        "score:input",
+        "mask:b",
     }
 )
 
@@ -871,7 +903,7 @@ def _nodes(e: ir.Expr) -> Iterator[ir.Expr]:
             stack.append(node.operand)
         elif isinstance(node, ir.Binary):
             stack += [node.left, node.right]
-        elif isinstance(node, ir.Call):
+        elif isinstance(node, (ir.Call, ir.Index)):
             stack += node.args
 
 
@@ -889,6 +921,8 @@ def features(v: ir.Variant) -> frozenset[str]:
         for node in _nodes(expr):
             if isinstance(node, ir.Name):
                 found.add(f"{where}:{node.id}")
+            elif isinstance(node, ir.Index):
+                found.add(f"{where}:input")
             elif isinstance(node, ir.Call):
                 found.add(f"{where}:{node.fn}" + ("2" if len(node.args) == 2 else ""))
                 found.add(f"{where}:{node.fn}")
@@ -922,11 +956,15 @@ DOMAIN_MAX = FLOAT32.max / 4
 DOMAIN_TINY = FLOAT32.tiny
 
 
-def numeric_domain(variant: ir.Variant, q: torch.Tensor, k: torch.Tensor) -> tuple[str, str] | None:
+def numeric_domain(
+    variant: ir.Variant, q: torch.Tensor, k: torch.Tensor, inputs: dict | None = None
+) -> tuple[str, str] | None:
     """None if the kernels' float32 can represent this score on these inputs (see the
-    module docstring), else (which bound is broken, the subexpression that breaks it)."""
-    heads, nq, nk = q.shape[1], q.shape[2], k.shape[2]
-    visible = mask_matrix(variant, nq, nk, heads).expand(q.shape[0], heads, nq, nk)
+    module docstring), else (which bound is broken, the subexpression that breaks it).
+    `inputs`: the variant's declared inputs by name."""
+    batch, heads, nq, nk = q.shape[0], q.shape[1], q.shape[2], k.shape[2]
+    visible = mask_matrix(variant, nq, nk, heads, batch=batch, inputs=inputs)
+    visible = visible.expand(batch, heads, nq, nk)
     if not visible.any():
         return None
     # Gradients come back in the module's dtype: past its largest value they
@@ -939,7 +977,7 @@ def numeric_domain(variant: ir.Variant, q: torch.Tensor, k: torch.Tensor) -> tup
         if e in seen:
             continue
         seen.add(e)
-        values = scores(dataclasses.replace(variant, score=e), q64, k64)[visible]
+        values = scores(dataclasses.replace(variant, score=e), q64, k64, inputs=inputs)[visible]
         if not bool(torch.isfinite(values).all()):
             return "a subexpression is not finite", _short(e)
         magnitude = values.detach().abs()
@@ -1169,7 +1207,8 @@ class Campaign:
             f"variants; {self.stats['builds']} builds ({self.stats['accepted_builds']} of "
             f"accepted inputs); {self.stats['kernel_variants']} variants ran kernels "
             f"({self.stats['kernel_cases']} shapes judged, "
-            f"{sum(self.excluded.values())} outside the numeric domain)",
+            f"{sum(self.excluded.values())} outside the numeric domain, "
+            f"{self.stats['refused_cases']} calls the language refuses)",
             "time: " + ", ".join(f"{k} {v:.1f}s" for k, v in self.timings.items()),
         ]
         for reason, n in self.excluded.most_common():
@@ -1506,6 +1545,9 @@ class Campaign:
             return False
 
     def _shapes(self, variant: ir.Variant) -> list[Shape]:
+        if ir.reads_runtime_data(variant.mask):  # rows masked by the data drawn per case
+            return [FIRST_SHAPE, MASKED_ROW_SHAPES[-1]]
+
         def masked_row(shape: Shape) -> bool:
             visible = mask_matrix(variant, shape.n_queries, shape.n_keys, shape.heads)
             return bool((~visible.any(dim=-1)).any())
@@ -1520,8 +1562,20 @@ class Campaign:
         generator = torch.Generator().manual_seed(seed)
         dtype = torch_dtype(variant.dtype)
         q, k, v = random_inputs(shape, variant.head_dim, dtype, "cpu", generator=generator)
+        data = random_runtime_inputs(variant, shape, "cpu", generator=generator)
+        refusal = check_refusal(variant, module, q, k, v, data)
+        if refusal is not None:  # the language refuses this call: the module must too
+            self.stats["refused_cases"] += 1
+            if not refusal.ok:
+                self._violation(
+                    "kernel: a call the language refuses is not refused alike",
+                    f"{shape}: reference: {refusal.refused}; module: "
+                    f"{refusal.module_refused or 'no error'}",
+                    reproducer,
+                )
+            return False
         try:
-            outside = numeric_domain(variant, q, k)
+            outside = numeric_domain(variant, q, k, data)
         except Exception as e:  # noqa: BLE001
             self._violation(
                 f"reference raises {type(e).__name__}", f"{shape}: {_clip(str(e))}", reproducer
@@ -1534,8 +1588,11 @@ class Campaign:
             return False
         self.stats["kernel_cases"] += 1
         for what, judge in (
-            ("forward", lambda: check_forward(variant, module, q, k, v)),
-            ("backward", lambda: check_backward(variant, module, q, k, v, generator=generator)),
+            ("forward", lambda: check_forward(variant, module, q, k, v, inputs=data)),
+            (
+                "backward",
+                lambda: check_backward(variant, module, q, k, v, generator=generator, inputs=data),
+            ),
         ):
             try:
                 result = judge()

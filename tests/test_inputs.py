@@ -1,6 +1,7 @@
-"""Declared inputs (runtime data): the language, the checker and the float64
-reference.  No kernel reads inputs yet, so `check` refuses them unless asked
-(`runtime_data=True`, as here); these tests pin down what they mean.
+"""Declared inputs (runtime data): the language, the checker, the float64
+reference and the kernels that read them.  No kernel computes the gradient
+of a learnable input yet, so `check` refuses those unless asked
+(`learnable=True`, as here); these tests pin down what they mean.
 
 The reference is checked against independent computations: a packed batch
 with a document mask must equal each document attended alone, a per-example
@@ -21,10 +22,10 @@ from flashgen.printer import print_variant
 from flashgen.reference import attention_ref, check_inputs, mask_matrix
 
 
-def _variants(text: str, runtime_data: bool = True):
+def _variants(text: str, learnable: bool = True):
     spec, diagnostics = parse(text, "<t>")
     assert not diagnostics, render_all(diagnostics, {"<t>": text})
-    return check([spec], runtime_data=runtime_data)
+    return check([spec], learnable=learnable)
 
 
 def _variant(text: str) -> ir.Variant:
@@ -33,10 +34,10 @@ def _variant(text: str) -> ir.Variant:
     return variant
 
 
-def _messages(text: str, runtime_data: bool = True) -> list[str]:
+def _messages(text: str, learnable: bool = True) -> list[str]:
     spec, diagnostics = parse(text, "<t>")
     if spec is not None:
-        diagnostics = _variants(text, runtime_data)[1]
+        diagnostics = _variants(text, learnable)[1]
     return [d.message for d in diagnostics]
 
 
@@ -155,7 +156,8 @@ def test_a_score_index_needs_to_be_in_range_only_where_the_mask_keeps_the_pair()
         "attention r { head_dim = 16; dtype = fp32; rel: fp32[4]; score = s + rel[q - k] }"
     )
     with pytest.raises(
-        ValueError, match="index -1 of `rel` is out of range for its dimension 0 of size 4"
+        ValueError,
+        match=r"`rel`: index 0 may reach -5 \.\. 5 in this call, outside its dimension of size 4",
     ):
         attention_ref(full, q, k, v, inputs=rel)
 
@@ -165,7 +167,7 @@ def test_a_mask_index_must_be_in_range_at_every_pair():
         "attention r { head_dim = 16; dtype = fp32; d: int32[4]; mask = causal & d[k] == 0 }"
     )
     with pytest.raises(
-        ValueError, match="index 4 of `d` is out of range for its dimension 0 of size 4"
+        ValueError, match=r"`d`: index 0 may reach 0 \.\. 5 in this call, outside its dimension"
     ):
         mask_matrix(variant, 6, 6, 1, batch=1, inputs={"d": torch.zeros(4, dtype=torch.int32)})
 
@@ -176,13 +178,18 @@ def test_a_variant_with_inputs_prints_and_checks_back_the_same():
         assert _variant(print_variant(variant)) == variant
 
 
-def test_check_refuses_inputs_and_the_batch_index_until_kernels_read_them():
-    assert _messages(PACKED, runtime_data=False) == [
-        "inputs are not supported by the generated kernels yet"
+def test_check_accepts_inputs_and_refuses_learnable_ones_until_kernels_give_their_gradients():
+    assert _messages(PACKED, learnable=False) == []
+    assert _messages("attention x { head_dim = 16; dtype = fp32; mask = causal | b == 0 }") == []
+    learnable = (
+        "attention t { head_dim = 16; dtype = fp32; rel: learnable fp32[H, 32]; "
+        "score = s + rel[h, min(max(q - k, 0), 31)] }"
+    )
+    assert _messages(learnable, learnable=True) == []
+    assert _messages(learnable, learnable=False) == [
+        "learnable inputs are not supported by the generated kernels yet: "
+        "attention() would return no gradient for `rel`"
     ]
-    assert _messages(
-        "attention x { head_dim = 16; dtype = fp32; mask = causal | b == 0 }", runtime_data=False
-    ) == ["the batch index `b` is not supported by the generated kernels yet"]
 
 
 @pytest.mark.parametrize(
