@@ -50,3 +50,4 @@ cp "$specs/t5_bias.attn" "$OUT/tune.attn"
 timeout "$(left)" python3 -m flashgen tune "$OUT/tune.attn" --quick --seqlens 4096 \
   >"$OUT/tune.txt" 2>&1
 echo "tune: exit $?"; tail -4 "$OUT/tune.txt"
+timeout "$(left)" python3 scripts/gpu_triton_only_smoke.py >"$OUT/triton_only.txt" 2>&1; echo "triton-only smoke: exit $?"; tail -1 "$OUT/triton_only.txt"
