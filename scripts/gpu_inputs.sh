@@ -7,7 +7,7 @@
 set -uo pipefail
 source "$(dirname "$0")/gpu_env.sh"
 end=$((SECONDS + ${1:-540}))
-specs=$OUT/specs
+specs=/tmp/flashgen-specs
 mkdir -p "$specs"
 cat >"$specs/packed_docs.attn" <<'SPEC'
 # Packed training batches: causal attention within each document.
@@ -44,10 +44,10 @@ timeout "$(left)" python3 -m flashgen verify "$specs"/*.attn --device cuda --exa
   >"$OUT/verify.txt" 2>&1
 echo "verify: exit $?"; grep -E "^(ok|FAILED|INCOMPLETE)" "$OUT/verify.txt"
 timeout "$(left)" python3 scripts/gpu_triton_only_smoke.py >"$OUT/triton_only.txt" 2>&1; echo "triton-only smoke: exit $?"; tail -1 "$OUT/triton_only.txt"
-cp "$specs/t5_bias.attn" "$OUT/tune.attn"
-timeout "$(left)" python3 -m flashgen tune "$OUT/tune.attn" --quick --seqlens 4096 \
+
+timeout "$(left)" python3 -m flashgen tune "$specs/t5_bias.attn" --quick --seqlens 4096 \
   >"$OUT/tune.txt" 2>&1
-echo "tune: exit $?"; tail -4 "$OUT/tune.txt"
+echo "tune: exit $?"; tail -4 "$OUT/tune.txt"; cp "$specs"/*.tune.json "$OUT/" 2>/dev/null
 timeout "$(left)" python3 -m flashgen bench "$specs"/*.attn --head-dim 64 128 \
   --seqlens 4096 16384 --jsonl "$OUT/results.jsonl" 2>"$OUT/bench.stderr" | tee "$OUT/bench.txt"
 echo "bench: exit ${PIPESTATUS[0]}"
