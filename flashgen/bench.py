@@ -206,10 +206,13 @@ def bench(
     systems: Sequence[str] = ("flashgen", "flex", "sdpa-cudnn", "sdpa-flash"),
     progress: bool = True,
     experiments: Mapping[str, object] | None = None,
+    document_length: float = DOCUMENT_LENGTH,
 ) -> list[Measurement]:
     """Time every variant at every sequence length on every system.
 
     `experiments` sets plan knobs of flashgen's modules (flashgen/experiments.py).
+    Integer inputs run up in steps of 0 or 1, a new value every
+    `document_length` tokens on average (documents, read as ids).
 
     `batch=None` keeps B·N at 16384 tokens (B = 16384 // N, at least 1), the
     anchors' convention.  `head_dim` overrides the specs' head dims.  `timer`
@@ -247,7 +250,7 @@ def bench(
             )
             data = random_runtime_inputs(
                 variant, Shape(b, heads, heads, n, n), device,
-                generator=torch.Generator().manual_seed(n), mean_run=DOCUMENT_LENGTH,
+                generator=torch.Generator().manual_seed(n), mean_run=document_length,
             )  # fmt: skip
             frac = density(variant, n, heads, device, b, data)
             mods = flex_mods(variant, n, n, heads, device=device, inputs=data)

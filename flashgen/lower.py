@@ -224,8 +224,17 @@ class KernelModel:
     # (empty for a variant that reads neither).
     inputs: tuple[InputModel, ...] = ()
     element_args: tuple[str, ...] = ()
+    # A mask that reads runtime data: the per-call plan of the tiles it
+    # leaves visible (None: the positional bounds alone).
+    data_plan: DataPlan | None = None
     # The indices a call checks (`flashgen.index_ranges.IndexRange.as_tuple`).
     index_ranges: tuple[tuple, ...] = ()
+
+    @property
+    def input_names(self) -> str:
+        """The inputs as a tuple display of their names: `(doc,)`, `(doc, rel)`."""
+        names = [i.name for i in self.inputs]
+        return f"({', '.join(names)}{',' if len(names) == 1 else ''})"
 
     @property
     def input_parts(self) -> tuple[str, ...]:
@@ -292,6 +301,12 @@ def lower(v: ir.Variant, tuning: Tuning | None = None) -> KernelModel:
         key_lo, key_hi = key_bounds(mask)
         query_lo, query_hi = query_bounds(mask)
         key_interior, query_interior = interior_bounds(mask, "k"), interior_bounds(mask, "q")
+    plan = None if mask_is_full else data_plan(mask)
+    if plan is not None:
+        # The interior is where the plan finds every pair of a tile visible
+        # (its classification covers the positional terms too).
+        key_interior = _planned_interior(key_interior)
+        query_interior = _planned_interior(query_interior)
     scalar_code = [
         *tiles.lines,
         key_lo,
@@ -361,7 +376,88 @@ def lower(v: ir.Variant, tuning: Tuning | None = None) -> KernelModel:
         inputs=tuple(_input_model(i) for i in v.inputs),
         index_ranges=tuple(r.as_tuple() for r in index_ranges.ranges(v)),
         element_args=_element_args(v),
+        data_plan=plan,
     )
+
+
+_PLAN_FULL = (kx.Var("plan_full_lo"), kx.Var("plan_full_hi"))
+
+
+def _planned_interior(bounds: tuple | None) -> tuple[kx.Expr, kx.Expr]:
+    """Interior bounds (positions) narrowed to the plan's whole tiles."""
+    if bounds is None:
+        return _PLAN_FULL
+    lo, hi = bounds
+    return (
+        _PLAN_FULL[0] if lo is None else kx.Max(lo, _PLAN_FULL[0]),
+        _PLAN_FULL[1] if hi is None else kx.Min(hi, _PLAN_FULL[1]),
+    )
+
+
+@dataclass(frozen=True)
+class PlanRead:
+    """A read of an input in a mask, as the plan kernel evaluates it over a
+    tile: `name` (its interval is `name_lo .. name_hi`), the side whose
+    positions it reads ("q", "k", or "" for neither: one value per program),
+    and the load over that side's positions (`q_pos`, `k_pos`)."""
+
+    name: str
+    side: str
+    load: str
+
+
+@dataclass(frozen=True)
+class DataPlan:
+    """The per-call plan of a mask that reads runtime data (`_attn_plan`):
+    which tiles the data leaves visible, classified by the mask's intervals
+    over each tile with each read's range over it."""
+
+    reads: tuple[PlanRead, ...]
+    lines: tuple[str, ...]
+    must: str
+    may: str
+    per_head: bool  # the mask reads `h`: one plan per head
+
+
+def data_plan(mask: ir.Expr) -> DataPlan | None:
+    """The plan of a desugared mask in negation normal form, or None where it
+    reads no runtime data or reads an input at an index over both q and k
+    (whose range over a tile is not a product of the two sides' ranges)."""
+    if not ir.reads_runtime_data(mask):
+        return None
+    reads: dict[ir.Index, str] = {}
+    plan_reads = []
+    for node in _indices(mask):
+        if node in reads:
+            continue
+        sides = {v for a in node.args for v in ("q", "k") if ir.mentions(a, frozenset({v}))}
+        if len(sides) > 1:
+            return None
+        reads[node] = f"r{len(reads)}_{node.input}"
+        load = kx.Load(node.input, tuple(ElementCode().expr(a) for a in node.args))
+        plan_reads.append(PlanRead(reads[node], "".join(sides), kx.to_source(load)))
+    tiles = TileCode(reads)
+    must, may = tiles.truth(mask)
+    return DataPlan(
+        reads=tuple(plan_reads),
+        lines=tuple(kx.stmt_source(s) for s in tiles.lines),
+        must=kx.to_source(must),
+        may=kx.to_source(may),
+        per_head=ir.mentions(mask, frozenset({"h", "H"})),
+    )
+
+
+def _indices(e: ir.Expr):
+    if isinstance(e, ir.Index):
+        yield e
+    elif isinstance(e, ir.Unary):
+        yield from _indices(e.operand)
+    elif isinstance(e, ir.Binary):
+        yield from _indices(e.left)
+        yield from _indices(e.right)
+    elif isinstance(e, ir.Call):
+        for a in e.args:
+            yield from _indices(a)
 
 
 def _element_args(v: ir.Variant) -> tuple[str, ...]:

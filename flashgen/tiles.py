@@ -121,10 +121,15 @@ class TileCode:
     """Scalar code for intervals and (must, may) pairs over a tile: `lines`
     are the statements, the returned expressions read their names."""
 
-    def __init__(self) -> None:
+    def __init__(self, reads: dict[ir.Index, str] | None = None) -> None:
         self.lines: list[kx.Stmt] = []
         self._n = 0
         self._truths: dict[ir.Expr, Truth] = {}
+        # With `reads`, comparisons of runtime data are classified too: each
+        # read of an input has the interval `{name}_lo .. {name}_hi` over the
+        # tile (the kernel defines those names), and `b` is the batch index.
+        # Without, any tile may hold a visible pair of them, none is whole.
+        self.reads = reads
 
     def _tmp(self, stem: str) -> str:
         self._n += 1
@@ -139,6 +144,12 @@ class TileCode:
         return self._set(f"{name}_lo", lo), self._set(f"{name}_hi", hi)
 
     def interval(self, e: ir.Expr) -> tuple[kx.Expr, kx.Expr]:
+        if isinstance(e, ir.Index):
+            assert self.reads is not None
+            name = self.reads[e]
+            return kx.Var(f"{name}_lo"), kx.Var(f"{name}_hi")
+        if isinstance(e, ir.Name) and e.id == "b":
+            return kx.Var("batch"), kx.Var("batch")
         value = constant_value(e)
         if value is not None:  # `abs(-2)`: one literal, not tl calls on ints
             return kx.Int(value), kx.Int(value)
@@ -242,15 +253,34 @@ class TileCode:
     def _compare(self, e: ir.Binary) -> Truth:
         self.lines.append(kx.Comment(print_expr(e)))
         if ir.reads_runtime_data(e):
-            # Decided by runtime data: any tile may hold a visible pair, none
-            # is known to be whole.
-            return kx.FALSE, kx.TRUE
+            if self.reads is None:
+                # Decided by runtime data: any tile may hold a visible pair,
+                # none is known to be whole.
+                return kx.FALSE, kx.TRUE
+            return self._data_compare(e)
         # Work on d = left - right, compared with 0.
         d = difference(e)
         if d is not None:
             return self._affine_compare(e.op, d)
         lo, hi = self.interval(ir.Binary(ir.BinOp.SUB, e.left, e.right))
         return self._bools(*compare_interval(e.op, lo, hi))
+
+    def _data_compare(self, e: ir.Binary) -> Truth:
+        """(must, may) of `left op right` from the two sides' intervals, with
+        no difference taken: a comparison that reads an input is evaluated as
+        written (its sides are within +-2^62, their difference need not be)."""
+        (alo, ahi), (blo, bhi) = self.interval(e.left), self.interval(e.right)
+        cmp = kx.Cmp
+        single = kx.And(kx.And(cmp("==", alo, ahi), cmp("==", blo, bhi)), cmp("==", alo, blo))
+        table = {
+            ir.BinOp.LT: (cmp("<", ahi, blo), cmp("<", alo, bhi)),
+            ir.BinOp.LE: (cmp("<=", ahi, blo), cmp("<=", alo, bhi)),
+            ir.BinOp.GT: (cmp(">", alo, bhi), cmp(">", ahi, blo)),
+            ir.BinOp.GE: (cmp(">=", alo, bhi), cmp(">=", ahi, blo)),
+            ir.BinOp.EQ: (single, kx.And(cmp("<=", alo, bhi), cmp("<=", blo, ahi))),
+            ir.BinOp.NE: (kx.Or(cmp("<", ahi, blo), cmp("<", bhi, alo)), kx.Not(single)),
+        }
+        return self._bools(*table[e.op])
 
     def _affine_compare(self, op: ir.BinOp, d: Affine) -> Truth:
         """Compare sum(c_i v_i) + c0 with 0, written as `positive <= negative`."""

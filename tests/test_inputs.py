@@ -283,6 +283,12 @@ KERNEL_SPECS = {
     "a per-key bias read twice, the batch index": (
         "bias: fp16[B, Nk]; mask = causal | b == 1; score = softcap(s + bias[b, k], 5.0) - bias[b, k]"
     ),
+    "documents or a window, top-left": (
+        "align = top_left; doc: int32[B, Nk]; mask = doc[b, q] == doc[b, k] | window(3)"
+    ),
+    "per-head reach, documents at most one apart": (
+        "t: int32[H]; d: int32[B, Nk]; mask = causal & k <= q + t[h] & d[b, k] >= d[b, q] - 1"
+    ),
 }
 
 
@@ -300,6 +306,7 @@ def test_kernels_that_read_inputs_match_the_reference(name, dtype, _interpreter)
         Shape,
         check_backward,
         check_forward,
+        check_refusal,
         random_inputs,
         random_runtime_inputs,
     )
@@ -311,6 +318,10 @@ def test_kernels_that_read_inputs_match_the_reference(name, dtype, _interpreter)
     for shape in (Shape(2, 2, 1, 45, 45), Shape(1, 2, 2, 33, 70), Shape(2, 1, 1, 70, 33)):
         q, k, v = random_inputs(shape, 16, torch_dtype, "cpu", generator=generator)
         data = random_runtime_inputs(variant, shape, "cpu", generator=generator)
+        refused = check_refusal(variant, module, q, k, v, data)
+        if refused is not None:  # a call the language refuses: the module must refuse it too
+            assert refused.ok, (refused.refused, refused.module_refused)
+            continue
         forward = check_forward(variant, module, q, k, v, inputs=data)
         backward = check_backward(variant, module, q, k, v, generator=generator, inputs=data)
         for result in (forward, backward):
@@ -400,13 +411,14 @@ def test_bench_runs_a_spec_with_inputs_on_the_cpu(_interpreter):
         warnings.simplefilter("ignore")
         results = bench.bench(
             [variant], seqlens=[40], batch=2, heads=2, device="cpu", timer=timer,
-            compile_flex=False, systems=("flashgen", "flex"), progress=False,
+            compile_flex=False, systems=("flashgen", "flex"), progress=False, document_length=8,
         )  # fmt: skip
     ours, flex = results
     assert not ours.error and flex.max_diff is not None and flex.max_diff < 1e-4
     data = bench.random_runtime_inputs(
-        variant, bench.Shape(2, 2, 2, 40, 40), "cpu", generator=torch.Generator().manual_seed(40)
-    )
+        variant, bench.Shape(2, 2, 2, 40, 40), "cpu",
+        generator=torch.Generator().manual_seed(40), mean_run=8,
+    )  # fmt: skip
     visible = mask_matrix(variant, 40, 40, 2, batch=2, inputs=data)
     assert ours.density == pytest.approx(visible.double().mean().item())
 
@@ -435,3 +447,70 @@ def test_tune_times_a_spec_with_inputs(_interpreter):
     assert all(t is not None for t in times["forward"].values())
     assert all(t is not None for t in times["backward"].values())
     assert set(times["forward"]) == set(forward) and set(times["backward"]) == set(backward)
+
+
+@pytest.mark.kernels
+@pytest.mark.parametrize("align", ["bottom_right", "top_left"])
+def test_the_plan_skips_exactly_the_tiles_that_cross_documents(align, _interpreter):
+    """Packed documents (ids non-decreasing): for every query tile, the plan's
+    key range runs from the first to past the last key tile that holds a
+    visible pair, and its whole tiles are the tiles whose every pair is visible
+    (from the dense mask of the reference); likewise for key tiles."""
+    from flashgen.api import load_variant
+
+    variant = _variant(
+        f"attention p {{ head_dim = 16; dtype = fp32; align = {align}; doc: int32[B, Nk]; "
+        "mask = causal & doc[b, q] == doc[b, k] }"
+    )
+    module = load_variant(variant)
+    lengths = [[40, 5, 1, 50, 32], [128, 0, 0, 0, 0]]
+    doc = torch.tensor(
+        [[d for d, n in enumerate(row) for _ in range(n)] for row in lengths], dtype=torch.int32
+    )
+    nq, nk = 100, 128
+    q = torch.zeros(2, 2, nq, 16)
+    k = torch.zeros(2, 1, nk, 16)
+    visible = mask_matrix(variant, nq, nk, 1, batch=2, inputs={"doc": doc})[:, 0]
+    offset = nk - nq if align == "bottom_right" else 0
+    for outer, inner, keys_inner in ((32, 16, True), (16, 32, True), (32, 16, False)):
+        plan = module._data_plan(q, k, outer, inner, keys_inner, (doc,))
+        for b in range(2):
+            grid = visible[b] if keys_inner else visible[b].T
+            n_inner = grid.shape[1]
+            for tile in range(plan.shape[1]):
+                block = grid[tile * outer : (tile + 1) * outer]
+                tiles = [block[:, t : t + inner] for t in range(0, n_inner, inner)]
+                seen = [i for i, t in enumerate(tiles) if t.any()]
+                whole = [i for i, t in enumerate(tiles) if t.all()]  # a ragged last one too
+                shift = 0 if keys_inner else offset
+                lo, hi, full_lo, full_hi = plan[b, tile].tolist()
+                if seen:
+                    assert (lo - shift, hi - shift) == (
+                        seen[0] * inner,
+                        min((seen[-1] + 1) * inner, n_inner),
+                    ), (b, tile)
+                else:
+                    assert lo >= hi
+                run = whole[:1]
+                while run and run[-1] + 1 in whole:
+                    run.append(run[-1] + 1)
+                if run:
+                    assert (full_lo - shift, full_hi - shift) == (
+                        run[0] * inner,
+                        (run[-1] + 1) * inner - 1,
+                    ), (b, tile)
+                else:
+                    assert full_lo > full_hi
+
+
+def test_modules_of_specs_with_inputs_are_black_clean():
+    """Emitted in final form, as the examples' modules are (tests/test_golden.py)."""
+    import black
+
+    from flashgen.api import build_source
+    from flashgen.emit import LINE_LENGTH
+
+    mode = black.Mode(line_length=LINE_LENGTH, magic_trailing_comma=False)
+    for body in KERNEL_SPECS.values():
+        source = build_source(f"attention t {{ head_dim = 16; dtype = fp32; {body} }}")
+        assert black.format_str(source, mode=mode) == source, body
