@@ -2,7 +2,7 @@
 # Specs that read runtime inputs on the GPU machine: the kernels against the
 # float64 reference (scripts/gpu_inputs_smoke.py and `flashgen verify`), then
 # `flashgen bench` beside FlexAttention (documents of bench.DOCUMENT_LENGTH
-# tokens) and a quick `flashgen tune`; results to $OUT.
+# tokens) and the cost of the per-call plan; results to $OUT.
 #   bash scripts/gpu_inputs.sh [SECONDS]      # default 540
 set -uo pipefail
 source "$(dirname "$0")/gpu_env.sh"
@@ -28,6 +28,14 @@ attention t5_bias {
     score = s + rel[h, min(q - k, 31)]
 }
 SPEC
+cat >"$specs/chunked_causal.attn" <<'SPEC'
+# Positional: causal within chunks of 1024 (about the density of packed_docs).
+attention chunked_causal {
+    head_dim = 128
+    dtype = bf16
+    mask = causal & chunk(1024)
+}
+SPEC
 cat >"$specs/prefix_per_example.attn" <<'SPEC'
 # Prefix-LM with a prefix length per example.
 attention prefix_per_example {
@@ -45,9 +53,7 @@ timeout "$(left)" python3 -m flashgen verify "$specs"/*.attn --device cuda --exa
 echo "verify: exit $?"; grep -E "^(ok|FAILED|INCOMPLETE)" "$OUT/verify.txt"
 timeout "$(left)" python3 scripts/gpu_triton_only_smoke.py >"$OUT/triton_only.txt" 2>&1; echo "triton-only smoke: exit $?"; tail -1 "$OUT/triton_only.txt"
 
-timeout "$(left)" python3 -m flashgen tune "$specs/t5_bias.attn" --quick --seqlens 4096 \
-  >"$OUT/tune.txt" 2>&1
-echo "tune: exit $?"; tail -4 "$OUT/tune.txt"; cp "$specs"/*.tune.json "$OUT/" 2>/dev/null
+timeout "$(left)" python3 scripts/gpu_plan_cost.py 2>&1 | tail -3
 timeout "$(left)" python3 -m flashgen bench "$specs"/*.attn --head-dim 64 128 \
   --seqlens 4096 16384 --jsonl "$OUT/results.jsonl" 2>"$OUT/bench.stderr" | tee "$OUT/bench.txt"
 echo "bench: exit ${PIPESTATUS[0]}"

@@ -5,7 +5,9 @@ reference at two shapes (one crossing tile edges with Nq != Nk).
     python3 scripts/gpu_triton_only_smoke.py    # after scripts/gpu_env.sh; exit 1 on a failure
 """
 
+import importlib.util
 import sys
+import tempfile
 from pathlib import Path
 
 import torch
@@ -23,9 +25,12 @@ from flashgen.verify import (
 bad = 0
 for path in sorted(Path("examples").glob("*.attn")):
     (variant,) = _check_specs([path])
-    namespace = {"__name__": f"{variant.name}_triton_only"}
-    exec(compile(build_source(path, triton_only=True), f"{variant.name}.py", "exec"), namespace)
-    module = type("module", (), {k: staticmethod(namespace[k]) for k in ("forward", "attention")})
+    # Triton reads a kernel's source from its file: the module is written, then imported.
+    target = Path(tempfile.mkdtemp()) / f"{variant.name}_triton_only.py"
+    target.write_text(build_source(path, triton_only=True))
+    loader = importlib.util.spec_from_file_location(target.stem, target)
+    module = importlib.util.module_from_spec(loader)
+    loader.loader.exec_module(module)
     g = torch.Generator().manual_seed(0)
     for shape in (Shape(2, 4, 2, 1024, 1024), Shape(1, 2, 1, 333, 777)):
         dtype = torch_dtype(variant.dtype)
