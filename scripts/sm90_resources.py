@@ -42,8 +42,13 @@ _DTYPES = {"torch.float16": "fp16", "torch.bfloat16": "bf16", "torch.float32": "
 _TENSORS = ("q", "k", "v", "o", "do", "dq", "dk", "dv")
 
 
-def compile_kernel(fn, config, *, dtype: str, head_dim: int, head_dim_pad: int, tma: bool, rows):
-    """ptxas's report for `fn` compiled at `config` = (BLOCK_M, BLOCK_N, warps, stages)."""
+def compile_kernel(
+    fn, config, *, dtype: str, head_dim: int, head_dim_pad: int, tma: bool, rows, pointers=None
+):
+    """ptxas's report for `fn` compiled at `config` = (BLOCK_M, BLOCK_N, warps, stages);
+    `pointers` gives the type of pointer parameters other than the tensors' and fp32 ones
+    (a module's inputs and plans)."""
+    pointers = pointers or {}
     block_m, block_n, warps, stages = config
     constants = dict(
         HEAD_DIM=head_dim, HEAD_DIM_PAD=head_dim_pad, BLOCK_M=block_m, BLOCK_N=block_n, USE_TMA=tma
@@ -54,7 +59,10 @@ def compile_kernel(fn, config, *, dtype: str, head_dim: int, head_dim_pad: int, 
         name = p.name
         if p.is_constexpr:
             continue
-        if name.endswith("_ptr") or (name.endswith("_desc") and not tma):
+        if name in pointers:
+            signature[name] = pointers[name]
+            attrs[(i,)] = [["tt.divisibility", 16]]
+        elif name.endswith("_ptr") or (name.endswith("_desc") and not tma):
             signature[name] = f"*{dtype}" if name.rsplit("_", 1)[0] in _TENSORS else "*fp32"
             attrs[(i,)] = [["tt.divisibility", 16]]
         elif name.endswith("_desc"):
@@ -203,6 +211,43 @@ class Resources:
     ptx: str = dataclasses.field(default="", repr=False)  # as compiled (see `normalized_ptx`)
 
 
+_POINTER_TYPES = {
+    torch.int32: "*i32", torch.int64: "*i64", torch.float32: "*fp32",
+    torch.float16: "*fp16", torch.bfloat16: "*bf16",
+}  # fmt: skip
+
+
+def plan_resources(module) -> list:
+    """Resources of the plan kernel of a data-reading mask (`_attn_plan`), for
+    the forward's plan (key tiles inner) and the dK/dV one (query tiles inner)."""
+    if not hasattr(module, "_attn_plan"):
+        return []
+    fn = module._attn_plan
+    inputs = getattr(module, "_INPUTS", ())
+    pointers = {f"{name}_ptr": _POINTER_TYPES[dtype] for name, dtype, _ in inputs}
+    found = []
+    for outer, inner, keys_inner in (module.GPU_CONFIG[:2] + (True,), (64, 128, False)):
+        constants = dict(
+            OUTER=outer, INNER=inner, CHUNK=max(1, 4096 // inner), KEYS_INNER=keys_inner
+        )
+        signature = {}
+        for p in fn.params:
+            if p.name in constants:
+                signature[p.name] = "constexpr"
+            elif p.name == "plan_ptr":
+                signature[p.name] = "*i32"
+            else:
+                signature[p.name] = pointers.get(p.name, "i32")
+        kernel = triton.compile(
+            ASTSource(fn, signature, constants, {}),
+            target=GPUTarget("cuda", 90, 32),
+            options=dict(num_warps=4, num_stages=1),
+        )
+        report = (*ptxas_report(kernel.asm["ptx"]), kernel.metadata.shared, kernel.asm["ptx"])
+        found.append(Resources("_attn_plan", (outer, inner, 4, 1), False, *report))
+    return found
+
+
 def module_resources(module, forward_config=None, backward_config=None, tma: bool = True):
     """Resources of a generated module's forward and backward kernels, at its
     own configs unless given; tma=False forces pointer loads."""
@@ -212,6 +257,8 @@ def module_resources(module, forward_config=None, backward_config=None, tma: boo
         ("_attn_fwd", tuple(forward_config or module.GPU_CONFIG), module.GPU_TMA and tma),
         ("_attn_bwd", tuple(backward_config or module.GPU_BWD_CONFIG), module.GPU_BWD_TMA and tma),
     ]
+    pointers = {f"{name}_ptr": _POINTER_TYPES[t] for name, t, _ in getattr(module, "_INPUTS", ())}
+    pointers.update(plan_ptr="*i32", dkdv_plan_ptr="*i32", dq_plan_ptr="*i32")
     found = []
     for kernel, config, use_tma in passes:
         # The forward streams K/V tiles of BLOCK_N rows through descriptors;
@@ -225,9 +272,10 @@ def module_resources(module, forward_config=None, backward_config=None, tma: boo
             head_dim_pad=pad,
             tma=use_tma,
             rows=rows,
+            pointers=pointers,
         )
         found.append(Resources(kernel, config, use_tma, *resources))
-    return found + gluon_resources(module)
+    return found + plan_resources(module) + gluon_resources(module)
 
 
 def main() -> None:

@@ -127,3 +127,56 @@ def test_gluon_forward_for_any_mask_compiles_for_sm90():
     assert set(gluon) == {"mistral_sliding", "bloom_alibi"}, out.stdout[-2000:]
     # A few spilled registers today (8-48 B at maxnreg 168), none in the hundreds.
     assert all(r["spill_stores"] <= 64 for r in gluon.values()), gluon
+
+
+DATA_MASKS = """\
+attention packed_docs {
+    head_dim = 128
+    dtype = bf16
+    doc: int32[B, Nk]
+    mask = causal & doc[b, q] == doc[b, k]
+}
+attention prefix_per_example {
+    head_dim = 64
+    dtype = fp16
+    prefix_len: int64[B]
+    mask = causal | k < prefix_len[b]
+}
+attention reach_per_head {
+    head_dim = 64
+    dtype = bf16
+    align = top_left
+    t: int32[H]
+    d: int32[B, Nk]
+    mask = causal & k <= q + t[h] & d[b, k] >= d[b, q] - 1
+}
+attention batch_index {
+    head_dim = 128
+    dtype = fp16
+    mask = causal | b == 1
+}
+"""
+
+
+def test_kernels_of_masks_that_read_runtime_data_compile_for_sm90(tmp_path):
+    """The interpreter does not type-check as the compiler does (a loop-carried
+    variable whose shape changes runs there): the plan kernel and the
+    forward and backward that read its plan compile for sm_90a."""
+    spec = tmp_path / "data_masks.attn"
+    spec.write_text(DATA_MASKS)
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    out = subprocess.run(
+        [sys.executable, "scripts/sm90_resources.py", str(spec), "--json"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "failed" not in out.stdout, out.stdout[-2000:]
+    rows = [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
+    kernels = {(r["name"], r["kernel"]) for r in rows}
+    names = ("packed_docs", "prefix_per_example", "reach_per_head", "batch_index")
+    for kernel in ("_attn_fwd", "_attn_bwd", "_attn_plan"):
+        assert {(name, kernel) for name in names} <= kernels, out.stdout[-2000:]
