@@ -292,7 +292,7 @@ def _input_args(inputs: tuple) -> list:
 def _index_problem(batch: int, heads: int, kv_heads: int, n_queries: int, n_keys: int):
     """Why a call of these sizes is refused, or None: an index whose interval
     over the positions, heads and batch where it is read leaves its
-    dimension.  Each entry of _INDEX_RANGES is (input, dimension, size,
+    dimension.  Every item of _INDEX_RANGES is (input, dimension, size,
     expression, guard); the guard bounds k - q, q and k where the read
     happens (None: unbounded)."""
     if 0 in (batch, heads, n_queries, n_keys):

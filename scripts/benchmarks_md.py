@@ -8,7 +8,9 @@ The standing is the latest record (by order in the file: `flashgen bench
 do_bench and without error, for flashgen, FlexAttention and cuDNN, from runs
 that timed flashgen beside another system (a run of flashgen alone, such as
 scripts/gpu_before_after.sh's comparison of two commits, is data but no
-standing against the others).  Pure Python: no GPU, no torch.
+standing against the others).  A record marked `superseded` (its kernels have
+changed since; the field says how) stays as data and leaves the standing.
+Pure Python: no GPU, no torch.
 """
 
 from __future__ import annotations
@@ -65,6 +67,8 @@ def standing(records: Iterable[dict]) -> dict[tuple, dict]:
     latest = {}
     for r in records:
         if r.get("timer") != "do_bench" or r.get("error") or r.get("system") not in SYSTEMS:
+            continue
+        if r.get("superseded"):
             continue
         if r["Nq"] != r["Nk"] or _run_point(r) not in compared:
             continue

@@ -189,6 +189,8 @@ def test_runtime_sections_are_copied_verbatim(variant):
         expected.add("alibi")
     if "GLUON = True" in text:
         expected.add("gluon")
+    if "_INPUTS = (" in text:
+        expected.add("inputs")
     for name, section in sections.items():
         assert (section in text) == (name in expected), name
 
