@@ -35,6 +35,9 @@ LINE_LENGTH = 100
 # What the generated modules were tested with, as their header says: the
 # GPU suite (scripts/gpu_tests.sh) on an H200 and the CPU interpreter.
 TESTED_WITH = "Triton 3.6.0 (torch 2.11 on an NVIDIA H200; torch 2.13 in the CPU interpreter)"
+# Version prefixes of the Triton that the Gluon kernels and the direct launches
+# were tested on (flashgen/runtime.py's TESTED_TRITON is the same).
+TESTED_TRITON = ("3.6.",)
 _SECTION = "# flashgen: section "
 
 
@@ -122,6 +125,7 @@ def render_module(
             spec_literal=python_string(model.spec_text),
             runtime=runtime_sections(),
             tested_with=TESTED_WITH,
+            tested_triton=TESTED_TRITON,
         )
     )
     return _mark_long_lines(source)

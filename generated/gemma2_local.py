@@ -17,7 +17,7 @@ Built from this spec::
     o, lse = attention(q, k, v, return_lse=True)  # lse (B, H, Nq), float32, natural log
 
 This file needs only torch and triton.  Tested with Triton 3.6.0 (torch 2.11 on an NVIDIA H200; torch 2.13 in the CPU interpreter);
-on a Triton without Gluon (before 3.5) it runs its Triton kernels only.
+on another Triton (3.5 or later) it runs its Triton kernels only.
 """
 
 import functools

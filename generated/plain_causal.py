@@ -17,7 +17,7 @@ Built from this spec::
     o, lse = attention(q, k, v, return_lse=True)  # lse (B, H, Nq), float32, natural log
 
 This file needs only torch and triton.  Tested with Triton 3.6.0 (torch 2.11 on an NVIDIA H200; torch 2.13 in the CPU interpreter);
-on a Triton without Gluon (before 3.5) it runs its Triton kernels only.
+on another Triton (3.5 or later) it runs its Triton kernels only.
 """
 
 import functools
@@ -45,7 +45,9 @@ try:  # Gluon, Triton >= 3.5: the Hopper kernels
     from triton.experimental.gluon.language.nvidia.hopper import tma as gl_tma
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor as GluonTensorDescriptor
 
-    GLUON = True
+    # Gluon's API changes between releases: the Hopper kernels run on the Triton
+    # they were tested with; on another, every launch takes the Triton kernels.
+    GLUON = triton.__version__.startswith(("3.6.",))
 except ImportError:  # pragma: no cover - a Triton without Gluon runs the Triton kernels
 
     class _NoGluon:

@@ -6,6 +6,7 @@ on a Triton without Gluon still imports and runs its Triton kernels."""
 from __future__ import annotations
 
 import builtins
+import importlib.util
 import math
 import sys
 
@@ -208,3 +209,30 @@ def test_a_module_imports_and_runs_on_a_triton_without_gluon(monkeypatch):
     q, k, v = (torch.randn(1, 2, n, 64, generator=gen).half() for n in (19, 23, 23))
     result = check_forward(variant, module, q, k, v)
     assert result.ok, result
+
+
+@pytest.mark.parametrize("version", ["3.5.1", "3.9.0"])
+def test_the_hopper_kernels_run_only_on_the_triton_they_were_tested_with(
+    monkeypatch, tmp_path, version
+):
+    """Gluon's API changes between releases: a module imported under another
+    Triton (that has Gluon) keeps its Gluon kernels off, and its direct
+    launches too, and runs its Triton kernels."""
+    import triton
+
+    from flashgen import emit
+
+    assert runtime.TESTED_TRITON == emit.TESTED_TRITON
+    source = build_source("attention t { head_dim = 128; dtype = fp16; mask = causal }")
+    assert "_gluon_attn_fwd" in source
+    monkeypatch.setattr(triton, "__version__", version)
+    name = f"flashgen_test_triton_{version.replace('.', '_')}"
+    path = tmp_path / f"{name}.py"  # Triton reads the kernels' source from their file
+    path.write_text(source)
+    loader = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(loader)
+    monkeypatch.setitem(sys.modules, name, module)
+    loader.loader.exec_module(module)
+    assert module.GLUON is False
+    assert module.DIRECT_LAUNCH is False
+    assert not module._gluon_fits(128, *(torch.zeros(1, 1, 128, 128).half(),) * 3)
