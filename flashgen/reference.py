@@ -522,7 +522,12 @@ def _score_of(
 ) -> torch.Tensor:
     """The score expression applied to the products `s` (B, H, rows, Nk).
     With `visible`, an index out of range at a visible pair is a ValueError;
-    elsewhere (and without it) such a pair's score is undefined."""
+    elsewhere (and without it) such a pair's score is undefined.  With
+    `visible`, masked pairs take `s` detached: their score may be infinite
+    or NaN with an infinite derivative (`s / alibi` on the diagonal), and the
+    zero gradient they get from the mask would turn NaN on the way back."""
+    if visible is not None:
+        s = torch.where(visible, s, s.detach())
     scope = _scope(
         nq, nk, s.shape[1], variant.align, s=s, real=s.dtype, device=s.device, rows=rows,
         batch=s.shape[0], inputs=inputs,

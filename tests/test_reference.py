@@ -615,3 +615,26 @@ def test_bad_rows_raise_value_error(rows):
     q, k, v = rand_qkv(1, 1, 1, 7, 7, 16)
     with pytest.raises(ValueError, match="rows"):
         attention_ref(variant(), q, k, v, rows=rows)
+
+
+def test_masked_pairs_with_an_infinite_score_derivative_leave_the_gradients_finite():
+    """`s / (alibi + alibi)` divides by zero on the diagonal, which the mask
+    hides: the gradient the mask sends there is zero, and must not come back
+    as 0 * inf = NaN.  Rows that see nothing get zero gradients."""
+    from flashgen.api import _check_specs
+
+    (variant,) = _check_specs(
+        [
+            "attention t { head_dim = 16; dtype = fp32; mask = causal & q - k >= 1; "
+            "score = s / (alibi + alibi) }"
+        ]
+    )
+    gen = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, 2, 6, 16, generator=gen, dtype=torch.float64) for _ in range(3))
+    for x in (q, k, v):
+        x.requires_grad_()
+    o, lse = attention_ref(variant, q, k, v)
+    (o.sum() + lse[torch.isfinite(lse)].sum()).backward()
+    for x in (q, k, v):
+        assert torch.isfinite(x.grad).all()
+    assert (q.grad[:, :, 0] == 0).all()  # row 0 sees no key (k <= q - 1)
