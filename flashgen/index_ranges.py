@@ -37,7 +37,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 
 from flashgen import ir
-from flashgen.mask_forms import affine, clean, desugar_mask, difference, is_comparison
+from flashgen.mask_forms import FLIPPED, affine, clean, desugar_mask, difference, is_comparison
 from flashgen.mask_forms import k_minus_q, negation_normal_form
 
 # An interval expression: nested tuples of str and int (see `interval`).
@@ -73,11 +73,11 @@ def ranges(variant: ir.Variant) -> tuple[IndexRange, ...]:
 def indices(variant: ir.Variant) -> list[IndexRange]:
     """Every index of every read of `variant`, with the guard of its read."""
     mask = negation_normal_form(desugar_mask(variant.mask))
-    reads = list(_mask_reads(mask, OPEN))
+    guarded = list(_mask_reads(mask, OPEN))
     score_guard = _facts(mask, OPEN)
-    reads += [(read, score_guard) for read in _reads(variant.score)]
+    guarded += [(read, score_guard) for read in reads(variant.score)]
     found = []
-    for read, guard in reads:
+    for read, guard in guarded:
         shape = next(i.shape for i in variant.inputs if i.name == read.input)
         for dim, (arg, size) in enumerate(zip(read.args, shape)):
             found.append(IndexRange(read.input, dim, size, encode(arg, variant), guard))
@@ -101,18 +101,18 @@ def _settled(entry: IndexRange) -> bool:
 # --------------------------------------------------------------------------- #
 
 
-def _reads(e: ir.Expr) -> Iterator[ir.Index]:
+def reads(e: ir.Expr) -> Iterator[ir.Index]:
     """Every read in `e` (an index reads no input: `check` refuses that)."""
     if isinstance(e, ir.Index):
         yield e
     elif isinstance(e, ir.Unary):
-        yield from _reads(e.operand)
+        yield from reads(e.operand)
     elif isinstance(e, ir.Binary):
-        yield from _reads(e.left)
-        yield from _reads(e.right)
+        yield from reads(e.left)
+        yield from reads(e.right)
     elif isinstance(e, ir.Call):
         for a in e.args:
-            yield from _reads(a)
+            yield from reads(a)
 
 
 def _mask_reads(e: ir.Expr, guard: Guard) -> Iterator[tuple[ir.Index, Guard]]:
@@ -125,7 +125,7 @@ def _mask_reads(e: ir.Expr, guard: Guard) -> Iterator[tuple[ir.Index, Guard]]:
         yield from _mask_reads(e.left, guard)
         yield from _mask_reads(e.right, guard)
     else:
-        for read in _reads(e):
+        for read in reads(e):
             yield read, guard
 
 
@@ -162,7 +162,7 @@ def _comparison_bounds(e: ir.Binary) -> tuple[int, int | None, int | None] | Non
         if coef not in (1, -1):
             return None
         # coef * var + const  op  0   <=>   var  op'  -coef * const
-        op = e.op if coef == 1 else _FLIPPED[e.op]
+        op = e.op if coef == 1 else FLIPPED[e.op]
         slot, c = (1 if var == "q" else 2), -coef * const
     if op is ir.BinOp.LE:
         return slot, None, c
@@ -175,16 +175,6 @@ def _comparison_bounds(e: ir.Binary) -> tuple[int, int | None, int | None] | Non
     if op is ir.BinOp.EQ:
         return slot, c, c
     return None
-
-
-_FLIPPED = {
-    ir.BinOp.LE: ir.BinOp.GE,
-    ir.BinOp.GE: ir.BinOp.LE,
-    ir.BinOp.LT: ir.BinOp.GT,
-    ir.BinOp.GT: ir.BinOp.LT,
-    ir.BinOp.EQ: ir.BinOp.EQ,
-    ir.BinOp.NE: ir.BinOp.NE,
-}
 
 
 # --------------------------------------------------------------------------- #

@@ -427,7 +427,7 @@ def data_plan(mask: ir.Expr) -> DataPlan | None:
         return None
     reads: dict[ir.Index, str] = {}
     plan_reads = []
-    for node in _indices(mask):
+    for node in index_ranges.reads(mask):
         if node in reads:
             continue
         sides = {v for a in node.args for v in ("q", "k") if ir.mentions(a, frozenset({v}))}
@@ -445,19 +445,6 @@ def data_plan(mask: ir.Expr) -> DataPlan | None:
         may=kx.to_source(may),
         per_head=ir.mentions(mask, frozenset({"h", "H"})),
     )
-
-
-def _indices(e: ir.Expr):
-    if isinstance(e, ir.Index):
-        yield e
-    elif isinstance(e, ir.Unary):
-        yield from _indices(e.operand)
-    elif isinstance(e, ir.Binary):
-        yield from _indices(e.left)
-        yield from _indices(e.right)
-    elif isinstance(e, ir.Call):
-        for a in e.args:
-            yield from _indices(a)
 
 
 def _element_args(v: ir.Variant) -> tuple[str, ...]:

@@ -48,11 +48,12 @@ GLUON_BACKWARD = {(Path(spec).stem, d) for spec in SPECS for d in (64, 128)}
 pytestmark = pytest.mark.kernels
 
 
-@pytest.fixture(scope="module")
-def resources() -> list[dict]:
+def _sm90_resources(*args: str) -> tuple[list[dict], str]:
+    """scripts/sm90_resources.py's JSON rows for `args`, compiled (not
+    interpreted) in a process of its own, and its stdout."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     out = subprocess.run(
-        [sys.executable, "scripts/sm90_resources.py", *SPECS, "--head-dim", "64", "128", "--json"],
+        [sys.executable, "scripts/sm90_resources.py", *args, "--json"],
         cwd=ROOT,
         env=env,
         capture_output=True,
@@ -61,10 +62,16 @@ def resources() -> list[dict]:
     )
     assert out.returncode == 0, out.stderr[-2000:]
     rows = [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
+    return rows, out.stdout
+
+
+@pytest.fixture(scope="module")
+def resources() -> list[dict]:
+    rows, stdout = _sm90_resources(*SPECS, "--head-dim", "64", "128")
     # Forward and backward per spec and head dim, the Gluon forwards at d128,
     # and the two Gluon backward kernels.
     expected = 2 * 2 * len(SPECS) + len(GLUON | GLUON_ANY) + 2 * len(GLUON_BACKWARD)
-    assert len(rows) == expected, out.stdout[-2000:]
+    assert len(rows) == expected, stdout[-2000:]
     return rows
 
 
@@ -111,20 +118,10 @@ def test_gluon_forward_for_any_mask_compiles_for_sm90():
     window (mask bounds), ALiBi (a per-head argument) and a narrow band
     (forced on: `kernel_choice.GLUON_ANY_MIN_KEYS` keeps it out of encoder_band's
     module)."""
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     specs = ["examples/mistral_sliding.attn", "examples/bloom_alibi.attn"]
-    out = subprocess.run(
-        [sys.executable, "scripts/sm90_resources.py", *specs, "--gluon-forward-any", "--json"],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
-    assert out.returncode == 0, out.stderr[-2000:]
-    rows = [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
+    rows, stdout = _sm90_resources(*specs, "--gluon-forward-any")
     gluon = {r["name"]: r for r in rows if r["kernel"] == "_gluon_attn_fwd"}
-    assert set(gluon) == {"mistral_sliding", "bloom_alibi"}, out.stdout[-2000:]
+    assert set(gluon) == {"mistral_sliding", "bloom_alibi"}, stdout[-2000:]
     # A few spilled registers today (8-48 B at maxnreg 168), none in the hundreds.
     assert all(r["spill_stores"] <= 64 for r in gluon.values()), gluon
 
@@ -164,19 +161,9 @@ def test_kernels_of_masks_that_read_runtime_data_compile_for_sm90(tmp_path):
     forward and backward that read its plan compile for sm_90a."""
     spec = tmp_path / "data_masks.attn"
     spec.write_text(DATA_MASKS)
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    out = subprocess.run(
-        [sys.executable, "scripts/sm90_resources.py", str(spec), "--json"],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
-    assert out.returncode == 0, out.stderr[-2000:]
-    assert "failed" not in out.stdout, out.stdout[-2000:]
-    rows = [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
+    rows, stdout = _sm90_resources(str(spec))
+    assert "failed" not in stdout, stdout[-2000:]
     kernels = {(r["name"], r["kernel"]) for r in rows}
     names = ("packed_docs", "prefix_per_example", "reach_per_head", "batch_index")
     for kernel in ("_attn_fwd", "_attn_bwd", "_attn_plan"):
-        assert {(name, kernel) for name in names} <= kernels, out.stdout[-2000:]
+        assert {(name, kernel) for name in names} <= kernels, stdout[-2000:]
