@@ -6,6 +6,7 @@ between a `# flashgen: section NAME` line and the next, verbatim into every
 module that needs them, after the module's own constants and kernels:
 
     common          argument checks, scale, launch configuration, TMA
+    sequences       varlen and padded calls: sequence tables and tensor views
     alibi           ALiBi slopes (modules whose score uses them)
     direct_launch   `_launch`: the launch path, with the one use of Triton internals
     gluon           descriptors and the support test of the Hopper Gluon kernels
@@ -70,7 +71,9 @@ def _capability(device: torch.device) -> tuple[int, int]:
     return torch.cuda.get_device_capability(device)
 
 
-def _check_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+def _check_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, seqs=None) -> None:
+    """q, k and v as the kernels take them (B, H, N, D); with `seqs` (a varlen
+    or padded call, `_sequences`) the longest sequences are what is bounded."""
     for name, x in (("q", q), ("k", k), ("v", v)):
         if not isinstance(x, torch.Tensor):
             raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
@@ -106,7 +109,8 @@ def _check_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         raise ValueError(
             f"k has {k.shape[1]} heads, which must divide q's {q.shape[1]} heads (GQA/MQA)"
         )
-    for name, length in (("q", q.shape[2]), ("k", k.shape[2])):
+    lengths = (q.shape[2], k.shape[2]) if seqs is None else seqs[1:3]
+    for name, length in zip("qk", lengths):
         if length > MAX_SEQ_LEN:
             raise ValueError(
                 f"{name} has sequence length {length}, more than this module's "
@@ -118,24 +122,28 @@ def _check_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         )
 
 
-def _rows_in_int32(name: str, x: torch.Tensor) -> torch.Tensor:
+def _rows_in_int32(name: str, x: torch.Tensor, rows: int | None = None) -> torch.Tensor:
     """x, or a contiguous copy of it, such that the Triton kernels' 32-bit
     offsets reach every row of a head (and the tile past its end): row
     strides of a (B, N, H, D) layout seen as (B, H, N, D) pass 2^31 at
     N * H * D >= 2^31.  Where even the copy would not fit (N * head_dim near
-    2^31), a ValueError names the tensor."""
+    2^31), a ValueError names the tensor.  `rows`: the longest sequence of a
+    varlen call, whose rows the kernels address from the sequence's start."""
+    rows = x.shape[2] if rows is None else rows
 
     def fits(t: torch.Tensor) -> bool:
-        last = (t.shape[2] + 256) * abs(t.stride(2)) + HEAD_DIM * abs(t.stride(3))
+        last = (rows + 256) * abs(t.stride(2)) + HEAD_DIM * abs(t.stride(3))
         return last < 2**31
 
     if fits(x):
         return x
     longest = (2**31 - 1) // HEAD_DIM - 257  # the longest that fits() contiguous
-    if x.shape[2] <= longest:
-        return x.contiguous()
+    if rows <= longest:
+        y = x.contiguous()
+        # A varlen view keeps batch stride 0: every sequence indexes from row 0.
+        return y if x.stride(0) else y.as_strided(y.shape, (0, *y.stride()[1:]))
     raise ValueError(
-        f"{name} has {x.shape[2]} rows of head_dim {HEAD_DIM}: the kernels address a head's "
+        f"{name} has {rows} rows of head_dim {HEAD_DIM}: the kernels address a head's "
         f"rows with 32-bit offsets, so sequences are limited to {longest} at this head_dim"
     )
 
@@ -238,6 +246,112 @@ def _check_backward_inputs(q: torch.Tensor, o, lse, do, dlse) -> None:
             raise TypeError(f"{name} has dtype {x.dtype}, expected {' or '.join(map(str, dtypes))}")
         if x.device != q.device:
             raise ValueError(f"{name} is on {x.device}, but q is on {q.device}")
+
+
+# flashgen: section sequences
+def _sequences(q, k, seqlens_q, seqlens_k, side, cu_seqlens_q, cu_seqlens_k, max_q, max_k):
+    """None for an ordinary call; for a padded or varlen one, what the
+    kernels take: (table, longest query sequence, longest key sequence,
+    varlen), table (sequences, 4) int32 on q's device holding each
+    sequence's first row of q, its queries, its first row of k, its keys.
+    The lengths are read on the host (one synchronization) and checked."""
+    varlen = cu_seqlens_q is not None or cu_seqlens_k is not None
+    if side not in ("right", "left"):
+        raise ValueError(f'padding_side must be "right" or "left", got {side!r}')
+    if not varlen and (max_q, max_k) != (None, None):
+        raise ValueError("max_seqlen_q and max_seqlen_k are for varlen calls (cu_seqlens_*)")
+    if seqlens_q is None and seqlens_k is None and not varlen:
+        return None
+    if varlen and (seqlens_q is not None or seqlens_k is not None):
+        raise ValueError("pass seqlens_q/seqlens_k (padded) or cu_seqlens_q/cu_seqlens_k, not both")
+    for name, x in (("q", q), ("k", k)):
+        if not isinstance(x, torch.Tensor) or x.dim() != (3 if varlen else 4):
+            layout = "(tokens, heads, head_dim) with cu_seqlens" if varlen else "(B, H, N, D)"
+            raise ValueError(f"{name} must be a {3 if varlen else 4}-dimensional tensor {layout}")
+    if varlen:
+        if cu_seqlens_q is None or cu_seqlens_k is None:
+            raise ValueError("a varlen call needs both cu_seqlens_q and cu_seqlens_k")
+        cu_q = _lengths("cu_seqlens_q", cu_seqlens_q, None, q.shape[0], q.device, True)
+        cu_k = _lengths("cu_seqlens_k", cu_seqlens_k, len(cu_q), k.shape[0], q.device, True)
+        lengths_q = [b - a for a, b in zip(cu_q, cu_q[1:])]
+        lengths_k = [b - a for a, b in zip(cu_k, cu_k[1:])]
+        rows = zip(cu_q, lengths_q, cu_k, lengths_k)
+    else:
+        (batch, _, n_q, _), n_k = q.shape, k.shape[2]
+        lengths_q = (
+            [n_q] * batch
+            if seqlens_q is None
+            else _lengths("seqlens_q", seqlens_q, batch, n_q, q.device)
+        )
+        lengths_k = (
+            [n_k] * batch
+            if seqlens_k is None
+            else _lengths("seqlens_k", seqlens_k, batch, n_k, q.device)
+        )
+        left = side == "left"
+        rows = (
+            (n_q - a if left else 0, a, n_k - b if left else 0, b)
+            for a, b in zip(lengths_q, lengths_k)
+        )
+    longest = max(lengths_q, default=0), max(lengths_k, default=0)
+    for name, given, most in (
+        ("max_seqlen_q", max_q, longest[0]),
+        ("max_seqlen_k", max_k, longest[1]),
+    ):
+        if given is not None and (type(given) is not int or given < most):
+            raise ValueError(
+                f"{name} must be an int >= the longest sequence, {most}: got {given!r}"
+            )
+    table = torch.tensor(list(rows), dtype=torch.int32).reshape(-1, 4).to(q.device)
+    return table, *longest, varlen
+
+
+def _lengths(name: str, x, count: int | None, most: int, device, cumulative=False) -> list:
+    """A lengths tensor's values (`count` of them, any number if None), read on
+    the host: each within [0, most], or cumulative from 0 up to at most `most`."""
+    if not isinstance(x, torch.Tensor) or x.dtype not in (torch.int32, torch.int64):
+        raise TypeError(f"{name} must be an int32 or int64 tensor, got {getattr(x, 'dtype', x)!r}")
+    if x.dim() != 1 or x.shape[0] == 0 or x.shape[0] != (count or x.shape[0]):
+        expected = count or "sequences + 1"
+        raise ValueError(f"{name} must have shape ({expected},), got {tuple(x.shape)}")
+    if x.device != device:
+        raise ValueError(f"{name} is on {x.device}, but q is on {device}")
+    values = x.tolist()
+    for i, n in enumerate(values):
+        low = values[i - 1] if cumulative and i else 0
+        if not low <= n <= most or (cumulative and i == 0 and n != 0):
+            rule = "from 0, non-decreasing, up to" if cumulative else "between 0 and"
+            raise ValueError(f"{name}[{i}] = {n}: lengths run {rule} {most}")
+    return values
+
+
+def _kernel_view(x: torch.Tensor, seqs) -> torch.Tensor:
+    """A varlen tensor (T, H, D) as the kernels' (1, H, T, D) with batch
+    stride 0 (every sequence's rows count from the tensor's start), a varlen
+    lse (H, T) as (1, H, T); others as they are."""
+    if seqs is None or not seqs[3]:
+        return x
+    if x.dim() == 2:
+        return x.as_strided((1, *x.shape), (0, *x.stride()))
+    return x.as_strided(
+        (1, x.shape[1], x.shape[0], x.shape[2]), (0, x.stride(1), x.stride(0), x.stride(2))
+    )
+
+
+def _user_view(x: torch.Tensor, seqs) -> torch.Tensor:
+    """The inverse of _kernel_view."""
+    if seqs is None or not seqs[3]:
+        return x
+    return x[0].transpose(0, 1) if x.dim() == 4 else x[0]
+
+
+def _seq_full(shape: tuple, seqs, like: torch.Tensor, fill: float = 0.0, dtype=None):
+    """A kernel-layout (B, H, N[, D]) tensor filled with `fill`, which rows
+    that no sequence covers (padding) keep."""
+    user = (
+        shape if not seqs[3] else (shape[2], shape[1], *shape[3:]) if len(shape) == 4 else shape[1:]
+    )
+    return _kernel_view(torch.full(user, fill, dtype=dtype or like.dtype, device=like.device), seqs)
 
 
 # flashgen: section alibi

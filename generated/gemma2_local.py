@@ -185,25 +185,40 @@ def _attn_fwd_tile(
 
 @triton.jit
 def _attn_fwd(
-    q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr, alibi_slopes_ptr, k_desc, v_desc,
+    q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr, alibi_slopes_ptr, seq_ptr, k_desc, v_desc,
     stride_qb, stride_qh, stride_qm, stride_qd,
     stride_kb, stride_kh, stride_kn, stride_kd,
     stride_vb, stride_vh, stride_vn, stride_vd,
     stride_ob, stride_oh, stride_om, stride_od,
+    stride_lb, stride_lh,
     num_heads, kv_group, n_queries, n_keys, sm_scale,
     HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    USE_TMA: tl.constexpr,
+    USE_TMA: tl.constexpr, SEQS: tl.constexpr,
 ):  # fmt: skip
     """Grid: (query tiles, batch * heads).  Writes o and the log-sum-exp.
 
     Query tiles run last to first: under causal-like masks the last tiles
-    see the most keys, and they start first.
+    see the most keys, and they start first.  With SEQS, the grid's batch
+    axis counts sequences (`seq_ptr`: their first rows and lengths).
     """
     start_m = (tl.num_programs(0) - 1 - tl.program_id(0)) * BLOCK_M
     batch_head = tl.program_id(1)
     batch = batch_head // num_heads
     head = batch_head % num_heads
     kv_head = head // kv_group
+    if SEQS:
+        # A varlen or padded call: this program's sequence starts at row q_row0
+        # of q and k_row0 of k, with its own lengths; positions restart at 0.
+        q_row0 = tl.load(seq_ptr + batch * 4).to(tl.int64)
+        n_queries = tl.load(seq_ptr + batch * 4 + 1)
+        k_row0 = tl.load(seq_ptr + batch * 4 + 2).to(tl.int64)
+        n_keys = tl.load(seq_ptr + batch * 4 + 3)
+        q_ptr += q_row0 * stride_qm
+        o_ptr += q_row0 * stride_om
+        lse_ptr += q_row0 * 1
+        k_ptr += k_row0 * stride_kn
+        v_ptr += k_row0 * stride_vn
+        n_keys = tl.where(start_m < n_queries, n_keys, 0)  # a tile past the sequence's end
     offs_m = start_m + tl.arange(0, BLOCK_M)
     q_base = q_ptr + batch.to(tl.int64) * stride_qb + head.to(tl.int64) * stride_qh
     k_base = k_ptr + batch.to(tl.int64) * stride_kb + kv_head.to(tl.int64) * stride_kh
@@ -263,7 +278,11 @@ def _attn_fwd(
     )  # fmt: skip
     # The kernel works in log2 units; the log-sum-exp is returned in natural log.
     lse = tl.where(l_i == 0.0, float("-inf"), (m_i + tl.math.log2(l_safe)) * 0.6931471805599453)
-    tl.store(lse_ptr + batch_head.to(tl.int64) * n_queries + offs_m, lse, mask=offs_m < n_queries)
+    if SEQS:
+        lse_row = batch.to(tl.int64) * stride_lb + head.to(tl.int64) * stride_lh
+    else:
+        lse_row = batch_head.to(tl.int64) * n_queries
+    tl.store(lse_ptr + lse_row + offs_m, lse, mask=offs_m < n_queries)
 
 
 @triton.jit
@@ -360,16 +379,17 @@ def _attn_bwd_dkdv_tile(
 @triton.jit
 def _attn_bwd_dkdv(
     key_tile, batch_kv_head,
-    q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dk_ptr, dv_ptr, alibi_slopes_ptr, q_desc, do_desc,
+    q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dk_ptr, dv_ptr, alibi_slopes_ptr, seq_ptr, q_desc, do_desc,
     stride_qb, stride_qh, stride_qm, stride_qd,
     stride_kb, stride_kh, stride_kn, stride_kd,
     stride_vb, stride_vh, stride_vn, stride_vd,
     stride_dob, stride_doh, stride_dom, stride_dod,
     stride_dkb, stride_dkh, stride_dkn, stride_dkd,
     stride_dvb, stride_dvh, stride_dvn, stride_dvd,
+    stride_lb, stride_lh,
     num_heads, kv_group, n_queries, n_keys, sm_scale,
     HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    USE_TMA: tl.constexpr,
+    USE_TMA: tl.constexpr, SEQS: tl.constexpr,
 ):  # fmt: skip
     """dK and dV of one key tile of one (batch, kv head), BLOCK_M queries at a time.
 
@@ -380,6 +400,22 @@ def _attn_bwd_dkdv(
     num_kv_heads = num_heads // kv_group
     batch = batch_kv_head // num_kv_heads
     kv_head = batch_kv_head % num_kv_heads
+    if SEQS:
+        # A varlen or padded call: this program's sequence starts at row q_row0
+        # of q and k_row0 of k, with its own lengths; positions restart at 0.
+        q_row0 = tl.load(seq_ptr + batch * 4).to(tl.int64)
+        n_queries = tl.load(seq_ptr + batch * 4 + 1)
+        k_row0 = tl.load(seq_ptr + batch * 4 + 2).to(tl.int64)
+        n_keys = tl.load(seq_ptr + batch * 4 + 3)
+        q_ptr += q_row0 * stride_qm
+        do_ptr += q_row0 * stride_dom
+        lse_ptr += q_row0 * 1
+        delta_ptr += q_row0 * 1
+        k_ptr += k_row0 * stride_kn
+        v_ptr += k_row0 * stride_vn
+        dk_ptr += k_row0 * stride_dkn
+        dv_ptr += k_row0 * stride_dvn
+        n_queries = tl.where(start_n < n_keys, n_queries, 0)  # a tile past the sequence's end
     offs_n = start_n + tl.arange(0, BLOCK_N)
     k_base = k_ptr + batch.to(tl.int64) * stride_kb + kv_head.to(tl.int64) * stride_kh
     v_base = v_ptr + batch.to(tl.int64) * stride_vb + kv_head.to(tl.int64) * stride_vh
@@ -395,11 +431,14 @@ def _attn_bwd_dkdv(
     dv = tl.zeros([BLOCK_N, HEAD_DIM_PAD], tl.float32)
     for group_head in range(0, kv_group):
         head = kv_head * kv_group + group_head
-        batch_head = batch * num_heads + head
         q_base = q_ptr + batch.to(tl.int64) * stride_qb + head.to(tl.int64) * stride_qh
         do_base = do_ptr + batch.to(tl.int64) * stride_dob + head.to(tl.int64) * stride_doh
-        lse_base = lse_ptr + batch_head.to(tl.int64) * n_queries
-        delta_base = delta_ptr + batch_head.to(tl.int64) * n_queries
+        if SEQS:
+            lse_row = batch.to(tl.int64) * stride_lb + head.to(tl.int64) * stride_lh
+        else:
+            lse_row = (batch * num_heads + head).to(tl.int64) * n_queries
+        lse_base = lse_ptr + lse_row
+        delta_base = delta_ptr + lse_row
         alibi_slope = 0.0
         # Query rows that can see this key tile (from the mask's affine bounds).
         row_lo = tl.maximum(k_lo - q_offset, 0) // BLOCK_M * BLOCK_M
@@ -472,21 +511,37 @@ def _attn_bwd_dq_tile(
 @triton.jit
 def _attn_bwd_dq(
     query_tile, batch_head,
-    q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dq_ptr, alibi_slopes_ptr, k_desc, v_desc,
+    q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dq_ptr, alibi_slopes_ptr, seq_ptr, k_desc, v_desc,
     stride_qb, stride_qh, stride_qm, stride_qd,
     stride_kb, stride_kh, stride_kn, stride_kd,
     stride_vb, stride_vh, stride_vn, stride_vd,
     stride_dob, stride_doh, stride_dom, stride_dod,
     stride_dqb, stride_dqh, stride_dqm, stride_dqd,
+    stride_lb, stride_lh,
     num_heads, kv_group, n_queries, n_keys, sm_scale,
     HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    USE_TMA: tl.constexpr,
+    USE_TMA: tl.constexpr, SEQS: tl.constexpr,
 ):  # fmt: skip
     """dQ of one query tile of one (batch, head), BLOCK_N keys at a time."""
     start_m = query_tile * BLOCK_M
     batch = batch_head // num_heads
     head = batch_head % num_heads
     kv_head = head // kv_group
+    if SEQS:
+        # A varlen or padded call: this program's sequence starts at row q_row0
+        # of q and k_row0 of k, with its own lengths; positions restart at 0.
+        q_row0 = tl.load(seq_ptr + batch * 4).to(tl.int64)
+        n_queries = tl.load(seq_ptr + batch * 4 + 1)
+        k_row0 = tl.load(seq_ptr + batch * 4 + 2).to(tl.int64)
+        n_keys = tl.load(seq_ptr + batch * 4 + 3)
+        q_ptr += q_row0 * stride_qm
+        do_ptr += q_row0 * stride_dom
+        dq_ptr += q_row0 * stride_dqm
+        lse_ptr += q_row0 * 1
+        delta_ptr += q_row0 * 1
+        k_ptr += k_row0 * stride_kn
+        v_ptr += k_row0 * stride_vn
+        n_keys = tl.where(start_m < n_queries, n_keys, 0)  # a tile past the sequence's end
     offs_m = start_m + tl.arange(0, BLOCK_M)
     q_base = q_ptr + batch.to(tl.int64) * stride_qb + head.to(tl.int64) * stride_qh
     do_base = do_ptr + batch.to(tl.int64) * stride_dob + head.to(tl.int64) * stride_doh
@@ -496,7 +551,11 @@ def _attn_bwd_dq(
     do = _load_rows(
         do_base, offs_m, n_queries, stride_dom, stride_dod, HEAD_DIM, HEAD_DIM_PAD, True,
     )  # fmt: skip
-    row = batch_head.to(tl.int64) * n_queries + offs_m
+    if SEQS:
+        row = batch.to(tl.int64) * stride_lb + head.to(tl.int64) * stride_lh
+    else:
+        row = batch_head.to(tl.int64) * n_queries
+    row += offs_m
     lse = tl.load(lse_ptr + row, mask=offs_m < n_queries, other=float("inf"))
     delta = tl.load(delta_ptr + row, mask=offs_m < n_queries, other=0.0)
 
@@ -550,7 +609,7 @@ def _attn_bwd_dq(
 
 @triton.jit
 def _attn_bwd(
-    q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dq_ptr, dk_ptr, dv_ptr, alibi_slopes_ptr,
+    q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dq_ptr, dk_ptr, dv_ptr, alibi_slopes_ptr, seq_ptr,
     q_desc, do_desc, k_desc, v_desc,
     stride_qb, stride_qh, stride_qm, stride_qd,
     stride_kb, stride_kh, stride_kn, stride_kd,
@@ -559,9 +618,10 @@ def _attn_bwd(
     stride_dqb, stride_dqh, stride_dqm, stride_dqd,
     stride_dkb, stride_dkh, stride_dkn, stride_dkd,
     stride_dvb, stride_dvh, stride_dvn, stride_dvd,
+    stride_lb, stride_lh,
     num_heads, kv_group, n_queries, n_keys, sm_scale,
     HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    USE_TMA: tl.constexpr,
+    USE_TMA: tl.constexpr, SEQS: tl.constexpr,
 ):  # fmt: skip
     """Grid: (key tiles + query tiles of BLOCK_N, batch * heads).
 
@@ -578,27 +638,29 @@ def _attn_bwd(
         if tl.program_id(1) < tl.num_programs(1) // kv_group:
             _attn_bwd_dkdv(
                 tile, tl.program_id(1),
-                q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dk_ptr, dv_ptr, alibi_slopes_ptr, q_desc, do_desc,
+                q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dk_ptr, dv_ptr, alibi_slopes_ptr, seq_ptr, q_desc, do_desc,
                 stride_qb, stride_qh, stride_qm, stride_qd,
                 stride_kb, stride_kh, stride_kn, stride_kd,
                 stride_vb, stride_vh, stride_vn, stride_vd,
                 stride_dob, stride_doh, stride_dom, stride_dod,
                 stride_dkb, stride_dkh, stride_dkn, stride_dkd,
                 stride_dvb, stride_dvh, stride_dvn, stride_dvd,
+                stride_lb, stride_lh,
                 num_heads, kv_group, n_queries, n_keys, sm_scale,
-                HEAD_DIM, HEAD_DIM_PAD, BLOCK_M, BLOCK_N, USE_TMA,
+                HEAD_DIM, HEAD_DIM_PAD, BLOCK_M, BLOCK_N, USE_TMA, SEQS,
             )  # fmt: skip
     else:
         _attn_bwd_dq(
             tl.num_programs(0) - 1 - tile, tl.program_id(1),
-            q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dq_ptr, alibi_slopes_ptr, k_desc, v_desc,
+            q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dq_ptr, alibi_slopes_ptr, seq_ptr, k_desc, v_desc,
             stride_qb, stride_qh, stride_qm, stride_qd,
             stride_kb, stride_kh, stride_kn, stride_kd,
             stride_vb, stride_vh, stride_vn, stride_vd,
             stride_dob, stride_doh, stride_dom, stride_dod,
             stride_dqb, stride_dqh, stride_dqm, stride_dqd,
+            stride_lb, stride_lh,
             num_heads, kv_group, n_queries, n_keys, sm_scale,
-            HEAD_DIM, HEAD_DIM_PAD, BLOCK_N, BLOCK_M, USE_TMA,
+            HEAD_DIM, HEAD_DIM_PAD, BLOCK_N, BLOCK_M, USE_TMA, SEQS,
         )  # fmt: skip
 
 
@@ -618,7 +680,9 @@ def _capability(device: torch.device) -> tuple[int, int]:
     return torch.cuda.get_device_capability(device)
 
 
-def _check_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+def _check_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, seqs=None) -> None:
+    """q, k and v as the kernels take them (B, H, N, D); with `seqs` (a varlen
+    or padded call, `_sequences`) the longest sequences are what is bounded."""
     for name, x in (("q", q), ("k", k), ("v", v)):
         if not isinstance(x, torch.Tensor):
             raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
@@ -654,7 +718,8 @@ def _check_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         raise ValueError(
             f"k has {k.shape[1]} heads, which must divide q's {q.shape[1]} heads (GQA/MQA)"
         )
-    for name, length in (("q", q.shape[2]), ("k", k.shape[2])):
+    lengths = (q.shape[2], k.shape[2]) if seqs is None else seqs[1:3]
+    for name, length in zip("qk", lengths):
         if length > MAX_SEQ_LEN:
             raise ValueError(
                 f"{name} has sequence length {length}, more than this module's "
@@ -666,24 +731,28 @@ def _check_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         )
 
 
-def _rows_in_int32(name: str, x: torch.Tensor) -> torch.Tensor:
+def _rows_in_int32(name: str, x: torch.Tensor, rows: int | None = None) -> torch.Tensor:
     """x, or a contiguous copy of it, such that the Triton kernels' 32-bit
     offsets reach every row of a head (and the tile past its end): row
     strides of a (B, N, H, D) layout seen as (B, H, N, D) pass 2^31 at
     N * H * D >= 2^31.  Where even the copy would not fit (N * head_dim near
-    2^31), a ValueError names the tensor."""
+    2^31), a ValueError names the tensor.  `rows`: the longest sequence of a
+    varlen call, whose rows the kernels address from the sequence's start."""
+    rows = x.shape[2] if rows is None else rows
 
     def fits(t: torch.Tensor) -> bool:
-        last = (t.shape[2] + 256) * abs(t.stride(2)) + HEAD_DIM * abs(t.stride(3))
+        last = (rows + 256) * abs(t.stride(2)) + HEAD_DIM * abs(t.stride(3))
         return last < 2**31
 
     if fits(x):
         return x
     longest = (2**31 - 1) // HEAD_DIM - 257  # the longest that fits() contiguous
-    if x.shape[2] <= longest:
-        return x.contiguous()
+    if rows <= longest:
+        y = x.contiguous()
+        # A varlen view keeps batch stride 0: every sequence indexes from row 0.
+        return y if x.stride(0) else y.as_strided(y.shape, (0, *y.stride()[1:]))
     raise ValueError(
-        f"{name} has {x.shape[2]} rows of head_dim {HEAD_DIM}: the kernels address a head's "
+        f"{name} has {rows} rows of head_dim {HEAD_DIM}: the kernels address a head's "
         f"rows with 32-bit offsets, so sequences are limited to {longest} at this head_dim"
     )
 
@@ -786,6 +855,111 @@ def _check_backward_inputs(q: torch.Tensor, o, lse, do, dlse) -> None:
             raise TypeError(f"{name} has dtype {x.dtype}, expected {' or '.join(map(str, dtypes))}")
         if x.device != q.device:
             raise ValueError(f"{name} is on {x.device}, but q is on {q.device}")
+
+
+def _sequences(q, k, seqlens_q, seqlens_k, side, cu_seqlens_q, cu_seqlens_k, max_q, max_k):
+    """None for an ordinary call; for a padded or varlen one, what the
+    kernels take: (table, longest query sequence, longest key sequence,
+    varlen), table (sequences, 4) int32 on q's device holding each
+    sequence's first row of q, its queries, its first row of k, its keys.
+    The lengths are read on the host (one synchronization) and checked."""
+    varlen = cu_seqlens_q is not None or cu_seqlens_k is not None
+    if side not in ("right", "left"):
+        raise ValueError(f'padding_side must be "right" or "left", got {side!r}')
+    if not varlen and (max_q, max_k) != (None, None):
+        raise ValueError("max_seqlen_q and max_seqlen_k are for varlen calls (cu_seqlens_*)")
+    if seqlens_q is None and seqlens_k is None and not varlen:
+        return None
+    if varlen and (seqlens_q is not None or seqlens_k is not None):
+        raise ValueError("pass seqlens_q/seqlens_k (padded) or cu_seqlens_q/cu_seqlens_k, not both")
+    for name, x in (("q", q), ("k", k)):
+        if not isinstance(x, torch.Tensor) or x.dim() != (3 if varlen else 4):
+            layout = "(tokens, heads, head_dim) with cu_seqlens" if varlen else "(B, H, N, D)"
+            raise ValueError(f"{name} must be a {3 if varlen else 4}-dimensional tensor {layout}")
+    if varlen:
+        if cu_seqlens_q is None or cu_seqlens_k is None:
+            raise ValueError("a varlen call needs both cu_seqlens_q and cu_seqlens_k")
+        cu_q = _lengths("cu_seqlens_q", cu_seqlens_q, None, q.shape[0], q.device, True)
+        cu_k = _lengths("cu_seqlens_k", cu_seqlens_k, len(cu_q), k.shape[0], q.device, True)
+        lengths_q = [b - a for a, b in zip(cu_q, cu_q[1:])]
+        lengths_k = [b - a for a, b in zip(cu_k, cu_k[1:])]
+        rows = zip(cu_q, lengths_q, cu_k, lengths_k)
+    else:
+        (batch, _, n_q, _), n_k = q.shape, k.shape[2]
+        lengths_q = (
+            [n_q] * batch
+            if seqlens_q is None
+            else _lengths("seqlens_q", seqlens_q, batch, n_q, q.device)
+        )
+        lengths_k = (
+            [n_k] * batch
+            if seqlens_k is None
+            else _lengths("seqlens_k", seqlens_k, batch, n_k, q.device)
+        )
+        left = side == "left"
+        rows = (
+            (n_q - a if left else 0, a, n_k - b if left else 0, b)
+            for a, b in zip(lengths_q, lengths_k)
+        )
+    longest = max(lengths_q, default=0), max(lengths_k, default=0)
+    for name, given, most in (
+        ("max_seqlen_q", max_q, longest[0]),
+        ("max_seqlen_k", max_k, longest[1]),
+    ):
+        if given is not None and (type(given) is not int or given < most):
+            raise ValueError(
+                f"{name} must be an int >= the longest sequence, {most}: got {given!r}"
+            )
+    table = torch.tensor(list(rows), dtype=torch.int32).reshape(-1, 4).to(q.device)
+    return table, *longest, varlen
+
+
+def _lengths(name: str, x, count: int | None, most: int, device, cumulative=False) -> list:
+    """A lengths tensor's values (`count` of them, any number if None), read on
+    the host: each within [0, most], or cumulative from 0 up to at most `most`."""
+    if not isinstance(x, torch.Tensor) or x.dtype not in (torch.int32, torch.int64):
+        raise TypeError(f"{name} must be an int32 or int64 tensor, got {getattr(x, 'dtype', x)!r}")
+    if x.dim() != 1 or x.shape[0] == 0 or x.shape[0] != (count or x.shape[0]):
+        expected = count or "sequences + 1"
+        raise ValueError(f"{name} must have shape ({expected},), got {tuple(x.shape)}")
+    if x.device != device:
+        raise ValueError(f"{name} is on {x.device}, but q is on {device}")
+    values = x.tolist()
+    for i, n in enumerate(values):
+        low = values[i - 1] if cumulative and i else 0
+        if not low <= n <= most or (cumulative and i == 0 and n != 0):
+            rule = "from 0, non-decreasing, up to" if cumulative else "between 0 and"
+            raise ValueError(f"{name}[{i}] = {n}: lengths run {rule} {most}")
+    return values
+
+
+def _kernel_view(x: torch.Tensor, seqs) -> torch.Tensor:
+    """A varlen tensor (T, H, D) as the kernels' (1, H, T, D) with batch
+    stride 0 (every sequence's rows count from the tensor's start), a varlen
+    lse (H, T) as (1, H, T); others as they are."""
+    if seqs is None or not seqs[3]:
+        return x
+    if x.dim() == 2:
+        return x.as_strided((1, *x.shape), (0, *x.stride()))
+    return x.as_strided(
+        (1, x.shape[1], x.shape[0], x.shape[2]), (0, x.stride(1), x.stride(0), x.stride(2))
+    )
+
+
+def _user_view(x: torch.Tensor, seqs) -> torch.Tensor:
+    """The inverse of _kernel_view."""
+    if seqs is None or not seqs[3]:
+        return x
+    return x[0].transpose(0, 1) if x.dim() == 4 else x[0]
+
+
+def _seq_full(shape: tuple, seqs, like: torch.Tensor, fill: float = 0.0, dtype=None):
+    """A kernel-layout (B, H, N[, D]) tensor filled with `fill`, which rows
+    that no sequence covers (padding) keep."""
+    user = (
+        shape if not seqs[3] else (shape[2], shape[1], *shape[3:]) if len(shape) == 4 else shape[1:]
+    )
+    return _kernel_view(torch.full(user, fill, dtype=dtype or like.dtype, device=like.device), seqs)
 
 
 def _alibi_or_placeholder(num_heads: int, like: torch.Tensor) -> torch.Tensor:
@@ -910,27 +1084,35 @@ def forward(
 
 
 def _forward(
-    q, k, v, scale: float, block_m=None, block_n=None, num_warps=None, num_stages=None, tma=None
+    q, k, v, scale: float, block_m=None, block_n=None, num_warps=None, num_stages=None, tma=None, seqs=None,
 ):  # fmt: skip
-    """forward() on checked inputs and a resolved scale."""
-    q, k, v = _rows_in_int32("q", q), _rows_in_int32("k", k), _rows_in_int32("v", v)
+    """forward() on checked inputs and a resolved scale; `seqs` from
+    `_sequences` for a padded or varlen call (q, k, v as `_kernel_view`s)."""
+    rows_q, rows_k = (None, None) if seqs is None or not seqs[3] else seqs[1:3]
+    q, k, v = _rows_in_int32("q", q, rows_q), _rows_in_int32("k", k, rows_k), _rows_in_int32("v", v, rows_k)  # fmt: skip
     default = _launch_config(q.device)
     block_m, block_n = block_m or default[0], block_n or default[1]
     _check_blocks(block_m, block_n)
     batch, num_heads, n_queries, _ = q.shape
     n_keys = k.shape[2]
-    o = torch.empty(q.shape, dtype=q.dtype, device=q.device)
-    lse = torch.empty((batch, num_heads, n_queries), dtype=torch.float32, device=q.device)
-    if o.numel() == 0:
+    if seqs is None:
+        o = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+        lse = torch.empty((batch, num_heads, n_queries), dtype=torch.float32, device=q.device)
+    else:  # padding rows, and rows past the last sequence, output 0 and lse = -inf
+        o = _seq_full(q.shape, seqs, q)
+        lse = _seq_full((batch, num_heads, n_queries), seqs, q, float("-inf"), torch.float32)
+        batch, n_queries, n_keys = seqs[0].shape[0], seqs[1], seqs[2]
+    if o.numel() == 0 or batch * n_queries == 0:
         return o, lse.fill_(float("-inf"))
-    use_tma = n_keys > 0 and _use_tma(tma, GPU_TMA, k, v)
+    use_tma = n_keys > 0 and seqs is None and _use_tma(tma, GPU_TMA, k, v)
     grid = (_cdiv(n_queries, block_m), batch * num_heads)
     _launch(
         _attn_fwd, grid,
-        q, k, v, o, lse, _alibi_or_placeholder(num_heads, lse), *_descriptors(use_tma, block_n, k, v),
-        *q.stride(), *k.stride(), *v.stride(), *o.stride(),
+        q, k, v, o, lse, _alibi_or_placeholder(num_heads, lse), lse if seqs is None else seqs[0],
+        *_descriptors(use_tma, block_n, k, v),
+        *q.stride(), *k.stride(), *v.stride(), *o.stride(), *lse.stride()[:2],
         num_heads, num_heads // k.shape[1], n_queries, n_keys, scale,
-        HEAD_DIM, HEAD_DIM_PAD, block_m, block_n, use_tma,  # the constexprs
+        HEAD_DIM, HEAD_DIM_PAD, block_m, block_n, use_tma, seqs is not None,  # the constexprs
         num_warps=num_warps or default[2],
         num_stages=num_stages or default[3],
     )  # fmt: skip
@@ -976,31 +1158,40 @@ def backward(
 
 def _backward(
     q, k, v, o, lse, do, dlse, scale: float,
-    block_m=None, block_n=None, num_warps=None, num_stages=None, tma=None,
+    block_m=None, block_n=None, num_warps=None, num_stages=None, tma=None, seqs=None,
 ):  # fmt: skip
-    """backward() on checked inputs and a resolved scale."""
-    q, k, v, o = (_rows_in_int32(n, x) for n, x in (("q", q), ("k", k), ("v", v), ("o", o)))
-    do = None if do is None else _rows_in_int32("do", do)
+    """backward() on checked inputs and a resolved scale; `seqs` as in
+    _forward (then q, k, v, o, lse, do and dlse are kernel views)."""
+    rows = {} if seqs is None or not seqs[3] else {"q": seqs[1], "o": seqs[1], "do": seqs[1]}
+    rows_k = None if seqs is None or not seqs[3] else seqs[2]
+    q, k, v, o = (_rows_in_int32(n, x, rows.get(n, rows_k)) for n, x in (("q", q), ("k", k), ("v", v), ("o", o)))  # fmt: skip
+    do = None if do is None else _rows_in_int32("do", do, rows.get("do"))
     default = _launch_config(q.device, backward=True)
     block_m, block_n = block_m or default[0], block_n or default[1]
     _check_blocks(block_m, block_n)
     num_warps, num_stages = num_warps or default[2], num_stages or default[3]
     batch, num_heads, n_queries, _ = q.shape
     kv_heads, n_keys = k.shape[1], k.shape[2]
-    if q.numel() == 0 or k.numel() == 0 or (do is None and dlse is None):
+    if seqs is not None:  # padding rows get zeros
+        dq, dk, dv = (_seq_full(x.shape, seqs, x) for x in (q, k, v))
+        if q.numel() == 0 or k.numel() == 0 or (do is None and dlse is None):
+            return dq, dk, dv
+    elif q.numel() == 0 or k.numel() == 0 or (do is None and dlse is None):
         return tuple(torch.zeros(x.shape, dtype=x.dtype, device=x.device) for x in (q, k, v))
-    # The kernels write every row of every gradient (rows that see no key
-    # get zeros), so nothing is cleared first.
-    dq = torch.empty(q.shape, dtype=q.dtype, device=q.device)
-    dk = torch.empty(k.shape, dtype=k.dtype, device=k.device)
-    dv = torch.empty(v.shape, dtype=v.dtype, device=v.device)
+    else:
+        # The kernels write every row of every gradient (rows that see no key
+        # get zeros), so nothing is cleared first.
+        dq = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+        dk = torch.empty(k.shape, dtype=k.dtype, device=k.device)
+        dv = torch.empty(v.shape, dtype=v.dtype, device=v.device)
     if do is None:
         do = torch.zeros_like(o)
-    if do.stride(-1) != 1 or 0 in do.stride():  # e.g. the expanded gradient of a sum()
-        do = do.contiguous()
+    varlen = seqs is not None and seqs[3]  # a varlen view's batch stride is 0
+    if do.stride(-1) != 1 or 0 in do.stride()[varlen:]:  # e.g. the expanded gradient of a sum()
+        do = _kernel_view(_user_view(do, seqs).contiguous(), seqs)
     if dlse is not None:
         dlse = dlse.to(torch.float32).contiguous()
-    delta = torch.empty_like(lse)
+    delta = torch.empty_strided(lse.shape, lse.stride(), dtype=lse.dtype, device=lse.device)
     alibi_slopes = _alibi_or_placeholder(num_heads, lse)
     grid = (_cdiv(n_queries, block_m), batch * num_heads)
     _launch(
@@ -1010,35 +1201,49 @@ def _backward(
         num_heads, n_queries,
         HEAD_DIM, HEAD_DIM_PAD, block_m, dlse is not None,  # the constexprs
     )  # fmt: skip
-    use_tma = _use_tma(tma, GPU_BWD_TMA, q, k, v, do)
+    if seqs is not None:
+        batch, n_queries, n_keys = seqs[0].shape[0], seqs[1], seqs[2]
+    use_tma = seqs is None and _use_tma(tma, GPU_BWD_TMA, q, k, v, do)
     grid = (_cdiv(n_keys, block_n) + _cdiv(n_queries, block_n), batch * num_heads)
     _launch(
         _attn_bwd, grid,
-        q, k, v, do, lse, delta, dq, dk, dv, alibi_slopes, *_descriptors(use_tma, block_m, q, do, k, v),
+        q, k, v, do, lse, delta, dq, dk, dv, alibi_slopes, lse if seqs is None else seqs[0],
+        *_descriptors(use_tma, block_m, q, do, k, v),
         *q.stride(), *k.stride(), *v.stride(), *do.stride(), *dq.stride(), *dk.stride(), *dv.stride(),
-        num_heads, num_heads // kv_heads, n_queries, n_keys, scale,
-        HEAD_DIM, HEAD_DIM_PAD, block_m, block_n, use_tma,  # the constexprs
+        *lse.stride()[:2], num_heads, num_heads // kv_heads, n_queries, n_keys, scale,
+        HEAD_DIM, HEAD_DIM_PAD, block_m, block_n, use_tma, seqs is not None,  # the constexprs
         num_warps=num_warps, num_stages=num_stages,
     )  # fmt: skip
     return dq, dk, dv
 
 
 class _Attention(torch.autograd.Function):
-    """Saves q, k, v, o and the log-sum-exp: nothing of size Nq x Nk."""
+    """Saves q, k, v, o and the log-sum-exp: nothing of size Nq x Nk.
+    q, k, v, o in the caller's layout ((T, H, D) for varlen calls)."""
 
     @staticmethod
-    def forward(ctx, q, k, v, scale):
-        o, lse = _forward(q, k, v, scale)  # attention() checked the inputs
+    def forward(ctx, q, k, v, scale, seqs):
+        o, lse = _forward(
+            *(_kernel_view(x, seqs) for x in (q, k, v)), scale, seqs=seqs
+        )  # fmt: skip
+        o, lse = _user_view(o, seqs), _user_view(lse, seqs)  # attention() checked the inputs
         ctx.save_for_backward(q, k, v, o, lse)
-        ctx.scale = scale
+        ctx.scale, ctx.seqs = scale, seqs
         ctx.set_materialize_grads(False)
         return o, lse
 
     @staticmethod
     def backward(ctx, do, dlse):
         q, k, v, o, lse = ctx.saved_tensors
-        dq, dk, dv = _backward(q, k, v, o, lse, do, dlse, ctx.scale)
-        return dq, dk, dv, None
+        seqs = ctx.seqs
+        if dlse is not None and seqs is not None and seqs[3]:
+            dlse = dlse.contiguous().unsqueeze(0)
+        grads = _backward(
+            *(_kernel_view(x, seqs) for x in (q, k, v, o)), _kernel_view(lse, seqs),
+            None if do is None else _kernel_view(do, seqs), dlse, ctx.scale, seqs=seqs,
+        )  # fmt: skip
+        dq, dk, dv = (_user_view(g, seqs) for g in grads)
+        return (dq, dk, dv, None, None)
 
 
 def attention(
@@ -1048,6 +1253,13 @@ def attention(
     *,
     scale: float | None = None,
     return_lse: bool = False,
+    seqlens_q: torch.Tensor | None = None,
+    seqlens_k: torch.Tensor | None = None,
+    padding_side: str = "right",
+    cu_seqlens_q: torch.Tensor | None = None,
+    cu_seqlens_k: torch.Tensor | None = None,
+    max_seqlen_q: int | None = None,
+    max_seqlen_k: int | None = None,
 ):
     """Attention of the `gemma2_local` variant, differentiable in q, k and v.
 
@@ -1056,11 +1268,27 @@ def attention(
     return_lse=True also the log-sum-exp (B, H, Nq) in float32, natural log
     (-inf for rows that see no key).  scale=None uses the spec's scale
     (0.0625).
+
+    Padded batches: seqlens_q and seqlens_k, int tensors (B,), give each row's
+    real queries and keys, the first ones or, with padding_side="left", the
+    last; each row is attended as if alone (positions from 0, the spec's Nq
+    and Nk its own lengths).  Padding rows output 0 (lse -inf); their
+    gradients are 0.  Either may be omitted (every row real).
+
+    Varlen (FlashAttention's convention): q (Tq, H, 256), k and v (Tk, Hkv, 256),
+    cu_seqlens_q and cu_seqlens_k (S + 1,) int32 or int64 with sequence i at
+    rows cu[i] .. cu[i + 1] - 1, each attended as if alone; o is (Tq, H, 256)
+    and lse (H, Tq).  max_seqlen_q and max_seqlen_k are optional (checked).
+    Both read their lengths on the host: one synchronization per call.
     """
-    _check_inputs(q, k, v)
+    seqs = _sequences(
+        q, k, seqlens_q, seqlens_k, padding_side, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k
+    )  # fmt: skip
+    _check_inputs(*(_kernel_view(x, seqs) for x in (q, k, v)), seqs)
+    args = (q, k, v, _resolve_scale(scale), seqs)
     if _on_other_gpu(q):  # autograd runs the backward on q's GPU by itself
         with torch.cuda.device(q.device):
-            o, lse = _Attention.apply(q, k, v, _resolve_scale(scale))
+            o, lse = _Attention.apply(*args)
     else:
-        o, lse = _Attention.apply(q, k, v, _resolve_scale(scale))
+        o, lse = _Attention.apply(*args)
     return (o, lse) if return_lse else o

@@ -43,15 +43,29 @@ _TENSORS = ("q", "k", "v", "o", "do", "dq", "dk", "dv")
 
 
 def compile_kernel(
-    fn, config, *, dtype: str, head_dim: int, head_dim_pad: int, tma: bool, rows, pointers=None
+    fn,
+    config,
+    *,
+    dtype: str,
+    head_dim: int,
+    head_dim_pad: int,
+    tma: bool,
+    rows,
+    pointers=None,
+    seqs: bool = False,
 ):
     """ptxas's report for `fn` compiled at `config` = (BLOCK_M, BLOCK_N, warps, stages);
     `pointers` gives the type of pointer parameters other than the tensors' and fp32 ones
-    (a module's inputs and plans)."""
-    pointers = pointers or {}
+    (a module's inputs and plans); `seqs` compiles the padded/varlen kernels (SEQS)."""
+    pointers = dict(pointers or {}, seq_ptr="*i32")
     block_m, block_n, warps, stages = config
     constants = dict(
-        HEAD_DIM=head_dim, HEAD_DIM_PAD=head_dim_pad, BLOCK_M=block_m, BLOCK_N=block_n, USE_TMA=tma
+        HEAD_DIM=head_dim,
+        HEAD_DIM_PAD=head_dim_pad,
+        BLOCK_M=block_m,
+        BLOCK_N=block_n,
+        USE_TMA=tma,
+        SEQS=seqs,
     )
     signature, attrs = {}, {}
     names = [p.name for p in fn.params]
@@ -248,9 +262,14 @@ def plan_resources(module) -> list:
     return found
 
 
-def module_resources(module, forward_config=None, backward_config=None, tma: bool = True):
+def module_resources(
+    module, forward_config=None, backward_config=None, tma: bool = True, seqs: bool = False
+):
     """Resources of a generated module's forward and backward kernels, at its
-    own configs unless given; tma=False forces pointer loads."""
+    own configs unless given; tma=False forces pointer loads; seqs=True
+    compiles the kernels of padded and varlen calls (which load through
+    pointers) instead."""
+    tma = tma and not seqs
     dtype = _DTYPES[str(module.DTYPE)]
     pad = lower.head_dim_pad(module.HEAD_DIM)
     passes = [
@@ -273,6 +292,7 @@ def module_resources(module, forward_config=None, backward_config=None, tma: boo
             tma=use_tma,
             rows=rows,
             pointers=pointers,
+            seqs=seqs,
         )
         found.append(Resources(kernel, config, use_tma, *resources))
     return found + plan_resources(module) + gluon_resources(module)
@@ -288,6 +308,9 @@ def main() -> None:
     parser.add_argument("--backward-config", type=int, nargs=4, metavar=("M", "N", "W", "S"))
     parser.add_argument("--no-tma", action="store_true", help="pointer loads in both passes")
     parser.add_argument("--json", action="store_true", help="one JSON object per kernel")
+    parser.add_argument(
+        "--seqs", action="store_true", help="the kernels of padded and varlen calls (SEQS)"
+    )
     parser.add_argument(
         "--ptx",
         metavar="DIR",
@@ -316,7 +339,9 @@ def main() -> None:
 def report(variant, args) -> None:
     module = api.load_variant(variant)
     try:
-        found = module_resources(module, args.forward_config, args.backward_config, not args.no_tma)
+        found = module_resources(
+            module, args.forward_config, args.backward_config, not args.no_tma, args.seqs
+        )
     except Exception as e:  # noqa: BLE001 - a report, keep going
         print(
             f"{variant.name:<16} failed: {type(e).__name__}: {str(e)[-1500:] if os.environ.get('FULL_ERRORS') else str(e)[:200]}"

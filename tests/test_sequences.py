@@ -1,0 +1,272 @@
+"""Padded and varlen calls: `attention(..., seqlens_q=, seqlens_k=,
+padding_side=)` and `attention(..., cu_seqlens_q=, cu_seqlens_k=)`.
+
+Each sequence of such a call must be attended as if alone: positions from 0,
+the spec's Nq and Nk its own lengths.  So each sequence is judged two ways:
+against the float64 reference of the sequence alone, by the one tolerance
+rule (forward and backward, `check_forward`/`check_backward` through an
+adapter that runs the sequence inside a batch of random neighbours), and
+bit for bit against the same module called on the sequence alone, which
+walks the same tiles in the same order.  Padding is filled with large
+values, so anything read from it shows."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from flashgen import ir
+
+from kernel_utils import build, make_variant
+
+# Masks and scores whose positions matter in different ways: relative
+# (causal, windows, ALiBi), absolute (prefix, chunks), bottom-right or
+# top-left alignment, a periodic mask, a score of positions.
+SPECS = {
+    "causal": ("causal", None, {}),
+    "causal, top-left": ("causal", None, {"align": "top_left"}),
+    "prefix": ("causal | prefix(9)", None, {}),
+    "chunks and alibi": ("causal & chunk(24)", "s + alibi", {}),
+    "window, periodic, top-left": (
+        "window(20, 5) & (q - k) % 3 != 1",
+        "s - 0.05 * abs(q - k)",
+        {"align": "top_left"},
+    ),
+}
+# (queries, keys) of the sequence judged: lengths 1, tiles of 32 (the
+# interpreter's) crossed and not, more queries than keys and fewer.
+LENGTHS = [(1, 1), (33, 47), (47, 33), (64, 5), (17, 70)]
+HEADS, KV_HEADS, HEAD_DIM = 2, 1, 16
+
+
+@pytest.fixture
+def _interpreter(monkeypatch):
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+
+
+def _variant(name: str, dtype=ir.DType.FP32) -> ir.Variant:
+    mask, score, settings = SPECS[name]
+    return make_variant(mask, score, dtype=dtype, head_dim=HEAD_DIM, **settings)
+
+
+def _rand(*shape, dtype, generator, scale=1.0):
+    return (scale * torch.randn(*shape, generator=generator)).to(dtype)
+
+
+class _InBatch:
+    """The module's calls on one sequence (1, H, n, D), run as sequence
+    `index` of a varlen or padded batch with random neighbours; o, lse and
+    the gradients come back for that sequence only."""
+
+    def __init__(self, module, layout: str, index: int, neighbours, generator):
+        self.module, self.layout, self.index = module, layout, index
+        dtype = module.DTYPE
+        # Neighbours: (queries, keys) each; their q, k, v are random and large.
+        self.others = [
+            tuple(
+                _rand(n, h, HEAD_DIM, dtype=dtype, generator=generator, scale=30.0)
+                for n, h in ((nq, HEADS), (nk, KV_HEADS), (nk, KV_HEADS))
+            )
+            for nq, nk in neighbours
+        ]
+        self.generator = generator
+
+    def forward(self, q, k, v, scale=None):
+        o, lse = self.attention(q, k, v, scale=scale, return_lse=True)
+        return o.detach(), lse.detach()
+
+    def attention(self, q, k, v, *, scale=None, return_lse=False):
+        mine = tuple(x[0].transpose(0, 1) for x in (q, k, v))  # (n, heads, D)
+        seqs = self.others[: self.index] + [mine] + self.others[self.index :]
+        if self.layout == "varlen":
+            o, lse = self._varlen(seqs, scale)
+        else:
+            o, lse = self._padded(seqs, scale)
+        return (o, lse) if return_lse else o
+
+    def _varlen(self, seqs, scale):
+        cu = [[0], [0]]
+        for s in seqs:
+            cu[0].append(cu[0][-1] + s[0].shape[0])
+            cu[1].append(cu[1][-1] + s[1].shape[0])
+        q, k, v = (torch.cat([s[i] for s in seqs]) for i in range(3))
+        cu_q, cu_k = (torch.tensor(c, dtype=torch.int32) for c in cu)
+        o, lse = self.module.attention(
+            q, k, v, scale=scale, return_lse=True, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k
+        )
+        rows = slice(cu[0][self.index], cu[0][self.index + 1])
+        return o[rows].transpose(0, 1)[None], lse[:, rows][None]
+
+    def _padded(self, seqs, scale):
+        side = self.layout
+        lengths = [[s[0].shape[0] for s in seqs], [s[1].shape[0] for s in seqs]]
+        longest = [max(n) + 3 for n in lengths]  # every row padded, some more
+        batch = []
+        for s in seqs:
+            padded = []
+            for x, n in zip(s, (longest[0], longest[1], longest[1])):
+                pad = _rand(n - x.shape[0], *x.shape[1:], dtype=x.dtype, generator=self.generator)
+                pad = pad * 1e3
+                padded.append(torch.cat([pad, x] if side == "left" else [x, pad]))
+            batch.append(padded)
+        q, k, v = (torch.stack([b[i] for b in batch]).transpose(1, 2) for i in range(3))
+        seqlens_q, seqlens_k = (torch.tensor(n, dtype=torch.int32) for n in lengths)
+        o, lse = self.module.attention(
+            q, k, v, scale=scale, return_lse=True, seqlens_q=seqlens_q, seqlens_k=seqlens_k,
+            padding_side=side,
+        )  # fmt: skip
+        n = lengths[0][self.index]
+        rows = slice(longest[0] - n, longest[0]) if side == "left" else slice(0, n)
+        return o[self.index : self.index + 1, :, rows], lse[self.index : self.index + 1, :, rows]
+
+
+@pytest.mark.kernels
+@pytest.mark.parametrize("layout", ["varlen", "right", "left"])
+@pytest.mark.parametrize("name", sorted(SPECS))
+def test_each_sequence_matches_the_reference_of_the_sequence_alone(name, layout, _interpreter):
+    from flashgen.verify import Shape, check_backward, check_forward, random_inputs
+
+    variant = _variant(name)
+    module = build(variant)
+    generator = torch.Generator().manual_seed(1)
+    neighbours = [(40, 3), (0, 9), (5, 0), (70, 66)]
+    for i, (nq, nk) in enumerate(LENGTHS):
+        adapter = _InBatch(module, layout, i % 3, neighbours[i % 2 :][:2], generator)
+        shape = Shape(1, HEADS, KV_HEADS, nq, nk)
+        q, k, v = random_inputs(shape, HEAD_DIM, torch.float32, "cpu", generator=generator)
+        forward = check_forward(variant, adapter, q, k, v)
+        backward = check_backward(variant, adapter, q, k, v, generator=generator)
+        for result in (forward, backward):
+            assert result.ok, (nq, nk, [(c.what, c.error, c.bound) for c in result.checks])
+
+
+def _grads(module, q, k, v, do, dlse, **kwargs):
+    q, k, v = (x.detach().requires_grad_() for x in (q, k, v))
+    o, lse = module.attention(q, k, v, return_lse=True, **kwargs)
+    weights = torch.where(torch.isfinite(lse), dlse, 0.0)
+    loss = (o * do).sum() + (torch.where(torch.isfinite(lse), lse, 0.0) * weights).sum()
+    dq, dk, dv = torch.autograd.grad(loss, (q, k, v))
+    return o.detach(), lse.detach(), dq, dk, dv
+
+
+@pytest.mark.kernels
+@pytest.mark.parametrize("side", ["right", "left"])
+def test_padded_rows_equal_the_unpadded_call_bit_for_bit(side, _interpreter):
+    """A padded batch against each row alone, outputs and gradients; the
+    padding's rows are 0 in o and in every gradient, -inf in lse."""
+    module = build(_variant("chunks and alibi", ir.DType.FP16))
+    g = torch.Generator().manual_seed(2)
+    lengths_q, lengths_k = [40, 17, 0, 1, 33], [50, 33, 5, 1, 0]
+    nq, nk, dtype = 41, 52, torch.float16
+    q = _rand(5, HEADS, nq, HEAD_DIM, dtype=dtype, generator=g)
+    k, v = (_rand(5, KV_HEADS, nk, HEAD_DIM, dtype=dtype, generator=g) for _ in range(2))
+    do = _rand(5, HEADS, nq, HEAD_DIM, dtype=dtype, generator=g)
+    dlse = torch.randn(5, HEADS, nq, generator=g)
+    seqlens = dict(
+        seqlens_q=torch.tensor(lengths_q, dtype=torch.int32),
+        seqlens_k=torch.tensor(lengths_k, dtype=torch.int64),
+    )
+    o, lse, dq, dk, dv = _grads(module, q, k, v, do, dlse, padding_side=side, **seqlens)
+    for b, (a, c) in enumerate(zip(lengths_q, lengths_k)):
+        rq = slice(nq - a, nq) if side == "left" else slice(0, a)
+        rk = slice(nk - c, nk) if side == "left" else slice(0, c)
+        pad_q = torch.ones(nq, dtype=torch.bool)
+        pad_q[rq] = False
+        pad_k = torch.ones(nk, dtype=torch.bool)
+        pad_k[rk] = False
+        assert not o[b][:, pad_q].any() and not dq[b][:, pad_q].any()
+        assert (lse[b][:, pad_q] == float("-inf")).all()
+        assert not dk[b][:, pad_k].any() and not dv[b][:, pad_k].any()
+        if a == 0:
+            continue
+        alone = _grads(
+            module, q[b : b + 1, :, rq], k[b : b + 1, :, rk], v[b : b + 1, :, rk],
+            do[b : b + 1, :, rq], dlse[b : b + 1, :, rq],
+        )  # fmt: skip
+        batched = (o, lse, dq, dk, dv)
+        for name, x, y, rows in zip(("o", "lse", "dq", "dk", "dv"), batched, alone, "qqqkk"):
+            part = x[b : b + 1, :, rq if rows == "q" else rk]
+            assert torch.equal(part, y), (b, name)
+
+
+@pytest.mark.kernels
+def test_varlen_sequences_equal_calls_alone_with_gqa_and_empty_sequences(_interpreter):
+    module = build(_variant("prefix", ir.DType.FP16))
+    g = torch.Generator().manual_seed(3)
+    lengths = [(13, 20), (0, 1), (27, 0), (33, 33), (1, 40), (0, 0)]
+    cu_q = torch.tensor([0] + [sum(n for n, _ in lengths[: i + 1]) for i in range(6)])
+    cu_k = torch.tensor([0] + [sum(n for _, n in lengths[: i + 1]) for i in range(6)])
+    tq, tk = int(cu_q[-1]), int(cu_k[-1])
+    q = _rand(tq, HEADS, HEAD_DIM, dtype=torch.float16, generator=g)
+    k, v = (_rand(tk, KV_HEADS, HEAD_DIM, dtype=torch.float16, generator=g) for _ in range(2))
+    do = _rand(tq, HEADS, HEAD_DIM, dtype=torch.float16, generator=g)
+    dlse = torch.randn(HEADS, tq, generator=g)
+    o, lse, dq, dk, dv = _grads(
+        module, q, k, v, do, dlse, cu_seqlens_q=cu_q.to(torch.int32), cu_seqlens_k=cu_k,
+        max_seqlen_q=33, max_seqlen_k=40,
+    )  # fmt: skip
+    assert o.shape == (tq, HEADS, HEAD_DIM) and lse.shape == (HEADS, tq)
+    for i in range(len(lengths)):
+        rq, rk = slice(int(cu_q[i]), int(cu_q[i + 1])), slice(int(cu_k[i]), int(cu_k[i + 1]))
+        if rq.start == rq.stop:
+            continue
+        if rk.start == rk.stop:  # no keys: o 0, lse -inf, no gradient
+            assert not o[rq].any() and (lse[:, rq] == float("-inf")).all()
+            assert not dq[rq].any()
+            continue
+        alone = _grads(
+            module, *(x[r].transpose(0, 1)[None] for x, r in ((q, rq), (k, rk), (v, rk), (do, rq))),
+            dlse[:, rq][None],
+        )  # fmt: skip
+        alone = [alone[0][0].transpose(0, 1), alone[1][0]] + [
+            x[0].transpose(0, 1) for x in alone[2:]
+        ]
+        batched = (o[rq], lse[:, rq], dq[rq], dk[rk], dv[rk])
+        for name, x, y in zip(("o", "lse", "dq", "dk", "dv"), batched, alone):
+            assert torch.equal(x, y), (i, name)
+
+
+@pytest.mark.kernels
+def test_bad_lengths_get_errors_naming_the_argument(_interpreter):
+    module = build(_variant("causal", ir.DType.FP16))
+    q = torch.zeros(2, HEADS, 8, HEAD_DIM, dtype=torch.float16)
+    k = v = torch.zeros(2, KV_HEADS, 8, HEAD_DIM, dtype=torch.float16)
+    i32 = torch.int32
+    cases = [
+        (dict(seqlens_k=torch.tensor([8, 9], dtype=i32)), ValueError, r"seqlens_k\[1\] = 9"),
+        (dict(seqlens_q=torch.tensor([1, -1], dtype=i32)), ValueError, r"seqlens_q\[1\] = -1"),
+        (dict(seqlens_k=torch.tensor([1, 2, 3], dtype=i32)), ValueError, r"seqlens_k must have"),
+        (dict(seqlens_k=torch.tensor([1.0, 2.0])), TypeError, "seqlens_k must be an int32 or int64 tensor"),
+        (dict(seqlens_k=[1, 2]), TypeError, "seqlens_k must be an int32 or int64 tensor"),
+        (dict(seqlens_k=torch.tensor([1, 2]), padding_side="top"), ValueError, "padding_side"),
+        (dict(max_seqlen_q=4), ValueError, "max_seqlen_q and max_seqlen_k are for varlen calls"),
+        (
+            dict(seqlens_k=torch.tensor([1, 2]), cu_seqlens_k=torch.tensor([0, 1])),
+            ValueError,
+            "not both",
+        ),
+    ]
+    for kwargs, error, words in cases:
+        with pytest.raises(error, match=words):
+            module.attention(q, k, v, **kwargs)
+    q3, k3 = torch.zeros(10, HEADS, HEAD_DIM, dtype=torch.float16), torch.zeros(
+        12, KV_HEADS, HEAD_DIM, dtype=torch.float16
+    )
+    cu = lambda *x: torch.tensor(x, dtype=i32)  # noqa: E731
+    varlen_cases = [
+        (dict(cu_seqlens_q=cu(0, 10)), ValueError, "needs both"),
+        (dict(cu_seqlens_q=cu(0, 10), cu_seqlens_k=cu(0, 6, 12)), ValueError, r"cu_seqlens_k must have shape \(2,\)"),
+        (dict(cu_seqlens_q=cu(1, 10), cu_seqlens_k=cu(0, 12)), ValueError, r"cu_seqlens_q\[0\]"),
+        (dict(cu_seqlens_q=cu(0, 4, 3), cu_seqlens_k=cu(0, 6, 12)), ValueError, r"cu_seqlens_q\[2\] = 3: lengths run from 0, non-decreasing"),
+        (dict(cu_seqlens_q=cu(0, 10), cu_seqlens_k=cu(0, 13)), ValueError, r"cu_seqlens_k\[1\] = 13: .* up to 12"),
+        (
+            dict(cu_seqlens_q=cu(0, 4, 10), cu_seqlens_k=cu(0, 6, 12), max_seqlen_k=5),
+            ValueError,
+            r"max_seqlen_k must be an int >= the longest sequence, 6: got 5",
+        ),
+    ]
+    for kwargs, error, words in varlen_cases:
+        with pytest.raises(error, match=words):
+            module.attention(q3, k3, k3, **kwargs)
+    with pytest.raises(ValueError, match="q must be a 3-dimensional tensor"):
+        module.attention(q, k, v, cu_seqlens_q=cu(0, 8), cu_seqlens_k=cu(0, 8))
