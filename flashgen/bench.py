@@ -27,6 +27,11 @@ times the kernels alone).
 `append_jsonl` adds the measurements to a results file such as
 benchmarks/results.jsonl: one record per system, shape and direction, keyed
 by commit, date, GPU and versions (`records` says what each field holds).
+
+`draw_variants` draws specs from the whole language instead of reading them
+(`flashgen bench --random N --seed S`): the tests' Hypothesis strategies
+(flashgen/strategies.py), drawn so that a seed gives the same specs on every
+machine; `flex_ratios` sums a run up as flashgen's speed over FlexAttention's.
 """
 
 from __future__ import annotations
@@ -36,6 +41,7 @@ from collections.abc import Mapping
 import datetime
 import hashlib
 import json
+import statistics
 import subprocess
 import sys
 import time
@@ -59,6 +65,12 @@ AGREEMENT = 3e-2
 # A forward + backward whose host time per call is at least this fraction of
 # the time measured for it ran at the host's pace.
 HOST_PACED = 0.9
+# A drawn spec is redrawn when its mask hides every pair at N = RANDOM_PROBE_N
+# with RANDOM_PROBE_HEADS heads (there would be nothing to time), or when
+# FlexAttention's mods of it fail there; never more than RANDOM_ATTEMPTS times.
+RANDOM_PROBE_N = 512
+RANDOM_PROBE_HEADS = 16
+RANDOM_ATTEMPTS = 20
 
 
 @dataclass(frozen=True)
@@ -364,10 +376,8 @@ def table(results: Sequence[Measurement]) -> str:
             return f"{'-':>13}"
         parts = []
         for backward, width in ((False, 6), (True, 5)):
-            x, y = a.tflops(backward), b.tflops(backward)
-            parts.append(
-                f"{x / y:{width}.2f}" if x is not None and y is not None else f"{'-':>{width}}"
-            )
+            x = speedup(a, b, backward)
+            parts.append(f"{x:{width}.2f}" if x is not None else f"{'-':>{width}}")
         return f"{parts[0]}/{parts[1]} "
 
     for (name, d, n), by_system in rows.items():
@@ -389,11 +399,66 @@ def table(results: Sequence[Measurement]) -> str:
     return "\n".join(lines)
 
 
-def to_json(results: Sequence[Measurement]) -> str:
+def speedup(ours: Measurement | None, other: Measurement | None, backward: bool) -> float | None:
+    """`ours`' TFLOP/s over `other`'s in one direction; None where either did
+    not run, failed, or has no TFLOP/s (no time, or a mask that hides every pair)."""
+    if ours is None or other is None or ours.error or other.error:
+        return None
+    x, y = ours.tflops(backward), other.tflops(backward)
+    return x / y if x is not None and y else None
+
+
+def flex_ratios(results: Sequence[Measurement]) -> str:
+    """flashgen's TFLOP/s over FlexAttention's, forward and backward, per spec,
+    head dim and N, then the median and the minimum of each column over the
+    points that have both (issue 23's target for drawn specs: every point at
+    least 1.0, the median at least 1.3; reported, not enforced)."""
+    points: dict[tuple, dict[str, Measurement]] = {}
+    for r in results:
+        points.setdefault((r.variant, r.head_dim, r.seqlen), {})[r.system] = r
+    header = f"{'spec':<16} {'d':>4} {'N':>6} {'forward':>9} {'backward':>9}"
+    lines = [
+        "flashgen / FlexAttention, TFLOP/s (target: every point >= 1.00, median >= 1.30)",
+        header,
+        "-" * len(header),
+    ]
+    columns: tuple[list, list] = ([], [])
+    for (name, d, n), by_system in points.items():
+        ours, flex = by_system.get("flashgen"), by_system.get("flex")
+        paced = any(r is not None and r.host_paced() for r in (ours, flex))
+        cells = []
+        for backward, column in zip((False, True), columns):
+            x = speedup(ours, flex, backward)
+            if x is None:
+                cells.append(f"{'-':>8} ")
+                continue
+            column.append((x, f"{name} d{d} N={n}"))
+            cells.append(f"{x:8.2f}{'h' if paced else ' '}")
+        lines.append(f"{name:<16} {d:>4} {n:>6} {' '.join(cells)}".rstrip())
+    for label, pick in (("median", statistics.median), ("minimum", min)):
+        cells = [f"{pick(x for x, _ in c):8.2f} " if c else f"{'-':>8} " for c in columns]
+        lines.append(f"{label:<16} {'':>4} {'':>6} {' '.join(cells)}".rstrip())
+    lowest = [f"{w} {min(c)[1]}" for w, c in zip(("forward", "backward"), columns) if c]
+    lines.append(
+        f"{len(columns[0])} forward and {len(columns[1])} backward ratios over {len(points)} "
+        f"points{'; lowest: ' + ', '.join(lowest) if lowest else ''}"
+    )
+    if any(len(c) < len(points) for c in columns):
+        lines.append("- no ratio: flashgen or FlexAttention was not timed there, or failed")
+    if any(r.host_paced() for r in results):
+        lines.append("h forward + backward ran at the host's pace (see the table above)")
+    return "\n".join(lines)
+
+
+def to_json(results: Sequence[Measurement], drawn: Mapping[str, Drawn] | None = None) -> str:
+    """Every measurement with its TFLOP/s; those of drawn specs (`drawn`, by
+    block name) with `random`, as in `records`."""
     rows = []
     for r in results:
         row = dataclasses.asdict(r)
         row["fwd_tflops"], row["bwd_tflops"] = r.tflops(), r.tflops(True)
+        if drawn and r.variant in drawn:
+            row["random"] = drawn[r.variant].record(r.head_dim)
         rows.append(row)
     return json.dumps(rows, indent=2)
 
@@ -475,7 +540,10 @@ def run_context(command: str) -> dict:
 
 
 def records(
-    results: Sequence[Measurement], variants: Sequence[ir.Variant], context: dict
+    results: Sequence[Measurement],
+    variants: Sequence[ir.Variant],
+    context: dict,
+    drawn: Mapping[str, Drawn] | None = None,
 ) -> list[dict]:
     """Two records per measurement, as in benchmarks/results.jsonl.
 
@@ -488,6 +556,9 @@ def records(
     TFLOP/s, as the table prints), host_ms and host_paced (do_bench only).
     `variants` are the benched blocks (after any head-dim override): they give
     each measurement's dtype and spec_hash, matched by name and head dim.
+    Records of drawn specs (`drawn`, by block name: `flashgen bench --random`)
+    end with random: {seed, index, text}, where text is the block as benched,
+    so that a record names its spec without the run that drew it.
     """
     by_key = {(v.name, v.head_dim): v for v in variants}
     out = []
@@ -541,13 +612,123 @@ def records(
                 note=context["note"],
             )
         )
+        if drawn and r.variant in drawn:
+            for record in out[-2:]:
+                record["random"] = drawn[r.variant].record(r.head_dim)
     return out
 
 
 def append_jsonl(
-    path: str, results: Sequence[Measurement], variants: Sequence[ir.Variant], context: dict
+    path: str,
+    results: Sequence[Measurement],
+    variants: Sequence[ir.Variant],
+    context: dict,
+    drawn: Mapping[str, Drawn] | None = None,
 ) -> None:
     """Append `records(...)` to `path`, one JSON object a line."""
     with open(path, "a", encoding="utf-8") as f:
-        for record in records(results, variants, context):
+        for record in records(results, variants, context, drawn):
             f.write(json.dumps(record) + "\n")
+
+
+# --------------------------------------------------------------------------- #
+# Drawn specs: flashgen bench --random
+# --------------------------------------------------------------------------- #
+
+
+@dataclass(frozen=True)
+class Drawn:
+    """Spec `index` of `seed` (`draw_variants`), after the earlier draws for
+    it were rejected, one reason each in `redrawn`."""
+
+    variant: ir.Variant
+    seed: int
+    index: int
+    redrawn: tuple[str, ...] = ()
+
+    def record(self, head_dim: int) -> dict:
+        """The `random` field of its records: seed, index and the spec's text at `head_dim`."""
+        from flashgen.printer import print_variant
+
+        text = print_variant(dataclasses.replace(self.variant, head_dim=head_dim))
+        return {"seed": self.seed, "index": self.index, "text": text}
+
+
+def draw_variants(
+    count: int, seed: int, head_dim: int, dtype: ir.DType = ir.DType.BF16
+) -> list[Drawn]:
+    """Specs 0 to count - 1 of `seed`: `flashgen.strategies.variants` at
+    `head_dim` and `dtype` (every mask and score form of the language, no
+    inputs), named rand<seed>_<index>.  Neither `head_dim` nor `dtype` changes
+    the rest of a spec.
+
+    Draw `attempt` of spec `index` is `seeded_example` for the key
+    "bench-random:<seed>:<index>:<attempt>": the same on every machine, and
+    independent of `count` (spec 2 of seed 0 is the same in a run of 3 and a
+    run of 30).  Attempts run from 0 until one passes `unbenchable`.  Needs
+    hypothesis (the test extra).
+    """
+    from hypothesis import strategies as st
+
+    from flashgen.strategies import seeded_example, variants
+
+    drawn = []
+    for index in range(count):
+        name = f"rand{seed}_{index}"
+        strategy = variants((dtype,), (head_dim,), names=st.just(name))
+        redrawn: list[str] = []
+        for attempt in range(RANDOM_ATTEMPTS):
+            variant = seeded_example(strategy, f"bench-random:{seed}:{index}:{attempt}")
+            problem = unbenchable(variant)
+            if problem is None:
+                drawn.append(Drawn(variant, seed, index, tuple(redrawn)))
+                break
+            redrawn.append(problem)
+        else:
+            raise RuntimeError(f"{name}: {RANDOM_ATTEMPTS} draws, none benchable: {redrawn[-1]}")
+    return drawn
+
+
+def unbenchable(variant: ir.Variant) -> str | None:
+    """Why a drawn spec is not benched beside FlexAttention, or None: it reads
+    inputs, its printed text does not check back to it, FlexAttention's mods
+    of it fail at N = RANDOM_PROBE_N on the CPU, or its mask hides every pair there."""
+    from flashgen.check import check
+    from flashgen.parse import parse
+    from flashgen.printer import print_variant
+
+    if variant.inputs:
+        return "it reads runtime inputs"
+    text = print_variant(variant)
+    spec, diagnostics = parse(text)
+    again, diagnostics = check([spec]) if spec is not None and not diagnostics else ((), [])
+    if again != (variant,) or diagnostics or print_variant(again[0]) != text:
+        return "its printed text does not check back to it"
+    n, heads = RANDOM_PROBE_N, RANDOM_PROBE_HEADS
+    try:
+        mods = flex_mods(variant, n, n, heads, device="cpu")
+        if mods.score_mod is not None:  # the mask_mod runs in `density`
+            rows, keys = torch.arange(0, n, 8)[:, None], torch.arange(0, n, 8)[None, :]
+            scores = torch.zeros(rows.shape[0], keys.shape[1])
+            for h in range(heads):
+                mods.score_mod(scores, torch.tensor(0), torch.tensor(h), rows, keys)
+        visible = density(variant, n, heads, "cpu")
+    except Exception as exc:  # a spec flex.py cannot translate: drawn again, and said so
+        return f"FlexAttention's mods of it fail ({type(exc).__name__}: {exc})"[:200]
+    if visible == 0:
+        return f"its mask hides every pair at N={n}, H={heads}"
+    return None
+
+
+def describe_drawn(drawn: Sequence[Drawn]) -> str:
+    """The drawn specs as one .attn text, each block under a comment that
+    says where it comes from and why earlier draws were redrawn."""
+    from flashgen.printer import print_variant
+
+    blocks = []
+    for d in drawn:
+        lines = [f"# {d.variant.name}: seed {d.seed}, index {d.index}"]
+        lines += [f"# draw {i} redrawn: {why}" for i, why in enumerate(d.redrawn)]
+        lines.append(print_variant(d.variant))
+        blocks.append("\n".join(lines))
+    return "\n".join(blocks)

@@ -12,6 +12,7 @@ files, no GPU for bench or tune).
                     [--accept-partial]
     flashgen bench SPEC... [--seqlens N...] [--head-dim D...] [--systems ...]
                    [--timer do_bench|cuda-graph] [--json PATH] [--jsonl PATH] [--plot PNG]
+    flashgen bench --random N [--seed S] [--dtype bf16|fp16] [the options above]
     flashgen tune SPEC... [--head-dim D...] [--passes forward|backward] [--quick]
 
 A SPEC is the name of a regular file of at most `ir.MAX_SPEC_BYTES` bytes of
@@ -177,16 +178,46 @@ def _parser() -> argparse.ArgumentParser:
         help="time the kernels against FlexAttention and SDPA (CUDA)",
         description="Forward and forward+backward TFLOP/s of each block's kernels, of "
         "FlexAttention running the same variant, and of SDPA where expressible, in one "
-        "process on the same inputs.",
+        "process on the same inputs.  With --random N instead of SPECs (not both): N specs "
+        "drawn from the whole language (the tests' Hypothesis strategies; needs "
+        "flashgen[test]), the same for the same --seed on every machine, printed as .attn "
+        "text before they run, benched at each --head-dim (default: 64 and 128) and summed "
+        "up as flashgen's speed over FlexAttention's per spec, head dim and N, with the "
+        "median and the minimum.  A draw whose mask hides every pair, or that "
+        "FlexAttention's mods cannot run, is drawn again, and the output says so.",
     )
-    bench.add_argument("specs", nargs="+", metavar="SPEC", help=".attn file")
+    bench.add_argument("specs", nargs="*", metavar="SPEC", help=".attn file (or --random)")
+    bench.add_argument(
+        "--random",
+        type=_positive,
+        metavar="N",
+        help="bench N specs drawn from the whole language instead of SPECs; their records "
+        "(--json, --jsonl) keep the seed, the index and the text of each",
+    )
+    bench.add_argument(
+        "--seed",
+        type=_non_negative,
+        metavar="S",
+        help="with --random: which specs (default 0); spec i of a seed is the same "
+        "whatever N, and is named rand<S>_<i>",
+    )
+    bench.add_argument(
+        "--dtype",
+        choices=(ir.DType.BF16.value, ir.DType.FP16.value),
+        help="with --random: the drawn specs' dtype (default bf16)",
+    )
     bench.add_argument(
         "--seqlens", type=_positive, nargs="+", default=[1024, 2048, 4096, 8192, 16384], metavar="N"
     )
     bench.add_argument("--batch", type=_positive, help="default: 16384 tokens / N")
     bench.add_argument("--heads", type=_positive, default=16)
     bench.add_argument(
-        "--head-dim", type=_positive, nargs="+", metavar="D", help="override the specs' head dims"
+        "--head-dim",
+        type=_positive,
+        nargs="+",
+        metavar="D",
+        help="override the specs' head dims: bench every block at each D "
+        f"(with --random, default: {' '.join(map(str, RANDOM_HEAD_DIMS))})",
     )
     bench.add_argument("--json", metavar="PATH", help="write every measurement as JSON")
     bench.add_argument(
@@ -200,7 +231,7 @@ def _parser() -> argparse.ArgumentParser:
         metavar="PNG",
         help="plot TFLOP/s against sequence length (needs matplotlib: flashgen[plot])",
     )
-    bench.add_argument("--name", help="bench only this block")
+    bench.add_argument("--name", help="bench only this block (with --random: rand<S>_<i>)")
     bench.add_argument(
         "--timer",
         choices=("do_bench", "cuda-graph"),
@@ -258,6 +289,8 @@ def _parser() -> argparse.ArgumentParser:
 
 SYSTEMS = ("flashgen", "flex", "sdpa-cudnn", "sdpa-flash")
 COMMANDS = ("check", "build", "verify", "bench", "tune")
+# bench --random's head dims without --head-dim: every drawn spec at each.
+RANDOM_HEAD_DIMS = (64, 128)
 
 
 def _gpu_variants(args: argparse.Namespace, command: str) -> list[ir.Variant]:
@@ -268,11 +301,15 @@ def _gpu_variants(args: argparse.Namespace, command: str) -> list[ir.Variant]:
         variants = [v for v in variants if v.name == args.name]
         if not variants:
             raise _UsageError(f"{command}: no attention block named '{args.name}'")
+    _require_gpu(command)
+    return variants
+
+
+def _require_gpu(command: str) -> None:
     import torch  # only here: the other commands stay light
 
     if not torch.cuda.is_available():
         raise _UsageError(f"{command}: needs a CUDA GPU (torch sees none)")
-    return variants
 
 
 def _bench(args: argparse.Namespace) -> int:
@@ -280,11 +317,22 @@ def _bench(args: argparse.Namespace) -> int:
         # Checked first: the plot is drawn after the whole run.
         raise _UsageError("bench: --plot needs matplotlib (pip install 'flashgen[plot]')")
     experiments = _plan(args)
-    variants = _gpu_variants(args, "bench")
+    drawn: dict = {}
+    if args.random is None:
+        if not args.specs:
+            raise _UsageError("bench: give SPEC files, or --random N to draw specs")
+        for option, value in (("--seed", args.seed), ("--dtype", args.dtype)):
+            if value is not None:
+                raise _UsageError(f"bench: {option} goes with --random")
+        variants = _gpu_variants(args, "bench")
+        head_dims = args.head_dim or [None]
+    else:
+        head_dims = args.head_dim or list(RANDOM_HEAD_DIMS)
+        variants, drawn = _random_variants(args, head_dims)
     from flashgen import bench
 
     results, benched = [], []
-    for head_dim in args.head_dim or [None]:
+    for head_dim in head_dims:
         benched += [dataclasses.replace(v, head_dim=head_dim or v.head_dim) for v in variants]
         results += bench.bench(
             variants,
@@ -297,14 +345,46 @@ def _bench(args: argparse.Namespace) -> int:
             experiments=experiments,
         )
     print(bench.table(results))
+    if drawn:
+        print()
+        print(bench.flex_ratios(results))
     if args.json:
-        Path(args.json).write_text(bench.to_json(results))
+        Path(args.json).write_text(bench.to_json(results, drawn))
     if args.jsonl:
         command = shlex.join(["python3", "-m", "flashgen", *args.argv])
-        bench.append_jsonl(args.jsonl, results, benched, bench.run_context(command))
+        bench.append_jsonl(args.jsonl, results, benched, bench.run_context(command), drawn)
     if args.plot:
         bench.plot(results, args.plot)
     return 0
+
+
+def _random_variants(
+    args: argparse.Namespace, head_dims: Sequence[int]
+) -> tuple[list[ir.Variant], dict]:
+    """bench --random: the drawn blocks (only args.name, if given), at the
+    first of `head_dims`, and their `bench.Drawn` by name, on a machine with a
+    CUDA GPU; prints them as .attn text."""
+    if args.specs:
+        raise _UsageError("bench: give SPEC files or --random N, not both")
+    if importlib.util.find_spec("hypothesis") is None:
+        raise _UsageError("bench --random needs hypothesis (pip install 'flashgen[test]')")
+    _require_gpu("bench")
+    from flashgen import bench
+
+    seed = args.seed or 0
+    dtype = ir.DType(args.dtype or ir.DType.BF16.value)
+    drawn = bench.draw_variants(args.random, seed, head_dims[0], dtype)
+    if args.name is not None:
+        names = ", ".join(d.variant.name for d in drawn)
+        drawn = [d for d in drawn if d.variant.name == args.name]
+        if not drawn:
+            raise _UsageError(f"bench: no drawn spec named '{args.name}' (drawn: {names})")
+    print(
+        f"# flashgen bench --random {args.random} --seed {seed}: specs drawn from the "
+        f"whole language, benched at head_dim {', '.join(map(str, head_dims))}"
+    )
+    print(bench.describe_drawn(drawn))
+    return [d.variant for d in drawn], {d.variant.name: d for d in drawn}
 
 
 def _tune(args: argparse.Namespace) -> int:
@@ -350,6 +430,16 @@ def _positive(text: str) -> int:
         raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be positive, got {value}")
+    return value
+
+
+def _non_negative(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be non-negative, got {value}")
     return value
 
 

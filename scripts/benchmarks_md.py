@@ -9,7 +9,9 @@ do_bench and without error, for flashgen, FlexAttention and cuDNN, from runs
 that timed flashgen beside another system (a run of flashgen alone, such as
 scripts/gpu_before_after.sh's comparison of two commits, is data but no
 standing against the others).  A record marked `superseded` (its kernels have
-changed since; the field says how) stays as data and leaves the standing.
+changed since; the field says how) stays as data and leaves the standing, and
+so does a record of a drawn spec (`random`: `flashgen bench --random`), a
+one-off that its seed names, not a spec of the standing.
 Pure Python: no GPU, no torch.
 """
 
@@ -68,7 +70,7 @@ def standing(records: Iterable[dict]) -> dict[tuple, dict]:
     for r in records:
         if r.get("timer") != "do_bench" or r.get("error") or r.get("system") not in SYSTEMS:
             continue
-        if r.get("superseded"):
+        if r.get("superseded") or r.get("random"):
             continue
         if r["Nq"] != r["Nk"] or _run_point(r) not in compared:
             continue

@@ -76,8 +76,8 @@ def test_benchmarks_md_is_generated_from_the_results():
 def test_benchmarks_md_standing_is_the_latest_record(tmp_path):
     """The standing takes each point's latest do_bench record without error
     from a run that timed flashgen beside another system (3a, flashgen alone,
-    is not one), marks host-paced points and points behind Flex, and names
-    its runs."""
+    is not one) and not of a drawn spec (4a), marks host-paced points and
+    points behind Flex, and names its runs."""
     import json
 
     import benchmarks_md
@@ -111,6 +111,8 @@ def test_benchmarks_md_standing_is_the_latest_record(tmp_path):
         + record("2b", "flashgen", 999.0, 999.0, timer="cuda-graph")
         + record("2c", "flashgen", 999.0, 999.0, error="RuntimeError")
         + record("3a", "flashgen", 999.0, 999.0)
+        + record("4a", "flashgen", 999.0, 999.0, spec="rand0_0", random={"seed": 0, "index": 0})
+        + record("4a", "flex", 1.0, 1.0, spec="rand0_0", random={"seed": 0, "index": 0})
     )
     (tmp_path / "benchmarks").mkdir()
     (tmp_path / "benchmarks" / "results.jsonl").write_text(
@@ -126,6 +128,7 @@ def test_benchmarks_md_standing_is_the_latest_record(tmp_path):
     assert "behind at full d64 N=1024 (0.92×, host-paced)" in text
     assert "- run 2a, 2026-12-01, commit abc1234" in text
     assert "run 2b" not in text and "run 3a" not in text
+    assert "rand0_0" not in text and "run 4a" not in text  # drawn specs: data, no standing
     assert "[007. A thing](docs/decisions/007-a-thing.md)" in text
 
 
