@@ -12,12 +12,14 @@ values, so anything read from it shows."""
 
 from __future__ import annotations
 
+import functools
+
 import pytest
 import torch
 
 from flashgen import ir
 
-from kernel_utils import build, make_variant
+from kernel_utils import DEVICE, build, make_variant
 
 # Masks and scores whose positions matter in different ways: relative
 # (causal, windows, ALiBi), absolute (prefix, chunks), bottom-right or
@@ -33,24 +35,31 @@ SPECS = {
         {"align": "top_left"},
     ),
 }
-# (queries, keys) of the sequence judged: lengths 1, tiles of 32 (the
-# interpreter's) crossed and not, more queries than keys and fewer.
+# (queries, keys) of the sequence judged: lengths 1, tiles (the
+# interpreter's 32, the GPU's 64 and 128) crossed and not, more queries than
+# keys and fewer.  On a GPU (`kernel_utils.DEVICE`) these run in 16-bit.
+CPU = DEVICE == "cpu"
 LENGTHS = [(1, 1), (33, 47), (47, 33), (64, 5), (17, 70)]
-HEADS, KV_HEADS, HEAD_DIM = 2, 1, 16
+if not CPU:
+    LENGTHS += [(129, 200), (200, 129), (300, 7), (17, 333)]
+HEADS, KV_HEADS, HEAD_DIM = 2, 1, 16 if CPU else 64
+FLOAT = ir.DType.FP32 if CPU else ir.DType.BF16
+HALF = ir.DType.FP16
 
 
 @pytest.fixture
 def _interpreter(monkeypatch):
-    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    if CPU:
+        monkeypatch.setenv("TRITON_INTERPRET", "1")
 
 
-def _variant(name: str, dtype=ir.DType.FP32) -> ir.Variant:
+def _variant(name: str, dtype=FLOAT) -> ir.Variant:
     mask, score, settings = SPECS[name]
     return make_variant(mask, score, dtype=dtype, head_dim=HEAD_DIM, **settings)
 
 
 def _rand(*shape, dtype, generator, scale=1.0):
-    return (scale * torch.randn(*shape, generator=generator)).to(dtype)
+    return (scale * torch.randn(*shape, generator=generator)).to(device=DEVICE, dtype=dtype)
 
 
 class _InBatch:
@@ -90,7 +99,7 @@ class _InBatch:
             cu[0].append(cu[0][-1] + s[0].shape[0])
             cu[1].append(cu[1][-1] + s[1].shape[0])
         q, k, v = (torch.cat([s[i] for s in seqs]) for i in range(3))
-        cu_q, cu_k = (torch.tensor(c, dtype=torch.int32) for c in cu)
+        cu_q, cu_k = (torch.tensor(c, dtype=torch.int32, device=DEVICE) for c in cu)
         o, lse = self.module.attention(
             q, k, v, scale=scale, return_lse=True, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k
         )
@@ -110,7 +119,7 @@ class _InBatch:
                 padded.append(torch.cat([pad, x] if side == "left" else [x, pad]))
             batch.append(padded)
         q, k, v = (torch.stack([b[i] for b in batch]).transpose(1, 2) for i in range(3))
-        seqlens_q, seqlens_k = (torch.tensor(n, dtype=torch.int32) for n in lengths)
+        seqlens_q, seqlens_k = (torch.tensor(n, dtype=torch.int32, device=DEVICE) for n in lengths)
         o, lse = self.module.attention(
             q, k, v, scale=scale, return_lse=True, seqlens_q=seqlens_q, seqlens_k=seqlens_k,
             padding_side=side,
@@ -133,7 +142,7 @@ def test_each_sequence_matches_the_reference_of_the_sequence_alone(name, layout,
     for i, (nq, nk) in enumerate(LENGTHS):
         adapter = _InBatch(module, layout, i % 3, neighbours[i % 2 :][:2], generator)
         shape = Shape(1, HEADS, KV_HEADS, nq, nk)
-        q, k, v = random_inputs(shape, HEAD_DIM, torch.float32, "cpu", generator=generator)
+        q, k, v = random_inputs(shape, HEAD_DIM, module.DTYPE, DEVICE, generator=generator)
         forward = check_forward(variant, adapter, q, k, v)
         backward = check_backward(variant, adapter, q, k, v, generator=generator)
         for result in (forward, backward):
@@ -141,6 +150,7 @@ def test_each_sequence_matches_the_reference_of_the_sequence_alone(name, layout,
 
 
 def _grads(module, q, k, v, do, dlse, **kwargs):
+    """o, lse and the gradients of sum(o * do) + sum(lse * dlse) over finite lse."""
     q, k, v = (x.detach().requires_grad_() for x in (q, k, v))
     o, lse = module.attention(q, k, v, return_lse=True, **kwargs)
     weights = torch.where(torch.isfinite(lse), dlse, 0.0)
@@ -149,37 +159,53 @@ def _grads(module, q, k, v, do, dlse, **kwargs):
     return o.detach(), lse.detach(), dq, dk, dv
 
 
+def _alone(module, q, k, v, do, dlse):
+    """The same for one sequence called alone, by the Triton kernels with the
+    launch configurations and pointer loads of padded and varlen calls (a GPU
+    would otherwise take TMA or the Gluon kernels)."""
+    fwd, bwd = (module._launch_config(q.device, backward=b) for b in (False, True))
+    o, lse = module.forward(
+        q, k, v, **dict(zip(("block_m", "block_n", "num_warps", "num_stages"), fwd)), tma=False
+    )
+    dlse = torch.where(torch.isfinite(lse), dlse, 0.0)
+    launch = dict(zip(("block_m", "block_n", "num_warps", "num_stages"), bwd))
+    return (o, lse, *module.backward(q, k, v, o, lse, do, dlse, **launch, tma=False))
+
+
 @pytest.mark.kernels
 @pytest.mark.parametrize("side", ["right", "left"])
 def test_padded_rows_equal_the_unpadded_call_bit_for_bit(side, _interpreter):
     """A padded batch against each row alone, outputs and gradients; the
     padding's rows are 0 in o and in every gradient, -inf in lse."""
-    module = build(_variant("chunks and alibi", ir.DType.FP16))
+    module = build(_variant("chunks and alibi", HALF))
     g = torch.Generator().manual_seed(2)
     lengths_q, lengths_k = [40, 17, 0, 1, 33], [50, 33, 5, 1, 0]
-    nq, nk, dtype = 41, 52, torch.float16
-    q = _rand(5, HEADS, nq, HEAD_DIM, dtype=dtype, generator=g)
-    k, v = (_rand(5, KV_HEADS, nk, HEAD_DIM, dtype=dtype, generator=g) for _ in range(2))
-    do = _rand(5, HEADS, nq, HEAD_DIM, dtype=dtype, generator=g)
-    dlse = torch.randn(5, HEADS, nq, generator=g)
+    if not CPU:
+        lengths_q, lengths_k = lengths_q + [130, 200], lengths_k + [260, 129]
+    nq, nk, dtype = max(lengths_q) + 1, max(lengths_k) + 2, torch.float16
+    batch = len(lengths_q)
+    q = _rand(batch, HEADS, nq, HEAD_DIM, dtype=dtype, generator=g)
+    k, v = (_rand(batch, KV_HEADS, nk, HEAD_DIM, dtype=dtype, generator=g) for _ in range(2))
+    do = _rand(batch, HEADS, nq, HEAD_DIM, dtype=dtype, generator=g)
+    dlse = torch.randn(batch, HEADS, nq, generator=g).to(DEVICE)
     seqlens = dict(
-        seqlens_q=torch.tensor(lengths_q, dtype=torch.int32),
-        seqlens_k=torch.tensor(lengths_k, dtype=torch.int64),
+        seqlens_q=torch.tensor(lengths_q, dtype=torch.int32, device=DEVICE),
+        seqlens_k=torch.tensor(lengths_k, dtype=torch.int64, device=DEVICE),
     )
     o, lse, dq, dk, dv = _grads(module, q, k, v, do, dlse, padding_side=side, **seqlens)
     for b, (a, c) in enumerate(zip(lengths_q, lengths_k)):
         rq = slice(nq - a, nq) if side == "left" else slice(0, a)
         rk = slice(nk - c, nk) if side == "left" else slice(0, c)
-        pad_q = torch.ones(nq, dtype=torch.bool)
+        pad_q = torch.ones(nq, dtype=torch.bool, device=DEVICE)
         pad_q[rq] = False
-        pad_k = torch.ones(nk, dtype=torch.bool)
+        pad_k = torch.ones(nk, dtype=torch.bool, device=DEVICE)
         pad_k[rk] = False
         assert not o[b][:, pad_q].any() and not dq[b][:, pad_q].any()
         assert (lse[b][:, pad_q] == float("-inf")).all()
         assert not dk[b][:, pad_k].any() and not dv[b][:, pad_k].any()
         if a == 0:
             continue
-        alone = _grads(
+        alone = _alone(
             module, q[b : b + 1, :, rq], k[b : b + 1, :, rk], v[b : b + 1, :, rk],
             do[b : b + 1, :, rq], dlse[b : b + 1, :, rq],
         )  # fmt: skip
@@ -191,19 +217,23 @@ def test_padded_rows_equal_the_unpadded_call_bit_for_bit(side, _interpreter):
 
 @pytest.mark.kernels
 def test_varlen_sequences_equal_calls_alone_with_gqa_and_empty_sequences(_interpreter):
-    module = build(_variant("prefix", ir.DType.FP16))
+    module = build(_variant("prefix", HALF))
     g = torch.Generator().manual_seed(3)
     lengths = [(13, 20), (0, 1), (27, 0), (33, 33), (1, 40), (0, 0)]
-    cu_q = torch.tensor([0] + [sum(n for n, _ in lengths[: i + 1]) for i in range(6)])
-    cu_k = torch.tensor([0] + [sum(n for _, n in lengths[: i + 1]) for i in range(6)])
+    if not CPU:
+        lengths += [(130, 260), (257, 129)]
+    count = len(lengths)
+    cu_q = torch.tensor([0] + [sum(n for n, _ in lengths[: i + 1]) for i in range(count)])
+    cu_k = torch.tensor([0] + [sum(n for _, n in lengths[: i + 1]) for i in range(count)])
+    longest = [max(n) for n in zip(*lengths)]
     tq, tk = int(cu_q[-1]), int(cu_k[-1])
     q = _rand(tq, HEADS, HEAD_DIM, dtype=torch.float16, generator=g)
     k, v = (_rand(tk, KV_HEADS, HEAD_DIM, dtype=torch.float16, generator=g) for _ in range(2))
     do = _rand(tq, HEADS, HEAD_DIM, dtype=torch.float16, generator=g)
-    dlse = torch.randn(HEADS, tq, generator=g)
+    dlse = torch.randn(HEADS, tq, generator=g).to(DEVICE)
     o, lse, dq, dk, dv = _grads(
-        module, q, k, v, do, dlse, cu_seqlens_q=cu_q.to(torch.int32), cu_seqlens_k=cu_k,
-        max_seqlen_q=33, max_seqlen_k=40,
+        module, q, k, v, do, dlse, cu_seqlens_q=cu_q.to(DEVICE, torch.int32),
+        cu_seqlens_k=cu_k.to(DEVICE), max_seqlen_q=longest[0], max_seqlen_k=longest[1],
     )  # fmt: skip
     assert o.shape == (tq, HEADS, HEAD_DIM) and lse.shape == (HEADS, tq)
     for i in range(len(lengths)):
@@ -214,7 +244,7 @@ def test_varlen_sequences_equal_calls_alone_with_gqa_and_empty_sequences(_interp
             assert not o[rq].any() and (lse[:, rq] == float("-inf")).all()
             assert not dq[rq].any()
             continue
-        alone = _grads(
+        alone = _alone(
             module, *(x[r].transpose(0, 1)[None] for x, r in ((q, rq), (k, rk), (v, rk), (do, rq))),
             dlse[:, rq][None],
         )  # fmt: skip
@@ -228,20 +258,22 @@ def test_varlen_sequences_equal_calls_alone_with_gqa_and_empty_sequences(_interp
 
 @pytest.mark.kernels
 def test_bad_lengths_get_errors_naming_the_argument(_interpreter):
-    module = build(_variant("causal", ir.DType.FP16))
-    q = torch.zeros(2, HEADS, 8, HEAD_DIM, dtype=torch.float16)
-    k = v = torch.zeros(2, KV_HEADS, 8, HEAD_DIM, dtype=torch.float16)
+    module = build(_variant("causal", HALF))
+    q = torch.zeros(2, HEADS, 8, HEAD_DIM, dtype=torch.float16, device=DEVICE)
+    k = v = torch.zeros(2, KV_HEADS, 8, HEAD_DIM, dtype=torch.float16, device=DEVICE)
     i32 = torch.int32
+    t = functools.partial(torch.tensor, device=DEVICE)
     cases = [
-        (dict(seqlens_k=torch.tensor([8, 9], dtype=i32)), ValueError, r"seqlens_k\[1\] = 9"),
-        (dict(seqlens_q=torch.tensor([1, -1], dtype=i32)), ValueError, r"seqlens_q\[1\] = -1"),
-        (dict(seqlens_k=torch.tensor([1, 2, 3], dtype=i32)), ValueError, r"seqlens_k must have"),
-        (dict(seqlens_k=torch.tensor([1.0, 2.0])), TypeError, "seqlens_k must be an int32 or int64 tensor"),
+        (dict(seqlens_k=t([8, 9], dtype=i32)), ValueError, r"seqlens_k\[1\] = 9"),
+        (dict(seqlens_q=t([1, -1], dtype=i32)), ValueError, r"seqlens_q\[1\] = -1"),
+        (dict(seqlens_k=t([1, 2, 3], dtype=i32)), ValueError, r"seqlens_k must have"),
+        (dict(seqlens_k=t([1.0, 2.0])), TypeError, "seqlens_k must be an int32 or int64 tensor"),
         (dict(seqlens_k=[1, 2]), TypeError, "seqlens_k must be an int32 or int64 tensor"),
-        (dict(seqlens_k=torch.tensor([1, 2]), padding_side="top"), ValueError, "padding_side"),
+        (dict(seqlens_k=t([1, 2]), padding_side="top"), ValueError, "padding_side"),
+        (dict(seqlens_k=torch.tensor([1, 2], device="meta")), ValueError, "seqlens_k is on meta"),
         (dict(max_seqlen_q=4), ValueError, "max_seqlen_q and max_seqlen_k are for varlen calls"),
         (
-            dict(seqlens_k=torch.tensor([1, 2]), cu_seqlens_k=torch.tensor([0, 1])),
+            dict(seqlens_k=t([1, 2]), cu_seqlens_k=t([0, 1])),
             ValueError,
             "not both",
         ),
@@ -249,16 +281,27 @@ def test_bad_lengths_get_errors_naming_the_argument(_interpreter):
     for kwargs, error, words in cases:
         with pytest.raises(error, match=words):
             module.attention(q, k, v, **kwargs)
-    q3, k3 = torch.zeros(10, HEADS, HEAD_DIM, dtype=torch.float16), torch.zeros(
-        12, KV_HEADS, HEAD_DIM, dtype=torch.float16
-    )
-    cu = lambda *x: torch.tensor(x, dtype=i32)  # noqa: E731
+    q3 = torch.zeros(10, HEADS, HEAD_DIM, dtype=torch.float16, device=DEVICE)
+    k3 = torch.zeros(12, KV_HEADS, HEAD_DIM, dtype=torch.float16, device=DEVICE)
+    cu = lambda *x: t(x, dtype=i32)  # noqa: E731
     varlen_cases = [
         (dict(cu_seqlens_q=cu(0, 10)), ValueError, "needs both"),
-        (dict(cu_seqlens_q=cu(0, 10), cu_seqlens_k=cu(0, 6, 12)), ValueError, r"cu_seqlens_k must have shape \(2,\)"),
+        (
+            dict(cu_seqlens_q=cu(0, 10), cu_seqlens_k=cu(0, 6, 12)),
+            ValueError,
+            r"cu_seqlens_k must have shape \(2,\)",
+        ),
         (dict(cu_seqlens_q=cu(1, 10), cu_seqlens_k=cu(0, 12)), ValueError, r"cu_seqlens_q\[0\]"),
-        (dict(cu_seqlens_q=cu(0, 4, 3), cu_seqlens_k=cu(0, 6, 12)), ValueError, r"cu_seqlens_q\[2\] = 3: lengths run from 0, non-decreasing"),
-        (dict(cu_seqlens_q=cu(0, 10), cu_seqlens_k=cu(0, 13)), ValueError, r"cu_seqlens_k\[1\] = 13: .* up to 12"),
+        (
+            dict(cu_seqlens_q=cu(0, 4, 3), cu_seqlens_k=cu(0, 6, 12)),
+            ValueError,
+            r"cu_seqlens_q\[2\] = 3: lengths run from 0, non-decreasing",
+        ),
+        (
+            dict(cu_seqlens_q=cu(0, 10), cu_seqlens_k=cu(0, 13)),
+            ValueError,
+            r"cu_seqlens_k\[1\] = 13: .* up to 12",
+        ),
         (
             dict(cu_seqlens_q=cu(0, 4, 10), cu_seqlens_k=cu(0, 6, 12), max_seqlen_k=5),
             ValueError,

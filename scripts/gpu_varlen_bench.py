@@ -1,0 +1,172 @@
+"""Packed documents three ways, side by side on one GPU, same documents:
+
+* flashgen varlen: a causal spec called with cu_seqlens (q (T, H, D));
+* flashgen packed_docs: `causal & doc[b, q] == doc[b, k]`, B = 1, N = T, the
+  document ids an input (the per-call tile plan skips cross-document tiles);
+* FlexAttention: the same document mask as a mask_mod, compiled, its block
+  mask built outside the timed region;
+
+and, for the question "what does the runtime data cost", the same causal
+module on dense batches of equal-length documents (B = T / L, N = L).
+
+Document lengths are drawn uniformly from [1, 2 * mean - 1] (mean `mean`)
+until they fill T tokens (the last one cut).  FLOPs count visible pairs only:
+4 * D * H * sum(L (L + 1) / 2) forward, 2.5 times that backward, whose time
+is (forward + backward) - forward; medians of triton.testing.do_bench.
+
+    python3 scripts/gpu_varlen_bench.py [--tokens 16384 65536] [--head-dim 64 128]
+        [--mean 1000] [--jsonl PATH] [--run NAME] [--commit SHA]
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import random
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+import triton
+import triton.testing
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from flashgen import api  # noqa: E402
+
+HEADS = 16
+
+
+def documents(total: int, mean: int, seed: int) -> list[int]:
+    rng = random.Random(seed)
+    lengths = []
+    while sum(lengths) < total:
+        lengths.append(min(rng.randint(1, 2 * mean - 1), total - sum(lengths)))
+    return lengths
+
+
+def spec(name: str, head_dim: int, body: str) -> str:
+    return f"attention {name} {{ head_dim = {head_dim}; dtype = bf16; {body} }}"
+
+
+def timed(fn, q, k, v, do):
+    """(forward ms, forward + backward ms)."""
+    inputs = [x.detach().requires_grad_() for x in (q, k, v)]
+
+    def both():
+        o = fn(*inputs)
+        torch.autograd.grad(o, inputs, do)
+
+    with torch.no_grad():
+        fwd = triton.testing.do_bench(lambda: fn(q, k, v), warmup=50, rep=200, return_mode="median")
+    return fwd, triton.testing.do_bench(both, warmup=50, rep=200, return_mode="median")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--tokens", type=int, nargs="+", default=[16384, 65536])
+    parser.add_argument("--head-dim", type=int, nargs="+", default=[64, 128])
+    parser.add_argument("--mean", type=int, default=1000)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--jsonl")
+    parser.add_argument("--run", default="varlen")
+    parser.add_argument("--commit")
+    args = parser.parse_args()
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+    flex = torch.compile(flex_attention)
+    commit = (
+        args.commit
+        or subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True
+        ).stdout.strip()
+    )
+    context = dict(
+        commit=commit,
+        date=datetime.date.today().isoformat(),
+        run=args.run,
+        gpu=torch.cuda.get_device_name(),
+        triton=triton.__version__,
+        torch=torch.__version__,
+        command="python3 scripts/gpu_varlen_bench.py " + " ".join(sys.argv[1:]),
+    )
+    records = []
+    print(
+        f"{'D':>4} {'tokens':>6} {'system':<22} {'fwd ms':>8} {'TFLOP/s':>8} {'bwd ms':>8} {'TFLOP/s':>8}"
+    )
+    for head_dim in args.head_dim:
+        causal = api.load(spec("causal", head_dim, "mask = causal"))
+        docs_mod = api.load(
+            spec(
+                "packed_docs", head_dim, "doc: int32[B, Nk]; mask = causal & doc[b, q] == doc[b, k]"
+            )
+        )
+        for total in args.tokens:
+            lengths = documents(total, args.mean, args.seed)
+            pairs = sum(n * (n + 1) // 2 for n in lengths)
+            flops = 4 * head_dim * HEADS * pairs
+            g = torch.Generator(device="cuda").manual_seed(0)
+
+            def rand(*shape):
+                return torch.randn(*shape, generator=g, device="cuda", dtype=torch.bfloat16)
+
+            q3, k3, v3, do3 = (rand(total, HEADS, head_dim) for _ in range(4))
+            cu = torch.tensor([0] + [sum(lengths[: i + 1]) for i in range(len(lengths))])
+            cu = cu.to(device="cuda", dtype=torch.int32)
+            doc = torch.repeat_interleave(
+                torch.arange(len(lengths), device="cuda", dtype=torch.int32),
+                torch.tensor(lengths, device="cuda"),
+            )
+            q4, k4, v4, do4 = (x.transpose(0, 1)[None] for x in (q3, k3, v3, do3))
+
+            def doc_mask(b, h, q, k):
+                return (q >= k) & (doc[q] == doc[k])
+
+            block_mask = create_block_mask(doc_mask, 1, None, total, total, device="cuda")
+            dense_len = args.mean
+            dense_b = total // dense_len
+            dense = [rand(dense_b, HEADS, dense_len, head_dim) for _ in range(4)]
+            dense_flops = 4 * head_dim * HEADS * dense_b * dense_len * (dense_len + 1) // 2
+            systems = [
+                ("flashgen varlen", lambda a, b, c: causal.attention(
+                    a, b, c, cu_seqlens_q=cu, cu_seqlens_k=cu), (q3, k3, v3, do3), flops),
+                ("flashgen packed_docs", lambda a, b, c: docs_mod.attention(
+                    a, b, c, doc=doc[None]), (q4, k4, v4, do4), flops),
+                ("flex", lambda a, b, c: flex(a, b, c, block_mask=block_mask),
+                 (q4, k4, v4, do4), flops),
+                (f"flashgen dense B{dense_b} N{dense_len}", causal.attention, dense, dense_flops),
+            ]  # fmt: skip
+            reference = None
+            for name, fn, (a, b, c, do), work in systems:
+                fwd, both = timed(fn, a, b, c, do)
+                bwd = both - fwd
+                diff = None
+                if not name.startswith("flashgen dense"):
+                    with torch.no_grad():
+                        out = fn(a, b, c)
+                    out = out if out.dim() == 3 else out[0].transpose(0, 1)
+                    if reference is None:
+                        reference = out.float()
+                    diff = (out.float() - reference).abs().max().item()
+                tf, btf = work / fwd / 1e9, 2.5 * work / bwd / 1e9
+                print(
+                    f"{head_dim:>4} {total:>6} {name:<22} {fwd:8.3f} {tf:8.1f} {bwd:8.3f} {btf:8.1f}"
+                    f"  max|o - varlen| {diff}", flush=True,
+                )  # fmt: skip
+                base = dict(
+                    context, spec=name, documents=len(lengths), mean_length=args.mean,
+                    tokens=total, H=HEADS, Hkv=HEADS, D=head_dim, dtype="bf16",
+                    density=pairs / total**2 if "dense" not in name else None, timer="do_bench",
+                )  # fmt: skip
+                records.append(dict(base, direction="fwd", ms=fwd, tflops=tf, max_diff=diff))
+                records.append(dict(base, direction="fwd+bwd", ms=both, bwd_ms=bwd, bwd_tflops=btf))
+    if args.jsonl:
+        with open(args.jsonl, "a", encoding="utf-8") as f:
+            for r in records:
+                f.write(json.dumps(r) + "\n")
+
+
+if __name__ == "__main__":
+    main()
