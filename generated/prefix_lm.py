@@ -852,80 +852,143 @@ def _check_backward_inputs(q: torch.Tensor, o, lse, do, dlse) -> None:
             raise ValueError(f"{name} is on {x.device}, but q is on {q.device}")
 
 
-def _sequences(q, k, seqlens_q, seqlens_k, side, cu_seqlens_q, cu_seqlens_k, max_q, max_k):
-    """None for an ordinary call; for a padded or varlen one, what the
-    kernels take: (table, longest query sequence, longest key sequence,
-    varlen), table (sequences, 4) int32 on q's device holding each
-    sequence's first row of q, its queries, its first row of k, its keys.
-    The lengths are read on the host (one synchronization) and checked."""
+class Sequences:
+    """The sequences of a padded or varlen batch, checked: made by
+    `sequences(...)` once per batch (reading the lengths on the host once)
+    and passed to every layer's `attention(..., sequences=...)`."""
+
+    def __init__(self, varlen: bool, tensors: tuple, side: str, longest: tuple, rows: tuple):
+        self.varlen, self.side = varlen, side
+        self.longest = longest  # the longest query and key sequences (None: the call's)
+        self.rows = rows  # varlen: the rows of q and k the sequences cover
+        self.tensors = tensors  # varlen: the table; padded: seqlens_q, seqlens_k
+        self.device = next(x.device for x in tensors if x is not None)
+        self.batch = next(x.shape[0] for x in tensors if x is not None)
+        self._tables: dict = {}
+
+    def bind(self, q: torch.Tensor, k: torch.Tensor) -> tuple:
+        """What the kernels take for a call on q and k: (table, longest query
+        sequence, longest key sequence, varlen), the table (sequences, 4)
+        int32 holding each sequence's first row of q, its queries, its first
+        row of k, its keys."""
+        for name, x in (("q", q), ("k", k)):
+            dims, layout = (3, "(tokens, heads, head_dim)") if self.varlen else (4, "(B, H, N, D)")
+            if not isinstance(x, torch.Tensor) or x.dim() != dims:
+                raise ValueError(f"{name} must be a {dims}-d tensor {layout} for these sequences")
+            if x.device != self.device:
+                raise ValueError(f"{name} is on {x.device}, but the sequences on {self.device}")
+        if self.varlen:
+            for name, rows, x in (("q", self.rows[0], q), ("k", self.rows[1], k)):
+                if rows > x.shape[0]:
+                    raise ValueError(
+                        f"cu_seqlens_{name} reaches row {rows}, past {name}'s {x.shape[0]}"
+                    )
+            return (self.tensors[0], *self.longest, True)
+        (batch, _, n_q, _), n_k = q.shape, k.shape[2]
+        if batch != self.batch:
+            raise ValueError(f"q has batch size {batch}, but the sequences {self.batch}")
+        for name, most, n in (("q", self.longest[0], n_q), ("k", self.longest[1], n_k)):
+            if most is not None and most > n:
+                raise ValueError(f"seqlens_{name} has a length {most}, past {name}'s {n} rows")
+        table = self._tables.get((n_q, n_k))
+        if table is None:
+            columns = []
+            for x, n in zip(self.tensors, (n_q, n_k)):
+                lengths = torch.full((batch,), n, device=q.device) if x is None else x.long()
+                columns += [n - lengths if self.side == "left" else 0 * lengths, lengths]
+            table = self._tables[(n_q, n_k)] = torch.stack(columns, 1).to(torch.int32)
+        longest = tuple(n if m is None else m for m, n in zip(self.longest, (n_q, n_k)))
+        return (table, *longest, False)
+
+
+def _sequences(
+    *, seqlens_q=None, seqlens_k=None, padding_side: str = "right",
+    cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None, max_seqlen_k=None,
+) -> Sequences | None:  # fmt: skip
+    """The sequences of a padded batch (seqlens_q and seqlens_k: int tensors
+    (B,) of each row's real queries and keys, the first ones or with
+    padding_side "left" the last; either may be None: all real) or of a
+    varlen one (cu_seqlens_q and cu_seqlens_k: (S + 1,) cumulative lengths,
+    FlashAttention's convention; max_seqlen_* are optional and checked).
+    Checked here, with one read of the lengths on the host; None when no
+    lengths are given."""
     varlen = cu_seqlens_q is not None or cu_seqlens_k is not None
-    if side not in ("right", "left"):
-        raise ValueError(f'padding_side must be "right" or "left", got {side!r}')
-    if not varlen and (max_q, max_k) != (None, None):
+    given = {
+        name: x
+        for name, x in (("seqlens_q", seqlens_q), ("seqlens_k", seqlens_k))
+        + (("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k))
+        if x is not None
+    }
+    if padding_side not in ("right", "left"):
+        raise ValueError(f'padding_side must be "right" or "left", got {padding_side!r}')
+    if not varlen and (max_seqlen_q, max_seqlen_k) != (None, None):
         raise ValueError("max_seqlen_q and max_seqlen_k are for varlen calls (cu_seqlens_*)")
-    if seqlens_q is None and seqlens_k is None and not varlen:
+    if not given:
         return None
     if varlen and (seqlens_q is not None or seqlens_k is not None):
         raise ValueError("pass seqlens_q/seqlens_k (padded) or cu_seqlens_q/cu_seqlens_k, not both")
-    for name, x in (("q", q), ("k", k)):
-        if not isinstance(x, torch.Tensor) or x.dim() != (3 if varlen else 4):
-            layout = "(tokens, heads, head_dim) with cu_seqlens" if varlen else "(B, H, N, D)"
-            raise ValueError(f"{name} must be a {3 if varlen else 4}-dimensional tensor {layout}")
-    if varlen:
-        if cu_seqlens_q is None or cu_seqlens_k is None:
-            raise ValueError("a varlen call needs both cu_seqlens_q and cu_seqlens_k")
-        cu_q = _lengths("cu_seqlens_q", cu_seqlens_q, None, q.shape[0], q.device, True)
-        cu_k = _lengths("cu_seqlens_k", cu_seqlens_k, len(cu_q), k.shape[0], q.device, True)
-        lengths_q = [b - a for a, b in zip(cu_q, cu_q[1:])]
-        lengths_k = [b - a for a, b in zip(cu_k, cu_k[1:])]
-        rows = zip(cu_q, lengths_q, cu_k, lengths_k)
-    else:
-        (batch, _, n_q, _), n_k = q.shape, k.shape[2]
-        lengths_q = (
-            [n_q] * batch
-            if seqlens_q is None
-            else _lengths("seqlens_q", seqlens_q, batch, n_q, q.device)
-        )
-        lengths_k = (
-            [n_k] * batch
-            if seqlens_k is None
-            else _lengths("seqlens_k", seqlens_k, batch, n_k, q.device)
-        )
-        left = side == "left"
-        rows = (
-            (n_q - a if left else 0, a, n_k - b if left else 0, b)
-            for a, b in zip(lengths_q, lengths_k)
-        )
-    longest = max(lengths_q, default=0), max(lengths_k, default=0)
-    for name, given, most in (
-        ("max_seqlen_q", max_q, longest[0]),
-        ("max_seqlen_k", max_k, longest[1]),
-    ):
-        if given is not None and (type(given) is not int or given < most):
-            raise ValueError(
-                f"{name} must be an int >= the longest sequence, {most}: got {given!r}"
+    if varlen and (cu_seqlens_q is None or cu_seqlens_k is None):
+        raise ValueError("a varlen call needs both cu_seqlens_q and cu_seqlens_k")
+    first = next(iter(given.values()))
+    for name, x in given.items():
+        if not isinstance(x, torch.Tensor) or x.dtype not in (torch.int32, torch.int64):
+            raise TypeError(
+                f"{name} must be an int32 or int64 tensor, got {getattr(x, 'dtype', x)!r}"
             )
-    table = torch.tensor(list(rows), dtype=torch.int32).reshape(-1, 4).to(q.device)
-    return table, *longest, varlen
+        if x.dim() != 1 or x.shape[0] == 0 or x.shape[0] != first.shape[0]:
+            raise ValueError(f"{name} must have shape ({first.shape[0]},), got {tuple(x.shape)}")
+        if x.device != first.device:
+            raise ValueError(f"{name} is on {x.device}, but {next(iter(given))} on {first.device}")
+    # One read on the host for all of them.
+    values = torch.cat([x.long() for x in given.values()]).tolist()
+    values = dict(
+        zip(given, (values[i : i + first.shape[0]] for i in range(0, len(values), first.shape[0])))
+    )
+    for name, row in values.items():
+        for i, n in enumerate(row):
+            low = row[i - 1] if varlen and i else 0
+            if not low <= n < 2**31 or (varlen and i == 0 and n != 0):
+                rule = "from 0, non-decreasing" if varlen else "non-negative"
+                raise ValueError(f"{name}[{i}] = {n}: {name} must be {rule}, below 2^31")
+    if varlen:
+        lengths = [[b - a for a, b in zip(row, row[1:])] for row in values.values()]
+        longest = tuple(max(n, default=0) for n in lengths)
+        table = torch.stack(
+            [cu_seqlens_q[:-1], cu_seqlens_q.diff(), cu_seqlens_k[:-1], cu_seqlens_k.diff()], 1
+        ).to(torch.int32)
+        tensors, rows = (table,), (values["cu_seqlens_q"][-1], values["cu_seqlens_k"][-1])
+    else:
+        longest = tuple(max(values[n]) if n in values else None for n in ("seqlens_q", "seqlens_k"))
+        tensors, rows = (seqlens_q, seqlens_k), None
+    for name, most, limit in (
+        ("max_seqlen_q", longest[0], max_seqlen_q),
+        ("max_seqlen_k", longest[1], max_seqlen_k),
+    ):
+        if limit is not None and (type(limit) is not int or limit < most):
+            raise ValueError(
+                f"{name} must be an int >= the longest sequence, {most}: got {limit!r}"
+            )
+    return Sequences(varlen, tensors, padding_side, longest, rows)
 
 
-def _lengths(name: str, x, count: int | None, most: int, device, cumulative=False) -> list:
-    """A lengths tensor's values (`count` of them, any number if None), read on
-    the host: each within [0, most], or cumulative from 0 up to at most `most`."""
-    if not isinstance(x, torch.Tensor) or x.dtype not in (torch.int32, torch.int64):
-        raise TypeError(f"{name} must be an int32 or int64 tensor, got {getattr(x, 'dtype', x)!r}")
-    if x.dim() != 1 or x.shape[0] == 0 or x.shape[0] != (count or x.shape[0]):
-        expected = count or "sequences + 1"
-        raise ValueError(f"{name} must have shape ({expected},), got {tuple(x.shape)}")
-    if x.device != device:
-        raise ValueError(f"{name} is on {x.device}, but q is on {device}")
-    values = x.tolist()
-    for i, n in enumerate(values):
-        low = values[i - 1] if cumulative and i else 0
-        if not low <= n <= most or (cumulative and i == 0 and n != 0):
-            rule = "from 0, non-decreasing, up to" if cumulative else "between 0 and"
-            raise ValueError(f"{name}[{i}] = {n}: lengths run {rule} {most}")
-    return values
+sequences = _sequences  # attention()'s argument `sequences` hides the name there
+
+
+def _bound_sequences(q, k, given, **lengths) -> tuple | None:
+    """attention()'s sequences, bound to its q and k (`Sequences.bind`):
+    `given` (from sequences()) or made from the lengths, not both."""
+    if given is None:
+        for name, x in lengths.items():
+            if isinstance(x, torch.Tensor) and isinstance(q, torch.Tensor) and x.device != q.device:
+                raise ValueError(f"{name} is on {x.device}, but q is on {q.device}")
+        given = _sequences(**lengths)
+        return None if given is None else given.bind(q, k)
+    if not isinstance(given, Sequences):
+        raise TypeError(f"sequences must come from sequences(...), got {type(given).__name__}")
+    side = lengths.pop("padding_side")
+    if side != "right" or any(x is not None for x in lengths.values()):
+        raise ValueError("pass sequences= or the lengths it was made from, not both")
+    return given.bind(q, k)
 
 
 def _kernel_view(x: torch.Tensor, seqs) -> torch.Tensor:
@@ -1739,6 +1802,7 @@ def attention(
     *,
     scale: float | None = None,
     return_lse: bool = False,
+    sequences: Sequences | None = None,
     seqlens_q: torch.Tensor | None = None,
     seqlens_k: torch.Tensor | None = None,
     padding_side: str = "right",
@@ -1765,10 +1829,13 @@ def attention(
     cu_seqlens_q and cu_seqlens_k (S + 1,) int32 or int64 with sequence i at
     rows cu[i] .. cu[i + 1] - 1, each attended as if alone; o is (Tq, H, 64)
     and lse (H, Tq).  max_seqlen_q and max_seqlen_k are optional (checked).
-    Both read their lengths on the host: one synchronization per call.
+
+    The lengths are checked on the host, a synchronization; to check them
+    once per batch, pass sequences=sequences(...) (same arguments) instead.
     """
-    seqs = _sequences(
-        q, k, seqlens_q, seqlens_k, padding_side, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k
+    seqs = _bound_sequences(
+        q, k, sequences, seqlens_q=seqlens_q, seqlens_k=seqlens_k, padding_side=padding_side,
+        cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k,
     )  # fmt: skip
     _check_inputs(*(_kernel_view(x, seqs) for x in (q, k, v)), seqs)
     args = (q, k, v, _resolve_scale(scale), seqs)

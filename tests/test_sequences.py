@@ -264,18 +264,33 @@ def test_bad_lengths_get_errors_naming_the_argument(_interpreter):
     i32 = torch.int32
     t = functools.partial(torch.tensor, device=DEVICE)
     cases = [
-        (dict(seqlens_k=t([8, 9], dtype=i32)), ValueError, r"seqlens_k\[1\] = 9"),
-        (dict(seqlens_q=t([1, -1], dtype=i32)), ValueError, r"seqlens_q\[1\] = -1"),
-        (dict(seqlens_k=t([1, 2, 3], dtype=i32)), ValueError, r"seqlens_k must have"),
+        (dict(seqlens_k=t([8, 9], dtype=i32)), ValueError, "seqlens_k has a length 9, past k's 8"),
+        (
+            dict(seqlens_q=t([1, -1], dtype=i32)),
+            ValueError,
+            r"seqlens_q\[1\] = -1: .* non-negative",
+        ),
+        (
+            dict(seqlens_q=t([1]), seqlens_k=t([1, 3])),
+            ValueError,
+            r"seqlens_k must have shape \(1,",
+        ),
+        (dict(seqlens_k=t([1, 2, 3], dtype=i32)), ValueError, "q has batch size 2, but the seq"),
         (dict(seqlens_k=t([1.0, 2.0])), TypeError, "seqlens_k must be an int32 or int64 tensor"),
         (dict(seqlens_k=[1, 2]), TypeError, "seqlens_k must be an int32 or int64 tensor"),
         (dict(seqlens_k=t([1, 2]), padding_side="top"), ValueError, "padding_side"),
-        (dict(seqlens_k=torch.tensor([1, 2], device="meta")), ValueError, "seqlens_k is on meta"),
-        (dict(max_seqlen_q=4), ValueError, "max_seqlen_q and max_seqlen_k are for varlen calls"),
         (
-            dict(seqlens_k=t([1, 2]), cu_seqlens_k=t([0, 1])),
+            dict(seqlens_k=torch.tensor([1, 2], device="meta")),
             ValueError,
-            "not both",
+            "seqlens_k is on meta, but q",
+        ),
+        (dict(max_seqlen_q=4), ValueError, "max_seqlen_q and max_seqlen_k are for varlen calls"),
+        (dict(seqlens_k=t([1, 2]), cu_seqlens_k=t([0, 1])), ValueError, "not both"),
+        (dict(sequences=(t([1, 2]),)), TypeError, "sequences must come from sequences"),
+        (
+            dict(sequences=module.sequences(seqlens_k=t([1, 2])), seqlens_q=t([1, 1])),
+            ValueError,
+            "pass sequences= or the lengths it was made from, not both",
         ),
     ]
     for kwargs, error, words in cases:
@@ -286,21 +301,21 @@ def test_bad_lengths_get_errors_naming_the_argument(_interpreter):
     cu = lambda *x: t(x, dtype=i32)  # noqa: E731
     varlen_cases = [
         (dict(cu_seqlens_q=cu(0, 10)), ValueError, "needs both"),
+        (dict(cu_seqlens_q=cu(0, 10), cu_seqlens_k=cu(0, 6, 12)), ValueError, r"shape \(2,\)"),
         (
-            dict(cu_seqlens_q=cu(0, 10), cu_seqlens_k=cu(0, 6, 12)),
+            dict(cu_seqlens_q=cu(1, 10), cu_seqlens_k=cu(0, 12)),
             ValueError,
-            r"cu_seqlens_k must have shape \(2,\)",
+            r"cu_seqlens_q\[0\] = 1",
         ),
-        (dict(cu_seqlens_q=cu(1, 10), cu_seqlens_k=cu(0, 12)), ValueError, r"cu_seqlens_q\[0\]"),
         (
             dict(cu_seqlens_q=cu(0, 4, 3), cu_seqlens_k=cu(0, 6, 12)),
             ValueError,
-            r"cu_seqlens_q\[2\] = 3: lengths run from 0, non-decreasing",
+            r"cu_seqlens_q\[2\] = 3: cu_seqlens_q must be from 0, non-decreasing",
         ),
         (
             dict(cu_seqlens_q=cu(0, 10), cu_seqlens_k=cu(0, 13)),
             ValueError,
-            r"cu_seqlens_k\[1\] = 13: .* up to 12",
+            "cu_seqlens_k reaches row 13, past k's 12",
         ),
         (
             dict(cu_seqlens_q=cu(0, 4, 10), cu_seqlens_k=cu(0, 6, 12), max_seqlen_k=5),
@@ -311,5 +326,28 @@ def test_bad_lengths_get_errors_naming_the_argument(_interpreter):
     for kwargs, error, words in varlen_cases:
         with pytest.raises(error, match=words):
             module.attention(q3, k3, k3, **kwargs)
-    with pytest.raises(ValueError, match="q must be a 3-dimensional tensor"):
+    with pytest.raises(ValueError, match=r"q must be a 3-d tensor \(tokens, heads, head_dim\)"):
         module.attention(q, k, v, cu_seqlens_q=cu(0, 8), cu_seqlens_k=cu(0, 8))
+
+
+@pytest.mark.kernels
+def test_sequences_made_once_serve_every_call(_interpreter):
+    """`sequences(...)` checks once; attention(..., sequences=) then equals the
+    call with the lengths, for calls of other lengths too (padded: the table
+    follows each call's Nq and Nk)."""
+    module = build(_variant("prefix", HALF))
+    g = torch.Generator().manual_seed(4)
+    t = functools.partial(torch.tensor, device=DEVICE)
+    padded = module.sequences(seqlens_k=t([5, 30]), padding_side="left")
+    for nq, nk in ((7, 40), (40, 33)):
+        q = _rand(2, HEADS, nq, HEAD_DIM, dtype=torch.float16, generator=g)
+        k, v = (_rand(2, KV_HEADS, nk, HEAD_DIM, dtype=torch.float16, generator=g) for _ in "kv")
+        expected = module.attention(q, k, v, seqlens_k=t([5, 30]), padding_side="left")
+        assert torch.equal(module.attention(q, k, v, sequences=padded), expected)
+    cu = t([0, 3, 40], dtype=torch.int32)
+    varlen = module.sequences(cu_seqlens_q=cu, cu_seqlens_k=cu)
+    q = _rand(40, HEADS, HEAD_DIM, dtype=torch.float16, generator=g)
+    k, v = (_rand(40, KV_HEADS, HEAD_DIM, dtype=torch.float16, generator=g) for _ in "kv")
+    expected = module.attention(q, k, v, cu_seqlens_q=cu, cu_seqlens_k=cu)
+    assert torch.equal(module.attention(q, k, v, sequences=varlen), expected)
+    assert module.sequences() is None
