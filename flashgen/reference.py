@@ -651,6 +651,7 @@ def attention_ref(
     dtype: torch.dtype = torch.float64,
     rows: Rows = None,
     inputs: Mapping[str, torch.Tensor] | None = None,
+    sinks: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Dense attention of `variant`, every operation in `dtype`.
 
@@ -663,7 +664,9 @@ def attention_ref(
     problem; gradients still flow to the whole q (zero on other rows).
     `inputs`: the variant's declared inputs by name (`check_inputs`); real
     ones are read in `dtype`, and a learnable one that requires grad gets its
-    gradient through autograd.
+    gradient through autograd.  `sinks` (H,): gpt-oss's attention sinks, one
+    more logit per head in every row's softmax, with a zero value (a key
+    column that every row sees); the lse includes it.
     """
     _check_shapes(q, k, v)
     inputs = check_inputs(variant, q, k, inputs)
@@ -674,6 +677,17 @@ def attention_ref(
         variant, nq, nk, num_heads, device=q.device, rows=index, batch=batch, inputs=inputs
     )
     s = _scores(variant, q, k, scale, dtype, index, inputs, visible)
+    v = _expand_kv(v.to(dtype), num_heads)
+    if sinks is not None:
+        if tuple(sinks.shape) != (num_heads,):
+            raise ValueError(f"sinks must have shape ({num_heads},), got {tuple(sinks.shape)}")
+        column = sinks.to(dtype).view(1, num_heads, 1, 1).expand(*s.shape[:-1], 1)
+        s = torch.cat([s, column], dim=-1)
+        visible = torch.cat(
+            [visible.expand(*column.shape[:-1], nk), torch.ones_like(column, dtype=torch.bool)], -1
+        )
+        v = torch.cat([v, v.new_zeros(v.shape[0], num_heads, 1, v.shape[-1])], 2)
+        nk += 1
     any_visible = visible.any(dim=-1, keepdim=True)
 
     # Safe softmax.  The row max is only a shift (the result does not depend
@@ -690,7 +704,7 @@ def attention_ref(
     p = torch.where(visible, torch.exp(s - row_max), torch.zeros_like(s))
     row_sum = p.sum(dim=-1, keepdim=True)
     safe_sum = torch.where(row_sum > 0, row_sum, torch.ones_like(row_sum))
-    o = (p / safe_sum) @ _expand_kv(v.to(dtype), num_heads)
+    o = (p / safe_sum) @ v
 
     lse_dtype = torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
     lse = row_max.to(lse_dtype) + torch.log(safe_sum.to(lse_dtype))

@@ -6,7 +6,7 @@ between a `# flashgen: section NAME` line and the next, verbatim into every
 module that needs them, after the module's own constants and kernels:
 
     common          argument checks, scale, launch configuration, TMA
-    sequences       varlen and padded calls: sequence tables and tensor views
+    sequences       padded and varlen calls (sequence tables, tensor views); sinks
     alibi           ALiBi slopes (modules whose score uses them)
     direct_launch   `_launch`: the launch path, with the one use of Triton internals
     gluon           descriptors and the support test of the Hopper Gluon kernels
@@ -310,12 +310,9 @@ def _sequences(
     Checked here, with one read of the lengths on the host; None when no
     lengths are given."""
     varlen = cu_seqlens_q is not None or cu_seqlens_k is not None
-    given = {
-        name: x
-        for name, x in (("seqlens_q", seqlens_q), ("seqlens_k", seqlens_k))
-        + (("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k))
-        if x is not None
-    }
+    lengths = (seqlens_q, seqlens_k, cu_seqlens_q, cu_seqlens_k)
+    named = zip(("seqlens_q", "seqlens_k", "cu_seqlens_q", "cu_seqlens_k"), lengths)
+    given = {name: x for name, x in named if x is not None}
     if padding_side not in ("right", "left"):
         raise ValueError(f'padding_side must be "right" or "left", got {padding_side!r}')
     if not varlen and (max_seqlen_q, max_seqlen_k) != (None, None):
@@ -375,11 +372,11 @@ def _bound_sequences(q, k, given, **lengths) -> tuple | None:
     """attention()'s sequences, bound to its q and k (`Sequences.bind`):
     `given` (from sequences()) or made from the lengths, not both."""
     if given is None:
-        for name, x in lengths.items():
-            if isinstance(x, torch.Tensor) and isinstance(q, torch.Tensor) and x.device != q.device:
+        for name, x in lengths.items():  # before _sequences reads them
+            if isinstance(x, torch.Tensor) and x.device != getattr(q, "device", x.device):
                 raise ValueError(f"{name} is on {x.device}, but q is on {q.device}")
         given = _sequences(**lengths)
-        return None if given is None else given.bind(q, k)
+        return given and given.bind(q, k)
     if not isinstance(given, Sequences):
         raise TypeError(f"sequences must come from sequences(...), got {type(given).__name__}")
     side = lengths.pop("padding_side")
@@ -415,6 +412,32 @@ def _seq_full(shape: tuple, seqs, like: torch.Tensor, fill: float = 0.0, dtype=N
         shape if not seqs[3] else (shape[2], shape[1], *shape[3:]) if len(shape) == 4 else shape[1:]
     )
     return _kernel_view(torch.full(user, fill, dtype=dtype or like.dtype, device=like.device), seqs)
+
+
+def _check_sinks(sinks, q: torch.Tensor):
+    """sinks as attention() takes them: None, or a real (H,) tensor on q's device."""
+    if sinks is None:
+        return None
+    if not isinstance(sinks, torch.Tensor) or not sinks.is_floating_point():
+        raise TypeError(f"sinks must be a real tensor, got {getattr(sinks, 'dtype', sinks)!r}")
+    if tuple(sinks.shape) != (q.shape[1],):
+        raise ValueError(
+            f"sinks must have shape ({q.shape[1]},), one per head, got {tuple(sinks.shape)}"
+        )
+    if sinks.device != q.device:
+        raise ValueError(f"sinks is on {sinks.device}, but q is on {q.device}")
+    return sinks
+
+
+def _sinks_grad(sinks, o, lse, do, dlse) -> torch.Tensor:
+    """The gradient of the sinks, from (B, H, N[, D]) kernel views: the sink's
+    probability exp(sink - lse) times -(rowsum(dO * O) - dlse), summed over
+    every row a sequence covers (a torch reduction: the same bits every call)."""
+    delta = torch.zeros_like(lse) if do is None else (do.float() * o.float()).sum(-1)
+    if dlse is not None:
+        delta = delta - dlse.float()
+    p = torch.exp(sinks.float()[None, :, None] - lse)
+    return -torch.where(torch.isfinite(lse), p * delta, 0.0).sum((0, 2)).to(sinks.dtype)
 
 
 # flashgen: section alibi

@@ -192,7 +192,7 @@ def _attn_fwd_tile(
 
 @triton.jit
 def _attn_fwd(
-    q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr, alibi_slopes_ptr, seq_ptr, k_desc, v_desc,
+    q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr, alibi_slopes_ptr, seq_ptr, sink_ptr, k_desc, v_desc,
     stride_qb, stride_qh, stride_qm, stride_qd,
     stride_kb, stride_kh, stride_kn, stride_kd,
     stride_vb, stride_vh, stride_vn, stride_vd,
@@ -200,7 +200,7 @@ def _attn_fwd(
     stride_lb, stride_lh,
     num_heads, kv_group, n_queries, n_keys, sm_scale,
     HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    USE_TMA: tl.constexpr, SEQS: tl.constexpr,
+    USE_TMA: tl.constexpr, SEQS: tl.constexpr, HAS_SINKS: tl.constexpr,
 ):  # fmt: skip
     """Grid: (query tiles, batch * heads).  Writes o and the log-sum-exp.
 
@@ -276,6 +276,15 @@ def _attn_fwd(
             HEAD_DIM, HEAD_DIM_PAD, BLOCK_N, True, USE_TMA,
         )  # fmt: skip
 
+    if HAS_SINKS:
+        # gpt-oss: the head's sink logit joins every row's softmax sum, with no value.
+        sink = tl.load(sink_ptr + head).to(tl.float32) * 1.4426950408889634
+        m_new = tl.maximum(m_i, sink)
+        m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = tl.math.exp2(m_i - m_ref)
+        l_i = l_i * alpha + tl.math.exp2(sink - m_ref)
+        acc = acc * alpha[:, None]
+        m_i = m_new
     # Rows that saw no visible key have l = 0: they output 0 and lse = -inf.
     l_safe = tl.where(l_i == 0.0, 1.0, l_i)
     o_base = o_ptr + batch.to(tl.int64) * stride_ob + head.to(tl.int64) * stride_oh
@@ -913,12 +922,9 @@ def _sequences(
     Checked here, with one read of the lengths on the host; None when no
     lengths are given."""
     varlen = cu_seqlens_q is not None or cu_seqlens_k is not None
-    given = {
-        name: x
-        for name, x in (("seqlens_q", seqlens_q), ("seqlens_k", seqlens_k))
-        + (("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k))
-        if x is not None
-    }
+    lengths = (seqlens_q, seqlens_k, cu_seqlens_q, cu_seqlens_k)
+    named = zip(("seqlens_q", "seqlens_k", "cu_seqlens_q", "cu_seqlens_k"), lengths)
+    given = {name: x for name, x in named if x is not None}
     if padding_side not in ("right", "left"):
         raise ValueError(f'padding_side must be "right" or "left", got {padding_side!r}')
     if not varlen and (max_seqlen_q, max_seqlen_k) != (None, None):
@@ -978,11 +984,11 @@ def _bound_sequences(q, k, given, **lengths) -> tuple | None:
     """attention()'s sequences, bound to its q and k (`Sequences.bind`):
     `given` (from sequences()) or made from the lengths, not both."""
     if given is None:
-        for name, x in lengths.items():
-            if isinstance(x, torch.Tensor) and isinstance(q, torch.Tensor) and x.device != q.device:
+        for name, x in lengths.items():  # before _sequences reads them
+            if isinstance(x, torch.Tensor) and x.device != getattr(q, "device", x.device):
                 raise ValueError(f"{name} is on {x.device}, but q is on {q.device}")
         given = _sequences(**lengths)
-        return None if given is None else given.bind(q, k)
+        return given and given.bind(q, k)
     if not isinstance(given, Sequences):
         raise TypeError(f"sequences must come from sequences(...), got {type(given).__name__}")
     side = lengths.pop("padding_side")
@@ -1018,6 +1024,32 @@ def _seq_full(shape: tuple, seqs, like: torch.Tensor, fill: float = 0.0, dtype=N
         shape if not seqs[3] else (shape[2], shape[1], *shape[3:]) if len(shape) == 4 else shape[1:]
     )
     return _kernel_view(torch.full(user, fill, dtype=dtype or like.dtype, device=like.device), seqs)
+
+
+def _check_sinks(sinks, q: torch.Tensor):
+    """sinks as attention() takes them: None, or a real (H,) tensor on q's device."""
+    if sinks is None:
+        return None
+    if not isinstance(sinks, torch.Tensor) or not sinks.is_floating_point():
+        raise TypeError(f"sinks must be a real tensor, got {getattr(sinks, 'dtype', sinks)!r}")
+    if tuple(sinks.shape) != (q.shape[1],):
+        raise ValueError(
+            f"sinks must have shape ({q.shape[1]},), one per head, got {tuple(sinks.shape)}"
+        )
+    if sinks.device != q.device:
+        raise ValueError(f"sinks is on {sinks.device}, but q is on {q.device}")
+    return sinks
+
+
+def _sinks_grad(sinks, o, lse, do, dlse) -> torch.Tensor:
+    """The gradient of the sinks, from (B, H, N[, D]) kernel views: the sink's
+    probability exp(sink - lse) times -(rowsum(dO * O) - dlse), summed over
+    every row a sequence covers (a torch reduction: the same bits every call)."""
+    delta = torch.zeros_like(lse) if do is None else (do.float() * o.float()).sum(-1)
+    if dlse is not None:
+        delta = delta - dlse.float()
+    p = torch.exp(sinks.float()[None, :, None] - lse)
+    return -torch.where(torch.isfinite(lse), p * delta, 0.0).sum((0, 2)).to(sinks.dtype)
 
 
 def _alibi_or_placeholder(num_heads: int, like: torch.Tensor) -> torch.Tensor:
@@ -1608,6 +1640,7 @@ def forward(
     num_warps: int | None = None,
     num_stages: int | None = None,
     tma: bool | None = None,
+    sinks: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Forward pass with an explicit launch configuration (no autograd).
 
@@ -1618,19 +1651,20 @@ def forward(
     strides), False through pointers, None as GPU_TMA says where possible.
     """
     _check_inputs(q, k, v)
+    args = (q, k, v, _resolve_scale(scale), block_m, block_n, num_warps, num_stages, tma)
+    sinks = _check_sinks(sinks, q)
     if _on_other_gpu(q):
         with torch.cuda.device(q.device):
-            return _forward(
-                q, k, v, _resolve_scale(scale), block_m, block_n, num_warps, num_stages, tma
-            )  # fmt: skip
-    return _forward(q, k, v, _resolve_scale(scale), block_m, block_n, num_warps, num_stages, tma)
+            return _forward(*args, sinks=sinks)
+    return _forward(*args, sinks=sinks)
 
 
 def _forward(
     q, k, v, scale: float, block_m=None, block_n=None, num_warps=None, num_stages=None, tma=None, seqs=None,
+    sinks=None,
 ):  # fmt: skip
     """forward() on checked inputs and a resolved scale; `seqs` from
-    `_sequences` for a padded or varlen call (q, k, v as `_kernel_view`s)."""
+    `Sequences.bind` for a padded or varlen call (q, k, v as `_kernel_view`s)."""
     rows_q, rows_k = (None, None) if seqs is None or not seqs[3] else seqs[1:3]
     q, k, v = _rows_in_int32("q", q, rows_q), _rows_in_int32("k", k, rows_k), _rows_in_int32("v", v, rows_k)  # fmt: skip
     default = _launch_config(q.device)
@@ -1652,10 +1686,10 @@ def _forward(
     _launch(
         _attn_fwd, grid,
         q, k, v, o, lse, _alibi_or_placeholder(num_heads, lse), lse if seqs is None else seqs[0],
-        *_descriptors(use_tma, block_n, k, v),
+        lse if sinks is None else sinks, *_descriptors(use_tma, block_n, k, v),
         *q.stride(), *k.stride(), *v.stride(), *o.stride(), *lse.stride()[:2],
         num_heads, num_heads // k.shape[1], n_queries, n_keys, scale,
-        HEAD_DIM, HEAD_DIM_PAD, block_m, block_n, use_tma, seqs is not None,  # the constexprs
+        HEAD_DIM, HEAD_DIM_PAD, block_m, block_n, use_tma, seqs is not None, sinks is not None,  # the constexprs
         num_warps=num_warps or default[2],
         num_stages=num_stages or default[3],
     )  # fmt: skip
@@ -1771,28 +1805,30 @@ class _Attention(torch.autograd.Function):
     q, k, v, o in the caller's layout ((T, H, D) for varlen calls)."""
 
     @staticmethod
-    def forward(ctx, q, k, v, scale, seqs):
+    def forward(ctx, q, k, v, scale, seqs, sinks):
         o, lse = _forward(
-            *(_kernel_view(x, seqs) for x in (q, k, v)), scale, seqs=seqs
+            *(_kernel_view(x, seqs) for x in (q, k, v)), scale, seqs=seqs, sinks=sinks
         )  # fmt: skip
         o, lse = _user_view(o, seqs), _user_view(lse, seqs)  # attention() checked the inputs
-        ctx.save_for_backward(q, k, v, o, lse)
+        ctx.save_for_backward(q, k, v, o, lse, sinks)
         ctx.scale, ctx.seqs = scale, seqs
         ctx.set_materialize_grads(False)
         return o, lse
 
     @staticmethod
     def backward(ctx, do, dlse):
-        q, k, v, o, lse = ctx.saved_tensors
+        q, k, v, o, lse, sinks = ctx.saved_tensors
         seqs = ctx.seqs
         if dlse is not None and seqs is not None and seqs[3]:
             dlse = dlse.contiguous().unsqueeze(0)
+        o, lse = _kernel_view(o, seqs), _kernel_view(lse, seqs)
+        do = None if do is None else _kernel_view(do, seqs)
         grads = _backward(
-            *(_kernel_view(x, seqs) for x in (q, k, v, o)), _kernel_view(lse, seqs),
-            None if do is None else _kernel_view(do, seqs), dlse, ctx.scale, seqs=seqs,
+            *(_kernel_view(x, seqs) for x in (q, k, v)), o, lse, do, dlse, ctx.scale, seqs=seqs,
         )  # fmt: skip
         dq, dk, dv = (_user_view(g, seqs) for g in grads)
-        return (dq, dk, dv, None, None)
+        dsinks = _sinks_grad(sinks, o, lse, do, dlse) if ctx.needs_input_grad[5] else None
+        return (dq, dk, dv, None, None, dsinks)
 
 
 def attention(
@@ -1810,6 +1846,7 @@ def attention(
     cu_seqlens_k: torch.Tensor | None = None,
     max_seqlen_q: int | None = None,
     max_seqlen_k: int | None = None,
+    sinks: torch.Tensor | None = None,
 ):
     """Attention of the `prefix_lm` variant, differentiable in q, k and v.
 
@@ -1832,13 +1869,17 @@ def attention(
 
     The lengths are checked on the host, a synchronization; to check them
     once per batch, pass sequences=sequences(...) (same arguments) instead.
+
+    sinks (gpt-oss's attention sinks): a real tensor (H,), one logit per
+    query head that joins every row's softmax sum with no value; the lse
+    includes it, and it gets its gradient when it requires one.
     """
     seqs = _bound_sequences(
         q, k, sequences, seqlens_q=seqlens_q, seqlens_k=seqlens_k, padding_side=padding_side,
         cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k,
     )  # fmt: skip
     _check_inputs(*(_kernel_view(x, seqs) for x in (q, k, v)), seqs)
-    args = (q, k, v, _resolve_scale(scale), seqs)
+    args = (q, k, v, _resolve_scale(scale), seqs, _check_sinks(sinks, q))
     if _on_other_gpu(q):  # autograd runs the backward on q's GPU by itself
         with torch.cuda.device(q.device):
             o, lse = _Attention.apply(*args)

@@ -66,6 +66,7 @@ def compile_kernel(
         BLOCK_N=block_n,
         USE_TMA=tma,
         SEQS=seqs,
+        HAS_SINKS=False,
     )
     signature, attrs = {}, {}
     names = [p.name for p in fn.params]
