@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Padded and varlen calls on the GPU machine: tests/test_sequences.py (bf16
-# and fp16 at lengths crossing the GPU's tiles, each sequence against the
-# float64 reference and bit for bit against the sequence alone), every
+# Padded and varlen calls and sinks on the GPU machine: tests/test_sequences.py
+# and tests/test_sinks.py (bf16 and fp16 at lengths crossing the GPU's tiles,
+# against the float64 reference, and each sequence bit for bit against the
+# sequence alone; the sinks' gradient bit for bit across calls), every
 # example against the reference (scripts/gpu_triton_only_smoke.py), then
 # scripts/gpu_varlen_bench.py (packed documents: varlen, the packed_docs
 # input spec, FlexAttention, dense batches); results to $OUT.
@@ -12,8 +13,8 @@ end=$((SECONDS + ${1:-560}))
 shift || true
 left() { echo $((end - SECONDS)); }
 timeout "$(left)" python3 -m pytest -q -p no:cacheprovider -m kernels -rf \
-  tests/test_sequences.py >"$OUT/test_sequences.txt" 2>&1
-echo "test_sequences: exit $?"; tail -5 "$OUT/test_sequences.txt"
+  tests/test_sequences.py tests/test_sinks.py >"$OUT/test_sequences.txt" 2>&1
+echo "test_sequences, test_sinks: exit $?"; tail -5 "$OUT/test_sequences.txt"
 timeout "$(left)" python3 scripts/gpu_triton_only_smoke.py >"$OUT/triton_only.txt" 2>&1
 echo "examples smoke: exit $?"; tail -1 "$OUT/triton_only.txt"
 timeout "$(left)" python3 scripts/gpu_varlen_bench.py --jsonl "$OUT/varlen.jsonl" "$@" \
