@@ -11,7 +11,10 @@ ValueError) naming it.
 
 Triton reads a kernel's source through `inspect`, which wants a real file, so
 a module is written to an on-disk cache.  The cache is `$FLASHGEN_CACHE_DIR`,
-else `$XDG_CACHE_HOME/flashgen`, else `~/.cache/flashgen`, laid out as
+else the user's cache directory for flashgen as platformdirs finds it
+(`$XDG_CACHE_HOME/flashgen`, else `~/.cache/flashgen` on Linux;
+`~/Library/Caches/flashgen` on macOS; `%LOCALAPPDATA%\\flashgen\\Cache` on
+Windows), laid out as
 
     <cache>/<flashgen version>/<sha256 of the module source, 16 hex>/<name>.py
 
@@ -50,6 +53,8 @@ import uuid
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Union
+
+import platformdirs
 
 from flashgen import __version__, ir
 from flashgen.check import check
@@ -373,11 +378,11 @@ def load_variant(
 
 
 def cache_dir() -> Path:
-    """Root of the on-disk module cache (see the module docstring)."""
+    """Root of the on-disk module cache (see the module docstring); not
+    created here (`_store` creates it, private)."""
     if root := os.environ.get("FLASHGEN_CACHE_DIR"):
         return Path(root).expanduser()
-    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-    return Path(base) / "flashgen"
+    return platformdirs.user_cache_path("flashgen", appauthor=False)
 
 
 def _import(name: str, source: str) -> types.ModuleType:

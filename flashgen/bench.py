@@ -39,18 +39,18 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping
 import datetime
+import functools
 import hashlib
 import json
 import statistics
 import subprocess
-import sys
 import time
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
 import torch
 
-from flashgen import ir
+from flashgen import display, ir
 from flashgen.flex import flex_mods
 from flashgen.verify import Shape, random_runtime_inputs, torch_dtype
 
@@ -145,25 +145,6 @@ def _sdpa_expressible(variant: ir.Variant) -> bool | None:
     return None
 
 
-class _Progress:
-    """A one-line progress bar on stderr."""
-
-    def __init__(self, total: int, stream=sys.stderr, width: int = 24) -> None:
-        self.total, self.done, self.stream, self.width = total, 0, stream, width
-
-    def show(self, label: str) -> None:
-        filled = self.width * self.done // max(self.total, 1)
-        bar = "#" * filled + "." * (self.width - filled)
-        self.stream.write(f"\r[{bar}] {self.done}/{self.total} {label:<60.60}")
-        self.stream.flush()
-
-    def step(self, label: str) -> None:
-        self.done += 1
-        self.show(label)
-        if self.done == self.total:
-            self.stream.write("\n")
-
-
 def _do_bench(fn: Callable[[], object]) -> float:
     import triton.testing
 
@@ -229,6 +210,8 @@ def bench(
     `batch=None` keeps B·N at 16384 tokens (B = 16384 // N, at least 1), the
     anchors' convention.  `head_dim` overrides the specs' head dims.  `timer`
     names one of TIMERS, or is a function that times a call (in ms).
+    `progress` shows each case on stderr as it runs (`display.Progress`: a
+    live bar on a terminal, a plain line per case elsewhere).
     """
     from torch.nn.attention import SDPBackend, sdpa_kernel
     from torch.nn.attention.flex_attention import create_block_mask, flex_attention
@@ -245,82 +228,76 @@ def bench(
         "sdpa-cudnn": SDPBackend.CUDNN_ATTENTION,
         "sdpa-flash": SDPBackend.FLASH_ATTENTION,
     }
-    bar = _Progress(len(variants) * len(seqlens) * len(systems)) if progress else None
     results: list[Measurement] = []
-    for variant in variants:
-        if head_dim is not None:
-            variant = dataclasses.replace(variant, head_dim=head_dim)
-        module = load_variant(variant, experiments)
-        dtype = torch_dtype(variant.dtype)
-        scale = variant.scale if variant.scale is not None else variant.head_dim**-0.5
-        for n in seqlens:
-            b = batch if batch is not None else max(1, 16384 // n)
-            shape = (b, heads, n, variant.head_dim)
-            gen = torch.Generator(device=device).manual_seed(n)
-            q, k, v, do = (
-                torch.randn(shape, device=device, dtype=dtype, generator=gen) for _ in range(4)
-            )
-            data = random_runtime_inputs(
-                variant, Shape(b, heads, heads, n, n), device,
-                generator=torch.Generator().manual_seed(n), mean_run=document_length,
-            )  # fmt: skip
-            frac = density(variant, n, heads, device, b, data)
-            mods = flex_mods(variant, n, n, heads, device=device, inputs=data)
-            is_causal = _sdpa_expressible(variant)
-            reference = None
-            for system in systems:
-                label = f"{variant.name} N={n} {system}"
-                if bar:
-                    bar.show(label + ": compiling and timing")
-                if system == "flashgen":
-                    fn = lambda a, b_, c: module.attention(a, b_, c, **data)  # noqa: E731
-                elif system == "flex":
-                    flex = flex_attention
-                    if compile_flex:
-                        # A fresh compilation per case: each case's mods and
-                        # shape recompile flex_attention, and past
-                        # torch._dynamo's recompile limit (8) it would run
-                        # uncompiled (docs/decisions/016-warp-specialized-gluon-forward.md).
-                        torch._dynamo.reset()
-                        flex = torch.compile(flex_attention, dynamic=False)
-                    # One block mask for all heads unless the mask reads `h`.
-                    mask_heads = heads if ir.mentions(variant.mask, frozenset({"h"})) else None
-                    mask_batch = b if ir.reads_runtime_data(variant.mask) else None
-                    block_mask = (
-                        create_block_mask(
-                            mods.mask_mod, mask_batch, mask_heads, n, n, device=device
-                        )
-                        if mods.mask_mod
-                        else None
-                    )
-
-                    def fn(a, b_, c, block_mask=block_mask, flex=flex):
-                        return flex(
-                            a, b_, c, score_mod=mods.score_mod, block_mask=block_mask, scale=scale
-                        )
-
-                elif is_causal is not None:
-                    backend = sdpa_backends[system]
-
-                    def fn(a, b_, c, backend=backend):
-                        with sdpa_kernel(backend):
-                            return torch.nn.functional.scaled_dot_product_attention(
-                                a, b_, c, is_causal=is_causal, scale=scale
+    total = len(variants) * len(seqlens) * len(systems)
+    with display.Progress(total, enabled=progress) as bar:
+        for variant in variants:
+            if head_dim is not None:
+                variant = dataclasses.replace(variant, head_dim=head_dim)
+            module = load_variant(variant, experiments)
+            dtype = torch_dtype(variant.dtype)
+            scale = variant.scale if variant.scale is not None else variant.head_dim**-0.5
+            for n in seqlens:
+                b = batch if batch is not None else max(1, 16384 // n)
+                shape = (b, heads, n, variant.head_dim)
+                gen = torch.Generator(device=device).manual_seed(n)
+                q, k, v, do = (
+                    torch.randn(shape, device=device, dtype=dtype, generator=gen) for _ in range(4)
+                )
+                data = random_runtime_inputs(
+                    variant, Shape(b, heads, heads, n, n), device,
+                    generator=torch.Generator().manual_seed(n), mean_run=document_length,
+                )  # fmt: skip
+                frac = density(variant, n, heads, device, b, data)
+                mods = flex_mods(variant, n, n, heads, device=device, inputs=data)
+                is_causal = _sdpa_expressible(variant)
+                reference = None
+                for system in systems:
+                    label = f"{variant.name} N={n} {system}"
+                    if system not in ("flashgen", "flex") and is_causal is None:
+                        bar.advance(label + ": not expressible")
+                        continue
+                    bar.start(label + ": compiling and timing")
+                    if system == "flashgen":
+                        fn = lambda a, b_, c: module.attention(a, b_, c, **data)  # noqa: E731
+                    elif system == "flex":
+                        flex = flex_attention
+                        if compile_flex:
+                            # A fresh compilation per case: each case's mods and
+                            # shape recompile flex_attention, and past
+                            # torch._dynamo's recompile limit (8) it would run
+                            # uncompiled (docs/decisions/016-warp-specialized-gluon-forward.md).
+                            torch._dynamo.reset()
+                            flex = torch.compile(flex_attention, dynamic=False)
+                        # One block mask for all heads unless the mask reads `h`.
+                        mask_heads = heads if ir.mentions(variant.mask, frozenset({"h"})) else None
+                        mask_batch = b if ir.reads_runtime_data(variant.mask) else None
+                        block_mask = (
+                            create_block_mask(
+                                mods.mask_mod, mask_batch, mask_heads, n, n, device=device
                             )
+                            if mods.mask_mod
+                            else None
+                        )
+                        fn = functools.partial(
+                            flex, score_mod=mods.score_mod, block_mask=block_mask, scale=scale
+                        )
+                    else:
+                        backend = sdpa_backends[system]
 
-                else:
-                    if bar:
-                        bar.step(label + ": not expressible")
-                    continue
-                results.append(
-                    _measure(
+                        def fn(a, b_, c, backend=backend):
+                            with sdpa_kernel(backend):
+                                return torch.nn.functional.scaled_dot_product_attention(
+                                    a, b_, c, is_causal=is_causal, scale=scale
+                                )
+
+                    measured = _measure(
                         variant.name, system, fn, q, k, v, do, frac, timer, reference, timer_name
                     )
-                )
-                if system == "flashgen" and not results[-1].error:
-                    reference = fn(q, k, v).detach()
-                if bar:
-                    bar.step(label)
+                    results.append(measured)
+                    if system == "flashgen" and not measured.error:
+                        reference = fn(q, k, v).detach()
+                    bar.advance(label)
     return results
 
 
@@ -349,16 +326,20 @@ def _measure(
 
 
 def table(results: Sequence[Measurement]) -> str:
-    """TFLOP/s per system and flashgen's ratio to FlexAttention and cuDNN."""
+    """TFLOP/s per system and flashgen's ratio to FlexAttention and cuDNN.
+
+    A title line, then one row per spec, head dim and N: each system's cell
+    is forward/backward TFLOP/s with a mark ("!": its output differs from
+    flashgen's by more than AGREEMENT; "h": host-paced), each ratio cell
+    flashgen's TFLOP/s over the other's, forward/backward; footnotes follow.
+    """
     rows = {}
     for r in results:
         rows.setdefault((r.variant, r.head_dim, r.seqlen), {})[r.system] = r
     systems = ["flashgen", "flex", "sdpa-cudnn", "sdpa-flash"]
-    header = f"{'variant':<16} {'d':>4} {'N':>6} " + " ".join(f"{s:>13}" for s in systems)
-    header += f" {'vs flex':>13} {'vs cudnn':>13}"
     timers = ", ".join(sorted({r.timer for r in results}))
-    lines = [f"TFLOP/s forward / backward (timer: {timers})", header, "-" * len(header)]
 
+    # Cells of one width, so that the slashes line up down a column.
     def cell(r: Measurement | None) -> str:
         if r is None:
             return f"{'-':>13}"
@@ -380,11 +361,22 @@ def table(results: Sequence[Measurement]) -> str:
             parts.append(f"{x:{width}.2f}" if x is not None else f"{'-':>{width}}")
         return f"{parts[0]}/{parts[1]} "
 
+    columns = [
+        display.Column("variant"),
+        display.Column("d", "right"),
+        display.Column("N", "right"),
+        *(display.Column(s, "right", fixed_width=True) for s in systems),
+        display.Column("vs flex", "right", fixed_width=True),
+        display.Column("vs cudnn", "right", fixed_width=True),
+    ]
+    cells = []
     for (name, d, n), by_system in rows.items():
         ours = by_system.get("flashgen")
-        line = f"{name:<16} {d:>4} {n:>6} " + " ".join(cell(by_system.get(s)) for s in systems)
-        line += f" {ratio(ours, by_system.get('flex'))} {ratio(ours, by_system.get('sdpa-cudnn'))}"
-        lines.append(line)
+        cells.append(
+            [name, str(d), str(n), *(cell(by_system.get(s)) for s in systems)]
+            + [ratio(ours, by_system.get("flex")), ratio(ours, by_system.get("sdpa-cudnn"))]
+        )
+    lines = [f"TFLOP/s forward / backward (timer: {timers})", display.table(columns, cells)]
     if any(r.max_diff is not None and r.max_diff > AGREEMENT for r in results):
         lines.append(f"! output differs from flashgen's by more than {AGREEMENT}")
     if any(r.host_paced() for r in results):
@@ -416,13 +408,9 @@ def flex_ratios(results: Sequence[Measurement]) -> str:
     points: dict[tuple, dict[str, Measurement]] = {}
     for r in results:
         points.setdefault((r.variant, r.head_dim, r.seqlen), {})[r.system] = r
-    header = f"{'spec':<16} {'d':>4} {'N':>6} {'forward':>9} {'backward':>9}"
-    lines = [
-        "flashgen / FlexAttention, TFLOP/s (target: every point >= 1.00, median >= 1.30)",
-        header,
-        "-" * len(header),
-    ]
     columns: tuple[list, list] = ([], [])
+    rows = []
+    # Cells of one width (a ratio and a slot for the mark h), as in `table`.
     for (name, d, n), by_system in points.items():
         ours, flex = by_system.get("flashgen"), by_system.get("flex")
         paced = any(r is not None and r.host_paced() for r in (ours, flex))
@@ -434,10 +422,21 @@ def flex_ratios(results: Sequence[Measurement]) -> str:
                 continue
             column.append((x, f"{name} d{d} N={n}"))
             cells.append(f"{x:8.2f}{'h' if paced else ' '}")
-        lines.append(f"{name:<16} {d:>4} {n:>6} {' '.join(cells)}".rstrip())
+        rows.append([name, str(d), str(n), *cells])
     for label, pick in (("median", statistics.median), ("minimum", min)):
         cells = [f"{pick(x for x, _ in c):8.2f} " if c else f"{'-':>8} " for c in columns]
-        lines.append(f"{label:<16} {'':>4} {'':>6} {' '.join(cells)}".rstrip())
+        rows.append([label, "", "", *cells])
+    header = [
+        display.Column("spec"),
+        display.Column("d", "right"),
+        display.Column("N", "right"),
+        display.Column("forward", "right", fixed_width=True),
+        display.Column("backward", "right", fixed_width=True),
+    ]
+    lines = [
+        "flashgen / FlexAttention, TFLOP/s (target: every point >= 1.00, median >= 1.30)",
+        display.table(header, rows),
+    ]
     lowest = [f"{w} {min(c)[1]}" for w, c in zip(("forward", "backward"), columns) if c]
     lines.append(
         f"{len(columns[0])} forward and {len(columns[1])} backward ratios over {len(points)} "

@@ -43,7 +43,7 @@ from types import ModuleType
 
 import torch
 
-from flashgen import index_ranges, ir
+from flashgen import display, index_ranges, ir
 from flashgen.reference import (
     attention_ref,
     input_dtype,
@@ -65,8 +65,13 @@ GRADIENT_FACTOR = 3.0  # softmax backward amplifies rounding more
 FLOOR_ULPS = 1.0
 SCORE_ULPS = 4.0
 
-# Sequence lengths that catch off-by-one tiling: primes and 2^k +- 1.
-ODD_LENGTHS = (1, 2, 3, 17, 31, 33, 63, 65, 113, 127, 203, 239)
+# Every block size flashgen launches (16 to 128 query rows or keys; the
+# interpreter's 32) is a multiple of TILE_EDGE, so lengths at a multiple of it
+# and one off either way fill a last tile, cut it one short, or spill one row
+# or key into a new one: where off-by-one tiling bugs show.
+TILE_EDGE = 16
+# (H, Hkv) of random shapes: multi-head, multi-query and grouped-query.
+HEAD_LAYOUTS = ((1, 1), (2, 2), (2, 1), (4, 2))
 
 
 def torch_dtype(dtype: ir.DType) -> torch.dtype:
@@ -445,19 +450,59 @@ def random_inputs(
     )
 
 
+def tile_edge_lengths(max_len: int) -> list[int]:
+    """1, max_len, and each multiple of TILE_EDGE up to max_len with its two
+    neighbours, sorted: the lengths where tiling goes wrong if it does."""
+    lengths = {1, max_len}
+    for m in range(TILE_EDGE, max_len + 2, TILE_EDGE):
+        lengths |= {m - 1, m, m + 1}
+    return sorted(n for n in lengths if 1 <= n <= max_len)
+
+
 def random_shapes(rng: random.Random, count: int, max_len: int) -> list[Shape]:
-    """Odd lengths, Nq != Nk both ways, MHA/GQA/MQA."""
-    lengths = [n for n in ODD_LENGTHS if n <= max_len] + [max_len]
+    """`count` shapes with lengths from 1 to `max_len`, drawn from `rng` alone
+    (Python's Mersenne Twister: the same shapes for the same seed on every
+    machine).
+
+    The first shapes are fixed edge cases, in this order, as many as `count`
+    allows:
+
+    1. Nq = Nk = max_len, the longest square;
+    2. Nq < Nk = max_len, with Nq one off a multiple of TILE_EDGE (drawn);
+    3. Nq = max_len > Nk, with Nk one off a multiple of TILE_EDGE (drawn);
+    4. Nq = 1 against Nk = max_len: one query, a decoding step's shape;
+    5. Nq = max_len against Nk = 1: one key (under a bottom-right causal
+       mask, every row but the last fully masked).
+
+    Every later shape draws Nq and Nk independently, each with probability
+    1/2 uniformly from `tile_edge_lengths(max_len)` and otherwise uniformly
+    from 1 to max_len.  Every shape draws its heads (H, Hkv) uniformly from
+    HEAD_LAYOUTS and its batch from {1, 2}.  (When max_len is 1 every length
+    is 1; when it is 2, the lengths one off a tile edge are 1.)
+    """
+    edges = tile_edge_lengths(max_len)
+    off_by_one = [n for n in edges if n % TILE_EDGE and 1 < n < max_len] or [1]
+
+    def draw() -> int:
+        return rng.choice(edges) if rng.random() < 0.5 else rng.randint(1, max_len)
+
     shapes = []
     for i in range(count):
-        kv_heads = rng.choice((1, 2))
-        heads = kv_heads * rng.choice((1, 2))
-        nq, nk = rng.choice(lengths), rng.choice(lengths)
+        heads, kv_heads = rng.choice(HEAD_LAYOUTS)
+        batch = rng.choice((1, 2))
         if i == 0:
             nq, nk = max_len, max_len
-        elif i == 1 and nq == nk and len(lengths) > 1:  # at least one shape with Nq != Nk
-            nk = rng.choice([n for n in lengths if n != nq])
-        shapes.append(Shape(rng.choice((1, 2)), heads, kv_heads, nq, nk))
+        elif i == 1:
+            nq, nk = rng.choice(off_by_one), max_len
+        elif i == 2:
+            nq, nk = max_len, rng.choice(off_by_one)
+        elif i == 3:
+            nq, nk = 1, max_len
+        elif i == 4:
+            nq, nk = max_len, 1
+        else:
+            nq, nk = draw(), draw()
+        shapes.append(Shape(batch, heads, kv_heads, nq, nk))
     return shapes
 
 
@@ -728,25 +773,33 @@ class Report:
         return self.passed and (self.complete or self.accept_partial)
 
     def table(self) -> str:
-        header = (
-            f"{'shape':<34} {'dtype':<9} {'what':<4} {'error':>9} "
-            f"{'ordinary':>9} {'bound':>9}  result"
-        )
+        """The report as text: a title, one row per checked quantity of
+        each case (o and lse forward; dq, dk and dv backward; one row for a
+        refused call), then the edges crossed and not, and the verdict."""
+        columns = [
+            display.Column("shape"),
+            display.Column("dtype"),
+            display.Column("what"),
+            display.Column("error", "right"),
+            display.Column("ordinary", "right"),
+            display.Column("bound", "right"),
+            display.Column("result"),
+        ]
+        rows = []
+        for r in self.results:
+            if r.refused:  # what the reference refused, and whether the module did alike
+                module = "" if r.ok else f" (module: {r.module_refused or 'no error'})"
+                verdict = f"{'ok' if r.ok else 'FAIL'}, refused: {r.refused}{module}"
+                rows.append([str(r.shape), "", "call", "", "", "", verdict])
+            for c in r.checks:
+                result = ("ok" if c.ok else "FAIL") + (f"  ({r.rows})" if r.rows else "")
+                dtype = str(r.dtype).replace("torch.", "")
+                numbers = (f"{x:.2e}" for x in (c.error, c.ordinary_error, c.bound))
+                rows.append([str(r.shape), dtype, c.what, *numbers, result])
         lines = [f"verify {self.name}"]
         if self.note:
             lines.append(f"note: {self.note}")
-        lines += [header, "-" * len(header)]
-        for r in self.results:
-            if r.refused:
-                verdict = "ok" if r.ok else f"FAIL (module: {r.module_refused or 'no error'})"
-                lines.append(f"{str(r.shape):<34} refused: {r.refused}  {verdict}")
-            for c in r.checks:
-                lines.append(
-                    f"{str(r.shape):<34} {str(r.dtype).replace('torch.', ''):<9} "
-                    f"{c.what:<4} {c.error:>9.2e} {c.ordinary_error:>9.2e} "
-                    f"{c.bound:>9.2e}  {'ok' if c.ok else 'FAIL'}"
-                    + (f"  ({r.rows})" if r.rows else "")
-                )
+        lines.append(display.table(columns, rows))
         lines += [f"crossed: {line}" for line in self.crossed]
         lines += [f"not checked: {line}" for line in self.unchecked]
         lines += [f"no effect at the lengths tried: {line}" for line in self.no_effect]
@@ -788,8 +841,10 @@ def verify(
     """Property-test one variant's kernels against the dense reference.
 
     Two kinds of cases, each checked forward and (with `gradients`) backward:
-    `examples` random shapes of odd lengths up to `max_len` (128 on the CPU,
-    2048 on the GPU), compared on every row; and one shape per group of mask
+    the `examples` shapes of `random_shapes` for `seed` (edge cases first:
+    Nq = Nk, Nq < Nk, Nq > Nk, one query, one key; then lengths near tile
+    edges and anywhere) up to `max_len` (128 on the CPU, 2048 on the GPU),
+    compared on every row; and one shape per group of mask
     edges (`plan_edges`): lengths chosen so that the compared rows see keys on
     both sides of every integer literal of the mask, compared on a band of
     rows around where each edge shows.  An edge that no shape within the

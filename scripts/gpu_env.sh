@@ -1,9 +1,9 @@
 # Sourced by the scripts/gpu_*.sh: makes flashgen importable on a CUDA machine
-# that has torch and triton but no package index.  lark and black travel as
-# wheels in .whl/ (docs/DEVELOPING.md, "On a GPU").
+# that has torch and triton but no package index.  lark, platformdirs, rich and
+# black travel as wheels in .whl/ (docs/DEVELOPING.md, "On a GPU").
 OUT=${OUT:-/tmp/flashgen-gpu}
 mkdir -p "$OUT"
-if ! python3 -c "import lark, black" 2>/dev/null; then
+if ! python3 -c "import lark, black, platformdirs, rich" 2>/dev/null; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir \
     --upgrade --target /tmp/site .whl/*.whl || exit 1
   export PYTHONPATH=/tmp/site

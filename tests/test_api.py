@@ -10,6 +10,7 @@ import sys
 import threading
 from pathlib import Path
 
+import platformdirs
 import pytest
 import torch
 
@@ -279,14 +280,31 @@ def test_different_specs_give_different_modules(cache):
 
 
 def test_cache_dir_honours_the_environment(tmp_path, monkeypatch):
+    """FLASHGEN_CACHE_DIR first; else platformdirs' user cache directory for
+    flashgen, which on Linux is $XDG_CACHE_HOME/flashgen, else
+    ~/.cache/flashgen.  Finding it creates nothing."""
     monkeypatch.setenv("FLASHGEN_CACHE_DIR", str(tmp_path / "a"))
     assert api.cache_dir() == tmp_path / "a"
-    monkeypatch.delenv("FLASHGEN_CACHE_DIR")
+    monkeypatch.setenv("FLASHGEN_CACHE_DIR", "")  # empty: as if unset
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
-    assert api.cache_dir() == tmp_path / "xdg" / "flashgen"
-    monkeypatch.delenv("XDG_CACHE_HOME")
-    monkeypatch.setenv("HOME", str(tmp_path / "home"))
-    assert api.cache_dir() == tmp_path / "home" / ".cache" / "flashgen"
+    assert api.cache_dir() == platformdirs.user_cache_path("flashgen", appauthor=False)
+    if sys.platform.startswith("linux"):
+        assert api.cache_dir() == tmp_path / "xdg" / "flashgen"
+        monkeypatch.delenv("XDG_CACHE_HOME")
+        monkeypatch.setenv("HOME", str(tmp_path / "home"))
+        assert api.cache_dir() == tmp_path / "home" / ".cache" / "flashgen"
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="XDG_CACHE_HOME is Linux's")
+def test_load_caches_under_xdg_cache_home_by_default(tmp_path, monkeypatch):
+    monkeypatch.delenv("FLASHGEN_CACHE_DIR", raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    monkeypatch.setattr(api, "_MODULES", {})
+    module = flashgen.load(TINY)
+    root = tmp_path / "xdg" / "flashgen"
+    assert Path(module.__file__).relative_to(root).parts[0] == flashgen.__version__
+    assert root.stat().st_mode & 0o777 == 0o700
 
 
 def test_load_all_and_load_by_name(cache):

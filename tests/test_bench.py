@@ -117,6 +117,27 @@ def test_bench_pipeline_on_cpu(monkeypatch):
     assert rows[0]["timer"] == "timer"  # a timer function is recorded by its name
 
 
+def test_bench_progress_off_a_terminal_is_a_plain_line_per_case(monkeypatch, capsys):
+    """Where stderr is not a terminal (here: captured), each case is one
+    plain line as it starts, and a case SDPA cannot express one line too; the
+    table on stdout is untouched."""
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    variant = _variant(
+        "attention tiny { head_dim = 16; dtype = fp32; mask = causal; score = s + alibi }"
+    )
+    results = bench.bench(
+        [variant], seqlens=[32], batch=1, heads=2, device="cpu", timer=lambda fn: fn() or 1.0,
+        systems=("sdpa-cudnn", "flashgen"),
+    )  # fmt: skip
+    assert [r.system for r in results] == ["flashgen"]
+    out, err = capsys.readouterr()
+    assert out == ""
+    assert err.splitlines() == [
+        "[1/2] tiny N=32 sdpa-cudnn: not expressible",
+        "[2/2] tiny N=32 flashgen: compiling and timing",
+    ]
+
+
 def test_bench_timers(monkeypatch):
     """`timer` names how calls are timed; the name goes into each measurement
     and the table, and an unknown one is refused before anything runs."""

@@ -14,6 +14,11 @@ from flashgen.api import check_sources, load_variant
 from flashgen.reference import positions, score_slope, scores
 from flashgen.verify import (
     EDGE_MARGIN,
+    HEAD_LAYOUTS,
+    TILE_EDGE,
+    CaseResult,
+    Check,
+    Report,
     Shape,
     check_backward,
     check_forward,
@@ -21,6 +26,7 @@ from flashgen.verify import (
     plan_edges,
     random_inputs,
     random_shapes,
+    tile_edge_lengths,
     verify,
 )
 
@@ -146,6 +152,82 @@ def test_random_shapes_include_unequal_lengths():
     for seed in range(20):
         shapes = random_shapes(random.Random(seed), 2, 128)
         assert any(s.n_queries != s.n_keys for s in shapes)
+
+
+def test_random_shapes_are_the_same_for_a_seed_on_every_machine():
+    """Pinned: `flashgen verify --seed 0` checks these shapes on the CPU
+    (Python's Mersenne Twister, nothing of the machine's)."""
+    shapes = random_shapes(random.Random(0), 8, 128)
+    assert [(s.batch, s.heads, s.kv_heads, s.n_queries, s.n_keys) for s in shapes] == [
+        (2, 4, 2, 128, 128),
+        (2, 1, 1, 79, 128),
+        (2, 4, 2, 128, 127),
+        (2, 2, 1, 1, 128),
+        (1, 2, 1, 128, 1),
+        (2, 2, 2, 17, 65),
+        (2, 2, 2, 16, 85),
+        (1, 4, 2, 63, 53),
+    ]
+    assert random_shapes(random.Random(7), 30, 2048) == random_shapes(random.Random(7), 30, 2048)
+
+
+@pytest.mark.parametrize("max_len", [1, 2, 16, 128, 2048])
+def test_random_shapes_start_with_the_edge_cases(max_len):
+    """Whatever the seed: the longest square, Nq < Nk and Nq > Nk with the
+    shorter length one off a tile edge, one query, one key; then draws near
+    tile edges and anywhere, all within 1..max_len, Hkv dividing H."""
+    drawn: set[int] = set()
+    for seed in range(50):
+        shapes = random_shapes(random.Random(seed), 12, max_len)
+        lengths = [(s.n_queries, s.n_keys) for s in shapes]
+        short = 1 if max_len <= 2 else None
+        assert lengths[0] == (max_len, max_len)
+        assert lengths[1][1] == max_len and lengths[2][0] == max_len
+        for n in (lengths[1][0], lengths[2][1]):
+            assert n == short if short else (n < max_len and n % TILE_EDGE in (1, TILE_EDGE - 1))
+        assert lengths[3:5] == [(1, max_len), (max_len, 1)]
+        for s in shapes:
+            assert 1 <= s.n_queries <= max_len and 1 <= s.n_keys <= max_len
+            assert (s.heads, s.kv_heads) in HEAD_LAYOUTS and s.batch in (1, 2)
+        drawn |= {n for pair in lengths[5:] for n in pair}
+    if max_len >= 128:  # the draws reach tile edges and lengths between them
+        assert set(tile_edge_lengths(max_len)) & drawn and drawn - set(tile_edge_lengths(max_len))
+
+
+def test_the_report_is_a_table_then_coverage_then_the_verdict():
+    ok = Check("o", 1e-3, 1e-3, 3e-3, True)
+    results = (
+        CaseResult(Shape(1, 2, 1, 128, 128), torch.float16, (ok, dataclasses.replace(ok, what="lse"))),
+        CaseResult(Shape(2, 4, 2, 33, 90), torch.float16, (Check("dq", 1.0, 1e-3, 3e-3, True),),
+                   rows="rows 0-63"),
+        CaseResult(Shape(1, 2, 2, 3, 4), torch.float16, (), refused="doc[b, q] may leave doc",
+                   module_refused="doc[b, q] may leave doc"),
+    )  # fmt: skip
+    report = Report("tiny", results, "bf16 checked as fp16", crossed=("an edge",))
+    lines = report.table().splitlines()
+    assert lines[:3] == [
+        "verify tiny",
+        "note: bf16 checked as fp16",
+        "shape                    dtype    what     error  ordinary     bound  result",
+    ]
+    assert set(lines[3]) == {"-"}
+    assert lines[4:8] == [
+        "B=1 H=2/1 Nq=128 Nk=128  float16  o     1.00e-03  1.00e-03  3.00e-03  ok",
+        "B=1 H=2/1 Nq=128 Nk=128  float16  lse   1.00e-03  1.00e-03  3.00e-03  ok",
+        "B=2 H=4/2 Nq=33 Nk=90    float16  dq    1.00e+00  1.00e-03  3.00e-03  FAIL  (rows 0-63)",
+        "B=1 H=2/2 Nq=3 Nk=4               call                                "
+        "ok, refused: doc[b, q] may leave doc",
+    ]
+    assert lines[8:] == [
+        "crossed: an edge",
+        "FAILED: 2 of 3 cases within tolerance (1 of them calls the language refuses, "
+        "refused alike)",
+    ]
+
+
+def test_tile_edge_lengths():
+    assert tile_edge_lengths(40) == [1, 15, 16, 17, 31, 32, 33, 40]
+    assert tile_edge_lengths(1) == [1]
 
 
 @pytest.mark.kernels
