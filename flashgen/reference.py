@@ -66,17 +66,25 @@ def alibi_slopes(num_heads: int) -> torch.Tensor:
 
 
 def positions(
-    nq: int, nk: int, align: ir.Align, device: torch.device | str | None = None
+    nq: int,
+    nk: int,
+    align: ir.Align | tuple[int, int],
+    device: torch.device | str | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """int64 query positions (Nq,) and key positions (Nk,).
 
     Key j sits at position j.  Query row i sits at i + Nk - Nq under
     bottom-right alignment (the last query lines up with the last key, as in
-    KV-cache decoding) and at i under top-left alignment.
+    KV-cache decoding) and at i under top-left alignment.  A call's position
+    offsets (q_offset, k_offset) in place of an alignment put query row i at
+    i + q_offset and key j at j + k_offset.
     """
-    offset = {ir.Align.BOTTOM_RIGHT: nk - nq, ir.Align.TOP_LEFT: 0}[align]
-    q_pos = torch.arange(nq, dtype=torch.int64, device=device) + offset
-    k_pos = torch.arange(nk, dtype=torch.int64, device=device)
+    if isinstance(align, tuple):
+        q_offset, k_offset = align
+    else:
+        q_offset, k_offset = {ir.Align.BOTTOM_RIGHT: nk - nq, ir.Align.TOP_LEFT: 0}[align], 0
+    q_pos = torch.arange(nq, dtype=torch.int64, device=device) + q_offset
+    k_pos = torch.arange(nk, dtype=torch.int64, device=device) + k_offset
     return q_pos, k_pos
 
 
@@ -425,11 +433,13 @@ def mask_matrix(
     rows: Rows = None,
     batch: int | None = None,
     inputs: Mapping[str, torch.Tensor] | None = None,
+    offsets: tuple[int, int] | None = None,
 ) -> torch.Tensor:
     """Boolean (num_heads, Nq, Nk): True where query i may see key j
     ((num_heads, len(rows), Nk) for the given `rows`).  A mask that reads the
     batch index or an input differs per batch: (batch, num_heads, Nq, Nk),
-    for the `batch` and `inputs` given.
+    for the `batch` and `inputs` given.  `offsets`: a call's (q_offset,
+    k_offset) in place of the variant's alignment (`positions`).
 
     Real sub-expressions of a mask are evaluated in float64 whatever the
     variant's dtype: the mask is exact by definition.
@@ -441,7 +451,7 @@ def mask_matrix(
         if problem is not None:
             raise ValueError(problem)
     scope = _scope(
-        nq, nk, num_heads, variant.align, s=None, real=torch.float64, device=device,
+        nq, nk, num_heads, offsets or variant.align, s=None, real=torch.float64, device=device,
         rows=index, batch=batch, inputs=inputs,
     )  # fmt: skip
     visible = _evaluate(variant.mask, scope)
@@ -491,6 +501,7 @@ def _scores(
     rows: torch.Tensor | None = None,
     inputs: Mapping[str, torch.Tensor] | None = None,
     visible: torch.Tensor | None = None,
+    offsets: tuple[int, int] | None = None,
 ) -> torch.Tensor:
     """Scores of the query rows `rows` (every row for None)."""
     if q.shape[-1] != variant.head_dim:
@@ -508,7 +519,7 @@ def _scores(
     if rows is not None:
         q = q[:, :, rows]
     s = (q.to(dtype) @ k.transpose(-2, -1)) * scale
-    return _score_of(variant, s, nq, nk, rows, inputs, visible)
+    return _score_of(variant, s, nq, nk, rows, inputs, visible, offsets)
 
 
 def _score_of(
@@ -519,6 +530,7 @@ def _score_of(
     rows: torch.Tensor | None,
     inputs: Mapping[str, torch.Tensor] | None = None,
     visible: torch.Tensor | None = None,
+    offsets: tuple[int, int] | None = None,
 ) -> torch.Tensor:
     """The score expression applied to the products `s` (B, H, rows, Nk).
     With `visible`, an index out of range at a visible pair is a ValueError;
@@ -529,8 +541,8 @@ def _score_of(
     if visible is not None:
         s = torch.where(visible, s, s.detach())
     scope = _scope(
-        nq, nk, s.shape[1], variant.align, s=s, real=s.dtype, device=s.device, rows=rows,
-        batch=s.shape[0], inputs=inputs,
+        nq, nk, s.shape[1], offsets or variant.align, s=s, real=s.dtype, device=s.device,
+        rows=rows, batch=s.shape[0], inputs=inputs,
     )  # fmt: skip
     scored = _evaluate(variant.score, scope)
     if _is_bool(scored):
@@ -652,6 +664,7 @@ def attention_ref(
     rows: Rows = None,
     inputs: Mapping[str, torch.Tensor] | None = None,
     sinks: torch.Tensor | None = None,
+    offsets: tuple[int, int] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Dense attention of `variant`, every operation in `dtype`.
 
@@ -666,7 +679,8 @@ def attention_ref(
     ones are read in `dtype`, and a learnable one that requires grad gets its
     gradient through autograd.  `sinks` (H,): gpt-oss's attention sinks, one
     more logit per head in every row's softmax, with a zero value (a key
-    column that every row sees); the lse includes it.
+    column that every row sees); the lse includes it.  `offsets`: a call's
+    (q_offset, k_offset) in place of the variant's alignment (`positions`).
     """
     _check_shapes(q, k, v)
     inputs = check_inputs(variant, q, k, inputs)
@@ -674,9 +688,10 @@ def attention_ref(
     nk = k.shape[2]
     index = _row_index(rows, nq, q.device)
     visible = mask_matrix(
-        variant, nq, nk, num_heads, device=q.device, rows=index, batch=batch, inputs=inputs
-    )
-    s = _scores(variant, q, k, scale, dtype, index, inputs, visible)
+        variant, nq, nk, num_heads, device=q.device, rows=index, batch=batch, inputs=inputs,
+        offsets=offsets,
+    )  # fmt: skip
+    s = _scores(variant, q, k, scale, dtype, index, inputs, visible, offsets)
     v = _expand_kv(v.to(dtype), num_heads)
     if sinks is not None:
         if tuple(sinks.shape) != (num_heads,):

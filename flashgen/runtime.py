@@ -429,6 +429,23 @@ def _check_sinks(sinks, q: torch.Tensor):
     return sinks
 
 
+def _check_shifts(q_offset, k_offset, q: torch.Tensor, k: torch.Tensor, seqs) -> tuple | None:
+    """attention()'s position offsets as the kernels take them: None (the
+    spec's alignment) or (q_offset, k_offset), ints >= 0 that keep every
+    position below MAX_SEQ_LEN (the bound of the kernels' int32 proofs)."""
+    if q_offset is None and k_offset is None:
+        return None
+    lengths = (q.shape[2], k.shape[2]) if seqs is None else seqs[1:3]
+    for name, offset, n in (("q_offset", q_offset, lengths[0]), ("k_offset", k_offset, lengths[1])):
+        if offset is not None and type(offset) is not int:
+            raise TypeError(f"{name} must be an int, got {type(offset).__name__}")
+        if (offset or 0) < 0:
+            raise ValueError(f"{name} must be >= 0, got {offset}")
+        if (offset or 0) + n > MAX_SEQ_LEN:
+            raise ValueError(f"{name} + {n} rows passes this module's MAX_SEQ_LEN = {MAX_SEQ_LEN}")
+    return q_offset or 0, k_offset or 0
+
+
 def _sinks_grad(sinks, o, lse, do, dlse) -> torch.Tensor:
     """The gradient of the sinks, from (B, H, N[, D]) kernel views: the sink's
     probability exp(sink - lse) times -(rowsum(dO * O) - dlse), summed over

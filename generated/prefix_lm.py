@@ -157,10 +157,10 @@ def _scores_log2(
 @triton.jit
 def _attn_fwd_tile(
     acc, l_i, m_i, q, q_pos, k_desc, v_desc, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
-    batch, kv_head, start_n, n_keys, head, num_heads, alibi_slope, sm_scale,
+    batch, kv_head, start_n, n_keys, k_offset, head, num_heads, alibi_slope, sm_scale,
     HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, BLOCK_N: tl.constexpr, MASKED: tl.constexpr, USE_TMA: tl.constexpr,
 ):  # fmt: skip
-    """One key tile of the online softmax."""
+    """One key tile of the online softmax (key row j at position j + k_offset)."""
     offs_n = start_n + tl.arange(0, BLOCK_N)
     k = _load_block(
         k_desc, k_base, batch, kv_head, start_n, n_keys, stride_kn, stride_kd, BLOCK_N, HEAD_DIM,
@@ -168,7 +168,7 @@ def _attn_fwd_tile(
     )  # fmt: skip
     qk = tl.dot(q, tl.trans(k))
     s2 = _scores_log2(
-        qk, q_pos, offs_n[None, :], n_keys, head, num_heads, alibi_slope, sm_scale, MASKED
+        qk, q_pos, (offs_n + k_offset)[None, :], n_keys + k_offset, head, num_heads, alibi_slope, sm_scale, MASKED
     )  # fmt: skip
     m_blk = tl.max(s2, 1)
     m_new = tl.maximum(m_i, m_blk)
@@ -198,9 +198,9 @@ def _attn_fwd(
     stride_vb, stride_vh, stride_vn, stride_vd,
     stride_ob, stride_oh, stride_om, stride_od,
     stride_lb, stride_lh,
-    num_heads, kv_group, n_queries, n_keys, sm_scale,
+    num_heads, kv_group, n_queries, n_keys, sm_scale, q_shift, k_shift,
     HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    USE_TMA: tl.constexpr, SEQS: tl.constexpr, HAS_SINKS: tl.constexpr,
+    USE_TMA: tl.constexpr, SEQS: tl.constexpr, HAS_SINKS: tl.constexpr, SHIFTED: tl.constexpr,
 ):  # fmt: skip
     """Grid: (query tiles, batch * heads).  Writes o and the log-sum-exp.
 
@@ -234,6 +234,10 @@ def _attn_fwd(
 
     # Bottom-right alignment: query row i sits at position i + n_keys - n_queries.
     q_offset = n_keys - n_queries
+    k_offset = 0  # key row j sits at position j
+    if SHIFTED:  # the call's offsets: query row i at i + q_shift, key row j at j + k_shift
+        q_offset = q_shift
+        k_offset = k_shift
 
     q_pos = (offs_m + q_offset)[:, None]
     q_lo = start_m + q_offset
@@ -246,13 +250,13 @@ def _attn_fwd(
 
     # Keys that any query of this tile can see (from the mask's affine bounds).
     lo = 0
-    hi = tl.minimum(tl.maximum(q_hi, 256 - 1) + 1, n_keys)
+    hi = tl.minimum(tl.maximum(q_hi, 256 - 1) + 1 - k_offset, n_keys)
 
     # Key tiles that every query of this tile sees whole run without the
     # elementwise mask, in a loop with no branch; the tiles on either side
     # of that interior are masked.
     full_lo = 0
-    full_hi = tl.minimum(tl.maximum(q_lo, 256 - 1), n_keys - 1)
+    full_hi = tl.minimum(tl.maximum(q_lo, 256 - 1) - k_offset, n_keys - 1)
     # Split [lo, hi) at tile boundaries into masked tiles, the interior, masked tiles.
     end = (hi + BLOCK_N - 1) // BLOCK_N * BLOCK_N
     mid_lo = tl.minimum(tl.maximum((full_lo + BLOCK_N - 1) // BLOCK_N * BLOCK_N, lo), end)
@@ -260,19 +264,19 @@ def _attn_fwd(
     for start_n in range(lo, mid_lo, BLOCK_N):
         acc, l_i, m_i = _attn_fwd_tile(
             acc, l_i, m_i, q, q_pos, k_desc, v_desc, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
-            batch, kv_head, start_n, n_keys, head, num_heads, alibi_slope, sm_scale,
+            batch, kv_head, start_n, n_keys, k_offset, head, num_heads, alibi_slope, sm_scale,
             HEAD_DIM, HEAD_DIM_PAD, BLOCK_N, True, USE_TMA,
         )  # fmt: skip
     for start_n in range(mid_lo, mid_hi, BLOCK_N):
         acc, l_i, m_i = _attn_fwd_tile(
             acc, l_i, m_i, q, q_pos, k_desc, v_desc, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
-            batch, kv_head, start_n, n_keys, head, num_heads, alibi_slope, sm_scale,
+            batch, kv_head, start_n, n_keys, k_offset, head, num_heads, alibi_slope, sm_scale,
             HEAD_DIM, HEAD_DIM_PAD, BLOCK_N, False, USE_TMA,
         )  # fmt: skip
     for start_n in range(mid_hi, hi, BLOCK_N):
         acc, l_i, m_i = _attn_fwd_tile(
             acc, l_i, m_i, q, q_pos, k_desc, v_desc, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
-            batch, kv_head, start_n, n_keys, head, num_heads, alibi_slope, sm_scale,
+            batch, kv_head, start_n, n_keys, k_offset, head, num_heads, alibi_slope, sm_scale,
             HEAD_DIM, HEAD_DIM_PAD, BLOCK_N, True, USE_TMA,
         )  # fmt: skip
 
@@ -396,9 +400,9 @@ def _attn_bwd_dkdv(
     stride_dkb, stride_dkh, stride_dkn, stride_dkd,
     stride_dvb, stride_dvh, stride_dvn, stride_dvd,
     stride_lb, stride_lh,
-    num_heads, kv_group, n_queries, n_keys, sm_scale,
+    num_heads, kv_group, n_queries, n_keys, sm_scale, q_shift, k_shift,
     HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    USE_TMA: tl.constexpr, SEQS: tl.constexpr,
+    USE_TMA: tl.constexpr, SEQS: tl.constexpr, SHIFTED: tl.constexpr,
 ):  # fmt: skip
     """dK and dV of one key tile of one (batch, kv head), BLOCK_M queries at a time.
 
@@ -430,12 +434,16 @@ def _attn_bwd_dkdv(
     v_base = v_ptr + batch.to(tl.int64) * stride_vb + kv_head.to(tl.int64) * stride_vh
     k = _load_rows(k_base, offs_n, n_keys, stride_kn, stride_kd, HEAD_DIM, HEAD_DIM_PAD, True)
     v = _load_rows(v_base, offs_n, n_keys, stride_vn, stride_vd, HEAD_DIM, HEAD_DIM_PAD, True)
-    k_pos = offs_n[:, None]
-    k_lo = start_n
-    k_hi = tl.minimum(start_n + BLOCK_N, n_keys) - 1
     # Bottom-right alignment: query row i sits at position i + n_keys - n_queries.
     q_offset = n_keys - n_queries
+    k_offset = 0  # key row j sits at position j
+    if SHIFTED:  # the call's offsets: query row i at i + q_shift, key row j at j + k_shift
+        q_offset = q_shift
+        k_offset = k_shift
 
+    k_pos = (offs_n + k_offset)[:, None]
+    k_lo = start_n + k_offset
+    k_hi = tl.minimum(start_n + BLOCK_N, n_keys) - 1 + k_offset
     dk = tl.zeros([BLOCK_N, HEAD_DIM_PAD], tl.float32)
     dv = tl.zeros([BLOCK_N, HEAD_DIM_PAD], tl.float32)
     for group_head in range(0, kv_group):
@@ -456,7 +464,7 @@ def _attn_bwd_dkdv(
         # run without the elementwise mask; the tiles on either side are masked.
         full_lo = tl.maximum(tl.where(k_hi - 256 < 0, -(1 << 30), k_hi) - q_offset, 0)
         full_hi = n_queries - 1
-        full_hi = tl.where(k_hi == start_n + BLOCK_N - 1, full_hi, -1)
+        full_hi = tl.where(start_n + BLOCK_N <= n_keys, full_hi, -1)
         # Split [row_lo, row_hi) at tile boundaries into masked tiles, the interior, masked tiles.
         end = (row_hi + BLOCK_M - 1) // BLOCK_M * BLOCK_M
         mid_lo = tl.minimum(tl.maximum((full_lo + BLOCK_M - 1) // BLOCK_M * BLOCK_M, row_lo), end)
@@ -464,19 +472,19 @@ def _attn_bwd_dkdv(
         for start_m in range(row_lo, mid_lo, BLOCK_M):
             dk, dv = _attn_bwd_dkdv_tile(
                 dk, dv, k, v, q_desc, do_desc, q_base, do_base, lse_base, delta_base, stride_qm, stride_qd, stride_dom, stride_dod,
-                batch, start_m, n_queries, q_offset, k_pos, n_keys, head, num_heads, alibi_slope, sm_scale,
+                batch, start_m, n_queries, q_offset, k_pos, n_keys + k_offset, head, num_heads, alibi_slope, sm_scale,
                 HEAD_DIM, HEAD_DIM_PAD, BLOCK_M, True, USE_TMA,
             )  # fmt: skip
         for start_m in range(mid_lo, mid_hi, BLOCK_M):
             dk, dv = _attn_bwd_dkdv_tile(
                 dk, dv, k, v, q_desc, do_desc, q_base, do_base, lse_base, delta_base, stride_qm, stride_qd, stride_dom, stride_dod,
-                batch, start_m, n_queries, q_offset, k_pos, n_keys, head, num_heads, alibi_slope, sm_scale,
+                batch, start_m, n_queries, q_offset, k_pos, n_keys + k_offset, head, num_heads, alibi_slope, sm_scale,
                 HEAD_DIM, HEAD_DIM_PAD, BLOCK_M, False, USE_TMA,
             )  # fmt: skip
         for start_m in range(mid_hi, row_hi, BLOCK_M):
             dk, dv = _attn_bwd_dkdv_tile(
                 dk, dv, k, v, q_desc, do_desc, q_base, do_base, lse_base, delta_base, stride_qm, stride_qd, stride_dom, stride_dod,
-                batch, start_m, n_queries, q_offset, k_pos, n_keys, head, num_heads, alibi_slope, sm_scale,
+                batch, start_m, n_queries, q_offset, k_pos, n_keys + k_offset, head, num_heads, alibi_slope, sm_scale,
                 HEAD_DIM, HEAD_DIM_PAD, BLOCK_M, True, USE_TMA,
             )  # fmt: skip
 
@@ -491,7 +499,7 @@ def _attn_bwd_dkdv(
 @triton.jit
 def _attn_bwd_dq_tile(
     dq, q, do, lse, delta, q_pos, k_desc, v_desc, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
-    batch, kv_head, start_n, n_keys, head, num_heads, alibi_slope, sm_scale,
+    batch, kv_head, start_n, n_keys, k_offset, head, num_heads, alibi_slope, sm_scale,
     HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, BLOCK_N: tl.constexpr, MASKED: tl.constexpr, USE_TMA: tl.constexpr,
 ):  # fmt: skip
     """Accumulate one key tile's contribution to a query tile's dQ."""
@@ -501,10 +509,10 @@ def _attn_bwd_dq_tile(
         HEAD_DIM_PAD, MASKED, USE_TMA,
     )  # fmt: skip
     v = _load_block(v_desc, v_base, batch, kv_head, start_n, n_keys, stride_vn, stride_vd, BLOCK_N, HEAD_DIM, HEAD_DIM_PAD, MASKED, USE_TMA)  # fmt: skip
-    k_pos = offs_n[None, :]
+    k_pos = (offs_n + k_offset)[None, :]
     qk = tl.dot(q, tl.trans(k))
     p, s2 = _attn_probs(
-        qk, lse[:, None], q_pos, k_pos, n_keys, head, num_heads, alibi_slope, sm_scale, MASKED
+        qk, lse[:, None], q_pos, k_pos, n_keys + k_offset, head, num_heads, alibi_slope, sm_scale, MASKED
     )  # fmt: skip
     dp = tl.dot(do, tl.trans(v))
     ds = p * (dp - delta[:, None])
@@ -522,9 +530,9 @@ def _attn_bwd_dq(
     stride_dob, stride_doh, stride_dom, stride_dod,
     stride_dqb, stride_dqh, stride_dqm, stride_dqd,
     stride_lb, stride_lh,
-    num_heads, kv_group, n_queries, n_keys, sm_scale,
+    num_heads, kv_group, n_queries, n_keys, sm_scale, q_shift, k_shift,
     HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    USE_TMA: tl.constexpr, SEQS: tl.constexpr,
+    USE_TMA: tl.constexpr, SEQS: tl.constexpr, SHIFTED: tl.constexpr,
 ):  # fmt: skip
     """dQ of one query tile of one (batch, head), BLOCK_N keys at a time."""
     start_m = query_tile * BLOCK_M
@@ -565,6 +573,10 @@ def _attn_bwd_dq(
 
     # Bottom-right alignment: query row i sits at position i + n_keys - n_queries.
     q_offset = n_keys - n_queries
+    k_offset = 0  # key row j sits at position j
+    if SHIFTED:  # the call's offsets: query row i at i + q_shift, key row j at j + k_shift
+        q_offset = q_shift
+        k_offset = k_shift
 
     q_pos = (offs_m + q_offset)[:, None]
     q_lo = start_m + q_offset
@@ -575,13 +587,13 @@ def _attn_bwd_dq(
 
     # Keys that any query of this tile can see (from the mask's affine bounds).
     lo = 0
-    hi = tl.minimum(tl.maximum(q_hi, 256 - 1) + 1, n_keys)
+    hi = tl.minimum(tl.maximum(q_hi, 256 - 1) + 1 - k_offset, n_keys)
 
     # Key tiles that every query of this tile sees whole run without the
     # elementwise mask, in a loop with no branch; the tiles on either side
     # of that interior are masked.
     full_lo = 0
-    full_hi = tl.minimum(tl.maximum(q_lo, 256 - 1), n_keys - 1)
+    full_hi = tl.minimum(tl.maximum(q_lo, 256 - 1) - k_offset, n_keys - 1)
     # Split [lo, hi) at tile boundaries into masked tiles, the interior, masked tiles.
     end = (hi + BLOCK_N - 1) // BLOCK_N * BLOCK_N
     mid_lo = tl.minimum(tl.maximum((full_lo + BLOCK_N - 1) // BLOCK_N * BLOCK_N, lo), end)
@@ -589,19 +601,19 @@ def _attn_bwd_dq(
     for start_n in range(lo, mid_lo, BLOCK_N):
         dq = _attn_bwd_dq_tile(
             dq, q, do, lse, delta, q_pos, k_desc, v_desc, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
-            batch, kv_head, start_n, n_keys, head, num_heads, alibi_slope, sm_scale,
+            batch, kv_head, start_n, n_keys, k_offset, head, num_heads, alibi_slope, sm_scale,
             HEAD_DIM, HEAD_DIM_PAD, BLOCK_N, True, USE_TMA,
         )  # fmt: skip
     for start_n in range(mid_lo, mid_hi, BLOCK_N):
         dq = _attn_bwd_dq_tile(
             dq, q, do, lse, delta, q_pos, k_desc, v_desc, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
-            batch, kv_head, start_n, n_keys, head, num_heads, alibi_slope, sm_scale,
+            batch, kv_head, start_n, n_keys, k_offset, head, num_heads, alibi_slope, sm_scale,
             HEAD_DIM, HEAD_DIM_PAD, BLOCK_N, False, USE_TMA,
         )  # fmt: skip
     for start_n in range(mid_hi, hi, BLOCK_N):
         dq = _attn_bwd_dq_tile(
             dq, q, do, lse, delta, q_pos, k_desc, v_desc, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
-            batch, kv_head, start_n, n_keys, head, num_heads, alibi_slope, sm_scale,
+            batch, kv_head, start_n, n_keys, k_offset, head, num_heads, alibi_slope, sm_scale,
             HEAD_DIM, HEAD_DIM_PAD, BLOCK_N, True, USE_TMA,
         )  # fmt: skip
 
@@ -623,9 +635,9 @@ def _attn_bwd(
     stride_dkb, stride_dkh, stride_dkn, stride_dkd,
     stride_dvb, stride_dvh, stride_dvn, stride_dvd,
     stride_lb, stride_lh,
-    num_heads, kv_group, n_queries, n_keys, sm_scale,
+    num_heads, kv_group, n_queries, n_keys, sm_scale, q_shift, k_shift,
     HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    USE_TMA: tl.constexpr, SEQS: tl.constexpr,
+    USE_TMA: tl.constexpr, SEQS: tl.constexpr, SHIFTED: tl.constexpr,
 ):  # fmt: skip
     """Grid: (key tiles + query tiles of BLOCK_N, batch * heads).
 
@@ -650,8 +662,8 @@ def _attn_bwd(
                 stride_dkb, stride_dkh, stride_dkn, stride_dkd,
                 stride_dvb, stride_dvh, stride_dvn, stride_dvd,
                 stride_lb, stride_lh,
-                num_heads, kv_group, n_queries, n_keys, sm_scale,
-                HEAD_DIM, HEAD_DIM_PAD, BLOCK_M, BLOCK_N, USE_TMA, SEQS,
+                num_heads, kv_group, n_queries, n_keys, sm_scale, q_shift, k_shift,
+                HEAD_DIM, HEAD_DIM_PAD, BLOCK_M, BLOCK_N, USE_TMA, SEQS, SHIFTED,
             )  # fmt: skip
     else:
         _attn_bwd_dq(
@@ -663,8 +675,8 @@ def _attn_bwd(
             stride_dob, stride_doh, stride_dom, stride_dod,
             stride_dqb, stride_dqh, stride_dqm, stride_dqd,
             stride_lb, stride_lh,
-            num_heads, kv_group, n_queries, n_keys, sm_scale,
-            HEAD_DIM, HEAD_DIM_PAD, BLOCK_N, BLOCK_M, USE_TMA, SEQS,
+            num_heads, kv_group, n_queries, n_keys, sm_scale, q_shift, k_shift,
+            HEAD_DIM, HEAD_DIM_PAD, BLOCK_N, BLOCK_M, USE_TMA, SEQS, SHIFTED,
         )  # fmt: skip
 
 
@@ -1039,6 +1051,23 @@ def _check_sinks(sinks, q: torch.Tensor):
     if sinks.device != q.device:
         raise ValueError(f"sinks is on {sinks.device}, but q is on {q.device}")
     return sinks
+
+
+def _check_shifts(q_offset, k_offset, q: torch.Tensor, k: torch.Tensor, seqs) -> tuple | None:
+    """attention()'s position offsets as the kernels take them: None (the
+    spec's alignment) or (q_offset, k_offset), ints >= 0 that keep every
+    position below MAX_SEQ_LEN (the bound of the kernels' int32 proofs)."""
+    if q_offset is None and k_offset is None:
+        return None
+    lengths = (q.shape[2], k.shape[2]) if seqs is None else seqs[1:3]
+    for name, offset, n in (("q_offset", q_offset, lengths[0]), ("k_offset", k_offset, lengths[1])):
+        if offset is not None and type(offset) is not int:
+            raise TypeError(f"{name} must be an int, got {type(offset).__name__}")
+        if (offset or 0) < 0:
+            raise ValueError(f"{name} must be >= 0, got {offset}")
+        if (offset or 0) + n > MAX_SEQ_LEN:
+            raise ValueError(f"{name} + {n} rows passes this module's MAX_SEQ_LEN = {MAX_SEQ_LEN}")
+    return q_offset or 0, k_offset or 0
 
 
 def _sinks_grad(sinks, o, lse, do, dlse) -> torch.Tensor:
@@ -1661,10 +1690,11 @@ def forward(
 
 def _forward(
     q, k, v, scale: float, block_m=None, block_n=None, num_warps=None, num_stages=None, tma=None, seqs=None,
-    sinks=None,
+    sinks=None, shifts=None,
 ):  # fmt: skip
     """forward() on checked inputs and a resolved scale; `seqs` from
-    `Sequences.bind` for a padded or varlen call (q, k, v as `_kernel_view`s)."""
+    `Sequences.bind` for a padded or varlen call (q, k, v as `_kernel_view`s),
+    `shifts` the call's (q_offset, k_offset)."""
     rows_q, rows_k = (None, None) if seqs is None or not seqs[3] else seqs[1:3]
     q, k, v = _rows_in_int32("q", q, rows_q), _rows_in_int32("k", k, rows_k), _rows_in_int32("v", v, rows_k)  # fmt: skip
     default = _launch_config(q.device)
@@ -1688,8 +1718,8 @@ def _forward(
         q, k, v, o, lse, _alibi_or_placeholder(num_heads, lse), lse if seqs is None else seqs[0],
         lse if sinks is None else sinks, *_descriptors(use_tma, block_n, k, v),
         *q.stride(), *k.stride(), *v.stride(), *o.stride(), *lse.stride()[:2],
-        num_heads, num_heads // k.shape[1], n_queries, n_keys, scale,
-        HEAD_DIM, HEAD_DIM_PAD, block_m, block_n, use_tma, seqs is not None, sinks is not None,  # the constexprs
+        num_heads, num_heads // k.shape[1], n_queries, n_keys, scale, *(shifts or (0, 0)),
+        HEAD_DIM, HEAD_DIM_PAD, block_m, block_n, use_tma, seqs is not None, sinks is not None, shifts is not None,  # the constexprs
         num_warps=num_warps or default[2],
         num_stages=num_stages or default[3],
     )  # fmt: skip
@@ -1738,6 +1768,7 @@ def backward(
 def _backward(
     q, k, v, o, lse, do, dlse, scale: float,
     block_m=None, block_n=None, num_warps=None, num_stages=None, tma=None, seqs=None,
+    shifts=None,
 ):  # fmt: skip
     """backward() on checked inputs and a resolved scale; `seqs` as in
     _forward (then q, k, v, o, lse, do and dlse are kernel views)."""
@@ -1773,7 +1804,7 @@ def _backward(
         dlse = dlse.to(torch.float32).contiguous()
     delta = torch.empty_strided(lse.shape, lse.stride(), dtype=lse.dtype, device=lse.device)
     alibi_slopes = _alibi_or_placeholder(num_heads, lse)
-    if not explicit and seqs is None and _gluon_backward_supported(q, k, v, o, do):
+    if not explicit and seqs is None and shifts is None and _gluon_backward_supported(q, k, v, o, do):  # fmt: skip
         _gluon_backward(q, k, v, o, do, lse, dlse, delta, dq, dk, dv, alibi_slopes, scale)
         return dq, dk, dv
     grid = (_cdiv(n_queries, block_m), batch * num_heads)
@@ -1793,8 +1824,8 @@ def _backward(
         q, k, v, do, lse, delta, dq, dk, dv, alibi_slopes, lse if seqs is None else seqs[0],
         *_descriptors(use_tma, block_m, q, do, k, v),
         *q.stride(), *k.stride(), *v.stride(), *do.stride(), *dq.stride(), *dk.stride(), *dv.stride(),
-        *lse.stride()[:2], num_heads, num_heads // kv_heads, n_queries, n_keys, scale,
-        HEAD_DIM, HEAD_DIM_PAD, block_m, block_n, use_tma, seqs is not None,  # the constexprs
+        *lse.stride()[:2], num_heads, num_heads // kv_heads, n_queries, n_keys, scale, *(shifts or (0, 0)),
+        HEAD_DIM, HEAD_DIM_PAD, block_m, block_n, use_tma, seqs is not None, shifts is not None,  # the constexprs
         num_warps=num_warps, num_stages=num_stages,
     )  # fmt: skip
     return dq, dk, dv
@@ -1805,13 +1836,14 @@ class _Attention(torch.autograd.Function):
     q, k, v, o in the caller's layout ((T, H, D) for varlen calls)."""
 
     @staticmethod
-    def forward(ctx, q, k, v, scale, seqs, sinks):
+    def forward(ctx, q, k, v, scale, seqs, sinks, shifts):
         o, lse = _forward(
-            *(_kernel_view(x, seqs) for x in (q, k, v)), scale, seqs=seqs, sinks=sinks
+            *(_kernel_view(x, seqs) for x in (q, k, v)), scale, seqs=seqs, sinks=sinks,
+            shifts=shifts,
         )  # fmt: skip
         o, lse = _user_view(o, seqs), _user_view(lse, seqs)  # attention() checked the inputs
         ctx.save_for_backward(q, k, v, o, lse, sinks)
-        ctx.scale, ctx.seqs = scale, seqs
+        ctx.scale, ctx.seqs, ctx.shifts = scale, seqs, shifts
         ctx.set_materialize_grads(False)
         return o, lse
 
@@ -1825,10 +1857,11 @@ class _Attention(torch.autograd.Function):
         do = None if do is None else _kernel_view(do, seqs)
         grads = _backward(
             *(_kernel_view(x, seqs) for x in (q, k, v)), o, lse, do, dlse, ctx.scale, seqs=seqs,
+            shifts=ctx.shifts,
         )  # fmt: skip
         dq, dk, dv = (_user_view(g, seqs) for g in grads)
         dsinks = _sinks_grad(sinks, o, lse, do, dlse) if ctx.needs_input_grad[5] else None
-        return (dq, dk, dv, None, None, dsinks)
+        return (dq, dk, dv, None, None, dsinks, None)
 
 
 def attention(
@@ -1847,6 +1880,8 @@ def attention(
     max_seqlen_q: int | None = None,
     max_seqlen_k: int | None = None,
     sinks: torch.Tensor | None = None,
+    q_offset: int | None = None,
+    k_offset: int | None = None,
 ):
     """Attention of the `prefix_lm` variant, differentiable in q, k and v.
 
@@ -1873,13 +1908,18 @@ def attention(
     sinks (gpt-oss's attention sinks): a real tensor (H,), one logit per
     query head that joins every row's softmax sum with no value; the lse
     includes it, and it gets its gradient when it requires one.
+
+    q_offset, k_offset (ints >= 0): the positions of the first query and key
+    rows (of every sequence), in place of the spec's alignment: a chunk of a
+    prefill, a shard of a sequence.
     """
     seqs = _bound_sequences(
         q, k, sequences, seqlens_q=seqlens_q, seqlens_k=seqlens_k, padding_side=padding_side,
         cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k,
     )  # fmt: skip
     _check_inputs(*(_kernel_view(x, seqs) for x in (q, k, v)), seqs)
-    args = (q, k, v, _resolve_scale(scale), seqs, _check_sinks(sinks, q))
+    shifts = _check_shifts(q_offset, k_offset, q, k, seqs)
+    args = (q, k, v, _resolve_scale(scale), seqs, _check_sinks(sinks, q), shifts)
     if _on_other_gpu(q):  # autograd runs the backward on q's GPU by itself
         with torch.cuda.device(q.device):
             o, lse = _Attention.apply(*args)

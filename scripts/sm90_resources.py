@@ -67,6 +67,7 @@ def compile_kernel(
         USE_TMA=tma,
         SEQS=seqs,
         HAS_SINKS=False,
+        SHIFTED=False,
     )
     signature, attrs = {}, {}
     names = [p.name for p in fn.params]
