@@ -446,6 +446,29 @@ def _check_shifts(q_offset, k_offset, q: torch.Tensor, k: torch.Tensor, seqs) ->
     return q_offset or 0, k_offset or 0
 
 
+def _free_op_name(name: str) -> str:
+    """`name`, or `name` with a count, that no operator of the namespace
+    flashgen has yet (a module imported twice registers its ops twice)."""
+    taken, count = name, 1
+    while hasattr(torch.ops.flashgen, f"{taken}_fwd"):
+        taken, count = f"{name}_{count}", count + 1
+    return taken
+
+
+def _op_args(table, call: list) -> tuple:
+    """The custom ops' arguments back as `seqs` and `shifts`: call is
+    [longest q, longest k, varlen, q_offset, k_offset, shifted]."""
+    seqs = None if table is None else (table, call[0], call[1], bool(call[2]))
+    return seqs, (tuple(call[3:5]) if call[5] else None)
+
+
+def _op_output(x: torch.Tensor, seqs) -> torch.Tensor:
+    """A kernel-layout output in the caller's layout, as the tensor that owns
+    its memory (a custom op may not return a view)."""
+    x = _user_view(x, seqs)
+    return x if x._base is None else x._base
+
+
 def _sinks_grad(sinks, o, lse, do, dlse) -> torch.Tensor:
     """The gradient of the sinks, from (B, H, N[, D]) kernel views: the sink's
     probability exp(sink - lse) times -(rowsum(dO * O) - dlse), summed over

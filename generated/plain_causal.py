@@ -1070,6 +1070,29 @@ def _check_shifts(q_offset, k_offset, q: torch.Tensor, k: torch.Tensor, seqs) ->
     return q_offset or 0, k_offset or 0
 
 
+def _free_op_name(name: str) -> str:
+    """`name`, or `name` with a count, that no operator of the namespace
+    flashgen has yet (a module imported twice registers its ops twice)."""
+    taken, count = name, 1
+    while hasattr(torch.ops.flashgen, f"{taken}_fwd"):
+        taken, count = f"{name}_{count}", count + 1
+    return taken
+
+
+def _op_args(table, call: list) -> tuple:
+    """The custom ops' arguments back as `seqs` and `shifts`: call is
+    [longest q, longest k, varlen, q_offset, k_offset, shifted]."""
+    seqs = None if table is None else (table, call[0], call[1], bool(call[2]))
+    return seqs, (tuple(call[3:5]) if call[5] else None)
+
+
+def _op_output(x: torch.Tensor, seqs) -> torch.Tensor:
+    """A kernel-layout output in the caller's layout, as the tensor that owns
+    its memory (a custom op may not return a view)."""
+    x = _user_view(x, seqs)
+    return x if x._base is None else x._base
+
+
 def _sinks_grad(sinks, o, lse, do, dlse) -> torch.Tensor:
     """The gradient of the sinks, from (B, H, N[, D]) kernel views: the sink's
     probability exp(sink - lse) times -(rowsum(dO * O) - dlse), summed over
@@ -2118,6 +2141,68 @@ class _Attention(torch.autograd.Function):
         return (dq, dk, dv, None, None, dsinks, None)
 
 
+# Under torch.compile, attention() is one operator: forward and backward are
+# torch.library custom ops with shape-only (fake) versions, the backward the
+# forward's autograd formula, so a compiled model has no graph break here.
+# `call` is (longest q, longest k, varlen, q_offset, k_offset, shifted).
+_OP = _free_op_name("plain_causal_1cb70bd3ef0e")
+
+
+@torch.library.custom_op(f"flashgen::{_OP}_fwd", mutates_args=())
+def _op_forward(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, table: torch.Tensor | None,
+    call: list[int], sinks: torch.Tensor | None, inputs: list[torch.Tensor],
+) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+    seqs, shifts = _op_args(table, call)
+    q, k, v = (_kernel_view(x, seqs) for x in (q, k, v))
+    o, lse = _forward(q, k, v, scale, seqs=seqs, sinks=sinks, shifts=shifts)
+    return _op_output(o, seqs), _op_output(lse, seqs)
+
+
+@_op_forward.register_fake
+def _(q, k, v, scale, table, call, sinks, inputs):
+    rows = (q.shape[1], q.shape[0]) if call[2] else q.shape[:3]  # varlen: (H, T)
+    return q.new_empty(q.shape), q.new_empty(rows, dtype=torch.float32)  # contiguous, as _forward's
+
+
+@torch.library.custom_op(f"flashgen::{_OP}_bwd", mutates_args=())
+def _op_backward(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor, lse: torch.Tensor,
+    do: torch.Tensor, dlse: torch.Tensor, scale: float, table: torch.Tensor | None,
+    call: list[int], inputs: list[torch.Tensor],
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:  # fmt: skip
+    seqs, shifts = _op_args(table, call)
+    dlse = dlse.contiguous().unsqueeze(0) if call[2] else dlse
+    q, k, v, o, lse, do = (_kernel_view(x, seqs) for x in (q, k, v, o, lse, do))
+    grads = _backward(q, k, v, o, lse, do, dlse, scale, seqs=seqs, shifts=shifts)
+    return tuple(_op_output(g, seqs) for g in grads)
+
+
+@_op_backward.register_fake
+def _(q, k, v, o, lse, do, dlse, scale, table, call, inputs):
+    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
+
+
+def _op_setup(ctx, inputs, output):
+    q, k, v, scale, table, call, sinks, extra = inputs
+    ctx.save_for_backward(q, k, v, *output, table, sinks, *extra)
+    ctx.scale, ctx.call = scale, call
+
+
+def _op_grad(ctx, do, dlse):
+    q, k, v, o, lse, table, sinks, *extra = ctx.saved_tensors
+    dq, dk, dv = _op_backward(q, k, v, o, lse, do, dlse, ctx.scale, table, ctx.call, extra)
+    dsinks = None
+    if ctx.needs_input_grad[6]:
+        seqs = _op_args(table, ctx.call)[0]
+        dlse = dlse.unsqueeze(0) if ctx.call[2] else dlse
+        dsinks = _sinks_grad(sinks, *(_kernel_view(x, seqs) for x in (o, lse, do)), dlse)
+    return dq, dk, dv, None, None, None, dsinks, [None] * len(extra)
+
+
+_op_forward.register_autograd(_op_grad, setup_context=_op_setup)
+
+
 def attention(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -2173,6 +2258,14 @@ def attention(
     )  # fmt: skip
     _check_inputs(*(_kernel_view(x, seqs) for x in (q, k, v)), seqs)
     shifts = _check_shifts(q_offset, k_offset, q, k, seqs)
+    if torch.compiler.is_compiling():
+        table, call = (None, [0, 0, 0]) if seqs is None else (seqs[0], [*seqs[1:3], int(seqs[3])])
+        call += [*shifts, 1] if shifts else [0, 0, 0]
+        o, lse = _op_forward(
+            q, k, v, _resolve_scale(scale), table, call, _check_sinks(sinks, q),
+            [],
+        )  # fmt: skip
+        return (o, lse) if return_lse else o
     args = (q, k, v, _resolve_scale(scale), seqs, _check_sinks(sinks, q), shifts)
     if _on_other_gpu(q):  # autograd runs the backward on q's GPU by itself
         with torch.cuda.device(q.device):

@@ -275,15 +275,16 @@ def test_long_lowered_lines_are_marked_for_black():
 
 # Issue 20 asked for ~1,200 lines (1,029-1,068 at 91af3ce).  Padded and varlen
 # calls, attention sinks and position offsets (decision 046) added ~380 lines
-# to every module (1,405-1,444), and the budget moved with them: a line
-# count is a readability budget, and these are features every module has.
-TRITON_ONLY_MAX_LINES = 1450
+# to every module, the torch.compile operators (decision 047) ~90 more
+# (1,498-1,537), and the budget moved with them: a line count is a
+# readability budget, and these are features every module has.
+TRITON_ONLY_MAX_LINES = 1550
 
 
 @pytest.mark.parametrize("variant", VARIANTS, ids=lambda v: v.name)
 def test_triton_only_module_is_short_clean_and_self_contained(variant):
     """A vendor who wants the shortest module builds it --triton-only: within
-    1,450 lines for every example, no Gluon anywhere, black-clean as emitted,
+    1,550 lines for every example, no Gluon anywhere, black-clean as emitted,
     and every global its functions read is defined."""
     import black
 
