@@ -2284,7 +2284,12 @@ def attention(
     q_offset, k_offset (ints >= 0): the positions of the first query and key
     rows (of every sequence), in place of the spec's alignment: a chunk of a
     prefill, a shard of a sequence.
+
+    Under torch.autocast, q, k and v are cast to torch.bfloat16 first (as SDPA casts
+    to the autocast dtype); outside it, another dtype is a TypeError.
     """
+    if isinstance(q, torch.Tensor) and torch.is_autocast_enabled(q.device.type):
+        q, k, v = (x.to(DTYPE) if isinstance(x, torch.Tensor) else x for x in (q, k, v))
     seqs = _bound_sequences(
         q, k, sequences, seqlens_q=seqlens_q, seqlens_k=seqlens_k, padding_side=padding_side,
         cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k,

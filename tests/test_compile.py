@@ -130,3 +130,15 @@ def test_modules_of_the_same_spec_register_operators_of_their_own():
         names.append(module._OP)
     assert names[0] != names[1]
     assert all(hasattr(torch.ops.flashgen, f"{name}_fwd") for name in names)
+
+
+@pytest.mark.kernels
+def test_autocast_casts_the_inputs_to_the_modules_dtype():
+    module = flashgen.load("attention a { head_dim = 16; dtype = fp16; mask = causal }")
+    q, k, v = (_rand(1, 2, 9, 16, seed=i, grad=False) for i in range(3))  # float32
+    with pytest.raises(TypeError, match="dtype"):
+        module.attention(q, k, v)
+    with torch.autocast(DEVICE, dtype=torch.bfloat16):
+        o = module.attention(q, k, v)
+    assert o.dtype == torch.float16
+    assert torch.equal(o, module.attention(*(x.half() for x in (q, k, v))))
