@@ -13,7 +13,7 @@ end=$((SECONDS + ${1:-560}))
 shift || true
 left() { echo $((end - SECONDS)); }
 timeout "$(left)" python3 -m pytest -q -p no:cacheprovider -m kernels -rf \
-  tests/test_sequences.py tests/test_sinks.py >"$OUT/test_sequences.txt" 2>&1
+  tests/test_sequences.py tests/test_sinks.py tests/test_offsets.py >"$OUT/test_sequences.txt" 2>&1
 echo "test_sequences, test_sinks: exit $?"; tail -5 "$OUT/test_sequences.txt"
 timeout "$(left)" python3 scripts/gpu_triton_only_smoke.py >"$OUT/triton_only.txt" 2>&1
 echo "examples smoke: exit $?"; tail -1 "$OUT/triton_only.txt"
