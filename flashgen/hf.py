@@ -22,6 +22,7 @@ model's (as under autocast).
 
 from __future__ import annotations
 
+import re
 import types
 
 import torch
@@ -53,7 +54,11 @@ def register(module: types.ModuleType, name: str | None = None) -> str:
 
 
 def _block_name(module: types.ModuleType) -> str:
-    return module.SPEC.split("attention", 1)[1].split("{", 1)[0].strip()
+    """The block's name, from the canonical spec text the module holds."""
+    match = re.match(r"\s*attention\s+(\w+)", module.SPEC)
+    if match is None:
+        raise TypeError(f"{module.__name__}.SPEC does not begin with an attention block")
+    return match.group(1)
 
 
 def _attention(module, query, key, value, attention_mask, scaling, dropout):
