@@ -56,7 +56,8 @@ def compile_kernel(
 ):
     """ptxas's report for `fn` compiled at `config` = (BLOCK_M, BLOCK_N, warps, stages);
     `pointers` gives the type of pointer parameters other than the tensors' and fp32 ones
-    (a module's inputs and plans); `seqs` compiles the padded/varlen kernels (SEQS)."""
+    (a module's inputs and plans); `seqs` compiles the kernels of padded and varlen calls
+    with sinks and position offsets (SEQS, HAS_SINKS and SHIFTED)."""
     pointers = dict(pointers or {}, seq_ptr="*i32")
     block_m, block_n, warps, stages = config
     constants = dict(
@@ -66,8 +67,8 @@ def compile_kernel(
         BLOCK_N=block_n,
         USE_TMA=tma,
         SEQS=seqs,
-        HAS_SINKS=False,
-        SHIFTED=False,
+        HAS_SINKS=seqs,
+        SHIFTED=seqs,
     )
     signature, attrs = {}, {}
     names = [p.name for p in fn.params]
@@ -311,7 +312,10 @@ def main() -> None:
     parser.add_argument("--no-tma", action="store_true", help="pointer loads in both passes")
     parser.add_argument("--json", action="store_true", help="one JSON object per kernel")
     parser.add_argument(
-        "--seqs", action="store_true", help="the kernels of padded and varlen calls (SEQS)"
+        "--seqs",
+        action="store_true",
+        help="the kernels of padded and varlen calls, with sinks and offsets (SEQS, HAS_SINKS, "
+        "SHIFTED)",
     )
     parser.add_argument(
         "--ptx",

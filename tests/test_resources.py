@@ -167,3 +167,13 @@ def test_kernels_of_masks_that_read_runtime_data_compile_for_sm90(tmp_path):
     names = ("packed_docs", "prefix_per_example", "reach_per_head", "batch_index")
     for kernel in ("_attn_fwd", "_attn_bwd", "_attn_plan"):
         assert {(name, kernel) for name in names} <= kernels, stdout[-2000:]
+
+
+def test_kernels_of_padded_and_varlen_calls_with_sinks_and_offsets_compile_for_sm90():
+    """The SEQS, HAS_SINKS and SHIFTED paths (decision 046) compile for sm_90a:
+    ALiBi in fp16 (bloom_alibi) and a periodic mask with a score in fp32 (custom)."""
+    rows, stdout = _sm90_resources("examples/bloom_alibi.attn", "examples/custom.attn", "--seqs")
+    assert "failed" not in stdout, stdout[-2000:]
+    kernels = {(r["name"], r["kernel"], r["tma"]) for r in rows}
+    for name in ("bloom_alibi", "custom"):
+        assert {(name, "_attn_fwd", False), (name, "_attn_bwd", False)} <= kernels, stdout
