@@ -292,7 +292,8 @@ class Sequences:
             columns = []
             for x, n in zip(self.tensors, (n_q, n_k)):
                 lengths = torch.full((batch,), n, device=q.device) if x is None else x.long()
-                columns += [n - lengths if self.side == "left" else 0 * lengths, lengths]
+                first = n - lengths if self.side == "left" else torch.zeros_like(lengths)
+                columns += [first, lengths]
             table = self._tables[(n_q, n_k)] = torch.stack(columns, 1).to(torch.int32)
         longest = tuple(n if m is None else m for m, n in zip(self.longest, (n_q, n_k)))
         return (table, *longest, False)
@@ -408,9 +409,12 @@ def _user_view(x: torch.Tensor, seqs) -> torch.Tensor:
 def _seq_full(shape: tuple, seqs, like: torch.Tensor, fill: float = 0.0, dtype=None):
     """A kernel-layout (B, H, N[, D]) tensor filled with `fill`, which rows
     that no sequence covers (padding) keep."""
-    user = (
-        shape if not seqs[3] else (shape[2], shape[1], *shape[3:]) if len(shape) == 4 else shape[1:]
-    )
+    if not seqs[3]:
+        user = shape
+    elif len(shape) == 4:  # (1, H, T, D) -> (T, H, D)
+        user = (shape[2], shape[1], shape[3])
+    else:  # (1, H, T) -> (H, T)
+        user = shape[1:]
     return _kernel_view(torch.full(user, fill, dtype=dtype or like.dtype, device=like.device), seqs)
 
 
@@ -430,9 +434,8 @@ def _check_sinks(sinks, q: torch.Tensor):
 
 
 def _check_shifts(q_offset, k_offset, q: torch.Tensor, k: torch.Tensor, seqs) -> tuple | None:
-    """attention()'s position offsets as the kernels take them: None (the
-    spec's alignment) or (q_offset, k_offset), ints >= 0 that keep every
-    position below MAX_SEQ_LEN (the bound of the kernels' int32 proofs)."""
+    """attention()'s offsets: None (the spec's alignment) or (q_offset, k_offset),
+    ints >= 0 keeping every position below MAX_SEQ_LEN (the int32 proofs' bound)."""
     if q_offset is None and k_offset is None:
         return None
     lengths = (q.shape[2], k.shape[2]) if seqs is None else seqs[1:3]
@@ -455,25 +458,31 @@ def _free_op_name(name: str) -> str:
     return taken
 
 
-def _op_args(table, call: list) -> tuple:
-    """The custom ops' arguments back as `seqs` and `shifts`: call is
+def _op_args(table, call: list, sinks=None) -> tuple:
+    """The custom ops' arguments back as (seqs, sinks, shifts): call is
     [longest q, longest k, varlen, q_offset, k_offset, shifted]."""
     seqs = None if table is None else (table, call[0], call[1], bool(call[2]))
-    return seqs, (tuple(call[3:5]) if call[5] else None)
+    return seqs, sinks, (tuple(call[3:5]) if call[5] else None)
 
 
-def _op_output(x: torch.Tensor, seqs) -> torch.Tensor:
-    """A kernel-layout output in the caller's layout, as the tensor that owns
-    its memory (a custom op may not return a view)."""
+def _owned_user_view(x: torch.Tensor, seqs) -> torch.Tensor:
+    """A kernel-layout output in the caller's layout, not a view (as custom ops return)."""
     x = _user_view(x, seqs)
     return x if x._base is None else x._base
 
 
-def _sinks_grad(sinks, o, lse, do, dlse) -> torch.Tensor:
-    """The gradient of the sinks, from (B, H, N[, D]) kernel views: the sink's
-    probability exp(sink - lse) times -(rowsum(dO * O) - dlse), summed over
-    every row a sequence covers (a torch reduction: the same bits every call)."""
-    delta = torch.zeros_like(lse) if do is None else (do.float() * o.float()).sum(-1)
+def _sinks_grad(sinks, o, lse, do, dlse, seqs) -> torch.Tensor:
+    """The gradient of the sinks, from o, lse, dO and dlse in the caller's
+    layout: the sink's probability exp(sink - lse) times -(rowsum(dO * O) -
+    dlse), summed over every row a sequence covers (a torch reduction: the
+    same bits every call)."""
+    o, lse = _kernel_view(o, seqs), _kernel_view(lse, seqs)
+    if dlse is not None and seqs is not None and seqs[3]:
+        dlse = dlse.unsqueeze(0)
+    if do is None:
+        delta = torch.zeros_like(lse)
+    else:
+        delta = (_kernel_view(do, seqs).float() * o.float()).sum(-1)
     if dlse is not None:
         delta = delta - dlse.float()
     p = torch.exp(sinks.float()[None, :, None] - lse)

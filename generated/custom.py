@@ -903,7 +903,8 @@ class Sequences:
             columns = []
             for x, n in zip(self.tensors, (n_q, n_k)):
                 lengths = torch.full((batch,), n, device=q.device) if x is None else x.long()
-                columns += [n - lengths if self.side == "left" else 0 * lengths, lengths]
+                first = n - lengths if self.side == "left" else torch.zeros_like(lengths)
+                columns += [first, lengths]
             table = self._tables[(n_q, n_k)] = torch.stack(columns, 1).to(torch.int32)
         longest = tuple(n if m is None else m for m, n in zip(self.longest, (n_q, n_k)))
         return (table, *longest, False)
@@ -1019,9 +1020,12 @@ def _user_view(x: torch.Tensor, seqs) -> torch.Tensor:
 def _seq_full(shape: tuple, seqs, like: torch.Tensor, fill: float = 0.0, dtype=None):
     """A kernel-layout (B, H, N[, D]) tensor filled with `fill`, which rows
     that no sequence covers (padding) keep."""
-    user = (
-        shape if not seqs[3] else (shape[2], shape[1], *shape[3:]) if len(shape) == 4 else shape[1:]
-    )
+    if not seqs[3]:
+        user = shape
+    elif len(shape) == 4:  # (1, H, T, D) -> (T, H, D)
+        user = (shape[2], shape[1], shape[3])
+    else:  # (1, H, T) -> (H, T)
+        user = shape[1:]
     return _kernel_view(torch.full(user, fill, dtype=dtype or like.dtype, device=like.device), seqs)
 
 
@@ -1041,9 +1045,8 @@ def _check_sinks(sinks, q: torch.Tensor):
 
 
 def _check_shifts(q_offset, k_offset, q: torch.Tensor, k: torch.Tensor, seqs) -> tuple | None:
-    """attention()'s position offsets as the kernels take them: None (the
-    spec's alignment) or (q_offset, k_offset), ints >= 0 that keep every
-    position below MAX_SEQ_LEN (the bound of the kernels' int32 proofs)."""
+    """attention()'s offsets: None (the spec's alignment) or (q_offset, k_offset),
+    ints >= 0 keeping every position below MAX_SEQ_LEN (the int32 proofs' bound)."""
     if q_offset is None and k_offset is None:
         return None
     lengths = (q.shape[2], k.shape[2]) if seqs is None else seqs[1:3]
@@ -1066,25 +1069,31 @@ def _free_op_name(name: str) -> str:
     return taken
 
 
-def _op_args(table, call: list) -> tuple:
-    """The custom ops' arguments back as `seqs` and `shifts`: call is
+def _op_args(table, call: list, sinks=None) -> tuple:
+    """The custom ops' arguments back as (seqs, sinks, shifts): call is
     [longest q, longest k, varlen, q_offset, k_offset, shifted]."""
     seqs = None if table is None else (table, call[0], call[1], bool(call[2]))
-    return seqs, (tuple(call[3:5]) if call[5] else None)
+    return seqs, sinks, (tuple(call[3:5]) if call[5] else None)
 
 
-def _op_output(x: torch.Tensor, seqs) -> torch.Tensor:
-    """A kernel-layout output in the caller's layout, as the tensor that owns
-    its memory (a custom op may not return a view)."""
+def _owned_user_view(x: torch.Tensor, seqs) -> torch.Tensor:
+    """A kernel-layout output in the caller's layout, not a view (as custom ops return)."""
     x = _user_view(x, seqs)
     return x if x._base is None else x._base
 
 
-def _sinks_grad(sinks, o, lse, do, dlse) -> torch.Tensor:
-    """The gradient of the sinks, from (B, H, N[, D]) kernel views: the sink's
-    probability exp(sink - lse) times -(rowsum(dO * O) - dlse), summed over
-    every row a sequence covers (a torch reduction: the same bits every call)."""
-    delta = torch.zeros_like(lse) if do is None else (do.float() * o.float()).sum(-1)
+def _sinks_grad(sinks, o, lse, do, dlse, seqs) -> torch.Tensor:
+    """The gradient of the sinks, from o, lse, dO and dlse in the caller's
+    layout: the sink's probability exp(sink - lse) times -(rowsum(dO * O) -
+    dlse), summed over every row a sequence covers (a torch reduction: the
+    same bits every call)."""
+    o, lse = _kernel_view(o, seqs), _kernel_view(lse, seqs)
+    if dlse is not None and seqs is not None and seqs[3]:
+        dlse = dlse.unsqueeze(0)
+    if do is None:
+        delta = torch.zeros_like(lse)
+    else:
+        delta = (_kernel_view(do, seqs).float() * o.float()).sum(-1)
     if dlse is not None:
         delta = delta - dlse.float()
     p = torch.exp(sinks.float()[None, :, None] - lse)
@@ -1295,10 +1304,10 @@ def _backward(
 ):  # fmt: skip
     """backward() on checked inputs and a resolved scale; `seqs` as in
     _forward (then q, k, v, o, lse, do and dlse are kernel views)."""
-    rows = {} if seqs is None or not seqs[3] else {"q": seqs[1], "o": seqs[1], "do": seqs[1]}
-    rows_k = None if seqs is None or not seqs[3] else seqs[2]
-    q, k, v, o = (_rows_in_int32(n, x, rows.get(n, rows_k)) for n, x in (("q", q), ("k", k), ("v", v), ("o", o)))  # fmt: skip
-    do = None if do is None else _rows_in_int32("do", do, rows.get("do"))
+    rows_q, rows_k = (None, None) if seqs is None or not seqs[3] else seqs[1:3]
+    q, o = _rows_in_int32("q", q, rows_q), _rows_in_int32("o", o, rows_q)
+    k, v = _rows_in_int32("k", k, rows_k), _rows_in_int32("v", v, rows_k)
+    do = None if do is None else _rows_in_int32("do", do, rows_q)
     default = _launch_config(q.device, backward=True)
     block_m, block_n = block_m or default[0], block_n or default[1]
     _check_blocks(block_m, block_n)
@@ -1350,17 +1359,32 @@ def _backward(
     return dq, dk, dv
 
 
+def _layout_forward(q, k, v, scale: float, seqs, sinks, shifts, inputs=()):
+    """_forward on the caller's layout ((T, H, D) for varlen calls): o and the
+    lse in that layout, each the tensor that owns its memory."""
+    q, k, v = (_kernel_view(x, seqs) for x in (q, k, v))
+    o, lse = _forward(q, k, v, scale, seqs=seqs, sinks=sinks, shifts=shifts)
+    return _owned_user_view(o, seqs), _owned_user_view(lse, seqs)
+
+
+def _layout_backward(q, k, v, o, lse, do, dlse, scale: float, seqs, shifts, inputs=()):
+    """_backward on the caller's layout: dq, dk, dv in that layout."""
+    if dlse is not None and seqs is not None and seqs[3]:
+        dlse = dlse.contiguous().unsqueeze(0)
+    q, k, v, o, lse = (_kernel_view(x, seqs) for x in (q, k, v, o, lse))
+    do = None if do is None else _kernel_view(do, seqs)
+    grads = _backward(q, k, v, o, lse, do, dlse, scale, seqs=seqs, shifts=shifts)
+    return tuple(_owned_user_view(g, seqs) for g in grads)
+
+
 class _Attention(torch.autograd.Function):
     """Saves q, k, v, o and the log-sum-exp: nothing of size Nq x Nk.
     q, k, v, o in the caller's layout ((T, H, D) for varlen calls)."""
 
     @staticmethod
     def forward(ctx, q, k, v, scale, seqs, sinks, shifts):
-        o, lse = _forward(
-            *(_kernel_view(x, seqs) for x in (q, k, v)), scale, seqs=seqs, sinks=sinks,
-            shifts=shifts,
-        )  # fmt: skip
-        o, lse = _user_view(o, seqs), _user_view(lse, seqs)  # attention() checked the inputs
+        # attention() checked the arguments.
+        o, lse = _layout_forward(q, k, v, scale, seqs, sinks, shifts)
         ctx.save_for_backward(q, k, v, o, lse, sinks)
         ctx.scale, ctx.seqs, ctx.shifts = scale, seqs, shifts
         ctx.set_materialize_grads(False)
@@ -1369,17 +1393,9 @@ class _Attention(torch.autograd.Function):
     @staticmethod
     def backward(ctx, do, dlse):
         q, k, v, o, lse, sinks = ctx.saved_tensors
-        seqs = ctx.seqs
-        if dlse is not None and seqs is not None and seqs[3]:
-            dlse = dlse.contiguous().unsqueeze(0)
-        o, lse = _kernel_view(o, seqs), _kernel_view(lse, seqs)
-        do = None if do is None else _kernel_view(do, seqs)
-        grads = _backward(
-            *(_kernel_view(x, seqs) for x in (q, k, v)), o, lse, do, dlse, ctx.scale, seqs=seqs,
-            shifts=ctx.shifts,
-        )  # fmt: skip
-        dq, dk, dv = (_user_view(g, seqs) for g in grads)
-        dsinks = _sinks_grad(sinks, o, lse, do, dlse) if ctx.needs_input_grad[5] else None
+        args = (ctx.scale, ctx.seqs, ctx.shifts)
+        dq, dk, dv = _layout_backward(q, k, v, o, lse, do, dlse, *args)
+        dsinks = _sinks_grad(sinks, o, lse, do, dlse, ctx.seqs) if ctx.needs_input_grad[5] else None
         return (dq, dk, dv, None, None, dsinks, None)
 
 
@@ -1395,10 +1411,7 @@ def _op_forward(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, table: torch.Tensor | None,
     call: list[int], sinks: torch.Tensor | None, inputs: list[torch.Tensor],
 ) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
-    seqs, shifts = _op_args(table, call)
-    q, k, v = (_kernel_view(x, seqs) for x in (q, k, v))
-    o, lse = _forward(q, k, v, scale, seqs=seqs, sinks=sinks, shifts=shifts)
-    return _op_output(o, seqs), _op_output(lse, seqs)
+    return _layout_forward(q, k, v, scale, *_op_args(table, call, sinks), inputs)
 
 
 @_op_forward.register_fake
@@ -1413,11 +1426,8 @@ def _op_backward(
     do: torch.Tensor, dlse: torch.Tensor, scale: float, table: torch.Tensor | None,
     call: list[int], inputs: list[torch.Tensor],
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:  # fmt: skip
-    seqs, shifts = _op_args(table, call)
-    dlse = dlse.contiguous().unsqueeze(0) if call[2] else dlse
-    q, k, v, o, lse, do = (_kernel_view(x, seqs) for x in (q, k, v, o, lse, do))
-    grads = _backward(q, k, v, o, lse, do, dlse, scale, seqs=seqs, shifts=shifts)
-    return tuple(_op_output(g, seqs) for g in grads)
+    seqs, _, shifts = _op_args(table, call)
+    return _layout_backward(q, k, v, o, lse, do, dlse, scale, seqs, shifts, inputs)
 
 
 @_op_backward.register_fake
@@ -1434,11 +1444,8 @@ def _op_setup(ctx, inputs, output):
 def _op_grad(ctx, do, dlse):
     q, k, v, o, lse, table, sinks, *extra = ctx.saved_tensors
     dq, dk, dv = _op_backward(q, k, v, o, lse, do, dlse, ctx.scale, table, ctx.call, extra)
-    dsinks = None
-    if ctx.needs_input_grad[6]:
-        seqs = _op_args(table, ctx.call)[0]
-        dlse = dlse.unsqueeze(0) if ctx.call[2] else dlse
-        dsinks = _sinks_grad(sinks, *(_kernel_view(x, seqs) for x in (o, lse, do)), dlse)
+    seqs = _op_args(table, ctx.call)[0]
+    dsinks = _sinks_grad(sinks, o, lse, do, dlse, seqs) if ctx.needs_input_grad[6] else None
     return dq, dk, dv, None, None, None, dsinks, [None] * len(extra)
 
 

@@ -276,7 +276,7 @@ def test_long_lowered_lines_are_marked_for_black():
 # Issue 20 asked for ~1,200 lines (1,029-1,068 at 91af3ce).  Padded and varlen
 # calls, attention sinks and position offsets (decision 046) added ~380 lines
 # to every module, the torch.compile operators (decision 047) ~90 more
-# (1,498-1,537), and the budget moved with them: a line count is a
+# (1,510-1,549), and the budget moved with them: a line count is a
 # readability budget, and these are features every module has.
 TRITON_ONLY_MAX_LINES = 1550
 
