@@ -1,7 +1,13 @@
+"""The fault of decision 048 narrowed: the temperature spec at N = 1000 and
+1024 with a fresh dlse, printing dlse's alignment and lse's strides.
+    CUDA_LAUNCH_BLOCKING=1 python3 scripts/gpu_learnable_probe3.py"""
+
 import sys, torch
+
 sys.path.insert(0, "tests")
 import test_learnable as T
 from flashgen import verify
+
 variant = T._variant(T.SPECS["temperature"], "bf16")
 module = T.build(variant)
 g = torch.Generator().manual_seed(7)
