@@ -137,8 +137,12 @@ def compile_gluon(module, fn, descriptors, scalars, constants, options):
 
 
 def gluon_resources(module) -> list:
-    """Resources of a module's Gluon kernels, launched as the module launches them."""
+    """Resources of a module's Gluon kernels, launched as the module launches them;
+    none where the module leaves them off (`GLUON`: a Triton other than the one they
+    were tested with, whose Gluon API differs; Triton 3.9's does not compile them)."""
     found = []
+    if not module.GLUON:
+        return found
     if hasattr(module, "_gluon_attn_fwd"):
         config = (64, 128, 4, module.GLUON_STAGES)  # rows per consumer, BLOCK_N, warps, buffers
         scalars = dict(lse_ptr="*fp32", alibi_slopes_ptr="*fp32", qk_scale="fp32")

@@ -527,10 +527,12 @@ def test_extreme_accepted_scales_run(scale):
 def test_gluon_kernels_refuse_2_31_rows(monkeypatch):
     """The Gluon kernels address rows of the (B * H * N, D) view in int32:
     from 2^31 rows on, the call falls back to the Triton kernels.  (Checked
-    with stand-in tensors on a pretended sm90 GPU: no memory is needed.)"""
+    with stand-in tensors on a pretended sm90 GPU with Triton 3.6, whose Gluon
+    the modules take: no memory is needed.)"""
     import types
 
     module = build(make_variant("causal", dtype=ir.DType.FP16, head_dim=128))
+    monkeypatch.setattr(module, "GLUON", True)
     monkeypatch.setattr(module, "_interpreting", lambda: False)
     monkeypatch.setattr(module, "_capability", lambda device: (9, 0))
 
