@@ -138,10 +138,11 @@ def compile_gluon(module, fn, descriptors, scalars, constants, options):
 
 def gluon_resources(module) -> list:
     """Resources of a module's Gluon kernels, launched as the module launches them;
-    none where the module leaves them off (`GLUON`: a Triton other than the one they
-    were tested with, whose Gluon API differs; Triton 3.9's does not compile them)."""
+    none where the module has none (no `GLUON`) or leaves them off (`GLUON` False: a
+    Triton other than the one they were tested with, whose Gluon API differs; Triton
+    3.9's does not compile them)."""
     found = []
-    if not module.GLUON:
+    if not getattr(module, "GLUON", False):
         return found
     if hasattr(module, "_gluon_attn_fwd"):
         config = (64, 128, 4, module.GLUON_STAGES)  # rows per consumer, BLOCK_N, warps, buffers
