@@ -302,6 +302,9 @@ class KernelModel:
     index_ranges: tuple[tuple, ...] = ()
     # The reads of learnable inputs whose gradients the dQ programs sum.
     input_grads: tuple[InputGradModel, ...] = ()
+    # Experiment (flashgen/experiments.py): input reads in a branch, which
+    # Triton's pipeliner leaves alone, instead of 4-byte cp.async copies.
+    gather_unpipelined: bool = False
 
     @property
     def learnable_inputs(self) -> tuple[InputModel, ...]:
