@@ -100,9 +100,12 @@ def test_a_module_built_with_knobs_computes_the_variant():
 
 
 @pytest.mark.kernels
-def test_unpipelined_input_reads_compute_the_same_bits():
-    """gather_unpipelined moves every input read into an always-taken branch:
-    forward and backward give the same bits as the default module."""
+@pytest.mark.parametrize("knob", ["gather_unpipelined", "hoist_reads"])
+def test_knobs_on_input_reads_compute_the_same_bits(knob):
+    """gather_unpipelined moves every input read into an always-taken branch;
+    hoist_reads loads a score read once for a tile where its indices are
+    constant over it.  Forward and backward give the same bits as the
+    default module, on tiles on and off the diagonal and across documents."""
     from flashgen.check import check
     from flashgen.parse import parse
 
@@ -112,16 +115,17 @@ def test_unpipelined_input_reads_compute_the_same_bits():
     )
     (variant,), _ = check([parse(text)[0]])
     gen = torch.Generator().manual_seed(0)
-    q, k, v = (torch.randn(2, 2, n, 16, generator=gen).requires_grad_() for n in (40, 45, 45))
+    q, k, v = (torch.randn(2, 2, n, 16, generator=gen).requires_grad_() for n in (70, 100, 100))
     data = dict(
         rel=torch.randn(2, 32, generator=gen),
-        doc=(torch.arange(45) // 7).repeat(2, 1).to(torch.int32),
+        doc=(torch.arange(100) // 40).repeat(2, 1).to(torch.int32),
     )
     runs = []
-    for knobs in ([], ["gather_unpipelined=on"]):
+    for knobs in ([], [f"{knob}=on"]):
         source = render_module(variant, None, parse_settings(knobs))
-        assert ("if sizes[0] > 0:" in source) == bool(knobs)
-        module = type(torch)(f"flashgen_test_gather_{len(knobs)}")
+        marker = "if sizes[0] > 0:" if knob == "gather_unpipelined" else "read0 = tl.zeros_like"
+        assert (marker in source) == bool(knobs)
+        module = type(torch)(f"flashgen_test_{knob}_{len(knobs)}")
         import sys
 
         sys.modules[module.__name__] = module
