@@ -110,6 +110,7 @@ _INTERIOR = {
     "encoder_band": (True, False),
     "full": (True, False),
     "gemma2_local": (True, False),
+    "gpt_oss_sliding": (True, False),
     "llama4_local": (True, False),
     "mistral_sliding": (True, False),
     "plain_causal": (True, False),
