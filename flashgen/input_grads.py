@@ -35,7 +35,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
-from flashgen import grad, ir
+from flashgen import grad, index_ranges, ir
 
 # The largest constant dimension a TABLE read may vary over: the program
 # keeps one float32 per element (padded to a power of two) in registers.
@@ -77,21 +77,6 @@ class Problem:
     note: str
 
 
-def _reads(e: ir.Expr, out: list[ir.Index]) -> None:
-    if isinstance(e, ir.Index):
-        if e not in out:
-            out.append(e)
-        return
-    if isinstance(e, ir.Unary):
-        _reads(e.operand, out)
-    elif isinstance(e, ir.Binary):
-        _reads(e.left, out)
-        _reads(e.right, out)
-    elif isinstance(e, ir.Call):
-        for a in e.args:
-            _reads(a, out)
-
-
 def _classify(read: ir.Index, decl: ir.Input) -> tuple[Form, int | None] | Problem:
     moving = [d for d, a in enumerate(read.args) if ir.mentions(a, _POSITIONS)]
     if not moving:
@@ -126,10 +111,8 @@ def analyse(v: ir.Variant) -> tuple[tuple[LearnableRead, ...], tuple[Problem, ..
     """The variant's learnable reads, in the order the score holds them, and
     the problems of those no form covers."""
     numbers = {i.name: n for n, i in enumerate(v.inputs) if i.learnable}
-    found: list[ir.Index] = []
-    _reads(v.score, found)
     reads, problems = [], []
-    for read in found:
+    for read in dict.fromkeys(index_ranges.reads(v.score)):  # distinct, in order
         if read.input not in numbers:
             continue
         decl = v.inputs[numbers[read.input]]

@@ -204,8 +204,7 @@ def _tile_reads(
     v: ir.Variant,
 ) -> tuple[dict[ir.Index, str], tuple[TileRead, ...], list[kx.Stmt | kx.Expr]]:
     reals = {i.name for i in v.inputs if not i.element.is_integer}
-    found: list[ir.Index] = []
-    input_grads._reads(v.score, found)
+    found = dict.fromkeys(index_ranges.reads(v.score))  # distinct, in order
     moving = [r for r in found if r.input in reals and ir.mentions(r, frozenset("qk"))]
     names = {r: f"read{n}" for n, r in enumerate(moving)}
     tiles = TileCode()
@@ -373,10 +372,6 @@ class KernelModel:
         """The learnable inputs that have reads, in declaration order."""
         seen = {g.input.name for g in self.input_grads}
         return tuple(i for i in self.inputs if i.name in seen)
-
-    @property
-    def learnable_numbers(self) -> tuple[int, ...]:
-        return tuple(self.inputs.index(i) for i in self.learnable_inputs)
 
     @property
     def grad_accumulators(self) -> tuple[str, ...]:

@@ -383,9 +383,10 @@ def _input_row_noise(variant, q, v, do, facts, rows, inputs, names) -> tuple[flo
     p = torch.softmax(torch.where(facts.visible, facts.f, float("-inf")), dim=-1).nan_to_num(0.0)
     per_row = math.sqrt(q.shape[3]) * do.abs().max().item() * v.abs().max().item()
     noise = []
+    learnable = input_grads.learnable_reads(variant)
     for name in names:
         total = torch.zeros((), dtype=torch.float64)
-        for r in input_grads.learnable_reads(variant):
+        for r in learnable:
             if r.read.input == name:
                 sums = read_sums(
                     variant, r.read, r.derivative, facts.s, p, q.shape[2], rows=rows, inputs=inputs
