@@ -104,13 +104,6 @@ _SETTING_RULES = {
 }
 
 
-# The kernels sum the gradients of learnable inputs (flashgen/input_grads.py), and
-# the CPU tests pass, but one spec faulted on the H200 (a misaligned address,
-# docs/decisions/048): until that is understood, `check` refuses learnable
-# inputs.  On, it accepts the reads the kernels sum and refuses the others.
-LEARNABLE_KERNELS = False
-
-
 def check(
     files: Sequence[ir.SpecFile], *, learnable: bool = False
 ) -> tuple[tuple[ir.Variant, ...], list[Diagnostic]]:
@@ -118,8 +111,8 @@ def check(
 
     `learnable`: accept every read of a learnable input, also those whose
     gradient no kernel sums (`flashgen.input_grads`), for the reference and
-    its tests; off, learnable inputs are refused (LEARNABLE_KERNELS), or
-    with it the reads no kernel sums, once everything else has been checked."""
+    its tests; off, the reads no kernel sums are refused once everything else
+    has been checked."""
     variants: list[ir.Variant] = []
     diagnostics: list[Diagnostic] = []
     first_by_name: dict[str, tuple[str, ir.Block]] = {}
@@ -264,25 +257,10 @@ def _check_block(block: ir.Block, report: _Reporter, learnable: bool) -> ir.Vari
         span=block.span,
         path=report.path,
     )
-    if not learnable and not LEARNABLE_KERNELS:
-        _refuse_learnable(block, report)
-    elif not learnable:
+    if not learnable:
         for problem in input_grads.analyse(variant)[1]:
             report(problem.span, problem.message, note=problem.note)
     return None if report.diagnostics else variant
-
-
-def _refuse_learnable(block: ir.Block, report: _Reporter) -> None:
-    """While LEARNABLE_KERNELS is off, every learnable input is refused once
-    everything else about it has been checked."""
-    for decl in block.inputs:
-        if decl.learnable:
-            report(
-                decl.name_span,
-                f"learnable inputs are not supported by the generated kernels yet: "
-                f"attention() would return no gradient for `{decl.name}`",
-                note=f"without `learnable`, `{decl.name}` is read as a constant",
-            )
 
 
 # --------------------------------------------------------------------------- #

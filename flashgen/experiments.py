@@ -83,7 +83,7 @@ KNOBS: dict[str, Callable[[str], object]] = {
     "gluon_dq_heavy_last": _bool,  # the Gluon dQ CTAs take the last rows first
     "tanh_small_poly": _only(True),  # on: tanh accurate near 0 (never off)
     "gather_unpipelined": _bool,  # on: input reads kept out of the software pipeline
-    "hoist_reads": _bool,  # on: a score read constant over a tile is loaded once for it
+    "hoist_reads": _bool,  # off: no score read loaded once for a tile it is constant over
 }
 
 

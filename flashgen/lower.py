@@ -188,8 +188,7 @@ def _input_grad_models(
 @dataclass(frozen=True)
 class TileRead:
     """A read of a real input in the score whose indices move with q or k,
-    which may hold one element over a whole tile (experiment knob
-    hoist_reads): the tile code of its indices' bounds, the test that they
+    which may hold one element over a whole tile (decision 050): the tile code of its indices' bounds, the test that they
     meet, and the read at those bounds and per element."""
 
     name: str  # the variable _scores_log2 loads it into
@@ -356,10 +355,10 @@ class KernelModel:
     # Experiment (flashgen/experiments.py): input reads in a branch, which
     # Triton's pipeliner leaves alone, instead of 4-byte cp.async copies.
     gather_unpipelined: bool = False
-    # Experiment: the score's reads that move with q or k read once per tile
-    # where their indices are constant over it (`tile_reads`), with the
-    # score's log2 code over their variables.
-    hoist_reads: bool = False
+    # The score's reads that move with q or k read once per tile where their
+    # indices are constant over it (`tile_reads`), with the score's log2 code
+    # over their variables; off only as an experiment (decision 050).
+    hoist_reads: bool = True
     tile_reads: tuple[TileRead, ...] = ()
     score_log2_hoisted_code: str = ""
 

@@ -45,5 +45,11 @@ ordinary, _ = grads(
 print("o: kernel error", (o_kernel.double() - o64).abs().max().item())
 for n, kg, rg, og in zip(learnable, kernel, ref, ordinary):
     print(n, "ref", rg.flatten()[:8].tolist())
-    print(n, "kernel error", (kg - rg).abs().max().item(), "ordinary error", (og - rg).abs().max().item())
+    print(
+        n,
+        "kernel error",
+        (kg - rg).abs().max().item(),
+        "ordinary error",
+        (og - rg).abs().max().item(),
+    )
     print(n, "kernel", kg.flatten()[:8].tolist())

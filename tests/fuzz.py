@@ -257,8 +257,8 @@ BLOCK_NAMES = (
 SETTING_KEYS = ("head_dim", "dtype", "scale", "mask", "score", "align", "rescale_threshold")
 ODD_KEYS = ("Head_dim", "head_dims", "window", "s", "dtype_", "k" * 200, "attention", "div")
 # Input declarations (runtime data), well formed and not: the accepted ones build and run
-# their kernels on random inputs of the declared shapes; `check` refuses learnable ones
-# while check.LEARNABLE_KERNELS is off (decision 048).
+# their kernels on random inputs of the declared shapes (and the gradients of the learnable
+# ones the backward sums).
 INPUT_DECLS = (
     "doc: int32[B, Nk]", "rel: learnable fp32[H, 32]", "t: fp16[H]", "p: int64[B]",
     "w: bf16[B, Hkv, Nq, Nk]", "x: int33[B]", "q: int32[B]", "d: int32[]", "d: int32[B, N]",
@@ -854,8 +854,7 @@ def boundary_inputs() -> list[FuzzInput]:
         inputs.append(
             FuzzInput.of_text(f"attention n {{ head_dim = 16; dtype = fp32; {setting} }}")
         )
-    # Learnable reads of three forms the backward sums, in one variant (refused while
-    # check.LEARNABLE_KERNELS is off).
+    # Learnable reads of three forms the backward sums, in one variant.
     inputs.append(
         FuzzInput.of_text(
             "attention n { head_dim = 16; dtype = fp16; rel: learnable fp32[H, 8]; "
@@ -900,6 +899,7 @@ REQUIRED_FEATURES = frozenset(
         "rescale",
         "mask:input",
         "score:input",
+        "score:learnable",
         "mask:b",
     }
 )

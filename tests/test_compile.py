@@ -87,10 +87,7 @@ def test_a_spec_with_inputs_compiles_without_a_graph_break():
 
 
 @pytest.mark.kernels
-def test_learnable_inputs_get_their_gradients_under_compilation(monkeypatch):
-    from flashgen import check
-
-    monkeypatch.setattr(check, "LEARNABLE_KERNELS", True)  # decision 048
+def test_learnable_inputs_get_their_gradients_under_compilation():
     module = flashgen.load(
         "attention t { head_dim = 16; dtype = fp32; rel: learnable fp32[H, 32]; t: learnable fp32[H];"
         " w: fp32[H]; mask = causal; score = s * t[h] + rel[h, min(q - k, 31)] + w[h] }"
@@ -124,8 +121,18 @@ def test_a_model_compiles_whole():
     eager = block(x)
     compiled = torch.compile(block, backend="aot_eager", fullgraph=True)(x)
     assert torch.equal(eager, compiled)
-    grads = [torch.autograd.grad(y.sum(), block.parameters()) for y in (eager, compiled)]
-    assert all(torch.equal(a, b) for a, b in zip(*grads))
+    # Every gradient that flows through attention's backward, bit for bit.  The
+    # output projection's weight gradient is torch's own matmul of attention's
+    # output, whose kernel may differ with the layout AOT autograd picks: on an
+    # H200 (2026-12-02, scripts/gpu_compile_probe.py) it differed by 2.9e-6 with
+    # every other gradient and attention's dq/dk/dv equal.
+    leaves = [block.qkv.weight, block.qkv.bias, x, block.out.weight]
+    (*eager_grads, eager_out), (*compiled_grads, compiled_out) = (
+        torch.autograd.grad(y.sum(), leaves) for y in (eager, compiled)
+    )
+    for a, b in zip(eager_grads, compiled_grads):
+        assert torch.equal(a, b)
+    assert torch.allclose(eager_out, compiled_out, rtol=1e-5, atol=1e-5)
 
 
 def test_modules_of_the_same_spec_register_operators_of_their_own():

@@ -103,9 +103,10 @@ def test_a_module_built_with_knobs_computes_the_variant():
 @pytest.mark.parametrize("knob", ["gather_unpipelined", "hoist_reads"])
 def test_knobs_on_input_reads_compute_the_same_bits(knob):
     """gather_unpipelined moves every input read into an always-taken branch;
-    hoist_reads loads a score read once for a tile where its indices are
-    constant over it.  Forward and backward give the same bits as the
-    default module, on tiles on and off the diagonal and across documents."""
+    hoist_reads (on by default) loads a score read once for a tile where its
+    indices are constant over it.  Forward and backward give the same bits
+    with the knob and without, on tiles on and off the diagonal and across
+    documents."""
     from flashgen.check import check
     from flashgen.parse import parse
 
@@ -121,11 +122,11 @@ def test_knobs_on_input_reads_compute_the_same_bits(knob):
         doc=(torch.arange(100) // 40).repeat(2, 1).to(torch.int32),
     )
     runs = []
-    for knobs in ([], [f"{knob}=on"]):
-        source = render_module(variant, None, parse_settings(knobs))
-        marker = "if sizes[0] > 0:" if knob == "gather_unpipelined" else "read0 = tl.zeros_like"
-        assert (marker in source) == bool(knobs)
-        module = type(torch)(f"flashgen_test_{knob}_{len(knobs)}")
+    marker = "if sizes[0] > 0:" if knob == "gather_unpipelined" else "read0 = tl.zeros_like"
+    for setting in ("off", "on"):
+        source = render_module(variant, None, parse_settings([f"{knob}={setting}"]))
+        assert (marker in source) == (setting == "on")
+        module = type(torch)(f"flashgen_test_{knob}_{setting}")
         import sys
 
         sys.modules[module.__name__] = module

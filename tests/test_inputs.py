@@ -1,7 +1,7 @@
 """Declared inputs (runtime data): the language, the checker, the float64
-reference and the kernels that read them.  `check` refuses learnable inputs
-unless asked (`learnable=True`, as here) while their kernels are switched
-off (`check.LEARNABLE_KERNELS`, decision 048); these tests pin down what
+reference and the kernels that read them.  `check` refuses the reads of
+learnable inputs whose gradient no kernel sums unless asked
+(`learnable=True`, as here, for the reference); these tests pin down what
 they mean (tests/test_learnable.py judges the kernels' gradients).
 
 The reference is checked against independent computations: a packed batch
@@ -15,7 +15,6 @@ from __future__ import annotations
 import pytest
 import torch
 
-from flashgen import check as check_module
 from flashgen import ir
 from flashgen.check import check
 from flashgen.diagnostics import render_all
@@ -180,7 +179,7 @@ def test_a_variant_with_inputs_prints_and_checks_back_the_same():
         assert _variant(print_variant(variant)) == variant
 
 
-def test_check_accepts_inputs_and_refuses_learnable_ones_until_the_kernels_are_on(monkeypatch):
+def test_check_accepts_inputs_and_the_learnable_reads_the_kernels_sum():
     assert _messages(PACKED, learnable=False) == []
     assert _messages("attention x { head_dim = 16; dtype = fp32; mask = causal | b == 0 }") == []
     learnable = (
@@ -188,12 +187,7 @@ def test_check_accepts_inputs_and_refuses_learnable_ones_until_the_kernels_are_o
         "score = s + rel[h, min(max(q - k, 0), 31)] }"
     )
     assert _messages(learnable, learnable=True) == []
-    assert _messages(learnable, learnable=False) == [
-        "learnable inputs are not supported by the generated kernels yet: "
-        "attention() would return no gradient for `rel`"
-    ]
-    # With the kernels on: the reads they sum are accepted, the others refused.
-    monkeypatch.setattr(check_module, "LEARNABLE_KERNELS", True)
+    # The reads the kernels sum are accepted, the others refused (but for the reference).
     assert _messages(learnable, learnable=False) == []
     per_key = "attention t { head_dim = 16; dtype = fp32; w: learnable fp32[Nk]; score = s + w[k] }"
     assert _messages(per_key, learnable=True) == []

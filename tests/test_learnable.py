@@ -7,16 +7,13 @@ reference by the 3x rule (`verify.check_backward`, which compares the
 learnable inputs' gradients beside dq, dk and dv), on shapes with GQA,
 Nq != Nk, rows that see no key and tile edges; repeated backward calls must
 give the same bits; reads no form covers are refused by `check` with a
-diagnostic.  `check` refuses learnable inputs for now
-(`check.LEARNABLE_KERNELS`, decision 048), so these tests check with
-`learnable=True` or switch the kernels on."""
+diagnostic."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from flashgen import check as check_module
 from flashgen import ir, verify
 from flashgen.check import check
 from flashgen.diagnostics import render_all
@@ -44,11 +41,6 @@ def _messages(body: str) -> list[str]:
     spec, diagnostics = parse(text, "<t>")
     assert not diagnostics
     return [render_all([d], {"<t>": text}) for d in check([spec])[1]]
-
-
-@pytest.fixture
-def _kernels_on(monkeypatch):
-    monkeypatch.setattr(check_module, "LEARNABLE_KERNELS", True)
 
 
 SPECS = {
@@ -180,12 +172,11 @@ def test_check_accepts_every_form_and_the_model_says_how_each_read_is_summed():
     assert (pairs.slot_batch, pairs.slot_head, pairs.slot_tile) == (False, False, False)
 
 
-def test_learnable_inputs_are_refused_until_the_kernels_are_switched_on():
-    (message,) = _messages("w: learnable fp32[H]; score = s * w[h]")
-    assert "learnable inputs are not supported by the generated kernels yet" in message
+def test_reads_the_kernels_sum_are_accepted():
+    assert _messages("w: learnable fp32[H]; score = s * w[h]") == []
 
 
-def test_reads_no_kernel_sums_are_refused_with_a_caret(_kernels_on):
+def test_reads_no_kernel_sums_are_refused_with_a_caret():
     (message,) = _messages("w: learnable fp32[Nk]; score = s + w[k]")
     assert "no kernel sums the gradient of this read of learnable `w`" in message
     assert "must be `q` itself or range over a constant dimension of at most 1024" in message
