@@ -248,6 +248,8 @@ def bench(
                     variant, Shape(b, heads, heads, n, n), device,
                     generator=torch.Generator().manual_seed(n), mean_run=document_length,
                 )  # fmt: skip
+                # Learnable inputs require grad in both systems (Flex captures them).
+                learned = [data[i.name].requires_grad_() for i in variant.inputs if i.learnable]
                 frac = density(variant, n, heads, device, b, data)
                 mods = flex_mods(variant, n, n, heads, device=device, inputs=data)
                 is_causal = _sdpa_expressible(variant)
@@ -292,8 +294,9 @@ def bench(
                                 )
 
                     measured = _measure(
-                        variant.name, system, fn, q, k, v, do, frac, timer, reference, timer_name
-                    )
+                        variant.name, system, fn, q, k, v, do, frac, timer, reference, timer_name,
+                        learned,
+                    )  # fmt: skip
                     results.append(measured)
                     if system == "flashgen" and not measured.error:
                         reference = fn(q, k, v).detach()
@@ -302,8 +305,10 @@ def bench(
 
 
 def _measure(
-    name, system, fn, q, k, v, do, frac, timer, reference, timer_name="do_bench"
+    name, system, fn, q, k, v, do, frac, timer, reference, timer_name="do_bench", learned=()
 ) -> Measurement:
+    """Forward and forward + backward times of `fn` on q, k, v; the backward
+    also takes the gradients of the `learned` tensors that `fn` reads."""
     b, h, n, d = q.shape
     base = dict(variant=name, system=system, batch=b, heads=h, seqlen=n, head_dim=d, density=frac)
     base["timer"] = timer_name
@@ -315,11 +320,12 @@ def _measure(
             out = fn(q, k, v)
         if reference is not None:
             diff = (out.float() - reference.float()).abs().max().item()
+        leaves = [*inputs, *learned]
         fwd = timer(lambda: fn(*inputs))
-        both = timer(lambda: torch.autograd.grad(fn(*inputs), inputs, do))
+        both = timer(lambda: torch.autograd.grad(fn(*inputs), leaves, do))
         bwd = max(both - fwd, 0.0)
         if timer_name == "do_bench":
-            host = _host_ms(lambda: torch.autograd.grad(fn(*inputs), inputs, do))
+            host = _host_ms(lambda: torch.autograd.grad(fn(*inputs), leaves, do))
     except Exception as exc:
         error = f"{type(exc).__name__}: {exc}"[:200]
     return Measurement(**base, fwd_ms=fwd, bwd_ms=bwd, max_diff=diff, error=error, host_ms=host)

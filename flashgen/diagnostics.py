@@ -15,7 +15,8 @@ carets underline the span (one caret for an empty span; a span running over
 several lines is underlined to the end of its first line; a line longer than
 `_SHOWN_MAX` characters is shown as an excerpt around the span).  `SpecError`
 carries diagnostics through the Python API as an exception whose `str()` is
-that text.  The wording of the limits that both `parse` and `check` enforce
+that text; in IPython or Jupyter an uncaught one shows that text and no
+traceback.  The wording of the limits that both `parse` and `check` enforce
 lives here too.  This module imports nothing of ours but `ir`.
 """
 
@@ -83,6 +84,12 @@ class SpecError(Exception):
         self.diagnostics = tuple(diagnostics)
         self.sources = dict(sources)
         super().__init__(render_all(self.diagnostics, self.sources).rstrip("\n"))
+
+    def _render_traceback_(self) -> list[str]:
+        """What IPython and Jupyter show for this error in place of a traceback:
+        the diagnostics, as `flashgen check` prints them (IPython calls this
+        method, by name, on an exception that has it)."""
+        return str(self).split("\n")
 
 
 def expression_too_deep() -> tuple[str, str]:

@@ -13,7 +13,7 @@ derivative with respect to s, from `flashgen.grad`, translated the same way.
 A function call that the score (or its derivative) makes more than once is
 computed once per element, into a local (`ScoreCode.lines`).
 
-Functions take the fast path the module's dtype allows (docs/decisions/048):
+Functions take the fast path the module's dtype allows (docs/decisions/049):
 exp as exp2 with log2(e) folded into the argument's constant factor (the GPU
 instruction `tl.exp` becomes anyway, less one product), log as the module's
 `_log` in 16-bit modules (lg2.approx.f32 on the GPU) and `tl.log` in float32

@@ -1,13 +1,16 @@
-"""Symbolic differentiation of a score expression with respect to `s`.
+"""Symbolic differentiation of a score expression with respect to `s`, or
+to one read of a learnable input (`rel[h, min(q - k, 31)]`, compared as an
+expression, so equal reads are one variable).
 
 In: a checked score expression (`ir.Expr`).  Out: the expression for
-d score / d s, as IR, simplified so that the generated backward reads like
+d score / d s (or d score / d read), as IR, simplified so that the generated backward reads like
 hand-written code (`softcap(s, c)` gives `1 - tanh(s / c) * tanh(s / c)`,
 `s + alibi` gives the constant 1).
 
 Rules (x' is the derivative of x):
 
     s' = 1, and 0 for literals, q, k, h, H, alibi and every integer expression
+    (with respect to a read: the read' = 1, s' = 0)
     (a + b)' = a' + b'            (a * b)' = a' b + a b'
     (a / b)' = a' / b - a b' / b^2
     tanh(a)' = (1 - tanh(a)^2) a'   exp(a)' = exp(a) a'
@@ -112,26 +115,41 @@ def select(cond: ir.Expr, a: ir.Expr, b: ir.Expr) -> ir.Expr:
     return ir.Call(SELECT, (cond, a, b))
 
 
+S = ir.Name(ir.SCORE_VARIABLE)
+
+
 def depends_on_s(e: ir.Expr) -> bool:
     return ir.mentions(e, frozenset({ir.SCORE_VARIABLE}))
 
 
-def derivative(e: ir.Expr) -> ir.Expr:
-    """d e / d s, simplified."""
-    if not depends_on_s(e):
+def _contains(e: ir.Expr, part: ir.Expr) -> bool:
+    if e == part:
+        return True
+    if isinstance(e, (ir.Name, ir.Num)):
+        return False
+    if isinstance(e, ir.Unary):
+        return _contains(e.operand, part)
+    if isinstance(e, ir.Binary):
+        return _contains(e.left, part) or _contains(e.right, part)
+    return any(_contains(a, part) for a in e.args)
+
+
+def derivative(e: ir.Expr, wrt: ir.Expr = S) -> ir.Expr:
+    """d e / d wrt, simplified; `wrt` is `s` or a read of a real input."""
+    if not _contains(e, wrt):
         return ZERO
-    if isinstance(e, ir.Name):  # s itself
+    if e == wrt:
         return ONE
     if isinstance(e, ir.Unary):  # NEG; NOT cannot reach a score
-        return neg(derivative(e.operand))
+        return neg(derivative(e.operand, wrt))
     if isinstance(e, ir.Binary):
-        return _binary(e)
-    return _call(e)
+        return _binary(e, wrt)
+    return _call(e, wrt)
 
 
-def _binary(e: ir.Binary) -> ir.Expr:
+def _binary(e: ir.Binary, wrt: ir.Expr) -> ir.Expr:
     a, b = e.left, e.right
-    da, db = derivative(a), derivative(b)
+    da, db = derivative(a, wrt), derivative(b, wrt)
     if e.op is ir.BinOp.ADD:
         return add(da, db)
     if e.op is ir.BinOp.SUB:
@@ -142,12 +160,12 @@ def _binary(e: ir.Binary) -> ir.Expr:
         if _is(db, 0):
             return div(da, b)
         return sub(div(da, b), div(mul(a, db), mul(b, b)))
-    raise ValueError(f"cannot differentiate {e.op.value!r} with respect to s")
+    raise ValueError(f"cannot differentiate {e.op.value!r}")
 
 
-def _call(e: ir.Call) -> ir.Expr:
+def _call(e: ir.Call, wrt: ir.Expr) -> ir.Expr:
     a = e.args[0]
-    da = derivative(a)
+    da = derivative(a, wrt)
     if e.fn == "tanh":
         return mul(sub(ONE, mul(e, e)), da)
     if e.fn == ir.SOFTCAP:
@@ -163,9 +181,9 @@ def _call(e: ir.Call) -> ir.Expr:
         return mul(ir.Call(SIGN, (a,)), da)
     if e.fn in ("min", "max"):
         b = e.args[1]
-        db = derivative(b)
+        db = derivative(b, wrt)
         first = ir.BinOp.LT if e.fn == "min" else ir.BinOp.GT
         second = ir.Binary(first, b, a)
         tie = mul(ir.Num(0.5), add(da, db))
         return select(ir.Binary(first, a, b), da, select(second, db, tie))
-    raise ValueError(f"cannot differentiate {e.fn}() with respect to s")
+    raise ValueError(f"cannot differentiate {e.fn}()")

@@ -189,7 +189,7 @@ def _runtime_data(v: ir.Variant) -> bool:
 
 
 # Module dtypes whose score functions take the GPU's approximate
-# special-function instructions (docs/decisions/048-fast-math-in-scores.md):
+# special-function instructions (docs/decisions/049-fast-math-in-scores.md):
 # tanh.approx.f32 (relative error below 2^-10.9) and lg2.approx.f32 (absolute
 # error below 2^-22 in log2).  Each is below one rounding of a 16-bit score
 # (2^-11 relative for fp16, 2^-8 for bf16), which the ordinary dense

@@ -27,7 +27,7 @@ import hashlib
 import math
 from dataclasses import dataclass
 
-from flashgen import index_ranges, ir
+from flashgen import grad, index_ranges, input_grads, ir
 from flashgen import kernel_expr as kx
 from flashgen.element_code import LOG2E, ElementCode, ScoreKind, constant_value, score_code
 from flashgen.kernel_choice import (
@@ -47,7 +47,7 @@ from flashgen.mask_forms import (
     keys_before_queries,
     negation_normal_form,
 )
-from flashgen.printer import print_variant
+from flashgen.printer import print_expr, print_variant
 from flashgen.loop_bounds import interior_bounds, key_bounds, query_bounds
 from flashgen.tiles import TileCode
 
@@ -114,6 +114,77 @@ class InputModel:
     @property
     def kernel_params(self) -> tuple[str, ...]:
         return (f"{self.name}_ptr", *self.strides, *self.sizes)
+
+
+@dataclass(frozen=True)
+class InputGradModel:
+    """A read of a learnable input as the dQ programs sum its gradient into
+    the buffer `grad<number>_ptr` (see `flashgen.input_grads`)."""
+
+    number: int
+    input: InputModel
+    read: str  # as the spec writes it, for docstrings
+    form: str  # input_grads.Form's value
+    # Each index over the dQ tile (q_pos, k_pos, head, batch), and for the
+    # final write, with a TABLE's moving index replaced by its range.
+    indices: tuple[str, ...]
+    write_indices: tuple[str, ...]
+    # d score / d read (None: the constant 1, the read is added to the score).
+    derivative_code: str | None
+    derivative_uses_s: bool
+    # TABLE: the moving index's dimension, and its size padded to a power of 2.
+    table_dim: int | None
+    table_pad: int | None
+    # The program coordinates that get slots of their own, and the slot's code.
+    slot_batch: bool
+    slot_head: bool
+    slot_tile: bool
+
+    @property
+    def slot_code(self) -> str:
+        slot = "batch" if self.slot_batch else "0"
+        if self.slot_head:
+            slot = "head" if slot == "0" else f"({slot} * num_heads + head)"
+        if self.slot_tile:
+            slot = "query_tile" if slot == "0" else f"{slot} * query_tiles + query_tile"
+        return slot
+
+
+def _input_grad_models(
+    v: ir.Variant, models: tuple[InputModel, ...], keys_first: bool
+) -> tuple[tuple[InputGradModel, ...], list[kx.Expr]]:
+    """The learnable reads' models, and their code trees (for the helpers'
+    facts: floor division, tanh, ALiBi)."""
+    result, trees = [], []
+    for number, r in enumerate(input_grads.learnable_reads(v)):
+        indices = [ElementCode().expr(a) for a in r.read.args]
+        derivative = None
+        if r.derivative != grad.ONE:
+            derivative = ElementCode(keys_first).real(r.derivative)
+        trees += [*indices, derivative]
+        write = [kx.to_source(e) for e in indices]
+        pad = None
+        if r.table_dim is not None:
+            pad = 1 << max(r.table_size - 1, 0).bit_length()
+            write[r.table_dim] = f"tl.arange(0, {pad})"
+        result.append(
+            InputGradModel(
+                number=number,
+                input=models[r.input_number],
+                read=print_expr(r.read),
+                form=r.form.value,
+                indices=tuple(kx.to_source(e) for e in indices),
+                write_indices=tuple(write),
+                derivative_code=_source(derivative),
+                derivative_uses_s=derivative is not None and kx.uses(derivative, "s"),
+                table_dim=r.table_dim,
+                table_pad=pad,
+                slot_batch=r.slot_batch,
+                slot_head=r.slot_head,
+                slot_tile=r.slot_tile,
+            )
+        )
+    return tuple(result), trees
 
 
 def _input_model(i: ir.Input) -> InputModel:
@@ -240,6 +311,28 @@ class KernelModel:
     data_plan: DataPlan | None = None
     # The indices a call checks (`flashgen.index_ranges.IndexRange.as_tuple`).
     index_ranges: tuple[tuple, ...] = ()
+    # The reads of learnable inputs whose gradients the dQ programs sum.
+    input_grads: tuple[InputGradModel, ...] = ()
+
+    @property
+    def learnable_inputs(self) -> tuple[InputModel, ...]:
+        """The learnable inputs that have reads, in declaration order."""
+        seen = {g.input.name for g in self.input_grads}
+        return tuple(i for i in self.inputs if i.name in seen)
+
+    @property
+    def learnable_numbers(self) -> tuple[int, ...]:
+        return tuple(self.inputs.index(i) for i in self.learnable_inputs)
+
+    @property
+    def grad_accumulators(self) -> tuple[str, ...]:
+        """What the dQ tile function carries for the learnable reads."""
+        return tuple(f"grad{g.number}" for g in self.input_grads if g.form != "pairs")
+
+    @property
+    def grad_bases(self) -> tuple[str, ...]:
+        """Where the dQ tile function stores PAIRS reads' gradients."""
+        return tuple(f"grad{g.number}_base" for g in self.input_grads if g.form == "pairs")
 
     @property
     def input_names(self) -> str:
@@ -328,7 +421,9 @@ def lower(v: ir.Variant, tuning: Tuning | None = None) -> KernelModel:
         *(key_interior or ()),
         *(query_interior or ()),
     ]
-    needs_floor_div = kx.needs_floor_helpers([mask_code, *score.trees(), *scalar_code])
+    inputs = tuple(_input_model(i) for i in v.inputs)
+    grads, grad_trees = _input_grad_models(v, inputs, keys_before_queries(mask))
+    needs_floor_div = kx.needs_floor_helpers([mask_code, *score.trees(), *scalar_code, *grad_trees])
 
     positions = frozenset({"q", "k"})
     default_tma = gpu_tma(pad, v.dtype)
@@ -354,7 +449,7 @@ def lower(v: ir.Variant, tuning: Tuning | None = None) -> KernelModel:
         score_grad_lines=tuple(kx.stmt_source(s) for s in score.grad_lines),
         score_nan_at_zero=_nan_at_zero(v.score),
         score_grad_uses_s=score.grad_uses_s,
-        uses_alibi=score.uses_alibi,
+        uses_alibi=score.uses_alibi or _uses_alibi(grad_trees),
         uses_positions=ir.mentions(v.score, positions) or score.uses_alibi,
         mask_is_full=mask_is_full,
         mask_code=kx.to_source(mask_code),
@@ -375,7 +470,7 @@ def lower(v: ir.Variant, tuning: Tuning | None = None) -> KernelModel:
         query_interior_lo=_source(query_interior[0]) if query_interior else None,
         query_interior_hi=_source(query_interior[1]) if query_interior else None,
         needs_floor_div=needs_floor_div,
-        needs_tanh=score.needs_tanh,
+        needs_tanh=score.needs_tanh or kx.calls(grad_trees, kx.TANH),
         tanh_small_poly=tanh_small_poly(v),
         fast_math=fast,
         needs_log=score.needs_log,
@@ -389,11 +484,16 @@ def lower(v: ir.Variant, tuning: Tuning | None = None) -> KernelModel:
         gluon_min_keys=gluon_min_keys(gluon),
         gluon_backward=gluon_backward(v),
         gluon_dq_heavy_last=keys_before_queries(mask),
-        inputs=tuple(_input_model(i) for i in v.inputs),
+        inputs=inputs,
+        input_grads=grads,
         index_ranges=tuple(r.as_tuple() for r in index_ranges.ranges(v)),
         element_args=_element_args(v),
         data_plan=plan,
     )
+
+
+def _uses_alibi(trees: list[kx.Expr | None]) -> bool:
+    return any(e is not None and kx.uses(e, "alibi_slope") for e in trees)
 
 
 _PLAN_FULL = (kx.Var("plan_full_lo"), kx.Var("plan_full_hi"))

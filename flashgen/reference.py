@@ -601,6 +601,41 @@ def score_slope(
     return products, torch.zeros_like(products) if slope is None else slope
 
 
+def read_sums(
+    variant: ir.Variant,
+    read: ir.Index,
+    value: ir.Expr,
+    s: torch.Tensor,
+    weight: torch.Tensor,
+    n_queries: int,
+    *,
+    rows: Rows = None,
+    inputs: Mapping[str, torch.Tensor] | None = None,
+) -> torch.Tensor:
+    """float64, of the shape of `read`'s input: for each element, the sum of
+    weight * |value| over the pairs that read it, `value` an expression of
+    the pair (a derivative of the score) at the products `s`.  `s` and
+    `weight` are (B, H, Nq, Nk), or (B, H, len(rows), Nk) for the query rows
+    `rows` of a call with `n_queries` queries."""
+    batch, heads, _, nk = s.shape
+    inputs = {n: x.detach() for n, x in (inputs or {}).items()}
+    scope = _scope(
+        n_queries, nk, heads, variant.align, s=s.double(), real=torch.float64, device=s.device,
+        rows=_row_index(rows, n_queries, s.device), batch=batch, inputs=inputs,
+    )  # fmt: skip
+    shape = tuple(inputs[read.input].shape)
+    terms = torch.broadcast_to(_evaluate(value, scope).double().abs(), s.shape) * weight
+    flat = torch.zeros(s.shape, dtype=torch.int64, device=s.device)
+    inside = torch.ones(s.shape, dtype=torch.bool, device=s.device)
+    for arg, size in zip(read.args, shape):
+        i = torch.broadcast_to(_evaluate(arg, scope), s.shape)
+        inside &= (i >= 0) & (i < size)
+        flat = flat * size + i.clamp(0, size - 1)
+    sums = torch.zeros(math.prod(shape), dtype=torch.float64, device=s.device)
+    sums.index_add_(0, flat[inside], terms[inside].nan_to_num(0.0, posinf=0.0))
+    return sums.view(shape)
+
+
 def input_dtype(i: ir.Input) -> torch.dtype:
     """The torch dtype of input `i`'s elements."""
     return getattr(torch, i.element.torch_name.removeprefix("torch."))

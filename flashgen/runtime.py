@@ -8,6 +8,8 @@ module that needs them, after the module's own constants and kernels:
     common          argument checks, scale, launch configuration, TMA
     sequences       padded and varlen calls (sequence tables, tensor views); sinks
     alibi           ALiBi slopes (modules whose score uses them)
+    inputs          declared inputs: checks, kernel arguments, the index rule
+    input_grads     the learnable inputs' gradient buffers and their sums
     direct_launch   `_launch`: the launch path, with the one use of Triton internals
     gluon           descriptors and the support test of the Hopper Gluon kernels
 
@@ -52,6 +54,11 @@ BOTTOM_RIGHT = True
 # (flashgen/index_ranges.py): a module with inputs defines its own.
 _INPUTS: tuple = ()
 _INDEX_RANGES: tuple = ()
+# The learnable inputs (their numbers among the inputs) and the reads whose
+# gradients the dQ programs sum: (input number, slot per batch, per head,
+# per query tile), see flashgen/input_grads.py.
+_LEARNABLE: tuple = ()
+_LEARNABLE_READS: tuple = ()
 
 
 # flashgen: section common
@@ -611,6 +618,35 @@ def _index_interval(node: tuple, env: dict) -> tuple[int, int]:
     if tag == "min":
         return min(alo, blo), min(ahi, bhi)
     return max(alo, blo), max(ahi, bhi)
+
+
+# flashgen: section input_grads
+def _grad_buffers(inputs: tuple, batch: int, heads: int, query_tiles: int) -> list:
+    """One zeroed float32 buffer (slots, *shape) per read of a learnable
+    input (_LEARNABLE_READS: input, then whether the batch, the head and the
+    dQ program's query tile get slots of their own); each dQ program writes
+    its sums to its own slot."""
+    buffers = []
+    for number, per_batch, per_head, per_tile in _LEARNABLE_READS:
+        slots = (batch if per_batch else 1) * (heads if per_head else 1)
+        slots *= query_tiles if per_tile else 1
+        x = inputs[number]
+        buffers.append(torch.zeros((slots, *x.shape), dtype=torch.float32, device=x.device))
+    return buffers
+
+
+def _input_grads(inputs: tuple, buffers: list | None) -> list:
+    """Each learnable input's gradient, in its dtype: its reads' buffers
+    summed over their slots, always in the same order (deterministic).  No
+    buffers: zeros (a call with nothing to attend)."""
+    grads = []
+    for number in _LEARNABLE:
+        x, total = inputs[number], None
+        for (read_of, *_), buffer in zip(_LEARNABLE_READS, buffers or ()):
+            if read_of == number:
+                total = buffer.sum(0) if total is None else total + buffer.sum(0)
+        grads.append(torch.zeros_like(x) if total is None else total.to(x.dtype))
+    return grads
 
 
 # flashgen: section direct_launch

@@ -43,12 +43,13 @@ from types import ModuleType
 
 import torch
 
-from flashgen import display, index_ranges, ir
+from flashgen import display, index_ranges, input_grads, ir
 from flashgen.reference import (
     attention_ref,
     input_dtype,
     input_shape,
     mask_matrix,
+    read_sums,
     score_slope,
     scores,
 )
@@ -258,9 +259,14 @@ def check_backward(
     if index is not None:
         do, dlse = do[:, :, index], dlse[:, :, index]
 
+    inputs = dict(inputs or {})
+    learnable = [i.name for i in variant.inputs if i.learnable and i.name in inputs]
+
     def grads(fn, dtype, all_rows=True):
-        inputs = [x.detach().to(dtype).requires_grad_() for x in (q, k, v)]
-        o, lse = fn(*inputs)
+        tensors = [x.detach().to(dtype).requires_grad_() for x in (q, k, v)]
+        # Learnable inputs keep their dtype (the reference reads them in its own).
+        data = {**inputs, **{n: inputs[n].detach().clone().requires_grad_() for n in learnable}}
+        o, lse = fn(*tensors, data)
         if index is not None and all_rows:  # the kernel's: every row, keep `rows`
             o, lse = o[:, :, index], None if lse is None else lse[:, :, index]
         loss = (o * do.to(o.dtype)).sum()
@@ -270,24 +276,23 @@ def check_backward(
         loss.backward()
         # A score without `s` leaves q and k out of the reference's graph:
         # their gradient is zero, not missing.
-        return [torch.zeros_like(x) if x.grad is None else x.grad for x in inputs]
+        leaves = tensors + [data[n] for n in learnable]
+        return [torch.zeros_like(x) if x.grad is None else x.grad for x in leaves]
 
-    inputs = dict(inputs or {})
-
-    def kernel_fn(a, b, c):
+    def kernel_fn(a, b, c, data):
         if with_lse:
-            return module.attention(a, b, c, scale=scale, return_lse=True, **inputs)
-        return module.attention(a, b, c, scale=scale, **inputs), None
+            return module.attention(a, b, c, scale=scale, return_lse=True, **data)
+        return module.attention(a, b, c, scale=scale, **data), None
 
     kernel = grads(kernel_fn, q.dtype)
     ref = grads(
-        lambda a, b, c: attention_ref(variant, a, b, c, scale=scale, rows=rows, inputs=inputs),
+        lambda a, b, c, data: attention_ref(variant, a, b, c, scale=scale, rows=rows, inputs=data),
         torch.float64,
         all_rows=False,
     )
     ordinary = grads(
-        lambda a, b, c: attention_ref(
-            variant, a, b, c, scale=scale, dtype=q.dtype, rows=rows, inputs=inputs
+        lambda a, b, c, data: attention_ref(
+            variant, a, b, c, scale=scale, dtype=q.dtype, rows=rows, inputs=data
         ),
         q.dtype,
         all_rows=False,
@@ -295,6 +300,8 @@ def check_backward(
     facts = _score_facts(variant, q, k, scale, rows, inputs)
     s_max = _rounding_scale(facts)
     row_noise = _row_term_noise(variant, q, k, v, do, scale, facts)
+    row_noise += _input_row_noise(variant, q, v, do, facts, rows, inputs, learnable)
+    names = ("dq", "dk", "dv", *(f"d{n}" for n in learnable))
     checks = tuple(
         tolerance(
             g.cpu(),
@@ -305,7 +312,7 @@ def check_backward(
             factor=GRADIENT_FACTOR,
             score_noise=(s_max * r.abs().max().item() if r.numel() else 0.0) + noise,
         )
-        for name, g, r, o, noise in zip(("dq", "dk", "dv"), kernel, ref, ordinary, row_noise)
+        for name, g, r, o, noise in zip(names, kernel, ref, ordinary, row_noise)
     )
     shape = Shape(q.shape[0], q.shape[1], k.shape[1], q.shape[2], k.shape[2])
     return CaseResult(shape, q.dtype, checks, rows=_describe_rows(rows))
@@ -364,6 +371,28 @@ def _row_term_noise(
     dq = per_row * scale * k.abs().max().item() * weight.sum(dim=3).max().item()
     dk = per_row * scale * q.abs().max().item() * column.max().item()
     return dq, dk, 0.0
+
+
+def _input_row_noise(variant, q, v, do, facts, rows, inputs, names) -> tuple[float, ...]:
+    """The row term's noise (see `_row_term_noise`) in the gradients of the
+    learnable inputs `names`: dS_ij is off by up to P_ij times the row's
+    noise, and reaches each element through |d score / d read| of every pair
+    that reads it (`flashgen.input_grads`); the largest element's sum."""
+    if facts is None or not names:
+        return (0.0,) * len(names)
+    p = torch.softmax(torch.where(facts.visible, facts.f, float("-inf")), dim=-1).nan_to_num(0.0)
+    per_row = math.sqrt(q.shape[3]) * do.abs().max().item() * v.abs().max().item()
+    noise = []
+    for name in names:
+        total = torch.zeros((), dtype=torch.float64)
+        for r in input_grads.learnable_reads(variant):
+            if r.read.input == name:
+                sums = read_sums(
+                    variant, r.read, r.derivative, facts.s, p, q.shape[2], rows=rows, inputs=inputs
+                )  # fmt: skip
+                total = total + sums.cpu()
+        noise.append(per_row * total.max().item())
+    return tuple(noise)
 
 
 def max_visible_score(

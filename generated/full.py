@@ -16,7 +16,7 @@ Built from this spec::
     o = attention(q, k, v)                        # q (B, H, Nq, D); k, v (B, Hkv, Nk, D)
     o, lse = attention(q, k, v, return_lse=True)  # lse (B, H, Nq), float32, natural log
 
-This file needs only torch and triton.  Tested with Triton 3.6.0 (torch 2.11 on an NVIDIA H200; torch 2.13 in the CPU interpreter);
+This file needs only torch and triton.  Tested with Triton 3.6.0 (torch 2.11 on an NVIDIA H200; torch 2.13 in the CPU interpreter, where Triton 3.5.1 and 3.9.0 pass too);
 on another Triton (3.5 or later) it runs its Triton kernels only.
 """
 

@@ -1,4 +1,4 @@
-"""Fast math in scores on a GPU (issue 23 item 2, docs/decisions/048-fast-math-in-scores.md).
+"""Fast math in scores on a GPU (issue 23 item 2, docs/decisions/049-fast-math-in-scores.md).
 
 Three stages, everything printed and every result a JSON line in --out:
 

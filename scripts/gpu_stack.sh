@@ -7,6 +7,8 @@
 #   bash scripts/gpu_stack.sh [SECONDS] [TRAIN ARGS...]   # default 540
 set -uo pipefail
 source "$(dirname "$0")/gpu_env.sh"
+python3 -c "import transformers" 2>/dev/null ||
+  python3 -m pip install -q --no-index --find-links .whl/hf transformers || exit 1
 end=$((SECONDS + ${1:-540}))
 shift || true
 left() { echo $((end - SECONDS)); }

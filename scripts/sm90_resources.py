@@ -137,8 +137,13 @@ def compile_gluon(module, fn, descriptors, scalars, constants, options):
 
 
 def gluon_resources(module) -> list:
-    """Resources of a module's Gluon kernels, launched as the module launches them."""
+    """Resources of a module's Gluon kernels, launched as the module launches them;
+    none where the module has none (no `GLUON`) or leaves them off (`GLUON` False: a
+    Triton other than the one they were tested with, whose Gluon API differs; Triton
+    3.9's does not compile them)."""
     found = []
+    if not getattr(module, "GLUON", False):
+        return found
     if hasattr(module, "_gluon_attn_fwd"):
         config = (64, 128, 4, module.GLUON_STAGES)  # rows per consumer, BLOCK_N, warps, buffers
         scalars = dict(lse_ptr="*fp32", alibi_slopes_ptr="*fp32", qk_scale="fp32")
@@ -197,16 +202,27 @@ def normalized_ptx(ptx: str) -> str:
     return "\n".join(kept) + "\n"
 
 
+def _ptxas() -> str:
+    """The ptxas that Triton itself assembles sm_90 code with: from 3.9 on that
+    is the newer one its wheel ships as ptxas-blackwell, whose PTX version the
+    older `bin/ptxas` (CUDA 12.9) refuses."""
+    from triton.backends.nvidia import compiler
+
+    try:
+        return compiler.get_ptxas(90).path
+    except TypeError:  # Triton 3.5: one ptxas, and get_ptxas() takes no arch
+        return compiler.get_ptxas().path
+
+
 def ptxas_report(ptx: str) -> tuple[int, int, int]:
     """Registers per thread and spill stores / loads (bytes) that the ptxas
     shipped with Triton reports for `ptx` on sm_90a."""
-    ptxas = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "k.ptx")
         with open(path, "w") as f:
             f.write(ptx)
         out = subprocess.run(
-            [ptxas, "-arch=sm_90a", "-v", path, "-o", os.path.join(tmp, "k.cubin")],
+            [_ptxas(), "-arch=sm_90a", "-v", path, "-o", os.path.join(tmp, "k.cubin")],
             capture_output=True,
             text=True,
             check=True,

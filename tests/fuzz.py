@@ -257,8 +257,8 @@ BLOCK_NAMES = (
 SETTING_KEYS = ("head_dim", "dtype", "scale", "mask", "score", "align", "rescale_threshold")
 ODD_KEYS = ("Head_dim", "head_dims", "window", "s", "dtype_", "k" * 200, "attention", "div")
 # Input declarations (runtime data), well formed and not: the accepted ones build and run
-# their kernels on random inputs of the declared shapes; `check` refuses learnable ones for
-# now (no kernel computes their gradients yet).
+# their kernels on random inputs of the declared shapes; `check` refuses learnable ones
+# while check.LEARNABLE_KERNELS is off (decision 048).
 INPUT_DECLS = (
     "doc: int32[B, Nk]", "rel: learnable fp32[H, 32]", "t: fp16[H]", "p: int64[B]",
     "w: bf16[B, Hkv, Nq, Nk]", "x: int33[B]", "q: int32[B]", "d: int32[]", "d: int32[B, N]",
@@ -281,12 +281,15 @@ DATA_VARIANTS = (
     ("doc: int32[B, Nk]", "{m} & doc[b, q] == doc[b, k]", "{s}"),
     ("doc: int64[B, Nk]", "doc[b, q] == doc[b, k] | {m}", "{s}"),
     ("p: int32[B]", "{m} | k < p[b]", "{s}"),
-    ("t: fp32[H]", "{m}", "{s} * t[h]"),
-    ("rel: fp32[H, 32]", "{m}", "{s} + rel[h, min(max(q - k, 0), 31)]"),
+    ("t: learnable fp32[H]", "{m}", "({s}) * t[h]"),
+    ("rel: learnable fp32[H, 32]", "{m}", "{s} + rel[h, min(max(q - k, 0), 31)]"),
     ("rel: bf16[H, 16]", "causal & {m}", "{s} + rel[h, (q - k) % 16]"),
     ("rel: fp16[16]", "{m}", "{s} + rel[q - k + 8]"),
     ("doc: int32[B, Nk]; w: fp32[B, Nk]", "{m} & doc[b, q] >= doc[b, k]", "{s} + w[b, k]"),
     ("", "{m} | b == 1", "{s} + b"),
+    ("t: fp32[H]", "{m}", "{s} * t[h]"),
+    ("rel: fp32[H, 32]", "{m}", "{s} + rel[h, min(max(q - k, 0), 31)]"),
+    ("w: learnable fp16[B, H, Nk, Nk]", "{m}", "{s} + w[b, h, q, k]"),
 )  # fmt: skip
 # Texts the API could take for a path (it must not): existing files, `.attn` names.
 PATH_LIKE_TEXTS = (
@@ -851,6 +854,15 @@ def boundary_inputs() -> list[FuzzInput]:
         inputs.append(
             FuzzInput.of_text(f"attention n {{ head_dim = 16; dtype = fp32; {setting} }}")
         )
+    # Learnable reads of three forms the backward sums, in one variant (refused while
+    # check.LEARNABLE_KERNELS is off).
+    inputs.append(
+        FuzzInput.of_text(
+            "attention n { head_dim = 16; dtype = fp16; rel: learnable fp32[H, 8]; "
+            "t: learnable bf16[H]; w: learnable fp32[B, H, Nk, Nk]; mask = causal; "
+            "score = softcap(s * t[h], 5.0) + rel[h, min(q - k, 7)] + w[b, h, q, k] }"
+        )
+    )
     return inputs
 
 
@@ -923,6 +935,8 @@ def features(v: ir.Variant) -> frozenset[str]:
                 found.add(f"{where}:{node.id}")
             elif isinstance(node, ir.Index):
                 found.add(f"{where}:input")
+                if any(i.name == node.input and i.learnable for i in v.inputs):
+                    found.add(f"{where}:learnable")
             elif isinstance(node, ir.Call):
                 found.add(f"{where}:{node.fn}" + ("2" if len(node.args) == 2 else ""))
                 found.add(f"{where}:{node.fn}")

@@ -202,7 +202,7 @@ def tanh_errors(dtype: ir.DType, device: str = DEVICE) -> tuple[float, float, fl
 
 
 # tanh.approx.f32's relative error (PTX ISA: about 2^-11), with a margin: the
-# bound 16-bit modules' `_tanh` must meet on the GPU (docs/decisions/048).
+# bound 16-bit modules' `_tanh` must meet on the GPU (docs/decisions/049).
 FAST_TANH_RELATIVE = 2.0**-10.5
 
 

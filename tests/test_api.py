@@ -125,6 +125,27 @@ def test_bad_spec_raises_spec_error_with_every_diagnostic():
     assert "head_dim = 100" in str(error)
 
 
+def test_spec_error_shows_in_a_notebook_as_its_diagnostics():
+    """IPython and Jupyter display an exception with `_render_traceback_` as the
+    lines it returns, joined by newlines, and no traceback: here the diagnostics,
+    every one of them, with their source lines and carets."""
+    text = "attention broken {\n    head_dim = 100\n    dtype = fp32\n    mask = window(-3)\n}\n"
+    with pytest.raises(flashgen.SpecError) as info:
+        flashgen.load(text)
+    lines = info.value._render_traceback_()
+    assert all(isinstance(line, str) and "\n" not in line for line in lines)
+    assert lines == [
+        "<string>:2:16: error: `head_dim` must be a multiple of 8 between 16 and 256, got 100",
+        "    head_dim = 100",
+        "               ^^^",
+        "    = note: nearest valid: 96 or 104",
+        "<string>:4:19: error: window size must be non-negative, got -3",
+        "    mask = window(-3)",
+        "                  ^^",
+    ]
+    assert "\n".join(lines) == str(info.value)
+
+
 def test_several_texts_are_told_apart_in_diagnostics():
     with pytest.raises(flashgen.SpecError) as info:
         api.build_sources([TINY, BAD])

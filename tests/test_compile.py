@@ -87,6 +87,23 @@ def test_a_spec_with_inputs_compiles_without_a_graph_break():
 
 
 @pytest.mark.kernels
+def test_learnable_inputs_get_their_gradients_under_compilation(monkeypatch):
+    from flashgen import check
+
+    monkeypatch.setattr(check, "LEARNABLE_KERNELS", True)  # decision 048
+    module = flashgen.load(
+        "attention t { head_dim = 16; dtype = fp32; rel: learnable fp32[H, 32]; t: learnable fp32[H];"
+        " w: fp32[H]; mask = causal; score = s * t[h] + rel[h, min(q - k, 31)] + w[h] }"
+    )
+    constant = _rand(2, grad=False)
+
+    def fn(q, k, v, rel, t):
+        return module.attention(q, k, v, rel=rel, t=t, w=constant)
+
+    _same(fn, _rand(2, 2, 29, 16), _rand(2, 1, 33, 16), _rand(2, 1, 33, 16), _rand(2, 32), _rand(2))
+
+
+@pytest.mark.kernels
 def test_a_model_compiles_whole():
     module = flashgen.load("attention m { head_dim = 16; dtype = fp32; mask = causal }")
 

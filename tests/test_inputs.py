@@ -1,7 +1,8 @@
 """Declared inputs (runtime data): the language, the checker, the float64
-reference and the kernels that read them.  No kernel computes the gradient
-of a learnable input yet, so `check` refuses those unless asked
-(`learnable=True`, as here); these tests pin down what they mean.
+reference and the kernels that read them.  `check` refuses learnable inputs
+unless asked (`learnable=True`, as here) while their kernels are switched
+off (`check.LEARNABLE_KERNELS`, decision 048); these tests pin down what
+they mean (tests/test_learnable.py judges the kernels' gradients).
 
 The reference is checked against independent computations: a packed batch
 with a document mask must equal each document attended alone, a per-example
@@ -14,6 +15,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from flashgen import check as check_module
 from flashgen import ir
 from flashgen.check import check
 from flashgen.diagnostics import render_all
@@ -178,7 +180,7 @@ def test_a_variant_with_inputs_prints_and_checks_back_the_same():
         assert _variant(print_variant(variant)) == variant
 
 
-def test_check_accepts_inputs_and_refuses_learnable_ones_until_kernels_give_their_gradients():
+def test_check_accepts_inputs_and_refuses_learnable_ones_until_the_kernels_are_on(monkeypatch):
     assert _messages(PACKED, learnable=False) == []
     assert _messages("attention x { head_dim = 16; dtype = fp32; mask = causal | b == 0 }") == []
     learnable = (
@@ -189,6 +191,16 @@ def test_check_accepts_inputs_and_refuses_learnable_ones_until_kernels_give_thei
     assert _messages(learnable, learnable=False) == [
         "learnable inputs are not supported by the generated kernels yet: "
         "attention() would return no gradient for `rel`"
+    ]
+    # With the kernels on: the reads they sum are accepted, the others refused.
+    monkeypatch.setattr(check_module, "LEARNABLE_KERNELS", True)
+    assert _messages(learnable, learnable=False) == []
+    per_key = "attention t { head_dim = 16; dtype = fp32; w: learnable fp32[Nk]; score = s + w[k] }"
+    assert _messages(per_key, learnable=True) == []
+    assert _messages(per_key, learnable=False) == [
+        "no kernel sums the gradient of this read of learnable `w`: index 1 moves with q or k, "
+        "so it must be `q` itself or range over a constant dimension of at most 1024 (this one "
+        "is Nk)"
     ]
 
 

@@ -220,13 +220,25 @@ def test_tma_path_matches_pointer_path(variant, monkeypatch):
     """TMA descriptor loads (sm90+, here the interpreter) and pointer loads
     read the same values, zeros past the last row and in the head-dim padding,
     so forward and backward agree exactly; a padded head dim and ragged,
-    unequal lengths with GQA exercise both."""
+    unequal lengths with GQA exercise both.
+
+    The rows are 40 wide in storage 48 wide whose last 8 columns are NaN:
+    neither path may read past a row's end.  (Storage 48 wide also makes every
+    stride a multiple of 16 elements, which Triton 3.5's interpreter wants of
+    a descriptor: it checks the strides in elements where the GPU, and 3.6's
+    interpreter, want 16 bytes.)"""
     variant = dataclasses.replace(shrink_masks(interpretable(variant)), head_dim=40)
     module = build(variant)
     gen = torch.Generator().manual_seed(7)
     dtype = torch_dtype(variant.dtype)
-    q, do = (torch.randn(1, 4, 45, 40, generator=gen).to(dtype).to(DEVICE) for _ in range(2))
-    k, v = (torch.randn(1, 2, 77, 40, generator=gen).to(dtype).to(DEVICE) for _ in range(2))
+
+    def rows(heads: int, n: int) -> torch.Tensor:
+        storage = torch.full((1, heads, n, 48), float("nan"), dtype=dtype, device=DEVICE)
+        storage[..., :40] = torch.randn(1, heads, n, 40, generator=gen).to(dtype)
+        return storage[..., :40]
+
+    q, do = rows(4, 45), rows(4, 45)
+    k, v = rows(2, 77), rows(2, 77)
     launch = dict(block_m=16, block_n=32)
     if DEVICE == "cuda":  # compiled code may round differently: judge each path
         for tma in (False, True):
@@ -515,10 +527,12 @@ def test_extreme_accepted_scales_run(scale):
 def test_gluon_kernels_refuse_2_31_rows(monkeypatch):
     """The Gluon kernels address rows of the (B * H * N, D) view in int32:
     from 2^31 rows on, the call falls back to the Triton kernels.  (Checked
-    with stand-in tensors on a pretended sm90 GPU: no memory is needed.)"""
+    with stand-in tensors on a pretended sm90 GPU with Triton 3.6, whose Gluon
+    the modules take: no memory is needed.)"""
     import types
 
     module = build(make_variant("causal", dtype=ir.DType.FP16, head_dim=128))
+    monkeypatch.setattr(module, "GLUON", True)
     monkeypatch.setattr(module, "_interpreting", lambda: False)
     monkeypatch.setattr(module, "_capability", lambda device: (9, 0))
 

@@ -42,10 +42,28 @@ def _qkv(b=1, h=4, hkv=2, nq=5, nk=7, d=64, dtype=torch.float16):
 
 def test_sections_are_the_documented_ones():
     assert list(runtime_sections()) == [
-        "common", "sequences", "alibi", "inputs", "direct_launch", "gluon"
+        "common", "sequences", "alibi", "inputs", "input_grads", "direct_launch", "gluon"
     ]  # fmt: skip
     for text in runtime_sections().values():
         assert "# flashgen: section" not in text and text == text.strip("\n")
+
+
+def test_learnable_gradients_are_each_inputs_reads_summed_over_their_slots(rt, monkeypatch):
+    # Input 1 (rel, fp16) has two reads: one with a slot per batch row and query tile, one
+    # with a slot per head; input 0 is not learnable.
+    monkeypatch.setattr(rt, "_LEARNABLE", (1,))
+    monkeypatch.setattr(rt, "_LEARNABLE_READS", ((1, True, False, True), (1, False, True, False)))
+    inputs = (torch.zeros(3), torch.zeros(4, 8, dtype=torch.float16))
+    buffers = rt._grad_buffers(inputs, 2, 4, 5)
+    assert [tuple(b.shape) for b in buffers] == [(10, 4, 8), (4, 4, 8)]
+    assert all(b.dtype == torch.float32 and not b.any() for b in buffers)
+    buffers[0][3, 1, 2] = 1.5
+    buffers[0][7, 1, 2] = 2.0
+    buffers[1][2, 1, 2] = 0.25
+    (grad,) = rt._input_grads(inputs, buffers)
+    assert grad.dtype == torch.float16 and grad[1, 2] == 3.75 and grad.count_nonzero() == 1
+    (empty,) = rt._input_grads(inputs, None)
+    assert empty.shape == (4, 8) and not empty.any()
 
 
 def test_cdiv():

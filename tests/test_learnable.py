@@ -1,0 +1,198 @@
+"""Learnable inputs: `attention()` returns their gradients (flashgen/input_grads.py,
+docs/decisions/048-learnable-inputs.md).
+
+Every form of read the backward sums (a scalar per program, a query row, a
+constant table, a pair) is judged against float64 autograd through the
+reference by the 3x rule (`verify.check_backward`, which compares the
+learnable inputs' gradients beside dq, dk and dv), on shapes with GQA,
+Nq != Nk, rows that see no key and tile edges; repeated backward calls must
+give the same bits; reads no form covers are refused by `check` with a
+diagnostic.  `check` refuses learnable inputs for now
+(`check.LEARNABLE_KERNELS`, decision 048), so these tests check with
+`learnable=True` or switch the kernels on."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from flashgen import check as check_module
+from flashgen import ir, verify
+from flashgen.check import check
+from flashgen.diagnostics import render_all
+from flashgen.parse import parse
+
+from kernel_utils import DEVICE, build
+
+CPU = DEVICE == "cpu"
+# The interpreter has no bf16 dot product: fp32 and fp16 there, bf16 on the GPU.
+DTYPES = ("fp32", "fp16") if CPU else ("bf16", "fp16")
+HEAD_DIM = 16 if CPU else 64
+
+
+def _variant(body: str, dtype: str = DTYPES[0], head_dim: int = HEAD_DIM) -> ir.Variant:
+    text = f"attention v {{ head_dim = {head_dim}; dtype = {dtype}; {body} }}"
+    spec, diagnostics = parse(text, "<t>")
+    assert not diagnostics, render_all(diagnostics, {"<t>": text})
+    (variant,), diagnostics = check([spec], learnable=True)
+    assert not diagnostics, render_all(diagnostics, {"<t>": text})
+    return variant
+
+
+def _messages(body: str) -> list[str]:
+    text = f"attention v {{ head_dim = 16; dtype = fp32; {body} }}"
+    spec, diagnostics = parse(text, "<t>")
+    assert not diagnostics
+    return [render_all([d], {"<t>": text}) for d in check([spec])[1]]
+
+
+@pytest.fixture
+def _kernels_on(monkeypatch):
+    monkeypatch.setattr(check_module, "LEARNABLE_KERNELS", True)
+
+
+SPECS = {
+    # TABLE: T5's bias per head and distance bucket.
+    "t5": "rel: learnable fp32[H, 32]; mask = causal; score = s + rel[h, min(q - k, 31)]",
+    # TABLE, both directions and a scale on the read.
+    "relative": "rel: learnable fp32[33]; score = s + 0.5 * rel[min(max(q - k + 16, 0), 32)]",
+    # SCALAR: ALiBi with learnable slopes, and a temperature under a softcap.
+    "alibi": "slope: learnable fp32[H]; mask = causal; score = s - slope[h] * abs(q - k)",
+    "temperature": "t: learnable fp32[H]; score = softcap(s * t[h], 20.0)",
+    # ROWS: a per-query temperature (its gradient does not vanish as a bias's does).
+    "rows": "t: learnable fp32[B, H, Nk]; mask = causal & window(24); score = s * t[b, h, q]",
+    # PAIRS: a full bias in fp16, read beside a constant per-key bias.
+    "pairs": (
+        "w: learnable fp16[B, H, Nk, Nk]; kb: fp32[B, Nk]; mask = causal & window(20); "
+        "score = s + w[b, h, q, k] + kb[b, k]"
+    ),
+    # Two reads of one input, and a learnable bias under a runtime document mask (the plan).
+    "two_reads": "w: learnable fp32[H]; score = s * w[h] + w[0]",
+    "documents": (
+        "doc: int32[B, Nk]; rel: learnable fp32[H, 16]; mask = causal & doc[b, q] == doc[b, k]; "
+        "score = s + rel[h, min(q - k, 15)]"
+    ),
+}
+# (B, H, Hkv, Nq, Nk): GQA with Nq < Nk, tile edges, rows that see no key (bottom-right
+# causal with Nq > Nk), one query row.
+SHAPES = ((2, 4, 2, 37, 45), (1, 2, 1, 50, 20), (1, 2, 2, 1, 70), (1, 2, 1, 64, 64))
+if not CPU:
+    SHAPES += ((2, 4, 2, 300, 517), (1, 4, 4, 1024, 1024))
+
+
+def _data(variant, shape, generator):
+    data = verify.random_runtime_inputs(variant, shape, DEVICE, generator=generator)
+    if "doc" in data:  # documents of a few tokens, as packed batches hold
+        b, n = data["doc"].shape
+        lengths = torch.randint(1, 12, (b, n), generator=generator)
+        data["doc"] = (lengths.cumsum(1) // 12).to(device=DEVICE, dtype=torch.int32)
+    return data
+
+
+@pytest.mark.kernels
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("name", sorted(SPECS))
+def test_learnable_gradients_follow_the_reference(name, dtype):
+    variant = _variant(SPECS[name], dtype)
+    module = build(variant)
+    generator = torch.Generator().manual_seed(7)
+    for shape in SHAPES:
+        shape = verify.Shape(*shape)
+        q, k, v = verify.random_inputs(
+            shape, variant.head_dim, verify.torch_dtype(variant.dtype), DEVICE, generator=generator
+        )  # fmt: skip
+        data = _data(variant, shape, generator)
+        result = verify.check_backward(variant, module, q, k, v, generator=generator, inputs=data)
+        learned = [c for c in result.checks if c.what not in ("dq", "dk", "dv")]
+        assert learned, "the learnable inputs' gradients were not compared"
+        assert result.ok, (shape, [c for c in result.checks if not c.ok])
+
+
+def _loss(module, q, k, v, data, do):
+    return (module.attention(q, k, v, **data).float() * do).sum()
+
+
+@pytest.mark.kernels
+@pytest.mark.parametrize("name", ["t5", "pairs", "temperature", "rows"])
+def test_repeated_backward_calls_give_the_same_bits(name):
+    variant = _variant(SPECS[name])
+    module = build(variant)
+    generator = torch.Generator().manual_seed(3)
+    shape = verify.Shape(*SHAPES[0]) if CPU else verify.Shape(2, 8, 2, 1000, 1000)
+    dtype = verify.torch_dtype(variant.dtype)
+    q, k, v = verify.random_inputs(shape, variant.head_dim, dtype, DEVICE, generator=generator)
+    data = _data(variant, shape, generator)
+    learnable = [i.name for i in variant.inputs if i.learnable]
+    do = torch.randn(q.shape, generator=generator).to(DEVICE)
+    runs = []
+    for _ in range(2):
+        leaves = {n: data[n].detach().clone().requires_grad_() for n in learnable}
+        loss = _loss(module, q, k, v, {**data, **leaves}, do)
+        runs.append(torch.autograd.grad(loss, list(leaves.values())))
+    for first, second in zip(*runs):
+        assert torch.equal(first, second)
+        assert first.abs().max() > 0
+
+
+@pytest.mark.kernels
+def test_backward_returns_the_learnable_gradients_autograd_gets():
+    variant = _variant(
+        "rel: learnable fp32[H, 32]; rel2: learnable fp32[H]; mask = causal; "
+        "score = s * rel2[h] + rel[h, min(q - k, 31)]"
+    )
+    module = build(variant)
+    generator = torch.Generator().manual_seed(5)
+    shape = verify.Shape(1, 2, 2, 30, 40)
+    dtype = verify.torch_dtype(variant.dtype)
+    q, k, v = verify.random_inputs(shape, variant.head_dim, dtype, DEVICE, generator=generator)
+    data = {n: x.requires_grad_() for n, x in _data(variant, shape, generator).items()}
+    o, lse = module.attention(q, k, v, return_lse=True, **data)
+    do = torch.randn(o.shape, generator=generator).to(o)
+    expected = torch.autograd.grad((o * do).sum(), [data["rel"], data["rel2"]])
+    grads = module.backward(q, k, v, o.detach(), lse.detach(), do, **data)
+    assert len(grads) == 5
+    for got, want in zip(grads[3:], expected):
+        assert torch.equal(got, want)
+    empty = module.backward(q, k, v, o.detach(), lse.detach(), None, **data)
+    assert all(not g.any() for g in empty[3:]) and empty[3].shape == (2, 32)
+
+
+def test_check_accepts_every_form_and_the_model_says_how_each_read_is_summed():
+    from flashgen.lower import lower
+
+    forms = {
+        "t5": ["table"],
+        "relative": ["table"],
+        "alibi": ["scalar"],
+        "temperature": ["scalar"],
+        "rows": ["rows"],
+        "pairs": ["pairs"],
+        "two_reads": ["scalar", "scalar"],
+        "documents": ["table"],
+    }
+    for name, body in SPECS.items():
+        model = lower(_variant(body))
+        assert [g.form for g in model.input_grads] == forms[name], name
+    t5 = lower(_variant(SPECS["t5"])).input_grads[0]
+    # `h` indexes the table: heads never share an element, so they share slots.
+    assert (t5.slot_batch, t5.slot_head, t5.slot_tile) == (True, False, True)
+    pairs = lower(_variant(SPECS["pairs"])).input_grads[0]
+    assert (pairs.slot_batch, pairs.slot_head, pairs.slot_tile) == (False, False, False)
+
+
+def test_learnable_inputs_are_refused_until_the_kernels_are_switched_on():
+    (message,) = _messages("w: learnable fp32[H]; score = s * w[h]")
+    assert "learnable inputs are not supported by the generated kernels yet" in message
+
+
+def test_reads_no_kernel_sums_are_refused_with_a_caret(_kernels_on):
+    (message,) = _messages("w: learnable fp32[Nk]; score = s + w[k]")
+    assert "no kernel sums the gradient of this read of learnable `w`" in message
+    assert "must be `q` itself or range over a constant dimension of at most 1024" in message
+    assert "<t>:1:" in message and "^" in message
+    (message,) = _messages("w: learnable fp32[16, 16]; score = s + w[q % 16, k % 16]")
+    assert "2 of its indices move with q or k" in message
+    # The same reads of a constant input are fine, and so is a table over a constant size.
+    assert _messages("w: fp32[Nk]; score = s + w[k]") == []
+    assert _messages("w: learnable fp32[1024]; score = s + w[min(abs(q - k), 1023)]") == []
+    assert len(_messages("w: learnable fp32[1025]; score = s + w[min(abs(q - k), 1024)]")) == 1
