@@ -89,13 +89,20 @@ class ElementCode:
     """Translates checked expressions into `kernel_expr` trees over one tile's
     elements (printed by `flashgen.lower`)."""
 
-    def __init__(self, keys_before_queries: bool = False, fast_log: bool = False) -> None:
+    def __init__(
+        self,
+        keys_before_queries: bool = False,
+        fast_log: bool = False,
+        named: dict[ir.Index, str] | None = None,
+    ) -> None:
         # Score code may assume k <= q: the mask hides every other pair (see
         # `keys_before_queries`).  Then |q - k| is q - k, one operation less.
         self.keys_before_queries = keys_before_queries
         # log through the module's `_log` (lg2.approx.f32 on the GPU) rather
         # than `tl.log` (libdevice's logf): 16-bit modules (kernel_choice.fast_math).
         self.fast_log = fast_log
+        # Reads that the kernel has already loaded into variables of these names.
+        self.named = named or {}
 
     def scaled(self, e: ir.Expr, c: float) -> kx.Expr:
         """c * e as a float32 value, with c folded into a constant factor of
@@ -170,6 +177,8 @@ class ElementCode:
         if isinstance(e, ir.Binary):
             return self._binary(e)
         if isinstance(e, ir.Index):
+            if e in self.named:
+                return kx.Var(self.named[e])
             return kx.Load(e.input, tuple(self.expr(a) for a in e.args))
         return self._call(e)
 

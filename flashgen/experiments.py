@@ -83,6 +83,8 @@ KNOBS: dict[str, Callable[[str], object]] = {
     "gluon_dq_heavy_last": _bool,  # the Gluon dQ CTAs take the last rows first
     "tanh_small_poly": _only(True),  # on: tanh accurate near 0 (never off)
     "fast_math": _only(False),  # off: tanh and log by their accurate paths on the GPU too
+    "gather_unpipelined": _bool,  # on: input reads kept out of the software pipeline
+    "hoist_reads": _bool,  # on: a score read constant over a tile is loaded once for it
 }
 
 

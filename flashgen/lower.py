@@ -187,6 +187,58 @@ def _input_grad_models(
     return tuple(result), trees
 
 
+@dataclass(frozen=True)
+class TileRead:
+    """A read of a real input in the score whose indices move with q or k,
+    which may hold one element over a whole tile (experiment knob
+    hoist_reads): the tile code of its indices' bounds, the test that they
+    meet, and the read at those bounds and per element."""
+
+    name: str  # the variable _scores_log2 loads it into
+    read: str  # as the spec writes it
+    lines: tuple[str, ...]
+    constant: str
+    scalar: str
+    element: str
+
+
+def _tile_reads(
+    v: ir.Variant,
+) -> tuple[dict[ir.Index, str], tuple[TileRead, ...], list[kx.Stmt | kx.Expr]]:
+    reals = {i.name for i in v.inputs if not i.element.is_integer}
+    found: list[ir.Index] = []
+    input_grads._reads(v.score, found)
+    moving = [r for r in found if r.input in reals and ir.mentions(r, frozenset("qk"))]
+    names = {r: f"read{n}" for n, r in enumerate(moving)}
+    tiles = TileCode()
+    result, trees = [], []
+    for r in moving:
+        start = len(tiles.lines)
+        tests, args = [], []
+        for a in r.args:
+            if ir.mentions(a, frozenset("qk")):
+                lo, hi = tiles.interval(a)
+                tests.append(kx.Cmp("==", lo, hi))
+                args.append(lo)
+            else:
+                args.append(ElementCode().expr(a))
+        constant = tests[0]
+        for t in tests[1:]:
+            constant = kx.and_(constant, t)
+        trees += [constant, *args]
+        result.append(
+            TileRead(
+                name=names[r],
+                read=print_expr(r),
+                lines=tuple(kx.stmt_source(x) for x in tiles.lines[start:]),
+                constant=kx.to_source(constant),
+                scalar=kx.to_source(kx.Load(r.input, tuple(args))),
+                element=kx.to_source(ElementCode().expr(r)),
+            )
+        )
+    return names, tuple(result), [*tiles.lines, *trees]
+
+
 def _input_model(i: ir.Input) -> InputModel:
     return InputModel(
         name=i.name,
@@ -313,6 +365,19 @@ class KernelModel:
     index_ranges: tuple[tuple, ...] = ()
     # The reads of learnable inputs whose gradients the dQ programs sum.
     input_grads: tuple[InputGradModel, ...] = ()
+    # Experiment (flashgen/experiments.py): input reads in a branch, which
+    # Triton's pipeliner leaves alone, instead of 4-byte cp.async copies.
+    gather_unpipelined: bool = False
+    # Experiment: the score's reads that move with q or k read once per tile
+    # where their indices are constant over it (`tile_reads`), with the
+    # score's log2 code over their variables.
+    hoist_reads: bool = False
+    tile_reads: tuple[TileRead, ...] = ()
+    score_log2_hoisted_code: str = ""
+
+    @property
+    def hoisting(self) -> bool:
+        return self.hoist_reads and bool(self.tile_reads)
 
     @property
     def learnable_inputs(self) -> tuple[InputModel, ...]:
@@ -395,6 +460,10 @@ def lower(v: ir.Variant, tuning: Tuning | None = None) -> KernelModel:
     # The score code may assume the mask's facts (keys before queries).
     fast = fast_math(v)
     score = score_code(v.score, ElementCode(keys_before_queries(mask), fast_log=fast))
+    read_names, tile_reads, tile_read_code = _tile_reads(v)
+    hoisted = score_code(
+        v.score, ElementCode(keys_before_queries(mask), fast_log=fast, named=read_names)
+    )
 
     tiles = TileCode()
     if mask_is_full:
@@ -423,7 +492,9 @@ def lower(v: ir.Variant, tuning: Tuning | None = None) -> KernelModel:
     ]
     inputs = tuple(_input_model(i) for i in v.inputs)
     grads, grad_trees = _input_grad_models(v, inputs, keys_before_queries(mask))
-    needs_floor_div = kx.needs_floor_helpers([mask_code, *score.trees(), *scalar_code, *grad_trees])
+    needs_floor_div = kx.needs_floor_helpers(
+        [mask_code, *score.trees(), *scalar_code, *grad_trees, *tile_read_code]
+    )
 
     positions = frozenset({"q", "k"})
     default_tma = gpu_tma(pad, v.dtype)
@@ -486,6 +557,8 @@ def lower(v: ir.Variant, tuning: Tuning | None = None) -> KernelModel:
         gluon_dq_heavy_last=keys_before_queries(mask),
         inputs=inputs,
         input_grads=grads,
+        tile_reads=tile_reads,
+        score_log2_hoisted_code=_source(hoisted.log2) or "",
         index_ranges=tuple(r.as_tuple() for r in index_ranges.ranges(v)),
         element_args=_element_args(v),
         data_plan=plan,
