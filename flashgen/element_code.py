@@ -3,25 +3,35 @@
 Checked expressions in, `flashgen.kernel_expr` trees over the tile's
 position vectors (`q_pos`, `k_pos`), the query head (`head`, `num_heads`)
 and the scaled score `s` out; `flashgen.lower` prints them, and the facts
-the module needs (`_tanh`, the ALiBi slopes, the floor helpers) are read
-off the trees.  Expressions without variables are folded to one literal
+the module needs (`_tanh`, `_log`, the ALiBi slopes, the floor helpers) are
+read off the trees.  Expressions without variables are folded to one literal
 (`constant_value`), an int in integer contexts and a float in real ones, so
 that no Python constant meets `.to()` or a tl function in any backend.  The
-score is classified (`ScoreKind`) and its derivative with respect to s, from
-`flashgen.grad`, translated the same way.
+score is simplified first (`flashgen.simplify`: constants, no-ops, division
+by constants, softcap spellings), classified (`ScoreKind`), and its
+derivative with respect to s, from `flashgen.grad`, translated the same way.
+A function call that the score (or its derivative) makes more than once is
+computed once per element, into a local (`ScoreCode.lines`).
+
+Functions take the fast path the module's dtype allows (docs/decisions/049):
+exp as exp2 with log2(e) folded into the argument's constant factor (the GPU
+instruction `tl.exp` becomes anyway, less one product), log as the module's
+`_log` in 16-bit modules (lg2.approx.f32 on the GPU) and `tl.log` in float32
+ones, tanh as the module's `_tanh`, sqrt as `tl.sqrt` (sqrt.approx.f32 on
+the GPU for every dtype, as before).
 """
 
 from __future__ import annotations
 
 import enum
 import math
-import operator
 import struct
 from dataclasses import dataclass
 
 from flashgen import grad, ir
 from flashgen import kernel_expr as kx
 from flashgen.mask_forms import K_MINUS_Q, affine, clean, int_arg, kind
+from flashgen.simplify import constant_value, simplify
 
 LOG2E = 1.4426950408889634
 FLOAT32_MAX = 3.4028234663852886e38
@@ -38,101 +48,7 @@ class ScoreKind(str, enum.Enum):
 _ELEMENT_NAMES = {
     "q": "q_pos", "k": "k_pos", "h": "head", "H": "num_heads", "s": "s", "b": "batch"
 }  # fmt: skip
-_REAL_CALLS = {"exp": "tl.exp", "log": "tl.log", "sqrt": "tl.sqrt", "tanh": kx.TANH}
-
-
-def _ieee(op, *args: float) -> float:
-    """op(*args) in float64 with IEEE results where Python's math raises."""
-    try:
-        return op(*args)
-    except OverflowError:
-        return math.inf
-    except (ValueError, ZeroDivisionError):
-        return math.nan
-
-
-def _real_divide(a: float, b: float) -> float:
-    if b == 0:  # IEEE: x / +-0 is +-inf, 0 / 0 is NaN
-        if a == 0 or math.isnan(a):
-            return math.nan
-        return math.copysign(math.inf, b) * math.copysign(1.0, a)
-    return _ieee(operator.truediv, a, b)
-
-
-def _log(x: float) -> float:
-    return -math.inf if x == 0 else _ieee(math.log, x)
-
-
-def _nan_or(fn, a: int | float, b: int | float) -> int | float:
-    """min / max that propagate NaN, as torch.minimum and tl.minimum do."""
-    if isinstance(a, float) and math.isnan(a) or isinstance(b, float) and math.isnan(b):
-        return math.nan
-    result = fn(a, b)
-    return float(result) if isinstance(a, float) or isinstance(b, float) else result
-
-
-_CONSTANT_CALLS = {
-    "exp": lambda x: _ieee(math.exp, x),
-    "log": _log,
-    "sqrt": lambda x: _ieee(math.sqrt, x),
-    "tanh": math.tanh,
-}
-
-
-def constant_value(e: ir.Expr) -> int | float | None:
-    """The value of an expression without variables (`2 - 3`, `exp(1.0)`, the
-    constants of grad's derivatives, `-1` for `-s`), or None when it mentions
-    a variable.  An int for an integer expression, exactly (`div` and `%` by
-    floor, as the kernels and the reference compute them); a float for a real
-    one, evaluated in float64 with IEEE results (inf, NaN), as Triton folds
-    Python constants itself.  Kernels get such expressions as one literal:
-    a Python int or float has no `.to()`, and tl/gl functions want tensors.
-    """
-    if isinstance(e, ir.Num):
-        return e.value
-    if isinstance(e, ir.Unary):
-        if e.op is not ir.UnaryOp.NEG:
-            return None
-        value = constant_value(e.operand)
-        return None if value is None else -value
-    if isinstance(e, ir.Binary):
-        if e.op in ir.COMPARISONS or e.op in (ir.BinOp.AND, ir.BinOp.OR):
-            return None
-        a = constant_value(e.left)
-        b = None if a is None else constant_value(e.right)
-        if b is None:
-            return None
-        if e.op is ir.BinOp.DIV:
-            return _real_divide(float(a), float(b))
-        if isinstance(a, int) and isinstance(b, int):
-            return {
-                ir.BinOp.ADD: a + b,
-                ir.BinOp.SUB: a - b,
-                ir.BinOp.MUL: a * b,
-                ir.BinOp.FLOORDIV: a // b if b > 0 else None,
-                ir.BinOp.MOD: a % b if b > 0 else None,
-            }[e.op]
-        a, b = float(a), float(b)
-        if e.op is ir.BinOp.ADD:
-            return a + b
-        if e.op is ir.BinOp.SUB:
-            return a - b
-        return a * b if e.op is ir.BinOp.MUL else None
-    if not isinstance(e, ir.Call) or e.fn in (grad.SIGN, grad.SELECT):
-        return None
-    args = [constant_value(a) for a in e.args]
-    if None in args:
-        return None
-    if e.fn in _CONSTANT_CALLS:
-        return _CONSTANT_CALLS[e.fn](float(args[0]))
-    if e.fn == ir.SOFTCAP:
-        x, cap = float(args[0]), float(args[1])
-        return cap * math.tanh(_real_divide(x, cap))
-    if e.fn == "abs":
-        return abs(args[0])
-    if e.fn in ("min", "max"):
-        return _nan_or(min if e.fn == "min" else max, *args)
-    return None
+_REAL_CALLS = {"log": "tl.log", "sqrt": "tl.sqrt", "tanh": kx.TANH}
 
 
 def _negative_literal(value: int | float) -> bool:
@@ -174,11 +90,17 @@ class ElementCode:
     elements (printed by `flashgen.lower`)."""
 
     def __init__(
-        self, keys_before_queries: bool = False, named: dict[ir.Index, str] | None = None
+        self,
+        keys_before_queries: bool = False,
+        fast_log: bool = False,
+        named: dict[ir.Index, str] | None = None,
     ) -> None:
         # Score code may assume k <= q: the mask hides every other pair (see
         # `keys_before_queries`).  Then |q - k| is q - k, one operation less.
         self.keys_before_queries = keys_before_queries
+        # log through the module's `_log` (lg2.approx.f32 on the GPU) rather
+        # than `tl.log` (libdevice's logf): 16-bit modules (kernel_choice.fast_math).
+        self.fast_log = fast_log
         # Reads that the kernel has already loaded into variables of these names.
         self.named = named or {}
 
@@ -200,6 +122,10 @@ class ElementCode:
             return self._alibi(c)
         if isinstance(e, ir.Call) and e.fn == ir.SOFTCAP:
             return self._softcap(e, c)
+        if isinstance(e, ir.Binary) and e.op in (ir.BinOp.ADD, ir.BinOp.SUB):
+            if kind(e) is ir.Kind.REAL:  # c (a + b) = c a + c b: c folds into each term
+                combine = kx.add if e.op is ir.BinOp.ADD else kx.sub
+                return combine(self.scaled(e.left, c), self.scaled(e.right, c))
         return kx.mul(kx.Float(c), self._real_operand(e))
 
     def _alibi(self, c: float) -> kx.Expr:
@@ -220,7 +146,7 @@ class ElementCode:
         """c * softcap(x, cap) = (c * cap) * tanh(x / cap)."""
         cap = float(e.args[1].value)  # type: ignore[union-attr]
         x = self.real(e.args[0])
-        t = kx.Call(kx.TANH, (kx.mul(kx.Paren(x), kx.Float(1.0 / cap)),))
+        t = kx.Call(kx.TANH, (kx.mul(x, kx.Float(1.0 / cap)),))
         if abs(c * cap) > FLOAT32_MAX:  # a cap near float32's max: c * cap overflows
             return kx.mul(kx.Float(c), kx.Paren(kx.mul(kx.Float(cap), t)))
         return kx.mul(kx.Float(c * cap), t)
@@ -290,6 +216,10 @@ class ElementCode:
             return kx.Where(self.expr(cond), self.real(a), self.real(b))
         if e.fn == ir.SOFTCAP:
             return self._softcap(e, 1.0)
+        if e.fn == "exp":  # exp(x) = exp2(log2(e) x), log2(e) folded into x's constant factor
+            return kx.Call(kx.EXP2, (self.scaled(e.args[0], LOG2E),))
+        if e.fn == "log" and self.fast_log:
+            return kx.Call(kx.LOG, (self.real(e.args[0]),))
         if e.fn in _REAL_CALLS:
             return kx.Call(_REAL_CALLS[e.fn], (self.real(e.args[0]),))
         if e.fn == "abs":
@@ -314,29 +244,100 @@ class ScoreCode:
     log2: kx.Expr | None
     # d score / d s for GENERAL scores (None when it is the constant 1).
     grad: kx.Expr | None
+    # Locals computed before `log2` and before `grad`: each function call
+    # that either makes more than once (`tanh0 = _tanh(s * 0.1)`).
+    lines: tuple[kx.Assign, ...] = ()
+    grad_lines: tuple[kx.Assign, ...] = ()
 
-    def trees(self) -> list[kx.Expr | None]:
-        return [self.log2, self.grad]
+    def trees(self) -> list[kx.Stmt | kx.Expr | None]:
+        return [*self.lines, self.log2, *self.grad_lines, self.grad]
 
     @property
     def grad_uses_s(self) -> bool:
         """Whether the derivative reads s (softcap's reads the score s2 back
         instead)."""
-        return self.grad is not None and kx.uses(self.grad, S.name)
+        code = [*self.grad_lines, self.grad]
+        return self.grad is not None and any(
+            isinstance(x, kx.Var) and x.name == S.name for x in kx.walk_code(code)
+        )
 
     @property
     def uses_alibi(self) -> bool:
-        return any(e is not None and kx.uses(e, ALIBI_SLOPE.name) for e in self.trees())
+        return any(
+            isinstance(x, kx.Var) and x.name == ALIBI_SLOPE.name for x in kx.walk_code(self.trees())
+        )
 
     @property
     def needs_tanh(self) -> bool:
         return kx.calls(self.trees(), kx.TANH)
 
+    @property
+    def needs_log(self) -> bool:
+        """Whether the code calls the module's `_log` (16-bit modules)."""
+        return kx.calls(self.trees(), kx.LOG)
+
+
+# The local that holds a shared call of each function (`tanh0`, `exp1`): no
+# name a kernel passes to the score functions ends in a digit but the
+# inputs' (`rel_ptr`, never bare `rel`).
+_SHARED_NAMES = {kx.TANH: "tanh", kx.EXP2: "exp", kx.LOG: "log", "tl.log": "log", "tl.sqrt": "sqrt"}
+
+
+def share_calls(root: kx.Expr | None) -> tuple[tuple[kx.Assign, ...], kx.Expr | None]:
+    """(lines, root'): each function call that `root` makes more than once
+    computed once into a local (inner calls first), and root reading it."""
+    if root is None:
+        return (), None
+    counts: dict[kx.Call, int] = {}
+    for x in kx.walk(root):
+        if isinstance(x, kx.Call) and x.fn in _SHARED_NAMES:
+            counts[x] = counts.get(x, 0) + 1
+    names: dict[kx.Expr, kx.Var] = {}
+    lines: list[kx.Assign] = []
+    numbers: dict[str, int] = {}
+
+    def rebuild(e: kx.Expr) -> kx.Expr:
+        if e in names:
+            return names[e]
+        rebuilt = _with_children(e, [rebuild(c) for c in kx.children(e)])
+        if isinstance(e, kx.Call) and counts.get(e, 0) > 1:
+            stem = _SHARED_NAMES[e.fn]
+            number = numbers.get(stem, 0)
+            numbers[stem] = number + 1
+            names[e] = kx.Var(f"{stem}{number}")
+            lines.append(kx.Assign(names[e].name, rebuilt))
+            return names[e]
+        return rebuilt
+
+    rebuilt = rebuild(root)
+    return tuple(lines), rebuilt
+
+
+def _with_children(e: kx.Expr, kids: list[kx.Expr]) -> kx.Expr:
+    """`e` with its children (in `kx.children`'s order) replaced."""
+    if not kids or kids == list(kx.children(e)):
+        return e
+    if isinstance(e, (kx.Neg, kx.Paren, kx.Abs, kx.Not)):
+        return type(e)(kids[0])
+    if isinstance(e, (kx.FloorDiv, kx.FloorMod)):
+        return type(e)(kids[0], e.divisor)
+    if isinstance(e, kx.Cast):
+        return kx.Cast(kids[0], e.dtype)
+    if isinstance(e, kx.Where):
+        return kx.Where(*kids)
+    if isinstance(e, kx.Call):
+        return kx.Call(e.fn, tuple(kids))
+    if isinstance(e, kx.Load):
+        return kx.Load(e.input, tuple(kids))
+    if isinstance(e, (kx.Arith, kx.Cmp)):
+        return type(e)(e.op, *kids)
+    return type(e)(*kids)  # Min, Max, And, Or
+
 
 def score_code(score: ir.Expr, elements: ElementCode) -> ScoreCode:
     """The score's kind, its code in log2 units and the code of its
-    derivative with respect to s."""
-    score_kind, expr = _score_parts(score)
+    derivative with respect to s, from the simplified score."""
+    score_kind, expr = _score_parts(simplify(score))
     if score_kind is ScoreKind.IDENTITY:
         return ScoreCode(score_kind, None, None)
     log2 = elements.scaled(expr, LOG2E)
@@ -363,10 +364,12 @@ def score_code(score: ir.Expr, elements: ElementCode) -> ScoreCode:
         squared = kx.mul(t, t)
         derivative = kx.sub(kx.Float(1.0), squared if exact else kx.Min(squared, kx.Float(1.0)))
     elif score_kind is ScoreKind.GENERAL:
-        d = grad.derivative(expr)
-        if d != grad.ONE:
+        d = simplify(grad.derivative(expr))
+        if d != grad.ONE and constant_value(d) != 1:
             derivative = elements.real(d)
-    return ScoreCode(score_kind, log2, derivative)
+    lines, log2 = share_calls(log2)
+    grad_lines, derivative = share_calls(derivative)
+    return ScoreCode(score_kind, log2, derivative, lines, grad_lines)
 
 
 def _f32(x: float) -> float:

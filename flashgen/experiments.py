@@ -82,6 +82,7 @@ KNOBS: dict[str, Callable[[str], object]] = {
     "gluon_min_keys": lambda text: _ints(1, 0, 1 << 24)(text)[0],
     "gluon_dq_heavy_last": _bool,  # the Gluon dQ CTAs take the last rows first
     "tanh_small_poly": _only(True),  # on: tanh accurate near 0 (never off)
+    "fast_math": _only(False),  # off: tanh and log by their accurate paths on the GPU too
     "gather_unpipelined": _bool,  # on: input reads kept out of the software pipeline
     "hoist_reads": _bool,  # off: no score read loaded once for a tile it is constant over
 }

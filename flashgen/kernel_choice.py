@@ -1,8 +1,9 @@
 """Kernel selection: which specialised kernels a module carries.
 
 A checked `Variant` in, decisions out: the warp-specialized Gluon forward
-(`GluonForward`) and backward for Hopper, and whether `_tanh` keeps its
-polynomial branch near 0.  The module constants here are read at each call
+(`GluonForward`) and backward for Hopper, whether the score's functions take
+the GPU's approximate instructions (`fast_math`), and whether the portable
+`_tanh` keeps its polynomial branch near 0.  The module constants here are read at each call
 of `lower()`; experiments and tests patch them on this module.
 """
 
@@ -12,6 +13,7 @@ import enum
 import math
 
 from flashgen import ir
+from flashgen.simplify import simplify
 from flashgen.mask_forms import (
     FLIPPED,
     K_MINUS_Q,
@@ -186,6 +188,23 @@ def _runtime_data(v: ir.Variant) -> bool:
     return ir.reads_runtime_data(v.mask) or ir.reads_runtime_data(v.score)
 
 
+# Module dtypes whose score functions take the GPU's approximate
+# special-function instructions (docs/decisions/049-fast-math-in-scores.md):
+# tanh.approx.f32 (relative error below 2^-10.9) and lg2.approx.f32 (absolute
+# error below 2^-22 in log2).  Each is below one rounding of a 16-bit score
+# (2^-11 relative for fp16, 2^-8 for bf16), which the ordinary dense
+# implementation of the 2x / 3x rule makes at every operation; float32
+# modules keep libdevice's logf and the exp2 tanh, accurate to a few ulps.
+FAST_MATH_DTYPES = frozenset({ir.DType.FP16, ir.DType.BF16})
+
+
+def fast_math(v: ir.Variant) -> bool:
+    """Whether the module's `_tanh` and `_log` take the GPU's approximate
+    instructions (on the GPU; the Triton interpreter runs no PTX and takes
+    the portable branch)."""
+    return v.dtype in FAST_MATH_DTYPES
+
+
 # Largest softcap cap for which 16-bit modules compute tanh without the
 # polynomial branch near 0: there tanh's absolute error (~2^-25, from rounding
 # exp(-2|x|) near 1) times the cap stays below 2^-17, far below the fp16
@@ -194,7 +213,8 @@ FAST_TANH_MAX_CAP = 256.0
 
 
 def tanh_small_poly(v: ir.Variant) -> bool:
-    """Whether `_tanh` needs its polynomial branch near 0.
+    """Whether the exp2 `_tanh` (float32 modules, the interpreter's branch of
+    16-bit ones, and `fast_math=off`) needs its polynomial branch near 0.
 
     softcap(x, c) is c * tanh(x / c): an absolute error e of tanh becomes
     c * e in a score that is about x for |x| << c, so a huge cap (3e38 gave
@@ -217,4 +237,4 @@ def tanh_small_poly(v: ir.Variant) -> bool:
             return amplified(e.left) or amplified(e.right)
         return False
 
-    return amplified(v.score)
+    return amplified(simplify(v.score))  # the score the kernels compute

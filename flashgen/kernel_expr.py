@@ -184,8 +184,11 @@ class Comment:
 Stmt = Union[Assign, Comment]
 
 TRUE, FALSE = Bool(True), Bool(False)
-# The module's tanh (a Triton function: tl has none).
+# The module's tanh (a Triton function: tl has none), its log (16-bit
+# modules: lg2.approx.f32 on the GPU) and exp2 (exp with log2(e) folded).
 TANH = "_tanh"
+LOG = "_log"
+EXP2 = "tl.math.exp2"
 # A position no tile reaches: (-FAR, FAR) holds every position, (FAR, -FAR) none.
 FAR = Paren(Arith("<<", Int(1), Int(30)))
 
@@ -451,7 +454,9 @@ class NumpyOps:
     floor_mod = staticmethod(np.mod)
     functions: Mapping[str, Callable[..., Any]] = {
         "tl.exp": np.exp,
+        EXP2: np.exp2,
         "tl.log": np.log,
+        LOG: np.log,
         "tl.sqrt": np.sqrt,
         TANH: np.tanh,
     }

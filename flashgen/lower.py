@@ -13,7 +13,8 @@ its knobs (`flashgen.experiments`).  The analyses live beside this module, one c
 * `flashgen.element_code`: the mask and the score per element, and the
   score's derivative.
 * `flashgen.launch`: launch configurations and `Tuning`.
-* `flashgen.kernel_choice`: the Gluon kernels and the tanh polynomial.
+* `flashgen.kernel_choice`: the Gluon kernels, the fast math paths and the
+  tanh polynomial.
 
 Facts about the code (does it call `_floor_div`?) are read off the trees;
 the trees are printed to Triton source here, in one place, at the end.
@@ -31,6 +32,7 @@ from flashgen import kernel_expr as kx
 from flashgen.element_code import LOG2E, ElementCode, ScoreKind, constant_value, score_code
 from flashgen.kernel_choice import (
     GluonForward,
+    fast_math,
     gluon_backward,
     gluon_forward,
     gluon_min_keys,
@@ -272,6 +274,10 @@ class KernelModel:
     score_log2_code: str
     # d score / d s for GENERAL scores (None when it is the constant 1).
     score_grad_code: str | None
+    # Lines before each (`tanh0 = _tanh(s * 0.1)`): a function call that the
+    # score, or its derivative, makes more than once is made once.
+    score_lines: tuple[str, ...]
+    score_grad_lines: tuple[str, ...]
     # The score can be NaN at s = 0 (sqrt, log or a division by a non-constant):
     # padded query rows (q = 0) then need p = 0 explicitly in the dK/dV kernel.
     score_nan_at_zero: bool
@@ -317,6 +323,11 @@ class KernelModel:
     # for 16-bit softcaps with a moderate cap an absolute error of ~2^-22 is
     # far below the inputs' rounding, and the branch costs 15-20% of the kernel.
     tanh_small_poly: bool
+    # `_tanh` and `_log` take the GPU's approximate instructions (tanh.approx.f32,
+    # lg2.approx.f32) for 16-bit modules (`kernel_choice.fast_math`); the
+    # interpreter, which runs no PTX, takes their portable branch.
+    fast_math: bool
+    needs_log: bool
     gpu_config: LaunchConfig
     cpu_config: LaunchConfig
     gpu_bwd_config: LaunchConfig
@@ -441,9 +452,12 @@ def lower(v: ir.Variant, tuning: Tuning | None = None) -> KernelModel:
     mask_code = ElementCode().expr(mask)
     mask_is_full = mask_code == kx.TRUE
     # The score code may assume the mask's facts (keys before queries).
-    score = score_code(v.score, ElementCode(keys_before_queries(mask)))
+    fast = fast_math(v)
+    score = score_code(v.score, ElementCode(keys_before_queries(mask), fast_log=fast))
     read_names, tile_reads, tile_read_code = _tile_reads(v)
-    hoisted = score_code(v.score, ElementCode(keys_before_queries(mask), read_names))
+    hoisted = score_code(
+        v.score, ElementCode(keys_before_queries(mask), fast_log=fast, named=read_names)
+    )
 
     tiles = TileCode()
     if mask_is_full:
@@ -496,6 +510,8 @@ def lower(v: ir.Variant, tuning: Tuning | None = None) -> KernelModel:
         score_kind=score.kind,
         score_log2_code=_source(score.log2) or "",
         score_grad_code=_source(score.grad),
+        score_lines=tuple(kx.stmt_source(s) for s in score.lines),
+        score_grad_lines=tuple(kx.stmt_source(s) for s in score.grad_lines),
         score_nan_at_zero=_nan_at_zero(v.score),
         score_grad_uses_s=score.grad_uses_s,
         uses_alibi=score.uses_alibi or _uses_alibi(grad_trees),
@@ -521,6 +537,8 @@ def lower(v: ir.Variant, tuning: Tuning | None = None) -> KernelModel:
         needs_floor_div=needs_floor_div,
         needs_tanh=score.needs_tanh or kx.calls(grad_trees, kx.TANH),
         tanh_small_poly=tanh_small_poly(v),
+        fast_math=fast,
+        needs_log=score.needs_log,
         gpu_config=(tuning.forward if tuning else gpu_config(pad, v.dtype, not mask_is_full)),
         cpu_config=CPU_CONFIG,
         gpu_bwd_config=tuning.backward if tuning else gpu_bwd_config(pad, v.dtype),

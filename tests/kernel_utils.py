@@ -176,11 +176,12 @@ def _tanh_kernel(x_ptr, y_ptr, n, TANH: tl.constexpr, BLOCK: tl.constexpr):
     tl.store(y_ptr + offs, TANH(x), mask=offs < n)
 
 
-def tanh_errors(dtype: ir.DType, device: str = DEVICE) -> tuple[float, float]:
+def tanh_errors(dtype: ir.DType, device: str = DEVICE) -> tuple[float, float, float]:
     """The errors of a `dtype` module's `_tanh` over |x| <= 30 (dense near 0
     and in the tails), inf and 0: the largest in fp32 ulps of the true value
     where |x| >= 0.25 (everywhere for float32 modules, whose tanh keeps its
-    relative accuracy near 0), and the largest absolute one."""
+    relative accuracy near 0), the largest absolute one, and the largest
+    relative one (where tanh is not 0)."""
     tanh = build(make_variant("causal", score="softcap(s, 20.0)", dtype=dtype))._tanh
     grid = np.concatenate(
         [np.linspace(-30, 30, 60001), np.geomspace(1e-30, 30, 20000), [0.0, np.inf, -np.inf]]
@@ -195,18 +196,30 @@ def tanh_errors(dtype: ir.DType, device: str = DEVICE) -> tuple[float, float]:
     relative = torch.ones_like(error, dtype=torch.bool)
     if dtype is not ir.DType.FP32:
         relative = x.abs().cpu() >= 0.25
-    return (error / ulp)[relative].max().item(), error.max().item()
+    nonzero = exact != 0
+    worst_relative = (error[nonzero] / exact[nonzero].abs()).max().item()
+    return (error / ulp)[relative].max().item(), error.max().item(), worst_relative
+
+
+# tanh.approx.f32's relative error (PTX ISA: about 2^-11), with a margin: the
+# bound 16-bit modules' `_tanh` must meet on the GPU (docs/decisions/049).
+FAST_TANH_RELATIVE = 2.0**-10.5
 
 
 def assert_tanh_accurate(device: str = DEVICE) -> None:
-    """float32 modules: 8 ulps everywhere.  16-bit modules: 8 ulps for
-    |x| >= 0.25 and 2^-21 absolute near 0, where a softcap score's error
-    (c times it) stays far below the rounding of 16-bit inputs."""
+    """float32 modules: 8 ulps everywhere.  16-bit modules: on the GPU
+    (tanh.approx.f32) FAST_TANH_RELATIVE everywhere, under one rounding of a
+    16-bit score; on the interpreter (the portable exp2 branch) 8 ulps for
+    |x| >= 0.25 and 2^-21 absolute near 0, where a softcap score's error (c
+    times it) stays far below the rounding of 16-bit inputs."""
     assert tanh_errors(ir.DType.FP32, device)[0] <= 8
     for dtype in (ir.DType.FP16, ir.DType.BF16):
-        ulps, absolute = tanh_errors(dtype, device)
-        assert ulps <= 8, (dtype, ulps)
-        assert absolute <= 2.0**-21, (dtype, absolute)
+        ulps, absolute, relative = tanh_errors(dtype, device)
+        if device == "cuda":
+            assert relative <= FAST_TANH_RELATIVE, (dtype, relative)
+        else:
+            assert ulps <= 8, (dtype, ulps)
+            assert absolute <= 2.0**-21, (dtype, absolute)
 
 
 # --------------------------------------------------------------------------- #

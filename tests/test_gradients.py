@@ -342,3 +342,23 @@ def test_scores_not_finite_at_zero_leave_padded_rows_out():
     variant = make_variant("full", score="s / sqrt(abs(s)) + 0.5 * s", dtype=ir.DType.FP32)
     for seed in range(2):
         assert_ok(run_grad_case(variant, Shape(1, 2, 1, 7, 12), seed=seed))
+
+
+@pytest.mark.parametrize(
+    "score",
+    [
+        "30.0 * tanh(s / 30.0) - 0.1 * abs(q - k)",  # a softcap spelled out, among terms
+        "10.0 * tanh(s * 0.25) - 0.01 * abs(q - k)",  # a tanh that is no softcap
+        "s + 2.0 * exp(-abs(s)) - log(1.0 + abs(q - k)) + 0.5 * log(1.0 + s * s)",
+        "tanh(s) * tanh(s) + sqrt(1.0 + s * s) / 2.0",  # calls shared in score and derivative
+    ],
+)
+def test_fast_math_scores_in_16_bits(score):
+    """Scores with every function in an fp16 module (simplified, calls shared,
+    `_tanh` and `_log` on their interpreter branch) against the float64
+    reference, forward and backward; their GPU paths run in
+    scripts/gpu_fast_math.py."""
+    variant = make_variant("causal", score=score, dtype=ir.DType.FP16)
+    shape = Shape(1, 2, 1, 21, 34)
+    assert_ok(run_case(variant, shape, seed=8, magnitude=2.0))
+    assert_ok(run_grad_case(variant, shape, seed=9, magnitude=2.0))

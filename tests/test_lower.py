@@ -196,8 +196,9 @@ def test_affine_normal_form():
 # --------------------------------------------------------------------------- #
 
 
-def _eval_element(code: kx.Expr, s, q_pos, k_pos, head, num_heads, alibi_slope):
-    """Element code evaluated over a tile, numpy standing in for tl."""
+def _eval_element(code: kx.Expr, s, q_pos, k_pos, head, num_heads, alibi_slope, lines=()):
+    """Element code evaluated over a tile after its `lines`, numpy standing in
+    for tl."""
     env = {
         "s": s,
         "q_pos": q_pos,
@@ -206,6 +207,7 @@ def _eval_element(code: kx.Expr, s, q_pos, k_pos, head, num_heads, alibi_slope):
         "num_heads": np.int64(num_heads),
         "alibi_slope": alibi_slope,
     }
+    kx.run(list(lines), env)
     return np.broadcast_to(kx.evaluate(code, env), np.broadcast_shapes(q_pos.shape, k_pos.shape))
 
 
@@ -240,7 +242,7 @@ def test_element_code_matches_reference(variant, n_queries, n_keys):
         if kind is lower.ScoreKind.IDENTITY:
             got = s
         else:
-            got = _eval_element(log2_code, s, *args) / lower.LOG2E
+            got = _eval_element(log2_code, s, *args, lines=score.lines) / lower.LOG2E
             got = s + got if kind is lower.ScoreKind.ADDITIVE else got
         # Scores matter only where the mask shows them.
         np.testing.assert_allclose(
@@ -283,9 +285,10 @@ def test_score_derivative_matches_autograd(variant, n_queries, n_keys):
         if code.grad is None:
             got = np.ones_like(s)
         else:
-            if code.log2 is not None:
-                env["s2"] = kx.evaluate(code.log2, env)  # the kernels' score, log2 units
             with np.errstate(all="ignore"):
+                if code.log2 is not None:  # the kernels' score, log2 units
+                    env["s2"] = kx.evaluate(code.log2, kx.run(list(code.lines), dict(env)))
+                kx.run(list(code.grad_lines), env)
                 got = np.broadcast_to(kx.evaluate(code.grad, env), s.shape)
         # softcap's derivative reads tanh back through a float32 factor.
         np.testing.assert_allclose(
@@ -972,6 +975,7 @@ _TL = types.SimpleNamespace(
     exp=np.exp,
     log=np.log,
     sqrt=np.sqrt,
+    math=types.SimpleNamespace(exp2=np.exp2),
     int64=np.int64,
     float32=np.float64,
 )
@@ -992,7 +996,10 @@ def test_printed_code_computes_what_the_trees_do(mask, score, rects):
         bounds += lower.interior_bounds(nnf, var) or ()
     results = [must, may, *(b for b in bounds if b is not None)]
     code = lower.score_code(score, lower.ElementCode(lower.keys_before_queries(nnf)))
-    elements = [lower.ElementCode().expr(nnf), *(e for e in code.trees() if e is not None)]
+    elements = [
+        lower.ElementCode().expr(nnf),
+        *(e for e in (code.log2, code.grad) if e is not None),
+    ]
     offset = N_KEYS - N_QUERIES
     rng = np.random.default_rng(len(rects))
     for qa, qb, ka, kb, head, num_heads in rects:
@@ -1002,6 +1009,7 @@ def test_printed_code_computes_what_the_trees_do(mask, score, rects):
             **names,
             "tl": _TL,
             "_tanh": np.tanh,
+            "_log": np.log,
             "_floor_div": np.floor_divide,
             "_floor_mod": np.mod,
         }
@@ -1024,10 +1032,16 @@ def test_printed_code_computes_what_the_trees_do(mask, score, rects):
         }
         tile = {k: v.view(_Tensor) if isinstance(v, np.ndarray) else v for k, v in tile.items()}
         with np.errstate(all="ignore"):
+            # The score's shared calls, printed and run, then as trees.
+            namespace, values = {**printed, **tile}, dict(tile)
+            for line in (*code.lines, *code.grad_lines):
+                exec(kx.stmt_source(line), namespace)  # test-only: the printer's own output
+                kx.run([line], values)
+                np.testing.assert_array_equal(namespace[line.name], values[line.name])
             for e in elements:
                 source = kx.to_source(e)
-                got = eval(source, {**printed, **tile})  # test-only
-                np.testing.assert_array_equal(got, kx.evaluate(e, tile), err_msg=source)
+                got = eval(source, namespace)  # test-only
+                np.testing.assert_array_equal(got, kx.evaluate(e, values), err_msg=source)
 
 
 def test_printer_parenthesises_by_precedence():
