@@ -9,6 +9,12 @@ of `triton.testing.do_bench` (or, with
 timer="cuda-graph", of calls replayed from a CUDA graph: the kernels' own time
 without the host's launch cost).
 
+Where FlexAttention's default kernel configuration does not fit the GPU (its
+compile fails "out of resource": too much shared memory), it is measured
+again with the first of FLEX_FALLBACK_OPTIONS that runs, as its users would
+pass `kernel_options`; the measurement's `note`, the table's footnotes and the
+records say which options it ran with.
+
 FLOPs count the mask's real density: 4·B·H·Nq·Nk·D·density for the forward and
 2.5 times that for the backward, whose time is (forward + backward) - forward.
 FlexAttention runs the same variant through the `score_mod` / `mask_mod` that
@@ -71,6 +77,46 @@ HOST_PACED = 0.9
 RANDOM_PROBE_N = 512
 RANDOM_PROBE_HEADS = 16
 RANDOM_ATTEMPTS = 20
+# FlexAttention's kernel options (`FlexKernelOptions`, torch/nn/attention/
+# flex_attention.py; torch/_inductor/kernel/flex/flex_attention.py applies them):
+# an unprefixed key sets both directions' kernels, "fwd_"/"bwd_" one direction's.
+# The forward tiles BLOCK_M queries by BLOCK_N keys; the backward BLOCK_M1
+# queries by BLOCK_N1 keys for dK and dV, BLOCK_M2 queries by BLOCK_N2 keys for
+# dQ, with BLOCK_N1 % BLOCK_M1 == 0 and BLOCK_M2 % BLOCK_N2 == 0, and every
+# block dividing the block mask's 128.  Where the default configuration runs
+# out of resources (`out_of_resources`), these are tried in turn, each for the
+# forward and the backward alike (one flex call serves both, as they are timed
+# together): one stage fewer than the defaults' 3 on Hopper (on an H200, the
+# T5 bias table's specs asked for 13 KiB more than its 227 KiB in the forward
+# at head dim 64, 1 KiB more in the backward at 64 and 128), then 64x64 tiles,
+# then 32x64 tiles with no pipelining, the last resort.
+FLEX_FALLBACK_OPTIONS: tuple[dict[str, int], ...] = (
+    {"num_stages": 2},
+    {
+        "num_stages": 2,
+        "fwd_BLOCK_M": 64,
+        "fwd_BLOCK_N": 64,
+        "bwd_BLOCK_M1": 64,
+        "bwd_BLOCK_N1": 64,
+        "bwd_BLOCK_M2": 64,
+        "bwd_BLOCK_N2": 64,
+    },
+    {
+        "num_stages": 1,
+        "fwd_BLOCK_M": 32,
+        "fwd_BLOCK_N": 64,
+        "bwd_BLOCK_M1": 32,
+        "bwd_BLOCK_N1": 64,
+        "bwd_BLOCK_M2": 64,
+        "bwd_BLOCK_N2": 32,
+    },
+)
+# Words of an error (any exception in its chain, type names included, case,
+# spaces and underscores aside) that say a kernel did not fit: Triton's
+# OutOfResources ("out of resource: shared memory, Required: ... Hardware
+# limit: ..."), and Inductor's "No valid triton configs" when none of its
+# configurations compiled.
+OUT_OF_RESOURCES = ("outofresource", "novalidtritonconfigs")
 
 
 @dataclass(frozen=True)
@@ -90,6 +136,9 @@ class Measurement:
     # Host time per forward + backward call, issued without waiting for the
     # GPU (do_bench only), in ms.
     host_ms: float | None = None
+    # How the system ran where that differs from its defaults (FlexAttention
+    # with FLEX_FALLBACK_OPTIONS); empty otherwise.
+    note: str = ""
 
     def host_paced(self) -> bool:
         """Whether the forward + backward time measured is the host's pace."""
@@ -260,17 +309,13 @@ def bench(
                         bar.advance(label + ": not expressible")
                         continue
                     bar.start(label + ": compiling and timing")
+                    measure = functools.partial(
+                        _measure, variant.name, system, q=q, k=k, v=v, do=do, frac=frac,
+                        timer=timer, reference=reference, timer_name=timer_name, learned=learned,
+                    )  # fmt: skip
                     if system == "flashgen":
                         fn = lambda a, b_, c: module.attention(a, b_, c, **data)  # noqa: E731
                     elif system == "flex":
-                        flex = flex_attention
-                        if compile_flex:
-                            # A fresh compilation per case: each case's mods and
-                            # shape recompile flex_attention, and past
-                            # torch._dynamo's recompile limit (8) it would run
-                            # uncompiled (docs/decisions/016-warp-specialized-gluon-forward.md).
-                            torch._dynamo.reset()
-                            flex = torch.compile(flex_attention, dynamic=False)
                         # One block mask for all heads unless the mask reads `h`.
                         mask_heads = heads if ir.mentions(variant.mask, frozenset({"h"})) else None
                         mask_batch = b if ir.reads_runtime_data(variant.mask) else None
@@ -281,9 +326,23 @@ def bench(
                             if mods.mask_mod
                             else None
                         )
-                        fn = functools.partial(
-                            flex, score_mod=mods.score_mod, block_mask=block_mask, scale=scale
-                        )
+
+                        def flex_fn(options, block_mask=block_mask, mods=mods, scale=scale):
+                            flex = flex_attention
+                            if compile_flex:
+                                # A fresh compilation per case (and per kernel
+                                # options tried): each case's mods and shape
+                                # recompile flex_attention, and past
+                                # torch._dynamo's recompile limit (8) it would run
+                                # uncompiled (docs/decisions/016-warp-specialized-gluon-forward.md).
+                                torch._dynamo.reset()
+                                flex = torch.compile(flex_attention, dynamic=False)
+                            extra = {} if options is None else {"kernel_options": options}
+                            return functools.partial(
+                                flex, score_mod=mods.score_mod, block_mask=block_mask,
+                                scale=scale, **extra,
+                            )  # fmt: skip
+
                     else:
                         backend = sdpa_backends[system]
 
@@ -293,10 +352,10 @@ def bench(
                                     a, b_, c, is_causal=is_causal, scale=scale
                                 )
 
-                    measured = _measure(
-                        variant.name, system, fn, q, k, v, do, frac, timer, reference, timer_name,
-                        learned,
-                    )  # fmt: skip
+                    if system == "flex":
+                        measured = _measure_flex(flex_fn, measure)
+                    else:
+                        measured = measure(fn)
                     results.append(measured)
                     if system == "flashgen" and not measured.error:
                         reference = fn(q, k, v).detach()
@@ -305,10 +364,23 @@ def bench(
 
 
 def _measure(
-    name, system, fn, q, k, v, do, frac, timer, reference, timer_name="do_bench", learned=()
+    name,
+    system,
+    fn,
+    q,
+    k,
+    v,
+    do,
+    frac,
+    timer,
+    reference,
+    timer_name="do_bench",
+    learned=(),
+    reraise: Callable[[BaseException], bool] | None = None,
 ) -> Measurement:
     """Forward and forward + backward times of `fn` on q, k, v; the backward
-    also takes the gradients of the `learned` tensors that `fn` reads."""
+    also takes the gradients of the `learned` tensors that `fn` reads.  An
+    error is reported in the measurement, unless `reraise` says to raise it."""
     b, h, n, d = q.shape
     base = dict(variant=name, system=system, batch=b, heads=h, seqlen=n, head_dim=d, density=frac)
     base["timer"] = timer_name
@@ -327,8 +399,57 @@ def _measure(
         if timer_name == "do_bench":
             host = _host_ms(lambda: torch.autograd.grad(fn(*inputs), leaves, do))
     except Exception as exc:
+        if reraise is not None and reraise(exc):
+            raise
         error = f"{type(exc).__name__}: {exc}"[:200]
     return Measurement(**base, fwd_ms=fwd, bwd_ms=bwd, max_diff=diff, error=error, host_ms=host)
+
+
+def out_of_resources(exc: BaseException) -> bool:
+    """Whether `exc` says that a kernel did not fit the GPU (OUT_OF_RESOURCES
+    anywhere in its chain of causes)."""
+    seen: list[BaseException] = []
+    while exc is not None and all(exc is not e for e in seen):
+        seen.append(exc)
+        exc = exc.__cause__ or exc.__context__
+    text = " ".join(f"{type(e).__name__} {e}" for e in seen).lower()
+    text = text.replace(" ", "").replace("_", "")
+    return any(words in text for words in OUT_OF_RESOURCES)
+
+
+def _kernel_options_text(options: Mapping[str, int]) -> str:
+    return "kernel_options=" + json.dumps(dict(options))
+
+
+def _measure_flex(
+    flex_fn: Callable[[dict[str, int] | None], Callable],
+    measure: Callable[..., Measurement],
+) -> Measurement:
+    """FlexAttention measured (`measure(fn, reraise=...)`, as `_measure`) with
+    `flex_fn(None)`, its default kernel options, or where those run out of
+    resources, with `flex_fn(options)` for the first of FLEX_FALLBACK_OPTIONS
+    that does not: each try measures the forward and the backward anew, with
+    the same options.  Errors of another kind are reported at once, as for any
+    system, and so is the last try's.  The measurement's `note` names the
+    options it ran with, and what ran out of resources before (empty for the
+    defaults)."""
+    tries: list[dict[str, int] | None] = [None, *FLEX_FALLBACK_OPTIONS]
+    for i, options in enumerate(tries):
+        last = i == len(tries) - 1
+        fn = flex_fn(options)
+        try:
+            measured = measure(fn, reraise=None if last else out_of_resources)
+        except Exception as exc:
+            if not out_of_resources(exc):
+                raise
+            continue  # the next, smaller options
+        if options is None:
+            return measured
+        smaller = f" and {i - 1} smaller set{'s' if i > 2 else ''}" if i > 1 else ""
+        earlier = f"the default kernel options{smaller}"
+        note = f"{earlier} ran out of resources; ran with {_kernel_options_text(options)}"
+        return dataclasses.replace(measured, note=note)
+    raise AssertionError("unreachable: the last try reports its error")
 
 
 def table(results: Sequence[Measurement]) -> str:
@@ -337,7 +458,9 @@ def table(results: Sequence[Measurement]) -> str:
     A title line, then one row per spec, head dim and N: each system's cell
     is forward/backward TFLOP/s with a mark ("!": its output differs from
     flashgen's by more than AGREEMENT; "h": host-paced), each ratio cell
-    flashgen's TFLOP/s over the other's, forward/backward; footnotes follow.
+    flashgen's TFLOP/s over the other's, forward/backward; footnotes follow,
+    among them each measurement's note (FlexAttention's kernel options where
+    its defaults ran out of resources) and error.
     """
     rows = {}
     for r in results:
@@ -392,6 +515,8 @@ def table(results: Sequence[Measurement]) -> str:
             "not the kernels' (--timer cuda-graph times the kernels)"
         )
     for r in results:
+        if r.note:
+            lines.append(f"note: {r.variant} N={r.seqlen} {r.system}: {r.note}")
         if r.error:
             lines.append(f"error: {r.variant} N={r.seqlen} {r.system}: {r.error}")
     return "\n".join(lines)
@@ -452,6 +577,12 @@ def flex_ratios(results: Sequence[Measurement]) -> str:
         lines.append("- no ratio: flashgen or FlexAttention was not timed there, or failed")
     if any(r.host_paced() for r in results):
         lines.append("h forward + backward ran at the host's pace (see the table above)")
+    noted = sum(1 for r in results if r.system == "flex" and r.note)
+    if noted:
+        lines.append(
+            f"FlexAttention ran with smaller kernel_options than its defaults at {noted} "
+            "point(s) (the table's notes say where and which)"
+        )
     return "\n".join(lines)
 
 
@@ -553,8 +684,10 @@ def records(
     """Two records per measurement, as in benchmarks/results.jsonl.
 
     Every record: the `context` fields (commit, date, run, gpu, triton,
-    torch, command, note), spec (block name), spec_hash, the shape B, H, Hkv,
-    Nq, Nk, D, dtype, system, timer, density and error (None when it ran).
+    torch, command, note; the note followed by the measurement's own, after a
+    "; ", where it has one: FlexAttention's kernel options), spec (block
+    name), spec_hash, the shape B, H, Hkv, Nq, Nk, D, dtype, system, timer,
+    density and error (None when it ran).
     direction "fwd": ms (forward time), tflops, max_diff (against flashgen's
     output).  direction "fwd+bwd": ms (forward + backward), bwd_ms (the
     backward's share: that minus the forward), bwd_tflops (the backward's
@@ -591,6 +724,8 @@ def records(
             command=context["command"],
         )
         error = r.error or None
+        # The run's note, then the measurement's (FlexAttention's kernel options).
+        note = "; ".join(n for n in (context["note"], r.note) if n) or None
         both = r.fwd_ms + r.bwd_ms if r.fwd_ms is not None and r.bwd_ms is not None else None
         host_paced = r.host_paced() if r.host_ms is not None else None
         out.append(
@@ -601,7 +736,7 @@ def records(
                 tflops=r.tflops(),
                 max_diff=r.max_diff,
                 error=error,
-                note=context["note"],
+                note=note,
             )
         )
         out.append(
@@ -614,7 +749,7 @@ def records(
                 host_ms=r.host_ms,
                 host_paced=host_paced,
                 error=error,
-                note=context["note"],
+                note=note,
             )
         )
         if drawn and r.variant in drawn:

@@ -324,3 +324,195 @@ def test_bench_jsonl_appends_one_record_per_system_shape_and_direction(
         record = json.loads(line)
         keys.setdefault(record["direction"], list(record))
     assert keys == {"fwd": list(fwd), "fwd+bwd": list(both)}
+
+
+# FlexAttention's error on an H200 (torch 2.11, Triton 3.6) for the T5 bias
+# table's spec at head dim 64, as the bench recorded it.
+_OUT_OF_SHARED_MEMORY = (
+    "RuntimeError: No valid triton configs. OutOfMemoryError: out of resource: "
+    "triton_tem_fused_flex_attention_0 Required: 245760 Hardware limit:232448 "
+    "Reducing block sizes or `num_stages` may help."
+)
+
+
+class InductorError(RuntimeError):  # stands in for torch._inductor's, as raised
+    pass
+
+
+def _bench_fake_flex(monkeypatch, fails, compile_flex=False):
+    """Bench one tiny causal spec at N=32 on FlexAttention alone, through a
+    fake flex_attention that records (kernel_options, backward) per call and
+    raises `fails(kernel_options, backward)` where that is an exception (SDPA
+    computes the attention otherwise)."""
+    calls = []
+
+    def flex(q, k, v, score_mod=None, block_mask=None, scale=None, kernel_options=None):
+        backward = torch.is_grad_enabled() and q.requires_grad
+        calls.append((kernel_options, backward))
+        error = fails(kernel_options, backward)
+        if error is not None:
+            raise error
+        return torch.nn.functional.scaled_dot_product_attention(q, k, v, scale=scale)
+
+    monkeypatch.setattr(flex_attention, "flex_attention", flex)
+    variant = _variant(
+        "attention t5 { head_dim = 16; dtype = fp32; rel: fp32[H, 32]; mask = causal;"
+        " score = s + rel[h, min(q - k, 31)] }"
+    )
+    (measured,) = bench.bench(
+        [variant], seqlens=[32], batch=1, heads=2, device="cpu", timer=lambda fn: (fn(), 1.0)[1],
+        systems=("flex",), progress=False, compile_flex=compile_flex,
+    )  # fmt: skip
+    return measured, calls
+
+
+def test_flex_out_of_resources_retries_with_fewer_stages(monkeypatch):
+    """Where FlexAttention's default kernels do not fit (the forward, as on the
+    H200), it is compiled afresh and measured again with one pipeline stage
+    fewer, in both directions; the note says so, in the table's footnotes and
+    the records, after the run's own note."""
+    events = []
+    monkeypatch.setattr(torch._dynamo, "reset", lambda: events.append("reset"))
+
+    def compile(fn, **kwargs):
+        if sys._getframe(1).f_globals["__name__"] == "flashgen.bench":
+            events.append("compile")
+        return fn
+
+    monkeypatch.setattr(torch, "compile", compile)
+
+    def fails(options, backward):
+        return InductorError(_OUT_OF_SHARED_MEMORY) if options is None else None
+
+    measured, calls = _bench_fake_flex(monkeypatch, fails, compile_flex=True)
+    assert events == ["reset", "compile"] * 2  # the default, then the retry
+    assert calls[0] == (None, False)
+    assert {options == {"num_stages": 2} for options, _ in calls[1:]} == {True}
+    assert {backward for _, backward in calls[1:]} == {False, True}
+    assert not measured.error and measured.fwd_ms == 1.0 and measured.bwd_ms == 0.0
+    assert measured.note == (
+        'the default kernel options ran out of resources; ran with kernel_options={"num_stages": 2}'
+    )
+    lines = bench.table([measured]).splitlines()
+    assert lines[-1] == "note: t5 N=32 flex: " + measured.note
+    variant = _variant(
+        "attention t5 { head_dim = 16; dtype = fp32; rel: fp32[H, 32]; mask = causal;"
+        " score = s + rel[h, min(q - k, 31)] }"
+    )
+    context = dict(
+        commit="abc", date="2026-12-02", run=None, gpu=None, triton="3.6.0", torch="2.11",
+        command="bench", note=None,
+    )  # fmt: skip
+    notes = [r["note"] for r in bench.records([measured], [variant], context)]
+    assert notes == [measured.note, measured.note]
+    context["note"] = "working tree differs from the commit"
+    notes = {r["note"] for r in bench.records([measured], [variant], context)}
+    assert notes == {"working tree differs from the commit; " + measured.note}
+    ratios = bench.flex_ratios([measured])
+    assert "FlexAttention ran with smaller kernel_options than its defaults at 1 point" in ratios
+    # A measurement with FlexAttention's defaults has no note anywhere.
+    plain = dataclasses.replace(measured, note="")
+    assert "note:" not in bench.table([plain]) and "kernel_options" not in bench.flex_ratios(
+        [plain]
+    )
+    notes = {r["note"] for r in bench.records([plain], [variant], context)}
+    assert notes == {"working tree differs from the commit"}
+
+
+def test_flex_out_of_resources_in_the_backward_remeasures_both_directions(monkeypatch):
+    """A backward that does not fit (as on the H200, where the forward did)
+    retries the whole measurement, the forward too, with the same options;
+    blocks come down to 64 x 64 when fewer stages are not enough."""
+
+    def fails(options, backward):
+        if backward and (options is None or "fwd_BLOCK_M" not in options):
+            return InductorError(_OUT_OF_SHARED_MEMORY.replace("_0", "_backward_2"))
+        return None
+
+    measured, calls = _bench_fake_flex(monkeypatch, fails)
+    tried = []
+    for options, _ in calls:
+        if options not in tried:
+            tried.append(options)
+    assert tried == [
+        None,
+        {"num_stages": 2},
+        {
+            "num_stages": 2, "fwd_BLOCK_M": 64, "fwd_BLOCK_N": 64, "bwd_BLOCK_M1": 64,
+            "bwd_BLOCK_N1": 64, "bwd_BLOCK_M2": 64, "bwd_BLOCK_N2": 64,
+        },
+    ]  # fmt: skip
+    last = [(o, b) for o, b in calls if o == tried[-1]]
+    assert {b for _, b in last} == {False, True}  # forward and backward with the same options
+    assert calls[-len(last) :] == last  # and nothing else after them
+    assert not measured.error
+    assert measured.note.startswith(
+        "the default kernel options and 1 smaller set ran out of resources; ran with "
+        'kernel_options={"num_stages": 2, "fwd_BLOCK_M": 64,'
+    )
+
+
+def test_flex_other_errors_are_not_retried(monkeypatch):
+    """An error that is not about resources (here a CUDA out-of-memory, which
+    smaller tiles would not cure, and a plain one) is reported at once, with
+    FlexAttention's defaults and no note."""
+    for error in (
+        torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB"),
+        ValueError("score_mod captured an unsupported tensor"),
+    ):
+        measured, calls = _bench_fake_flex(monkeypatch, lambda options, backward: error)
+        assert calls == [(None, False)]
+        assert measured.error == f"{type(error).__name__}: {error}"
+        assert measured.note == "" and measured.fwd_ms is None
+
+
+def test_flex_out_of_resources_on_every_try_reports_the_last(monkeypatch):
+    """Where even the smallest options do not fit, the error is the last
+    try's, and the note names those options; four tries in all."""
+
+    def fails(options, backward):
+        return InductorError(_OUT_OF_SHARED_MEMORY)
+
+    measured, calls = _bench_fake_flex(monkeypatch, fails)
+    assert [options for options, _ in calls] == [
+        None,
+        {"num_stages": 2},
+        {
+            "num_stages": 2, "fwd_BLOCK_M": 64, "fwd_BLOCK_N": 64, "bwd_BLOCK_M1": 64,
+            "bwd_BLOCK_N1": 64, "bwd_BLOCK_M2": 64, "bwd_BLOCK_N2": 64,
+        },
+        {
+            "num_stages": 1, "fwd_BLOCK_M": 32, "fwd_BLOCK_N": 64, "bwd_BLOCK_M1": 32,
+            "bwd_BLOCK_N1": 64, "bwd_BLOCK_M2": 64, "bwd_BLOCK_N2": 32,
+        },
+    ]  # fmt: skip
+    assert measured.error.startswith("InductorError: RuntimeError: No valid triton configs.")
+    assert measured.note.startswith(
+        "the default kernel options and 2 smaller sets ran out of resources; ran with "
+        'kernel_options={"num_stages": 1, "fwd_BLOCK_M": 32,'
+    )
+    lines = bench.table([measured]).splitlines()
+    assert lines[-2:] == [
+        "note: t5 N=32 flex: " + measured.note,
+        "error: t5 N=32 flex: " + measured.error,
+    ]
+
+
+def test_out_of_resources_reads_the_whole_chain():
+    """Triton's OutOfResources counts wherever it is in the chain of causes
+    (Inductor and Dynamo wrap it), and so do its words; other errors do not."""
+    from triton.runtime.errors import OutOfResources
+
+    try:
+        try:
+            raise OutOfResources(245760, 232448, "shared memory")
+        except OutOfResources as exc:
+            raise RuntimeError("backend='inductor' raised: compilation failed") from exc
+    except RuntimeError as exc:
+        wrapped = exc
+    assert bench.out_of_resources(wrapped)
+    assert bench.out_of_resources(InductorError(_OUT_OF_SHARED_MEMORY))
+    assert bench.out_of_resources(RuntimeError("No valid triton configs"))
+    assert not bench.out_of_resources(RuntimeError("backend='inductor' raised: compilation failed"))
+    assert not bench.out_of_resources(torch.OutOfMemoryError("CUDA out of memory"))
+    assert not bench.out_of_resources(ValueError("resource busy"))
