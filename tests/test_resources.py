@@ -215,9 +215,9 @@ attention t5_learned {
 
 
 def test_kernels_with_inputs_in_padded_and_varlen_calls_compile_for_sm90(tmp_path):
-    """Decision 051: a data-reading mask without its plan under SEQS and
-    SHIFTED, and the learnable dQ programs' sequence-moved dlse and slot
-    count, compile for sm_90a."""
+    """Decision 051: a data-reading mask's plan per sequence and offset (SEQS
+    and SHIFTED in `_attn_plan`), and the learnable dQ programs'
+    sequence-moved dlse and slot count, compile for sm_90a."""
     spec = tmp_path / "sequence_inputs.attn"
     spec.write_text(SEQUENCE_INPUTS)
     rows, stdout = _sm90_resources(str(spec), "--seqs")
@@ -225,3 +225,4 @@ def test_kernels_with_inputs_in_padded_and_varlen_calls_compile_for_sm90(tmp_pat
     kernels = {(r["name"], r["kernel"], r["tma"]) for r in rows}
     for name in ("prefix_per_example", "t5_learned"):
         assert {(name, "_attn_fwd", False), (name, "_attn_bwd", False)} <= kernels, stdout
+    assert ("prefix_per_example", "_attn_plan", False) in kernels, stdout

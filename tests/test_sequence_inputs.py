@@ -42,6 +42,8 @@ SPECS = {
     "t5": "rel: fp32[H, 32]; mask = causal; score = s + rel[h, min(q - k, 31)]",
     # A per-example prefix (B): b is the row or sequence; the mask reads data (the plan).
     "prefix per example": "prefix_len: int32[B]; mask = causal | k < prefix_len[b]",
+    # Documents by position (a table over positions, not Nk): the plan reads both sides.
+    "documents by position": "seg: int32[2048]; mask = causal & seg[q] == seg[k]",
     # ALiBi slopes (H) under a top-left window, and a temperature per example and head.
     "alibi window": (
         "slope: fp32[H]; t: fp32[B, H]; align = top_left; mask = window(20, 5); "
@@ -87,8 +89,8 @@ def _inputs(variant, sequences: int, g) -> dict[str, torch.Tensor]:
     data = {}
     for i in variant.inputs:
         shape = input_shape(i, sizes)
-        if i.element.is_integer:  # prefix lengths: none, some, past every key
-            x = torch.randint(0, 50, shape, generator=g)
+        if i.element.is_integer:  # prefix lengths (none, some, past every key); documents
+            x = torch.randint(0, 50, shape, generator=g).sort(-1).values
         else:
             x = 1.0 + 0.5 * torch.randn(shape, generator=g)
         data[i.name] = x.to(device=DEVICE, dtype=input_dtype(i))
@@ -321,7 +323,7 @@ def test_each_sequence_matches_the_reference_of_the_sequence_alone(name, layout,
 
 @pytest.mark.kernels
 @pytest.mark.parametrize("side", ["right", "left"])
-@pytest.mark.parametrize("name", ["prefix per example", "alibi window"])
+@pytest.mark.parametrize("name", ["prefix per example", "documents by position", "alibi window"])
 def test_padded_rows_equal_each_row_called_alone_bit_for_bit(name, side, _interpreter):
     """Outputs and gradients of every padded row equal the module's on the
     row alone (its slice of each B-shaped input, the same launch
@@ -396,7 +398,9 @@ OFFSETS = [(37, 5, 20, 70), (5, 90, 45, 33), (1000, 990, 17, 40)]
 
 
 @pytest.mark.kernels
-@pytest.mark.parametrize("name", ["t5", "prefix per example", "alibi window", "alibi learned"])
+@pytest.mark.parametrize(
+    "name", ["t5", "prefix per example", "documents by position", "alibi window", "alibi learned"]
+)
 def test_offsets_with_inputs_match_the_reference(name, _interpreter):
     """The shifted positions reach the inputs' indices (the reference's
     `offsets=`), with GQA, a batch of two and sinks."""
