@@ -56,7 +56,7 @@ LEARNABLE = {
     "alibi learned": "slope: learnable fp32[H]; mask = causal; score = s - slope[h] * abs(q - k)",
     # A slot per query tile only: b indexes the input.
     "temperature per sequence": "t: learnable fp32[B, H]; score = softcap(s * t[b, h], 20.0)",
-    # A learnable table under a data-reading mask (the plan, skipped in these calls).
+    # A learnable table under a data-reading mask (the plan, per sequence).
     "prefix and table": (
         "prefix_len: int32[B]; rel: learnable fp32[H, 16]; mask = causal | k < prefix_len[b]; "
         "score = s + rel[h, min(max(q - k, 0), 15)]"
