@@ -561,12 +561,10 @@ def _check_runtime_inputs(
 
 @functools.lru_cache(maxsize=256)
 def _positions(queries: tuple | None, keys: tuple | None, n_q: int, n_k: int, shifts):
-    """(first query, last query, first key, last key): the hull of the
-    positions of every sequence with both queries and keys (the others read
-    nothing; the interval rule is monotone in these ranges, so the hull's
-    verdict holds for each), or None where there is none.  queries, keys:
-    each sequence's lengths (None: n_q or n_k each); shifts: the offsets, or
-    None for each sequence's own alignment."""
+    """(first query, last query, first key, last key) over every sequence
+    with queries and keys (the rule is monotone in them), or None: none has.
+    queries, keys: each sequence's lengths (None: n_q or n_k each); shifts:
+    the offsets, or None for each sequence's own alignment."""
     if queries is None and keys is None:  # one sequence, or rows of the call's lengths
         queries, keys = (n_q,), (n_k,)
     queries = (n_q,) * len(keys) if queries is None else queries
