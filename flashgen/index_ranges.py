@@ -320,22 +320,31 @@ def _eval(node: Node, env: Mapping[str, Interval]) -> Interval:
     raise ValueError(f"not an interval expression: {node!r}")
 
 
-def call_ranges(sizes: Mapping[str, int], align: ir.Align) -> tuple[Interval, Interval, dict]:
+def call_ranges(
+    sizes: Mapping[str, int], align: ir.Align, offsets: tuple[int, int] | None = None
+) -> tuple[Interval, Interval, dict]:
     """The query and key positions and the ranges of b, h and H of a call
-    with these sizes (`B`, `H`, `Nq`, `Nk`)."""
-    offset = sizes["Nk"] - sizes["Nq"] if align is ir.Align.BOTTOM_RIGHT else 0
+    with these sizes (`B`, `H`, `Nq`, `Nk`); `offsets`, a call's (q_offset,
+    k_offset), shift the positions in place of the alignment."""
+    if offsets is not None:
+        offset, k_offset = offsets
+    else:
+        offset = sizes["Nk"] - sizes["Nq"] if align is ir.Align.BOTTOM_RIGHT else 0
+        k_offset = 0
     queries = (offset, offset + sizes["Nq"] - 1)
-    keys = (0, sizes["Nk"] - 1)
+    keys = (k_offset, k_offset + sizes["Nk"] - 1)
     env = {"b": (0, sizes["B"] - 1), "h": (0, sizes["H"] - 1), "H": (sizes["H"], sizes["H"])}
     return queries, keys, env
 
 
-def out_of_range(variant: ir.Variant, sizes: Mapping[str, int]) -> str | None:
+def out_of_range(
+    variant: ir.Variant, sizes: Mapping[str, int], offsets: tuple[int, int] | None = None
+) -> str | None:
     """The ValueError message for the first index of `variant` that may leave
-    its dimension in a call with these sizes, or None."""
+    its dimension in a call with these sizes (and position offsets), or None."""
     if 0 in (sizes["B"], sizes["H"], sizes["Nq"], sizes["Nk"]):
         return None  # nothing is read
-    queries, keys, env = call_ranges(sizes, variant.align)
+    queries, keys, env = call_ranges(sizes, variant.align, offsets)
     for entry in ranges(variant):
         lo, hi = interval(entry.expr, entry.guard, queries, keys, env)
         size = sizes[entry.size] if isinstance(entry.size, str) else entry.size

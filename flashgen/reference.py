@@ -447,7 +447,7 @@ def mask_matrix(
     index = _row_index(rows, nq, device)
     if inputs is not None and batch is not None:
         sizes = {"B": batch, "H": num_heads, "Hkv": _kv_heads(variant, inputs, num_heads)}
-        problem = index_ranges.out_of_range(variant, {**sizes, "Nq": nq, "Nk": nk})
+        problem = index_ranges.out_of_range(variant, {**sizes, "Nq": nq, "Nk": nk}, offsets)
         if problem is not None:
             raise ValueError(problem)
     scope = _scope(
@@ -651,12 +651,14 @@ def check_inputs(
     q: torch.Tensor,
     k: torch.Tensor,
     inputs: Mapping[str, torch.Tensor] | None,
+    offsets: tuple[int, int] | None = None,
 ) -> dict[str, torch.Tensor]:
     """The variant's inputs from `inputs`, each checked against its
     declaration (shape from q (B, H, Nq, D) and k (B, Hkv, Nk, D), element
     type, device): a missing, unknown or mis-shaped input is a ValueError (a
     wrong type a TypeError) naming it, and so is an index that may leave its
-    dimension at these sizes (`flashgen.index_ranges`, the language's rule)."""
+    dimension at these sizes and position `offsets` (`flashgen.index_ranges`,
+    the language's rule)."""
     given = dict(inputs or {})
     declared = {i.name: i for i in variant.inputs}
     for name in given:
@@ -682,7 +684,7 @@ def check_inputs(
             raise TypeError(f"input `{name}` must be {input_dtype(decl)}, got {x.dtype}")
         if x.device != q.device:
             raise ValueError(f"input `{name}` is on {x.device}, but q is on {q.device}")
-    problem = index_ranges.out_of_range(variant, sizes)
+    problem = index_ranges.out_of_range(variant, sizes, offsets)
     if problem is not None:
         raise ValueError(problem)
     return given
@@ -718,7 +720,7 @@ def attention_ref(
     (q_offset, k_offset) in place of the variant's alignment (`positions`).
     """
     _check_shapes(q, k, v)
-    inputs = check_inputs(variant, q, k, inputs)
+    inputs = check_inputs(variant, q, k, inputs, offsets)
     batch, num_heads, nq, _ = q.shape
     nk = k.shape[2]
     index = _row_index(rows, nq, q.device)

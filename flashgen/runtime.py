@@ -261,8 +261,8 @@ class Sequences:
     `sequences(...)` once per batch (reading the lengths on the host once)
     and passed to every layer's `attention(..., sequences=...)`."""
 
-    def __init__(self, varlen: bool, tensors: tuple, side: str, longest: tuple, rows: tuple):
-        self.varlen, self.side = varlen, side
+    def __init__(self, varlen: bool, tensors: tuple, side: str, longest: tuple, rows, lengths):
+        self.varlen, self.side, self.lengths = varlen, side, lengths  # lengths: on the host
         self.longest = longest  # the longest query and key sequences (None: the call's)
         self.rows = rows  # varlen: the rows of q and k the sequences cover
         self.tensors = tensors  # varlen: the table; padded: seqlens_q, seqlens_k
@@ -272,9 +272,9 @@ class Sequences:
 
     def bind(self, q: torch.Tensor, k: torch.Tensor) -> tuple:
         """What the kernels take for a call on q and k: (table, longest query
-        sequence, longest key sequence, varlen), the table (sequences, 4)
+        sequence, longest key sequence, varlen, lengths), the table (S, 4)
         int32 holding each sequence's first row of q, its queries, its first
-        row of k, its keys."""
+        row of k, its keys; `lengths` for the inputs' index check."""
         for name, x in (("q", q), ("k", k)):
             dims, layout = (3, "(tokens, heads, head_dim)") if self.varlen else (4, "(B, H, N, D)")
             if not isinstance(x, torch.Tensor) or x.dim() != dims:
@@ -287,7 +287,7 @@ class Sequences:
                     raise ValueError(
                         f"cu_seqlens_{name} reaches row {rows}, past {name}'s {x.shape[0]}"
                     )
-            return (self.tensors[0], *self.longest, True)
+            return (self.tensors[0], *self.longest, True, self.lengths)
         (batch, _, n_q, _), n_k = q.shape, k.shape[2]
         if batch != self.batch:
             raise ValueError(f"q has batch size {batch}, but the sequences {self.batch}")
@@ -303,7 +303,7 @@ class Sequences:
                 columns += [first, lengths]
             table = self._tables[(n_q, n_k)] = torch.stack(columns, 1).to(torch.int32)
         longest = tuple(n if m is None else m for m, n in zip(self.longest, (n_q, n_k)))
-        return (table, *longest, False)
+        return (table, *longest, False, self.lengths)
 
 
 def _sequences(
@@ -360,8 +360,8 @@ def _sequences(
         ).to(torch.int32)
         tensors, rows = (table,), (values["cu_seqlens_q"][-1], values["cu_seqlens_k"][-1])
     else:
-        longest = tuple(max(values[n]) if n in values else None for n in ("seqlens_q", "seqlens_k"))
-        tensors, rows = (seqlens_q, seqlens_k), None
+        lengths = [values.get(f"seqlens_{s}") for s in "qk"]  # None: every row
+        longest, tensors, rows = tuple(x and max(x) for x in lengths), (seqlens_q, seqlens_k), None
     for name, most, limit in (
         ("max_seqlen_q", longest[0], max_seqlen_q),
         ("max_seqlen_k", longest[1], max_seqlen_k),
@@ -370,7 +370,7 @@ def _sequences(
             raise ValueError(
                 f"{name} must be an int >= the longest sequence, {most}: got {limit!r}"
             )
-    return Sequences(varlen, tensors, padding_side, longest, rows)
+    return Sequences(varlen, tensors, padding_side, longest, rows, lengths)
 
 
 sequences = _sequences  # attention()'s argument `sequences` hides the name there
@@ -512,12 +512,18 @@ def _alibi_slopes(num_heads: int, device: torch.device) -> torch.Tensor:
 
 
 # flashgen: section inputs
-def _check_runtime_inputs(q: torch.Tensor, k: torch.Tensor, inputs: tuple) -> tuple:
+def _check_runtime_inputs(
+    q: torch.Tensor, k: torch.Tensor, inputs: tuple, seqs=None, shifts=None
+) -> tuple:
     """The declared inputs, each checked like q, k and v (a tensor of its
     dtype and shape on q's device), and every index the kernels compute
-    within its dimension at the call's sizes (`_index_problem`)."""
+    within its dimension at the call's sizes (`_index_problem`).  q and k
+    as the kernels take them (`_kernel_view`); `seqs` and `shifts` as
+    `_forward` takes them: then B is the number of sequences (b the
+    sequence), and the indices are checked over the positions the call's
+    sequences and offsets really have (`_positions`)."""
     sizes = {
-        "B": q.shape[0],
+        "B": q.shape[0] if seqs is None else seqs[0].shape[0],
         "H": q.shape[1],
         "Hkv": k.shape[1],
         "Nq": q.shape[2],
@@ -528,15 +534,49 @@ def _check_runtime_inputs(q: torch.Tensor, k: torch.Tensor, inputs: tuple) -> tu
             raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
         if x.dtype != dtype:
             raise TypeError(f"{name} has dtype {x.dtype}, but the spec declares {dtype}")
+        per_position = [d for d in shape if d in ("Nq", "Nk")]
+        if per_position and (seqs is not None or shifts is not None):
+            raise ValueError(
+                f"{name} has a dimension {per_position[0]}: padded and varlen calls and position "
+                f"offsets take only inputs without Nq or Nk dimensions (which of its rows "
+                f"belong to which sequence, or to which shifted position, is ambiguous)"
+            )
         expected = tuple(sizes[d] if isinstance(d, str) else d for d in shape)
         if tuple(x.shape) != expected:
             raise ValueError(f"{name} must have shape {expected}, got {tuple(x.shape)}")
         if x.device != q.device:
             raise ValueError(f"{name} is on {x.device}, but q is on {q.device}")
-    problem = _index_problem(*sizes.values())
+    if seqs is None and shifts is None:
+        problem = _index_problem(*sizes.values())
+    else:
+        lengths = (None, None) if seqs is None else (x and tuple(x) for x in seqs[4])
+        positions = _positions(*lengths, sizes["Nq"], sizes["Nk"], shifts)
+        if positions is None:
+            return inputs  # no sequence has both queries and keys: nothing is read
+        problem = _index_problem(*sizes.values(), positions)
     if problem is not None:
         raise ValueError(problem)
     return inputs
+
+
+@functools.lru_cache(maxsize=256)
+def _positions(queries: tuple | None, keys: tuple | None, n_q: int, n_k: int, shifts):
+    """(first query, last query, first key, last key) over every sequence
+    with queries and keys (the rule is monotone in them), or None: none has.
+    queries, keys: each sequence's lengths (None: n_q or n_k each); shifts:
+    the offsets, or None for each sequence's own alignment."""
+    if queries is None and keys is None:  # one sequence, or rows of the call's lengths
+        queries, keys = (n_q,), (n_k,)
+    queries = (n_q,) * len(keys) if queries is None else queries
+    keys = (n_k,) * len(queries) if keys is None else keys
+    pairs = [(a, c) for a, c in zip(queries, keys) if a and c]
+    if not pairs:
+        return None
+    most_q, most_k = max(a for a, _ in pairs), max(c for _, c in pairs)
+    if shifts is not None:
+        return (shifts[0], shifts[0] + most_q - 1, shifts[1], shifts[1] + most_k - 1)
+    first = min(c - a for a, c in pairs) if BOTTOM_RIGHT else 0
+    return (first, (most_k if BOTTOM_RIGHT else most_q) - 1, 0, most_k - 1)
 
 
 def _input_args(inputs: tuple) -> list:
@@ -545,20 +585,26 @@ def _input_args(inputs: tuple) -> list:
 
 
 @functools.lru_cache(maxsize=1024)
-def _index_problem(batch: int, heads: int, kv_heads: int, n_queries: int, n_keys: int):
+def _index_problem(
+    batch: int, heads: int, kv_heads: int, n_queries: int, n_keys: int, positions=None
+):  # fmt: skip
     """Why a call of these sizes is refused, or None: an index whose interval
     over the positions, heads and batch where it is read leaves its
     dimension.  Every item of _INDEX_RANGES is (input, dimension, size,
     expression, guard); the guard bounds k - q, q and k where the read
-    happens (None: unbounded)."""
+    happens (None: unbounded).  `positions`: (first query, last query,
+    first key, last key), for a call with sequences or offsets (whose
+    inputs have no Nq or Nk dimension); None: those of the alignment."""
     if 0 in (batch, heads, n_queries, n_keys):
         return None  # nothing is read
     sizes = {"B": batch, "H": heads, "Hkv": kv_heads, "Nq": n_queries, "Nk": n_keys}
-    offset = n_keys - n_queries if BOTTOM_RIGHT else 0
+    if positions is None:
+        offset = n_keys - n_queries if BOTTOM_RIGHT else 0
+        positions = (offset, offset + n_queries - 1, 0, n_keys - 1)
     for name, dim, size, expr, guard in _INDEX_RANGES:
         d_lo, d_hi, gq_lo, gq_hi, gk_lo, gk_hi = guard
-        q = _meet((offset, offset + n_queries - 1), gq_lo, gq_hi)
-        k = _meet((0, n_keys - 1), gk_lo, gk_hi)
+        q = _meet(positions[:2], gq_lo, gq_hi)
+        k = _meet(positions[2:], gk_lo, gk_hi)
         d = _meet((k[0] - q[1], k[1] - q[0]), d_lo, d_hi)
         for _ in range(2):  # q and k through d = k - q, and back
             q = _meet(q, k[0] - d[1], k[1] - d[0])

@@ -878,8 +878,8 @@ class Sequences:
     `sequences(...)` once per batch (reading the lengths on the host once)
     and passed to every layer's `attention(..., sequences=...)`."""
 
-    def __init__(self, varlen: bool, tensors: tuple, side: str, longest: tuple, rows: tuple):
-        self.varlen, self.side = varlen, side
+    def __init__(self, varlen: bool, tensors: tuple, side: str, longest: tuple, rows, lengths):
+        self.varlen, self.side, self.lengths = varlen, side, lengths  # lengths: on the host
         self.longest = longest  # the longest query and key sequences (None: the call's)
         self.rows = rows  # varlen: the rows of q and k the sequences cover
         self.tensors = tensors  # varlen: the table; padded: seqlens_q, seqlens_k
@@ -889,9 +889,9 @@ class Sequences:
 
     def bind(self, q: torch.Tensor, k: torch.Tensor) -> tuple:
         """What the kernels take for a call on q and k: (table, longest query
-        sequence, longest key sequence, varlen), the table (sequences, 4)
+        sequence, longest key sequence, varlen, lengths), the table (S, 4)
         int32 holding each sequence's first row of q, its queries, its first
-        row of k, its keys."""
+        row of k, its keys; `lengths` for the inputs' index check."""
         for name, x in (("q", q), ("k", k)):
             dims, layout = (3, "(tokens, heads, head_dim)") if self.varlen else (4, "(B, H, N, D)")
             if not isinstance(x, torch.Tensor) or x.dim() != dims:
@@ -904,7 +904,7 @@ class Sequences:
                     raise ValueError(
                         f"cu_seqlens_{name} reaches row {rows}, past {name}'s {x.shape[0]}"
                     )
-            return (self.tensors[0], *self.longest, True)
+            return (self.tensors[0], *self.longest, True, self.lengths)
         (batch, _, n_q, _), n_k = q.shape, k.shape[2]
         if batch != self.batch:
             raise ValueError(f"q has batch size {batch}, but the sequences {self.batch}")
@@ -920,7 +920,7 @@ class Sequences:
                 columns += [first, lengths]
             table = self._tables[(n_q, n_k)] = torch.stack(columns, 1).to(torch.int32)
         longest = tuple(n if m is None else m for m, n in zip(self.longest, (n_q, n_k)))
-        return (table, *longest, False)
+        return (table, *longest, False, self.lengths)
 
 
 def _sequences(
@@ -977,8 +977,8 @@ def _sequences(
         ).to(torch.int32)
         tensors, rows = (table,), (values["cu_seqlens_q"][-1], values["cu_seqlens_k"][-1])
     else:
-        longest = tuple(max(values[n]) if n in values else None for n in ("seqlens_q", "seqlens_k"))
-        tensors, rows = (seqlens_q, seqlens_k), None
+        lengths = [values.get(f"seqlens_{s}") for s in "qk"]  # None: every row
+        longest, tensors, rows = tuple(x and max(x) for x in lengths), (seqlens_q, seqlens_k), None
     for name, most, limit in (
         ("max_seqlen_q", longest[0], max_seqlen_q),
         ("max_seqlen_k", longest[1], max_seqlen_k),
@@ -987,7 +987,7 @@ def _sequences(
             raise ValueError(
                 f"{name} must be an int >= the longest sequence, {most}: got {limit!r}"
             )
-    return Sequences(varlen, tensors, padding_side, longest, rows)
+    return Sequences(varlen, tensors, padding_side, longest, rows, lengths)
 
 
 sequences = _sequences  # attention()'s argument `sequences` hides the name there

@@ -136,8 +136,9 @@ def _scores_log2(
 
 @triton.jit
 def _attn_plan(
-    plan_ptr, n_queries, n_keys, num_heads, prefix_len_ptr, prefix_len_stride0, prefix_len_size0,
+    plan_ptr, seq_ptr, n_queries, n_keys, num_heads, q_shift, k_shift, prefix_len_ptr, prefix_len_stride0, prefix_len_size0,
     OUTER: tl.constexpr, INNER: tl.constexpr, CHUNK: tl.constexpr, KEYS_INNER: tl.constexpr,
+    SEQS: tl.constexpr, SHIFTED: tl.constexpr,
 ):  # fmt: skip
     """Grid: (tiles of OUTER rows or keys, batch).
 
@@ -146,12 +147,23 @@ def _attn_plan(
     each read of an input bounded by its values over the tile, and write
     (lo, hi, full_lo, full_hi): the positions of the first and past the last
     tile that may hold a visible pair, and of the first run of tiles whose
-    every pair is visible.  CHUNK tiles are classified at a time.
+    every pair is visible.  CHUNK tiles are classified at a time.  With
+    SEQS, the grid's batch axis counts sequences, each with its own lengths
+    and positions from 0 (`seq_ptr`, as in `_attn_fwd`); with SHIFTED, the
+    call's offsets place the positions.  Key bounds are rows, query bounds
+    and every whole-tile bound positions, as the attention kernels take them.
     """
     tile = tl.program_id(0)
     batch = tl.program_id(1)
+    if SEQS:
+        n_queries = tl.load(seq_ptr + batch * 4 + 1)
+        n_keys = tl.load(seq_ptr + batch * 4 + 3)
     # Bottom-right alignment: query row i sits at position i + n_keys - n_queries.
     q_offset = n_keys - n_queries
+    k_offset = 0  # key row j sits at position j
+    if SHIFTED:  # the call's offsets: query row i at i + q_shift, key row j at j + k_shift
+        q_offset = q_shift
+        k_offset = k_shift
 
     prefix_len_strides = (prefix_len_stride0,)
     prefix_len_sizes = (prefix_len_size0,)
@@ -168,9 +180,9 @@ def _attn_plan(
     else:
         keys = tile * OUTER + tl.arange(0, OUTER)
         outer_valid = keys < n_keys
-        k_pos = keys
-        k_lo = tile * OUTER
-        k_hi = tl.minimum(tile * OUTER + OUTER, n_keys) - 1
+        k_pos = keys + k_offset
+        k_lo = tile * OUTER + k_offset
+        k_hi = tl.minimum(tile * OUTER + OUTER, n_keys) - 1 + k_offset
         n_inner = tl.cdiv(n_queries, INNER)
         n_positions = n_queries
     first_may = n_inner
@@ -182,9 +194,9 @@ def _attn_plan(
         inner = (t * INNER)[:, None] + tl.arange(0, INNER)[None, :]
         inner_valid = inner < n_positions
         if KEYS_INNER:
-            k_pos = inner
-            k_lo = t * INNER
-            k_hi = tl.minimum(t * INNER + INNER, n_keys) - 1
+            k_pos = inner + k_offset
+            k_lo = t * INNER + k_offset
+            k_hi = tl.minimum(t * INNER + INNER, n_keys) - 1 + k_offset
             # k <= q
             m1_must = k_hi <= q_lo
             m1_may = k_lo <= q_hi
@@ -214,9 +226,10 @@ def _attn_plan(
         first_must = tl.minimum(first_must, tl.min(tl.where(must, t, n_inner)))
         # The first run of whole tiles ends at the first tile after its start that is not.
         run_end = tl.minimum(run_end, tl.min(tl.where(~must & (t > first_must), t, n_inner)))
-    offset = q_offset if not KEYS_INNER else 0
+    offset = q_offset if not KEYS_INNER else 0  # (lo, hi): query positions, key rows
     lo = tl.where(last_may >= 0, first_may * INNER, 0) + offset
     hi = tl.minimum((last_may + 1) * INNER, n_positions) + offset
+    offset = q_offset if not KEYS_INNER else k_offset  # (full_lo, full_hi): positions
     full_lo = first_must * INNER + offset
     full_hi = tl.where(first_must < n_inner, run_end * INNER - 1 + offset, -1 - n_positions)
     out = plan_ptr + (tl.program_id(1).to(tl.int64) * tl.num_programs(0) + tile) * 4
@@ -679,7 +692,9 @@ def _attn_bwd_dq(
 ):  # fmt: skip
     """dQ of one query tile of one (batch, head), BLOCK_N keys at a time."""
     start_m = query_tile * BLOCK_M
-    query_tiles = tl.cdiv(n_queries, BLOCK_M)  # the plan's, counted before SEQS
+    # The grid's query tiles (the plan's, and the count of the learnable
+    # inputs' slots), counted before SEQS makes n_queries the sequence's.
+    query_tiles = tl.cdiv(n_queries, BLOCK_M)
     batch = batch_head // num_heads
     head = batch_head % num_heads
     kv_head = head // kv_group
@@ -1056,8 +1071,8 @@ class Sequences:
     `sequences(...)` once per batch (reading the lengths on the host once)
     and passed to every layer's `attention(..., sequences=...)`."""
 
-    def __init__(self, varlen: bool, tensors: tuple, side: str, longest: tuple, rows: tuple):
-        self.varlen, self.side = varlen, side
+    def __init__(self, varlen: bool, tensors: tuple, side: str, longest: tuple, rows, lengths):
+        self.varlen, self.side, self.lengths = varlen, side, lengths  # lengths: on the host
         self.longest = longest  # the longest query and key sequences (None: the call's)
         self.rows = rows  # varlen: the rows of q and k the sequences cover
         self.tensors = tensors  # varlen: the table; padded: seqlens_q, seqlens_k
@@ -1067,9 +1082,9 @@ class Sequences:
 
     def bind(self, q: torch.Tensor, k: torch.Tensor) -> tuple:
         """What the kernels take for a call on q and k: (table, longest query
-        sequence, longest key sequence, varlen), the table (sequences, 4)
+        sequence, longest key sequence, varlen, lengths), the table (S, 4)
         int32 holding each sequence's first row of q, its queries, its first
-        row of k, its keys."""
+        row of k, its keys; `lengths` for the inputs' index check."""
         for name, x in (("q", q), ("k", k)):
             dims, layout = (3, "(tokens, heads, head_dim)") if self.varlen else (4, "(B, H, N, D)")
             if not isinstance(x, torch.Tensor) or x.dim() != dims:
@@ -1082,7 +1097,7 @@ class Sequences:
                     raise ValueError(
                         f"cu_seqlens_{name} reaches row {rows}, past {name}'s {x.shape[0]}"
                     )
-            return (self.tensors[0], *self.longest, True)
+            return (self.tensors[0], *self.longest, True, self.lengths)
         (batch, _, n_q, _), n_k = q.shape, k.shape[2]
         if batch != self.batch:
             raise ValueError(f"q has batch size {batch}, but the sequences {self.batch}")
@@ -1098,7 +1113,7 @@ class Sequences:
                 columns += [first, lengths]
             table = self._tables[(n_q, n_k)] = torch.stack(columns, 1).to(torch.int32)
         longest = tuple(n if m is None else m for m, n in zip(self.longest, (n_q, n_k)))
-        return (table, *longest, False)
+        return (table, *longest, False, self.lengths)
 
 
 def _sequences(
@@ -1155,8 +1170,8 @@ def _sequences(
         ).to(torch.int32)
         tensors, rows = (table,), (values["cu_seqlens_q"][-1], values["cu_seqlens_k"][-1])
     else:
-        longest = tuple(max(values[n]) if n in values else None for n in ("seqlens_q", "seqlens_k"))
-        tensors, rows = (seqlens_q, seqlens_k), None
+        lengths = [values.get(f"seqlens_{s}") for s in "qk"]  # None: every row
+        longest, tensors, rows = tuple(x and max(x) for x in lengths), (seqlens_q, seqlens_k), None
     for name, most, limit in (
         ("max_seqlen_q", longest[0], max_seqlen_q),
         ("max_seqlen_k", longest[1], max_seqlen_k),
@@ -1165,7 +1180,7 @@ def _sequences(
             raise ValueError(
                 f"{name} must be an int >= the longest sequence, {most}: got {limit!r}"
             )
-    return Sequences(varlen, tensors, padding_side, longest, rows)
+    return Sequences(varlen, tensors, padding_side, longest, rows, lengths)
 
 
 sequences = _sequences  # attention()'s argument `sequences` hides the name there
@@ -1306,12 +1321,18 @@ _INDEX_RANGES = (
 BOTTOM_RIGHT = True  # query row i sits at position i + Nk - Nq
 
 
-def _check_runtime_inputs(q: torch.Tensor, k: torch.Tensor, inputs: tuple) -> tuple:
+def _check_runtime_inputs(
+    q: torch.Tensor, k: torch.Tensor, inputs: tuple, seqs=None, shifts=None
+) -> tuple:
     """The declared inputs, each checked like q, k and v (a tensor of its
     dtype and shape on q's device), and every index the kernels compute
-    within its dimension at the call's sizes (`_index_problem`)."""
+    within its dimension at the call's sizes (`_index_problem`).  q and k
+    as the kernels take them (`_kernel_view`); `seqs` and `shifts` as
+    `_forward` takes them: then B is the number of sequences (b the
+    sequence), and the indices are checked over the positions the call's
+    sequences and offsets really have (`_positions`)."""
     sizes = {
-        "B": q.shape[0],
+        "B": q.shape[0] if seqs is None else seqs[0].shape[0],
         "H": q.shape[1],
         "Hkv": k.shape[1],
         "Nq": q.shape[2],
@@ -1322,15 +1343,49 @@ def _check_runtime_inputs(q: torch.Tensor, k: torch.Tensor, inputs: tuple) -> tu
             raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
         if x.dtype != dtype:
             raise TypeError(f"{name} has dtype {x.dtype}, but the spec declares {dtype}")
+        per_position = [d for d in shape if d in ("Nq", "Nk")]
+        if per_position and (seqs is not None or shifts is not None):
+            raise ValueError(
+                f"{name} has a dimension {per_position[0]}: padded and varlen calls and position "
+                f"offsets take only inputs without Nq or Nk dimensions (which of its rows "
+                f"belong to which sequence, or to which shifted position, is ambiguous)"
+            )
         expected = tuple(sizes[d] if isinstance(d, str) else d for d in shape)
         if tuple(x.shape) != expected:
             raise ValueError(f"{name} must have shape {expected}, got {tuple(x.shape)}")
         if x.device != q.device:
             raise ValueError(f"{name} is on {x.device}, but q is on {q.device}")
-    problem = _index_problem(*sizes.values())
+    if seqs is None and shifts is None:
+        problem = _index_problem(*sizes.values())
+    else:
+        lengths = (None, None) if seqs is None else (x and tuple(x) for x in seqs[4])
+        positions = _positions(*lengths, sizes["Nq"], sizes["Nk"], shifts)
+        if positions is None:
+            return inputs  # no sequence has both queries and keys: nothing is read
+        problem = _index_problem(*sizes.values(), positions)
     if problem is not None:
         raise ValueError(problem)
     return inputs
+
+
+@functools.lru_cache(maxsize=256)
+def _positions(queries: tuple | None, keys: tuple | None, n_q: int, n_k: int, shifts):
+    """(first query, last query, first key, last key) over every sequence
+    with queries and keys (the rule is monotone in them), or None: none has.
+    queries, keys: each sequence's lengths (None: n_q or n_k each); shifts:
+    the offsets, or None for each sequence's own alignment."""
+    if queries is None and keys is None:  # one sequence, or rows of the call's lengths
+        queries, keys = (n_q,), (n_k,)
+    queries = (n_q,) * len(keys) if queries is None else queries
+    keys = (n_k,) * len(queries) if keys is None else keys
+    pairs = [(a, c) for a, c in zip(queries, keys) if a and c]
+    if not pairs:
+        return None
+    most_q, most_k = max(a for a, _ in pairs), max(c for _, c in pairs)
+    if shifts is not None:
+        return (shifts[0], shifts[0] + most_q - 1, shifts[1], shifts[1] + most_k - 1)
+    first = min(c - a for a, c in pairs) if BOTTOM_RIGHT else 0
+    return (first, (most_k if BOTTOM_RIGHT else most_q) - 1, 0, most_k - 1)
 
 
 def _input_args(inputs: tuple) -> list:
@@ -1339,20 +1394,26 @@ def _input_args(inputs: tuple) -> list:
 
 
 @functools.lru_cache(maxsize=1024)
-def _index_problem(batch: int, heads: int, kv_heads: int, n_queries: int, n_keys: int):
+def _index_problem(
+    batch: int, heads: int, kv_heads: int, n_queries: int, n_keys: int, positions=None
+):  # fmt: skip
     """Why a call of these sizes is refused, or None: an index whose interval
     over the positions, heads and batch where it is read leaves its
     dimension.  Every item of _INDEX_RANGES is (input, dimension, size,
     expression, guard); the guard bounds k - q, q and k where the read
-    happens (None: unbounded)."""
+    happens (None: unbounded).  `positions`: (first query, last query,
+    first key, last key), for a call with sequences or offsets (whose
+    inputs have no Nq or Nk dimension); None: those of the alignment."""
     if 0 in (batch, heads, n_queries, n_keys):
         return None  # nothing is read
     sizes = {"B": batch, "H": heads, "Hkv": kv_heads, "Nq": n_queries, "Nk": n_keys}
-    offset = n_keys - n_queries if BOTTOM_RIGHT else 0
+    if positions is None:
+        offset = n_keys - n_queries if BOTTOM_RIGHT else 0
+        positions = (offset, offset + n_queries - 1, 0, n_keys - 1)
     for name, dim, size, expr, guard in _INDEX_RANGES:
         d_lo, d_hi, gq_lo, gq_hi, gk_lo, gk_hi = guard
-        q = _meet((offset, offset + n_queries - 1), gq_lo, gq_hi)
-        k = _meet((0, n_keys - 1), gk_lo, gk_hi)
+        q = _meet(positions[:2], gq_lo, gq_hi)
+        k = _meet(positions[2:], gk_lo, gk_hi)
         d = _meet((k[0] - q[1], k[1] - q[0]), d_lo, d_hi)
         for _ in range(2):  # q and k through d = k - q, and back
             q = _meet(q, k[0] - d[1], k[1] - d[0])
@@ -1414,20 +1475,26 @@ def _index_interval(node: tuple, env: dict) -> tuple[int, int]:
     return max(alo, blo), max(ahi, bhi)
 
 
-def _data_plan(q, k, outer: int, inner: int, keys_inner: bool, inputs: tuple = ()) -> torch.Tensor:
+def _data_plan(q, k, outer: int, inner: int, keys_inner: bool, inputs: tuple = (), seqs=None, shifts=None) -> torch.Tensor:  # fmt: skip
     """The tiles of each query tile of `outer` rows (keys_inner) or key tile of
     `outer` keys that the call's data leaves visible, in tiles of `inner` of the
-    other side: (batch, tiles, 4) int32, see `_attn_plan`."""
+    other side: (batch, tiles, 4) int32, see `_attn_plan`.
+    With `seqs` and `shifts` as `_forward` takes them: per sequence, with its
+    own lengths and the call's offsets."""
     batch, num_heads, n_queries, _ = q.shape
     n_keys = k.shape[2]
+    if seqs is not None:
+        batch, n_queries, n_keys = seqs[0].shape[0], seqs[1], seqs[2]
     tiles = _cdiv(n_queries if keys_inner else n_keys, outer)
     rows = batch
     plan = torch.empty((rows, tiles, 4), dtype=torch.int32, device=q.device)
     chunk = max(1, 4096 // inner)  # tiles classified at a time
-    _launch(
-        _attn_plan, (tiles, rows),
-        plan, n_queries, n_keys, num_heads, *_input_args(inputs), outer, inner, chunk, keys_inner,
-    )  # fmt: skip
+    if plan.numel():
+        _launch(
+            _attn_plan, (tiles, rows),
+            plan, plan if seqs is None else seqs[0], n_queries, n_keys, num_heads, *(shifts or (0, 0)), *_input_args(inputs),
+            outer, inner, chunk, keys_inner, seqs is not None, shifts is not None,
+        )  # fmt: skip
     return plan
 
 
@@ -1581,7 +1648,7 @@ def _forward(
         q, k, v, o, lse, _alibi_or_placeholder(num_heads, lse), lse if seqs is None else seqs[0],
         lse if sinks is None else sinks, *_descriptors(use_tma, block_n, k, v),
         *q.stride(), *k.stride(), *v.stride(), *o.stride(), *lse.stride()[:2],
-        num_heads, num_heads // k.shape[1], n_queries, n_keys, scale, *(shifts or (0, 0)), *_input_args(inputs), _data_plan(q, k, block_m, block_n, True, inputs),
+        num_heads, num_heads // k.shape[1], n_queries, n_keys, scale, *(shifts or (0, 0)), *_input_args(inputs), _data_plan(q, k, block_m, block_n, True, inputs, seqs, shifts),
         HEAD_DIM, HEAD_DIM_PAD, block_m, block_n, use_tma, seqs is not None, sinks is not None, shifts is not None,  # the constexprs
         num_warps=num_warps or default[2],
         num_stages=num_stages or default[3],
@@ -1683,8 +1750,8 @@ def _backward(
         *_descriptors(use_tma, block_m, q, do, k, v),
         *q.stride(), *k.stride(), *v.stride(), *do.stride(), *dq.stride(), *dk.stride(), *dv.stride(),
         *lse.stride()[:2], num_heads, num_heads // kv_heads, n_queries, n_keys, scale, *(shifts or (0, 0)), *_input_args(inputs),
-        _data_plan(q, k, block_n, block_m, False, inputs),  # dK/dV: key tiles
-        _data_plan(q, k, block_n, block_m, True, inputs),  # dQ: query tiles
+        _data_plan(q, k, block_n, block_m, False, inputs, seqs, shifts),  # dK/dV: key tiles
+        _data_plan(q, k, block_n, block_m, True, inputs, seqs, shifts),  # dQ: query tiles
         HEAD_DIM, HEAD_DIM_PAD, block_m, block_n, use_tma, seqs is not None, shifts is not None,  # the constexprs
         num_warps=num_warps, num_stages=num_stages,
     )  # fmt: skip
@@ -1834,6 +1901,9 @@ def attention(
     rows (of every sequence), in place of the spec's alignment: a chunk of a
     prefill, a shard of a sequence.
 
+    In padded and varlen calls b is the batch row or the sequence (B their
+    count); an input over Nq or Nk is refused there and with offsets.
+
     Under torch.autocast, q, k and v are cast to torch.bfloat16 first (as SDPA casts
     to the autocast dtype); outside it, another dtype is a TypeError.
     """
@@ -1844,13 +1914,8 @@ def attention(
         cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k,
     )  # fmt: skip
     _check_inputs(*(_kernel_view(x, seqs) for x in (q, k, v)), seqs)
-    if seqs is not None or (q_offset, k_offset) != (None, None):
-        raise ValueError(
-            "padded and varlen calls (seqlens_*, cu_seqlens_*) and position offsets do not take "
-            "declared inputs yet"
-        )
-    inputs = _check_runtime_inputs(q, k, (prefix_len,))
     shifts = _check_shifts(q_offset, k_offset, q, k, seqs)
+    inputs = _check_runtime_inputs(*(_kernel_view(x, seqs) for x in (q, k)), (prefix_len,), seqs, shifts)  # fmt: skip
     if torch.compiler.is_compiling():
         table, call = (None, [0, 0, 0]) if seqs is None else (seqs[0], [*seqs[1:3], int(seqs[3])])
         call += [*shifts, 1] if shifts else [0, 0, 0]

@@ -250,9 +250,10 @@ _POINTER_TYPES = {
 }  # fmt: skip
 
 
-def plan_resources(module) -> list:
+def plan_resources(module, seqs: bool = False) -> list:
     """Resources of the plan kernel of a data-reading mask (`_attn_plan`), for
-    the forward's plan (key tiles inner) and the dK/dV one (query tiles inner)."""
+    the forward's plan (key tiles inner) and the dK/dV one (query tiles inner);
+    `seqs`: the plan of padded and varlen calls with offsets (SEQS, SHIFTED)."""
     if not hasattr(module, "_attn_plan"):
         return []
     fn = module._attn_plan
@@ -261,13 +262,14 @@ def plan_resources(module) -> list:
     found = []
     for outer, inner, keys_inner in (module.GPU_CONFIG[:2] + (True,), (64, 128, False)):
         constants = dict(
-            OUTER=outer, INNER=inner, CHUNK=max(1, 4096 // inner), KEYS_INNER=keys_inner
-        )
+            OUTER=outer, INNER=inner, CHUNK=max(1, 4096 // inner), KEYS_INNER=keys_inner,
+            SEQS=seqs, SHIFTED=seqs,
+        )  # fmt: skip
         signature = {}
         for p in fn.params:
             if p.name in constants:
                 signature[p.name] = "constexpr"
-            elif p.name == "plan_ptr":
+            elif p.name in ("plan_ptr", "seq_ptr"):
                 signature[p.name] = "*i32"
             else:
                 signature[p.name] = pointers.get(p.name, "i32")
@@ -314,7 +316,7 @@ def module_resources(
             seqs=seqs,
         )
         found.append(Resources(kernel, config, use_tma, *resources))
-    return found + plan_resources(module) + gluon_resources(module)
+    return found + plan_resources(module, seqs) + gluon_resources(module)
 
 
 def main() -> None:

@@ -101,6 +101,26 @@ def test_learnable_inputs_get_their_gradients_under_compilation():
 
 
 @pytest.mark.kernels
+def test_inputs_in_a_varlen_call_with_offsets_compile_without_a_graph_break():
+    """Decision 051: a learnable table and a per-sequence prefix in a varlen call."""
+    module = flashgen.load(
+        "attention t { head_dim = 16; dtype = fp32; rel: learnable fp32[H, 32]; pl: int32[B];"
+        " mask = causal | k < pl[b]; score = s + rel[h, min(max(q - k, 0), 31)] }"
+    )
+    cu = torch.tensor([0, 20, 20, 37], dtype=torch.int32, device=DEVICE)
+    seqs = module.sequences(cu_seqlens_q=cu, cu_seqlens_k=cu)
+    prefix = torch.tensor([3, 0, 9], dtype=torch.int32, device=DEVICE)
+
+    def fn(q, k, v, rel):
+        o, lse = module.attention(
+            q, k, v, sequences=seqs, return_lse=True, rel=rel, pl=prefix, q_offset=2
+        )
+        return o.sum(-1) + lse.T
+
+    _same(fn, _rand(37, 4, 16), _rand(37, 2, 16), _rand(37, 2, 16), _rand(4, 32))
+
+
+@pytest.mark.kernels
 def test_a_model_compiles_whole():
     module = flashgen.load("attention m { head_dim = 16; dtype = fp32; mask = causal }")
 

@@ -76,14 +76,16 @@ def _value(e: ir.Expr, env: dict) -> int:
     raise AssertionError(e)
 
 
-def _exact_range(variant: ir.Variant, sizes: dict) -> tuple[int, int] | None:
-    """(min, max) of the score's index over every pair the mask keeps."""
+def _exact_range(variant: ir.Variant, sizes: dict, offsets=None) -> tuple[int, int] | None:
+    """(min, max) of the score's index over every pair the mask keeps (with a
+    call's position offsets, when given)."""
     (read,) = [n for n in _walk(variant.score) if isinstance(n, ir.Index)]
-    visible = mask_matrix(variant, sizes["Nq"], sizes["Nk"], sizes["H"])
+    visible = mask_matrix(variant, sizes["Nq"], sizes["Nk"], sizes["H"], offsets=offsets)
     offset = sizes["Nk"] - sizes["Nq"] if variant.align is ir.Align.BOTTOM_RIGHT else 0
+    offset, k_offset = offsets or (offset, 0)
     values = []
     for b, (h, i, j) in itertools.product(range(sizes["B"]), visible.nonzero().tolist()):
-        env = {"b": b, "h": h, "H": sizes["H"], "q": i + offset, "k": j}
+        env = {"b": b, "h": h, "H": sizes["H"], "q": i + offset, "k": j + k_offset}
         values.append(_value(read.args[0], env))
     return (min(values), max(values)) if values else None
 
@@ -190,6 +192,82 @@ def test_the_modules_rule_gives_the_references_verdict(index, mask, align, batch
     finally:
         runtime._index_problem.cache_clear()
     assert verdict == index_ranges.out_of_range(variant, sizes)
+
+
+def _module_verdict(variant, sizes, lengths=(None, None), shifts=None):
+    """The module's rule (runtime._positions and _index_problem) for a call of
+    these sizes with sequences of these lengths and offsets."""
+    table = tuple(r.as_tuple() for r in index_ranges.ranges(variant))
+    bottom_right = variant.align is ir.Align.BOTTOM_RIGHT
+    runtime._index_problem.cache_clear()
+    runtime._positions.cache_clear()
+    try:
+        with (
+            mock.patch.object(runtime, "_INDEX_RANGES", table),
+            mock.patch.object(runtime, "BOTTOM_RIGHT", bottom_right),
+        ):
+            positions = runtime._positions(*lengths, sizes["Nq"], sizes["Nk"], shifts)
+            if positions is None:
+                return None
+            return runtime._index_problem(*sizes.values(), positions)
+    finally:
+        runtime._index_problem.cache_clear()
+        runtime._positions.cache_clear()
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    index=_indices,
+    mask=_masks,
+    align=st.sampled_from(["bottom_right", "top_left"]),
+    heads=st.integers(1, 2),
+    nq=st.integers(1, 9),
+    nk=st.integers(1, 9),
+    offsets=st.tuples(st.integers(0, 12), st.integers(0, 12)),
+)
+def test_with_offsets_the_rule_holds_and_the_module_agrees(
+    index, mask, align, heads, nq, nk, offsets
+):
+    """Decision 051: under q_offset and k_offset the interval holds every value
+    the index takes at the shifted positions, a value outside makes the call
+    refused, and the module's rule gives the reference's words."""
+    variant = _accepted(_spec(mask, index, align=align))
+    assume(variant is not None)
+    sizes = {"B": 1, "H": heads, "Hkv": heads, "Nq": nq, "Nk": nk}
+    exact = _exact_range(variant, sizes, offsets)
+    verdict = index_ranges.out_of_range(variant, sizes, offsets)
+    if exact is not None and (exact[0] < 0 or exact[1] >= 16):
+        assert verdict is not None, (exact, offsets)
+    assert _module_verdict(variant, sizes, shifts=offsets) == verdict
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    index=_indices,
+    mask=_masks,
+    align=st.sampled_from(["bottom_right", "top_left"]),
+    lengths=st.lists(st.tuples(st.integers(0, 9), st.integers(0, 9)), min_size=1, max_size=3),
+    offsets=st.one_of(st.none(), st.tuples(st.integers(0, 12), st.integers(0, 12))),
+)
+def test_sequences_are_refused_where_any_sequence_reads_outside(
+    index, mask, align, lengths, offsets
+):
+    """Decision 051: the hull of a varlen call's sequences is sound: where one
+    sequence alone (its own sizes, b its number) would read outside, the
+    module refuses the call."""
+    variant = _accepted(_spec(mask, index, align=align))
+    assume(variant is not None and "b" not in index)
+    outside = False
+    for nq, nk in lengths:
+        if nq and nk:
+            sizes = {"B": 1, "H": 2, "Hkv": 2, "Nq": nq, "Nk": nk}
+            exact = _exact_range(variant, sizes, offsets)
+            outside |= exact is not None and (exact[0] < 0 or exact[1] >= 16)
+    sizes = {"B": len(lengths), "H": 2, "Hkv": 2, "Nq": 30, "Nk": 30}  # the packed rows
+    queries, keys = (tuple(n[i] for n in lengths) for i in (0, 1))
+    verdict = _module_verdict(variant, sizes, (queries, keys), offsets)
+    if outside:
+        assert verdict is not None, (lengths, offsets)
 
 
 # --------------------------------------------------------------------------- #

@@ -195,3 +195,34 @@ def test_kernels_of_padded_and_varlen_calls_with_sinks_and_offsets_compile_for_s
     kernels = {(r["name"], r["kernel"], r["tma"]) for r in rows}
     for name in ("bloom_alibi", "custom"):
         assert {(name, "_attn_fwd", False), (name, "_attn_bwd", False)} <= kernels, stdout
+
+
+SEQUENCE_INPUTS = """\
+attention prefix_per_example {
+    head_dim = 64
+    dtype = fp16
+    prefix_len: int64[B]
+    mask = causal | k < prefix_len[b]
+}
+attention t5_learned {
+    head_dim = 64
+    dtype = bf16
+    rel: learnable fp32[H, 32]
+    mask = causal
+    score = s + rel[h, min(q - k, 31)]
+}
+"""
+
+
+def test_kernels_with_inputs_in_padded_and_varlen_calls_compile_for_sm90(tmp_path):
+    """Decision 051: a data-reading mask's plan per sequence and offset (SEQS
+    and SHIFTED in `_attn_plan`), and the learnable dQ programs'
+    sequence-moved dlse and slot count, compile for sm_90a."""
+    spec = tmp_path / "sequence_inputs.attn"
+    spec.write_text(SEQUENCE_INPUTS)
+    rows, stdout = _sm90_resources(str(spec), "--seqs")
+    assert "failed" not in stdout, stdout[-2000:]
+    kernels = {(r["name"], r["kernel"], r["tma"]) for r in rows}
+    for name in ("prefix_per_example", "t5_learned"):
+        assert {(name, "_attn_fwd", False), (name, "_attn_bwd", False)} <= kernels, stdout
+    assert ("prefix_per_example", "_attn_plan", False) in kernels, stdout

@@ -1,0 +1,547 @@
+"""Declared inputs in padded and varlen calls and under position offsets
+(docs/decisions/051-inputs-in-sequence-calls.md).
+
+In a padded call `b` is the batch row; in a varlen call it is the sequence
+(0 .. S - 1) and `B` is S; q and k are each sequence's own positions (from 0,
+as the sequence alone), or the shifted ones under q_offset/k_offset.  So each
+sequence is judged against the float64 reference of the sequence alone, with
+its own slice of every input that has a `B` dimension, by the one tolerance
+rule (forward and backward); padded rows must also equal, bit for bit, the
+module called on the row alone.  A learnable input's gradient must be the sum
+of the sequences' (each from the reference), and the same bits on a repeated
+call.  The index rule must use the positions the call really has; inputs
+with an Nq or Nk dimension are refused in these calls."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from flashgen import ir, verify
+from flashgen.check import check
+from flashgen.diagnostics import render_all
+from flashgen.index_ranges import message
+from flashgen.parse import parse
+from flashgen.reference import attention_ref, input_dtype, input_shape
+from flashgen.verify import GRADIENT_FACTOR, OUTPUT_FACTOR, tolerance
+
+from kernel_utils import DEVICE, build
+
+CPU = DEVICE == "cpu"
+DTYPE = "fp32" if CPU else "bf16"  # the interpreter has no bf16 dot product
+HEADS, KV_HEADS, HEAD_DIM = 4, 2, 16 if CPU else 64
+# (queries, keys) per sequence: tiles crossed and not (the interpreter's 32),
+# no queries, no keys, one of each, more queries than keys (bottom-right rows
+# that see nothing) and fewer.
+LENGTHS = [(33, 47), (0, 9), (1, 1), (5, 0), (70, 66), (17, 40)]
+if not CPU:
+    LENGTHS += [(129, 200), (300, 7)]
+
+SPECS = {
+    # A T5 table (H, 32) read by distance: relative positions.
+    "t5": "rel: fp32[H, 32]; mask = causal; score = s + rel[h, min(q - k, 31)]",
+    # A per-example prefix (B): b is the row or sequence; the mask reads data (the plan).
+    "prefix per example": "prefix_len: int32[B]; mask = causal | k < prefix_len[b]",
+    # Documents by position (a table over positions, not Nk): the plan reads both sides.
+    "documents by position": "seg: int32[2048]; mask = causal & seg[q] == seg[k]",
+    # ALiBi slopes (H) under a top-left window, and a temperature per example and head.
+    "alibi window": (
+        "slope: fp32[H]; t: fp32[B, H]; align = top_left; mask = window(20, 5); "
+        "score = s * t[b, h] - slope[h] * abs(q - k)"
+    ),
+}
+LEARNABLE = {
+    "t5 learned": "rel: learnable fp32[H, 32]; mask = causal; score = s + rel[h, min(q - k, 31)]",
+    # One slot per batch and query tile (slots the sequences must not share).
+    "alibi learned": "slope: learnable fp32[H]; mask = causal; score = s - slope[h] * abs(q - k)",
+    # A slot per query tile only: b indexes the input.
+    "temperature per sequence": "t: learnable fp32[B, H]; score = softcap(s * t[b, h], 20.0)",
+    # A learnable table under a data-reading mask (the plan, per sequence).
+    "prefix and table": (
+        "prefix_len: int32[B]; rel: learnable fp32[H, 16]; mask = causal | k < prefix_len[b]; "
+        "score = s + rel[h, min(max(q - k, 0), 15)]"
+    ),
+}
+
+
+@pytest.fixture
+def _interpreter(monkeypatch):
+    if CPU:
+        monkeypatch.setenv("TRITON_INTERPRET", "1")
+
+
+def _variant(body: str, dtype: str = DTYPE) -> ir.Variant:
+    text = f"attention v {{ head_dim = {HEAD_DIM}; dtype = {dtype}; {body} }}"
+    spec, diagnostics = parse(text, "<t>")
+    assert not diagnostics, render_all(diagnostics, {"<t>": text})
+    (variant,), diagnostics = check([spec])
+    assert not diagnostics, render_all(diagnostics, {"<t>": text})
+    return variant
+
+
+def _rand(*shape, dtype, g, scale=1.0):
+    return (scale * torch.randn(*shape, generator=g)).to(device=DEVICE, dtype=dtype)
+
+
+def _inputs(variant, sequences: int, g) -> dict[str, torch.Tensor]:
+    """Random inputs of a call of `sequences` sequences (B = sequences)."""
+    sizes = {"B": sequences, "H": HEADS, "Hkv": KV_HEADS}
+    data = {}
+    for i in variant.inputs:
+        shape = input_shape(i, sizes)
+        if i.element.is_integer:  # prefix lengths (none, some, past every key); documents
+            x = torch.randint(0, 50, shape, generator=g).sort(-1).values
+        else:
+            x = 1.0 + 0.5 * torch.randn(shape, generator=g)
+        data[i.name] = x.to(device=DEVICE, dtype=input_dtype(i))
+    return data
+
+
+def _own(variant, data: dict, s: int) -> dict[str, torch.Tensor]:
+    """Sequence s's inputs: its slice of every `B` dimension (kept, of size 1)."""
+    out = {}
+    for i in variant.inputs:
+        x = data[i.name]
+        for dim, size in enumerate(i.shape):
+            if size == "B":
+                x = x.narrow(dim, s, 1)
+        out[i.name] = x
+    return out
+
+
+def _draw(lengths, dtype, g) -> list[tuple]:
+    """Random (1, H, n, D) q, k, v, dO and (1, H, n) dlse per sequence."""
+    seqs = []
+    for nq, nk in lengths:
+        q, do = (_rand(1, HEADS, nq, HEAD_DIM, dtype=dtype, g=g) for _ in "qo")
+        k, v = (_rand(1, KV_HEADS, nk, HEAD_DIM, dtype=dtype, g=g) for _ in "kv")
+        seqs.append((q, k, v, do, torch.randn(1, HEADS, nq, generator=g).to(DEVICE)))
+    return seqs
+
+
+class _Call:
+    """Sequences of (1, H, n, D) q, k, v[, dO] and (1, H, n) dlse, laid out as
+    one varlen or padded (right or left) call, padding filled with large
+    random values; `part` takes a sequence's rows back out of the call's
+    tensors (autograd flows through both)."""
+
+    def __init__(self, layout, seqs, g, sides=(0, 1, 1, 0, 0)):
+        self.layout, self.seqs = layout, seqs
+        self.lengths = [(s[0].shape[2], s[1].shape[2]) for s in seqs]
+        count = len(seqs[0])
+        if layout == "varlen":
+            self.tensors = []
+            for i in range(count):  # (1, H, n, D) -> (T, H, D); (1, H, n) -> (H, T)
+                if seqs[0][i].dim() == 4:
+                    self.tensors.append(torch.cat([x[i][0].transpose(0, 1) for x in seqs]))
+                else:
+                    self.tensors.append(torch.cat([x[i][0] for x in seqs], 1))
+            cu = [[0], [0]]
+            for nq, nk in self.lengths:
+                cu[0].append(cu[0][-1] + nq)
+                cu[1].append(cu[1][-1] + nk)
+            self.cu = cu
+            self.kwargs = dict(
+                cu_seqlens_q=torch.tensor(cu[0], dtype=torch.int32, device=DEVICE),
+                cu_seqlens_k=torch.tensor(cu[1], dtype=torch.int64, device=DEVICE),
+            )
+        else:
+            self.n = [max(n for n, _ in self.lengths) + 3, max(n for _, n in self.lengths) + 2]
+            self.tensors = []
+            for i, side in enumerate(sides[:count]):
+                rows = []
+                for seq in seqs:
+                    x = seq[i]
+                    pad = torch.randn(
+                        *x.shape[:2], self.n[side] - x.shape[2], *x.shape[3:], generator=g
+                    )
+                    pad = (1e3 * pad).to(device=DEVICE, dtype=x.dtype)
+                    rows.append(torch.cat([pad, x] if layout == "left" else [x, pad], 2))
+                self.tensors.append(torch.cat(rows))
+            self.kwargs = dict(
+                seqlens_q=torch.tensor(
+                    [n for n, _ in self.lengths], dtype=torch.int32, device=DEVICE
+                ),
+                seqlens_k=torch.tensor(
+                    [n for _, n in self.lengths], dtype=torch.int32, device=DEVICE
+                ),
+                padding_side=layout,
+            )
+
+    def rows(self, s: int, side: int) -> slice:
+        """Sequence s's rows of a padded call (side 0: queries, 1: keys)."""
+        n = self.lengths[s][side]
+        return slice(self.n[side] - n, self.n[side]) if self.layout == "left" else slice(0, n)
+
+    def part(self, x: torch.Tensor, s: int, side: int) -> torch.Tensor:
+        """Sequence s's rows of a call tensor (side 0: query rows, 1: key rows)
+        as (1, H, n[, D])."""
+        n = self.lengths[s][side]
+        if self.layout == "varlen":
+            a = self.cu[side][s]
+            return x[a : a + n].transpose(0, 1)[None] if x.dim() == 3 else x[:, a : a + n][None]
+        return x[s : s + 1, :, self.rows(s, side)]
+
+
+class _InBatch:
+    """The module's calls on one sequence (1, H, n, D), run as sequence
+    `index` of a varlen or padded call with random neighbours, each with its
+    own random rows of the inputs' `B` dimensions (the judged sequence's rows
+    are the inputs passed); o and lse come back for that sequence only, so
+    `verify.check_forward` and `check_backward` judge it against the reference
+    of the sequence alone.  The neighbours' rows get no dO, so a learnable
+    input's gradient is the judged sequence's alone."""
+
+    def __init__(self, module, variant, layout, index, neighbours, g):
+        self.module, self.variant, self.layout, self.index = module, variant, layout, index
+        self.others = [s[:3] for s in _draw(neighbours, module.DTYPE, g)]
+        self.other_inputs = _inputs(variant, len(neighbours), g)
+        self.g = g
+
+    def forward(self, q, k, v, scale=None, **inputs):
+        o, lse = self.attention(q, k, v, scale=scale, return_lse=True, **inputs)
+        return o.detach(), lse.detach()
+
+    def attention(self, q, k, v, *, scale=None, return_lse=False, **inputs):
+        i = self.index
+        call = _Call(self.layout, self.others[:i] + [(q, k, v)] + self.others[i:], self.g)
+        data = {}
+        for decl in self.variant.inputs:
+            x, rows = inputs[decl.name], self.other_inputs[decl.name]
+            if "B" in decl.shape:
+                dim = decl.shape.index("B")
+                x = torch.cat(
+                    [rows.narrow(dim, 0, i), x, rows.narrow(dim, i, rows.shape[dim] - i)], dim
+                )
+            data[decl.name] = x
+        o, lse = self.module.attention(
+            *call.tensors, scale=scale, return_lse=True, **call.kwargs, **data
+        )
+        o, lse = call.part(o, i, 0), call.part(lse, i, 0)
+        return (o, lse) if return_lse else o
+
+
+def _run(fn, tensors, dtype, data, learnable):
+    """o, lse and the gradients of sum(o * dO) + sum(finite lse * dlse) in q,
+    k, v and the learnable inputs."""
+    q, k, v, do, dlse = tensors
+    leaves = [x.detach().to(dtype).requires_grad_() for x in (q, k, v)]
+    data = {**data, **{n: data[n].detach().clone().requires_grad_() for n in learnable}}
+    o, lse = fn(*leaves, data)
+    weights = torch.where(torch.isfinite(lse), dlse.to(lse.dtype), 0.0)
+    loss = (o * do.to(o.dtype)).sum() + (torch.where(torch.isfinite(lse), lse, 0.0) * weights).sum()
+    leaves += [data[n] for n in learnable]
+    grads = torch.autograd.grad(loss, leaves, allow_unused=True)  # None: no pair reached it
+    grads = [torch.zeros_like(x) if g is None else g for x, g in zip(leaves, grads)]
+    return [o.detach(), lse.detach(), *grads]
+
+
+def _per_sequence_reference(variant, call, data, dtype, learnable):
+    """Each sequence alone through the reference in `dtype`: its o, lse, dq,
+    dk, dv, and the learnable inputs' gradients summed over the sequences."""
+    results, sums = [], None
+    for s, seq in enumerate(call.seqs):
+        own = _own(variant, data, s)
+        out = _run(
+            lambda a, b, c, d: attention_ref(variant, a, b, c, inputs=d, dtype=dtype),
+            seq,
+            dtype,
+            own,
+            learnable,
+        )
+        results.append(out[:5])
+        # A learnable input with a B dimension: the sequence's slice of the gradient.
+        grads = []
+        for name, grad in zip(learnable, out[5:]):
+            full = torch.zeros(data[name].shape, dtype=grad.dtype, device=grad.device)
+            i = next(i for i in variant.inputs if i.name == name)
+            view = full
+            for dim, size in enumerate(i.shape):
+                if size == "B":
+                    view = view.narrow(dim, s, 1)
+            view.copy_(grad)
+            grads.append(full)
+        sums = grads if sums is None else [a + b for a, b in zip(sums, grads)]
+    return results, sums
+
+
+def _learnable_sums(variant, module, layout, data, g):
+    """A call of LENGTHS in `layout`: its learnable inputs' gradients against
+    the sum of each sequence's from the float64 reference (the rule's floor
+    with the scores' fp32 rounding, as `verify.check_backward` has it);
+    returns the call and the kernel's o, lse and gradients."""
+    dtype = module.DTYPE
+    call = _Call(layout, _draw(LENGTHS, dtype, g), g)
+    learnable = [i.name for i in variant.inputs if i.learnable]
+
+    def kernel(a, b, c, d):
+        return module.attention(a, b, c, return_lse=True, **call.kwargs, **d)
+
+    mine = _run(kernel, call.tensors, dtype, data, learnable)
+    _, ref_sums = _per_sequence_reference(variant, call, data, torch.float64, learnable)
+    _, ord_sums = _per_sequence_reference(variant, call, data, dtype, learnable)
+    s_max = max(
+        verify.max_visible_score(variant, q, k, None, inputs=_own(variant, data, s))
+        for s, (q, k, *_) in enumerate(call.seqs)
+    )
+    for name, x, r, y in zip(learnable, mine[5:], ref_sums, ord_sums):
+        noise = s_max * r.abs().max().item()
+        c = tolerance(
+            x.cpu(), r.cpu(), y.cpu(), dtype, what=f"d{name}", factor=GRADIENT_FACTOR,
+            score_noise=noise,
+        )  # fmt: skip
+        assert c.ok, (layout, c)
+    return call, mine
+
+
+CASES = [(name, layout) for name in sorted(SPECS) for layout in ("varlen", "right", "left")]
+CASES += [(name, layout) for name in sorted(LEARNABLE) for layout in ("varlen", "left")]
+
+
+@pytest.mark.kernels
+@pytest.mark.parametrize("name, layout", CASES)
+def test_each_sequence_matches_the_reference_of_the_sequence_alone(name, layout, _interpreter):
+    """Forward and backward (learnable inputs' gradients included) of each
+    length in LENGTHS, as one sequence among neighbours, by the one
+    tolerance rule against the float64 reference of the sequence alone."""
+    variant = _variant({**SPECS, **LEARNABLE}[name])
+    module = build(variant)
+    g = torch.Generator().manual_seed(5)
+    neighbours = [(40, 3), (0, 9), (5, 0), (70, 66)]
+    for i, (nq, nk) in enumerate(LENGTHS):
+        adapter = _InBatch(module, variant, layout, i % 3, neighbours[i % 2 :][:2], g)
+        shape = verify.Shape(1, HEADS, KV_HEADS, nq, nk)
+        q, k, v = verify.random_inputs(shape, HEAD_DIM, module.DTYPE, DEVICE, generator=g)
+        data = _inputs(variant, 1, g)
+        forward = verify.check_forward(variant, adapter, q, k, v, inputs=data)
+        backward = verify.check_backward(variant, adapter, q, k, v, generator=g, inputs=data)
+        learned = [c.what for c in backward.checks if c.what not in ("dq", "dk", "dv")]
+        assert len(learned) == sum(i.learnable for i in variant.inputs)
+        for result in (forward, backward):
+            assert result.ok, (layout, nq, nk, [(c.what, c.error, c.bound) for c in result.checks])
+
+
+@pytest.mark.kernels
+@pytest.mark.parametrize("side", ["right", "left"])
+@pytest.mark.parametrize("name", ["prefix per example", "documents by position", "alibi window"])
+def test_padded_rows_equal_each_row_called_alone_bit_for_bit(name, side, _interpreter):
+    """Outputs and gradients of every padded row equal the module's on the
+    row alone (its slice of each B-shaped input, the same launch
+    configuration); padding rows are 0 (lse -inf) with zero gradients."""
+    variant = _variant(SPECS[name])
+    module = build(variant)
+    g = torch.Generator().manual_seed(6)
+    data = _inputs(variant, len(LENGTHS), g)
+    call = _Call(side, _draw(LENGTHS, module.DTYPE, g), g)
+    o, lse, dq, dk, dv = _run(
+        lambda a, b, c, d: module.attention(a, b, c, return_lse=True, **call.kwargs, **d),
+        call.tensors,
+        module.DTYPE,
+        data,
+        [],
+    )
+    fwd, bwd = (module._launch_config(o.device, backward=b) for b in (False, True))
+    names = ("block_m", "block_n", "num_warps", "num_stages")
+    for s, (q, k, v, do, dlse) in enumerate(call.seqs):
+        own = _own(variant, data, s)
+        pad_q = torch.ones(call.n[0], dtype=torch.bool, device=DEVICE)
+        pad_k = torch.ones(call.n[1], dtype=torch.bool, device=DEVICE)
+        pad_q[call.rows(s, 0)], pad_k[call.rows(s, 1)] = False, False
+        assert not o[s][:, pad_q].any() and not dq[s][:, pad_q].any()
+        assert (lse[s][:, pad_q] == float("-inf")).all()
+        assert not dk[s][:, pad_k].any() and not dv[s][:, pad_k].any()
+        if q.shape[2] == 0:
+            continue
+        o1, lse1 = module.forward(q, k, v, **dict(zip(names, fwd)), tma=False, **own)
+        dlse1 = torch.where(torch.isfinite(lse1), dlse, 0.0)
+        alone = (o1, lse1) + module.backward(
+            q, k, v, o1, lse1, do, dlse1, **dict(zip(names, bwd)), tma=False, **own
+        )
+        for what, x, y, rows in zip(
+            ("o", "lse", "dq", "dk", "dv"), (o, lse, dq, dk, dv), alone, (0, 0, 0, 1, 1)
+        ):
+            assert torch.equal(call.part(x, s, rows), y), (s, what)
+
+
+@pytest.mark.kernels
+@pytest.mark.parametrize("name", sorted(LEARNABLE))
+def test_learnable_gradients_of_a_varlen_call_sum_its_sequences(name, _interpreter):
+    """The learnable inputs' gradients of a varlen call equal the sum of each
+    sequence's (float64 reference), and a repeated call gives the same bits."""
+    variant = _variant(LEARNABLE[name])
+    module = build(variant)
+    g = torch.Generator().manual_seed(7)
+    data = _inputs(variant, len(LENGTHS), g)
+    call, first = _learnable_sums(variant, module, "varlen", data, g)
+    learnable = [i.name for i in variant.inputs if i.learnable]
+
+    def kernel(a, b, c, d):
+        return module.attention(a, b, c, return_lse=True, **call.kwargs, **d)
+
+    again = _run(kernel, call.tensors, module.DTYPE, data, learnable)
+    for x, y in zip(first, again):
+        assert torch.equal(x, y)
+    assert all(x.abs().max() > 0 for x in first[5:])
+
+
+@pytest.mark.kernels
+@pytest.mark.parametrize("name", ["right", "left"])
+def test_learnable_gradients_of_a_padded_call_sum_its_rows(name, _interpreter):
+    variant = _variant(LEARNABLE["alibi learned"])
+    g = torch.Generator().manual_seed(8)
+    _learnable_sums(variant, build(variant), name, _inputs(variant, len(LENGTHS), g), g)
+
+
+# (q_offset, k_offset, Nq, Nk): a prefill chunk after a cache, keys ahead of
+# the queries (rows that see nothing), both past a tile.
+OFFSETS = [(37, 5, 20, 70), (5, 90, 45, 33), (1000, 990, 17, 40)]
+
+
+@pytest.mark.kernels
+@pytest.mark.parametrize(
+    "name", ["t5", "prefix per example", "documents by position", "alibi window", "alibi learned"]
+)
+def test_offsets_with_inputs_match_the_reference(name, _interpreter):
+    """The shifted positions reach the inputs' indices (the reference's
+    `offsets=`), with GQA, a batch of two and sinks."""
+    variant = _variant({**SPECS, **LEARNABLE}[name])
+    module = build(variant)
+    dtype = module.DTYPE
+    g = torch.Generator().manual_seed(9)
+    learnable = [i.name for i in variant.inputs if i.learnable]
+    sinks = torch.randn(HEADS, generator=g).to(DEVICE)
+    for q_offset, k_offset, nq, nk in OFFSETS:
+        data = _inputs(variant, 2, g)
+        tensors = (
+            _rand(2, HEADS, nq, HEAD_DIM, dtype=dtype, g=g),
+            _rand(2, KV_HEADS, nk, HEAD_DIM, dtype=dtype, g=g),
+            _rand(2, KV_HEADS, nk, HEAD_DIM, dtype=dtype, g=g),
+            _rand(2, HEADS, nq, HEAD_DIM, dtype=dtype, g=g),
+            torch.randn(2, HEADS, nq, generator=g).to(DEVICE),
+        )
+        at = (q_offset, k_offset)
+        kernel = _run(
+            lambda a, b, c, d: module.attention(
+                a, b, c, return_lse=True, q_offset=q_offset, k_offset=k_offset, sinks=sinks, **d
+            ),
+            tensors, dtype, data, learnable,
+        )  # fmt: skip
+
+        def ref(cast):
+            return _run(
+                lambda a, b, c, d: attention_ref(
+                    variant, a, b, c, inputs=d, offsets=at, sinks=sinks, dtype=cast
+                ),
+                tensors, cast, data, learnable,
+            )  # fmt: skip
+
+        names = ("o", "lse", "dq", "dk", "dv", *(f"d{n}" for n in learnable))
+        for what, x, r, y in zip(names, kernel, ref(torch.float64), ref(dtype)):
+            factor = OUTPUT_FACTOR if what in ("o", "lse") else GRADIENT_FACTOR
+            c = tolerance(x.cpu(), r.cpu(), y.cpu(), dtype, what=what, factor=factor)
+            assert c.ok, (at, nq, nk, c)
+
+
+# --------------------------------------------------------------------------- #
+# The index rule over the positions a call really has (quick tier: every
+# refusal happens before a kernel runs; accepted calls are checked by
+# `_check_runtime_inputs` alone).
+# --------------------------------------------------------------------------- #
+
+
+def _qkv(batch, nq, nk, varlen=False):
+    if varlen:
+        return torch.zeros(nq, HEADS, HEAD_DIM), torch.zeros(nk, KV_HEADS, HEAD_DIM)
+    return torch.zeros(batch, HEADS, nq, HEAD_DIM), torch.zeros(batch, KV_HEADS, nk, HEAD_DIM)
+
+
+def _accepts(module, q, k, data, seqs=None, shifts=None, varlen=False):
+    """Whether the module's call-time check lets the call through (else its message)."""
+    view = (lambda x: module._kernel_view(x, seqs)) if seqs is not None else (lambda x: x)
+    try:
+        module._check_runtime_inputs(view(q), view(k), tuple(data.values()), seqs, shifts)
+    except ValueError as e:
+        return str(e)
+    return True
+
+
+def test_an_index_out_of_range_under_offsets_is_refused_naming_the_input():
+    variant = _variant("pos: fp32[64]; mask = causal; score = s + pos[q]", "fp32")
+    module = build(variant)
+    q, k = _qkv(1, 32, 32)
+    pos = torch.zeros(64)
+    # q = i + q_offset: 10 .. 41 fits, 40 .. 71 does not (and 0 .. 31 without offsets).
+    assert _accepts(module, q, k, {"pos": pos}, shifts=(10, 0)) is True
+    refusal = message("pos", 0, 40, 71, 64)
+    with pytest.raises(ValueError) as e:
+        module.attention(q, k, k, q_offset=40, pos=pos)
+    assert str(e.value) == refusal
+    with pytest.raises(ValueError) as e:  # the reference's rule, word for word
+        attention_ref(variant, q, k, k, inputs={"pos": pos}, offsets=(40, 0))
+    assert str(e.value) == refusal
+    # k_offset alone leaves the queries at 0 .. 31.
+    assert _accepts(module, q, k, {"pos": pos}, shifts=(0, 500)) is True
+
+
+def test_sequence_calls_check_indices_over_their_real_lengths():
+    # pos[k]: every key position of the longest sequence, not the padded or total rows.
+    variant = _variant("pos: fp32[40]; score = s + pos[k]", "fp32")
+    module = build(variant)
+    pos = torch.zeros(40)
+    q, k = _qkv(None, 60, 71, varlen=True)
+    fits = module.sequences(
+        cu_seqlens_q=torch.tensor([0, 30, 60]), cu_seqlens_k=torch.tensor([0, 40, 71])
+    ).bind(q, k)
+    assert _accepts(module, q, k, {"pos": pos}, fits) is True
+    past = module.sequences(
+        cu_seqlens_q=torch.tensor([0, 30, 60]), cu_seqlens_k=torch.tensor([0, 30, 71])
+    )
+    with pytest.raises(ValueError) as e:
+        module.attention(q, k, k, sequences=past, pos=pos)
+    assert str(e.value) == message("pos", 0, 0, 40, 40)
+    # Padded: rows of 50 keys, at most 40 real ones; a longer one is refused.
+    q, k = _qkv(2, 50, 50)
+    padded = module.sequences(seqlens_k=torch.tensor([40, 12])).bind(q, k)
+    assert _accepts(module, q, k, {"pos": pos}, padded) is True
+    with pytest.raises(ValueError, match="`pos`: index 0 may reach 0 .. 40"):
+        module.attention(q, k, k, seqlens_k=torch.tensor([41, 12]), pos=pos)
+    # Offsets apply to every sequence: keys 3 .. 42.
+    with pytest.raises(ValueError, match="`pos`: index 0 may reach 3 .. 42"):
+        module.attention(q, k, k, seqlens_k=torch.tensor([40, 12]), k_offset=3, pos=pos)
+
+
+def test_bottom_right_sequences_check_each_sequences_own_alignment():
+    # pos[q], bottom-right: a sequence's queries sit at nk - nq .. nk - 1.
+    variant = _variant("pos: fp32[40]; mask = causal; score = s + pos[q]", "fp32")
+    module = build(variant)
+    pos = torch.zeros(40)
+    q, k = _qkv(2, 45, 45)
+    # Rows (10 queries, 40 keys) and (30, 35): queries at 30 .. 39 and 5 .. 34, inside 40,
+    # where the padded call's own 45 x 45 would reach 44.
+    seqs = module.sequences(seqlens_q=torch.tensor([10, 30]), seqlens_k=torch.tensor([40, 35]))
+    assert _accepts(module, q, k, {"pos": pos}, seqs.bind(q, k)) is True
+    assert _accepts(module, q, k, {"pos": pos}) == message("pos", 0, 0, 44, 40)
+    # (10, 40) and (30, 41): queries at 30 .. 39 and 11 .. 40.
+    seqs = module.sequences(seqlens_q=torch.tensor([10, 30]), seqlens_k=torch.tensor([40, 41]))
+    assert _accepts(module, q, k, {"pos": pos}, seqs.bind(q, k)) == message("pos", 0, 11, 40, 40)
+    # A sequence without keys reads nothing: (44 queries, 0 keys) adds no position.
+    seqs = module.sequences(seqlens_q=torch.tensor([10, 44]), seqlens_k=torch.tensor([40, 0]))
+    assert _accepts(module, q, k, {"pos": pos}, seqs.bind(q, k)) is True
+
+
+@pytest.mark.parametrize("call", ["varlen", "padded", "offsets"])
+def test_inputs_over_positions_are_refused_in_sequence_calls_naming_them(call):
+    variant = _variant("doc: int32[B, Nk]; mask = causal & doc[b, q] == doc[b, k]", "fp32")
+    module = build(variant)
+    if call == "varlen":
+        q, k = _qkv(None, 10, 10, varlen=True)
+        cu = torch.tensor([0, 4, 10])
+        kwargs = dict(cu_seqlens_q=cu, cu_seqlens_k=cu, doc=torch.zeros(2, 10, dtype=torch.int32))
+    else:
+        q, k = _qkv(2, 10, 10)
+        kwargs = dict(doc=torch.zeros(2, 10, dtype=torch.int32))
+        kwargs.update(
+            dict(seqlens_q=torch.tensor([4, 10])) if call == "padded" else {"q_offset": 3}
+        )
+    with pytest.raises(ValueError, match="doc has a dimension Nk: padded and varlen calls"):
+        module.attention(q, k, k, **kwargs)
