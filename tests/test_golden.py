@@ -192,6 +192,8 @@ def test_runtime_sections_are_copied_verbatim(variant):
         expected.add("gluon")
     if "_INPUTS = (" in text:
         expected.add("inputs")
+    if "def _attn_decode(" in text:
+        expected.add("decode")
     for name, section in sections.items():
         assert (section in text) == (name in expected), name
 
@@ -278,14 +280,16 @@ def test_long_lowered_lines_are_marked_for_black():
 # calls, attention sinks and position offsets (decision 046) added ~380 lines
 # to every module, the torch.compile operators (decision 047) ~90 more
 # (1,510-1,549), and the budget moved with them: a line count is a
-# readability budget, and these are features every module has.
-TRITON_ONLY_MAX_LINES = 1550
+# readability budget, and these are features every module has.  Split-KV
+# decoding (decision 051) added ~200 to every module without declared inputs
+# (1,710-1,751).
+TRITON_ONLY_MAX_LINES = 1760
 
 
 @pytest.mark.parametrize("variant", VARIANTS, ids=lambda v: v.name)
 def test_triton_only_module_is_short_clean_and_self_contained(variant):
     """A vendor who wants the shortest module builds it --triton-only: within
-    1,550 lines for every example, no Gluon anywhere, black-clean as emitted,
+    1,760 lines for every example, no Gluon anywhere, black-clean as emitted,
     and every global its functions read is defined."""
     import black
 
