@@ -1270,6 +1270,11 @@ def _decode_config(device: torch.device) -> tuple[int, int, int]:
     return GPU_DECODE_CONFIG if device.type == "cuda" else (INTERPRETER_CONFIG[1], 1, 1)
 
 
+def _decode_rows(q: torch.Tensor, k: torch.Tensor) -> int:
+    """The query rows of one KV head's group: a decode tile's rows."""
+    return q.shape[1] // k.shape[1] * q.shape[2]
+
+
 def _decode_splits(programs: int, n_keys: int, block_n: int, sms: int) -> int:
     """Key splits per (batch, KV head), given `programs` of those: two programs
     per SM at least, each split DECODE_MIN_TILES key tiles or more."""
@@ -1439,11 +1444,6 @@ def _forward(
         num_stages=num_stages or default[3],
     )  # fmt: skip
     return o, lse
-
-
-def _decode_rows(q, k) -> int:
-    """The query rows of one KV head's group: a decode tile's rows."""
-    return q.shape[1] // k.shape[1] * q.shape[2]
 
 
 def _decode(q, k, v, o, lse, scale: float, sinks=None, shifts=None, tma=None, splits=None):

@@ -30,6 +30,8 @@ def test_splits_fill_the_gpu_with_a_few_key_tiles_each():
     assert runtime._decode_splits(264, 131072, 64, 132) == 1  # the batch fills the GPU
     assert runtime._decode_splits(1, 1000, 64, 132) == 4  # 16 tiles, 4 per split
     assert runtime._decode_splits(1, 0, 64, 132) == runtime._decode_splits(3, 5, 64, 132) == 1
+    q, k = torch.empty(2, 32, 3, 8), torch.empty(2, 8, 100, 8)
+    assert runtime._decode_rows(q, k) == 12  # 4 heads per KV head, 3 rows each
     for programs in (1, 3, 8, 64, 300):
         for n_keys in (1, 63, 64, 1000, 8192, 131072):
             splits = runtime._decode_splits(programs, n_keys, 64, 132)
@@ -38,12 +40,14 @@ def test_splits_fill_the_gpu_with_a_few_key_tiles_each():
             assert programs * splits >= 2 * 132 or splits == max(1, tiles // 4)
 
 
-# (mask, score, settings): the masks' bounds, the score's element code with a
-# head per row (alibi, h), a mask that reads h (no bounds), top-left alignment.
+# (mask, score, settings): the masks' bounds and tile classes, the score's
+# element code with a head per row (alibi, h), a mask that reads h (no bounds),
+# top-left alignment, conditional rescaling.
 SPECS = [
     ("full", None, {}),
     ("causal", None, {}),
-    ("causal & window(20)", "softcap(s, 5.0)", {}),
+    ("causal & window(20)", "softcap(s, 5.0)", {"rescale_threshold": "8.0"}),
+    ("causal & (q - k) % 2 == 0", "s - 0.05 * abs(q - k)", {}),
     ("causal", "s + alibi", {}),
     ("causal", None, {"align": "top_left"}),
     ("q - k <= 2 * h + 3", "s * (h + 1) * 0.5", {}),
