@@ -81,9 +81,10 @@ def _sm90_resources(*args: str) -> tuple[list[dict], str]:
 @pytest.fixture(scope="module")
 def resources() -> list[dict]:
     rows, stdout = _sm90_resources(*SPECS, "--head-dim", "64", "128")
-    # Forward and backward per spec and head dim, the Gluon forwards at d128,
-    # and the two Gluon backward kernels (none where modules leave Gluon off).
-    expected = 2 * 2 * len(SPECS)
+    # Forward and backward per spec and head dim, split-KV decoding's kernel at
+    # two tiles and its merge, the Gluon forwards at d128, and the two Gluon
+    # backward kernels (none where modules leave Gluon off).
+    expected = (2 + 3) * 2 * len(SPECS)
     if HAS_GLUON:
         expected += len(GLUON | GLUON_ANY) + 2 * len(GLUON_BACKWARD)
     assert len(rows) == expected, stdout[-2000:]
@@ -93,6 +94,13 @@ def resources() -> list[dict]:
 def test_forward_kernels_do_not_spill(resources):
     spilling = [r for r in resources if r["kernel"] == "_attn_fwd" and r["spill_stores"]]
     assert not spilling
+
+
+def test_decode_kernels_do_not_spill(resources):
+    """Split-KV decoding (decision 051) at 16 and 64 query rows, and its merge."""
+    decode = [r for r in resources if r["kernel"].startswith("_attn_decode")]
+    assert len(decode) == 3 * 2 * len(SPECS)
+    assert not [r for r in decode if r["spill_stores"]]
 
 
 def test_backward_kernels_do_not_spill(resources):
