@@ -1873,6 +1873,8 @@ def forward(
     (B, H, Nq) in float32, natural log.  Block sizes are powers of two >= 16.
     tma=True loads key tiles through TMA descriptors (sm90+, 16-byte aligned
     strides), False through pointers, None as GPU_TMA says where possible.
+    Without a launch configuration or tma=False, a call whose H / Hkv * Nq
+    query rows fit DECODE_MAX_ROWS runs split-KV decoding (`_decode`).
     """
     _check_inputs(q, k, v)
     args = (q, k, v, _resolve_scale(scale), block_m, block_n, num_warps, num_stages, tma)

@@ -2159,6 +2159,8 @@ def forward(
     (B, H, Nq) in float32, natural log.  Block sizes are powers of two >= 16.
     tma=True loads key tiles through TMA descriptors (sm90+, 16-byte aligned
     strides), False through pointers, None as GPU_TMA says where possible.
+    Without a launch configuration or tma=False, a call whose H / Hkv * Nq
+    query rows fit DECODE_MAX_ROWS runs split-KV decoding (`_decode`).
     Without a launch configuration or tma=False, on an sm90 GPU with Nq = Nk
     a multiple of 128 and at least GLUON_MIN_KEYS keys, the Gluon kernel
     runs instead (`_gluon_supported`).
