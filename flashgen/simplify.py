@@ -22,7 +22,8 @@ The rewrites, bottom up:
   the kernels lose nothing on the GPU; on the CPU interpreter (correctly
   rounded `/`) the difference is one float32 ulp of the score, which the
   tolerance's score rounding floor already counts (flashgen/verify.py);
-* the constant terms of a sum fold into one, written last;
+* the constant terms of a sum fold into one, written last, and equal terms into one
+  (`s + s` is `s * 2.0`);
 * every spelling of a softcap becomes `softcap(x, c)`, the form the kernels
   have a tuned path for (`flashgen.element_code`): a term k * tanh(m * x)
   whose k * m is 1 within float64 rounding, so `c * tanh(s / c)`,
@@ -282,6 +283,26 @@ def _terms(e: ir.Expr, sign: float, out: list[tuple[float, ir.Expr]]) -> None:
         out.append((sign, e))
 
 
+def _like_terms(kept: list[tuple[int | float, ir.Expr]]) -> list[tuple[int | float, ir.Expr]]:
+    """Equal real terms as one, their coefficients added (exactly: they are
+    small multiples of the written constants), in the order they first
+    appear: `s + s + (s + s)` is `s * 4.0`, one rounding where adding the
+    terms left to right, as the rebuilt sum would, rounds at every step (a
+    balanced sum of 256 copies of s is exact as written; the chain is off by
+    up to 2^7 ulps).  Integer terms stay as they are."""
+    merged: dict[ir.Expr, float] = {}
+    out: list[tuple[int | float, ir.Expr]] = []
+    for k, x in kept:
+        if isinstance(k, int):
+            out.append((k, x))
+        elif x in merged:
+            merged[x] += k
+        else:
+            merged[x] = k
+            out.append((0.0, x))  # a placeholder: the coefficient comes from `merged`
+    return [(k, x) if isinstance(k, int) else (merged[x], x) for k, x in out]
+
+
 def _sum(e: ir.Expr) -> ir.Expr:
     """A real sum: terms simplified, constants folded into one written last,
     zeros dropped (and softcaps recognized term by term)."""
@@ -300,6 +321,7 @@ def _sum(e: ir.Expr) -> ir.Expr:
             kept.append((1.0, softcap) if softcap is not None else (sign * k, x))
         else:  # an integer term, added as it is (an int sign marks it)
             kept.append((int(sign), term))
+    kept = _like_terms(kept)
     out: ir.Expr | None = None
     if constant != 0.0 and kept[0][0] < 0:  # `1.0 - t * t`, not `-(t * t) + 1.0`
         out, constant = _literal(constant), 0.0

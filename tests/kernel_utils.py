@@ -21,7 +21,14 @@ from hypothesis import strategies as st
 from flashgen import ir
 from flashgen.ir import BinOp, Call, Name, Num, Unary, UnaryOp
 from flashgen.emit import render_module
-from flashgen.verify import Shape, check_backward, check_forward, random_inputs, torch_dtype
+from flashgen.verify import (
+    Shape,
+    check_backward,
+    check_forward,
+    random_inputs,
+    random_runtime_inputs,
+    torch_dtype,
+)
 
 # Kernels run on the GPU when there is one, else under the Triton interpreter.
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -55,9 +62,11 @@ def run_case(
     scale: float | None = None,
     **launch: int,
 ):
-    """Random inputs of `shape`; returns the verify CaseResult."""
-    q, k, v, _ = kernel_inputs(variant, shape, seed, device, magnitude)
-    return check_forward(variant, build(variant), q, k, v, scale=scale, **launch)
+    """Random inputs of `shape` (and of the variant's declared inputs);
+    returns the verify CaseResult."""
+    q, k, v, generator = kernel_inputs(variant, shape, seed, device, magnitude)
+    data = runtime_inputs(variant, shape, device, generator)
+    return check_forward(variant, build(variant), q, k, v, scale=scale, inputs=data, **launch)
 
 
 def run_grad_case(
@@ -70,11 +79,23 @@ def run_grad_case(
     scale: float | None = None,
     with_lse: bool = True,
 ):
-    """Random inputs of `shape`; judges dq, dk, dv (CaseResult)."""
+    """Random inputs of `shape` (and of the variant's declared inputs); judges
+    dq, dk, dv and the learnable inputs' gradients (CaseResult)."""
     q, k, v, generator = kernel_inputs(variant, shape, seed, device, magnitude)
+    data = runtime_inputs(variant, shape, device, generator)
     return check_backward(
-        variant, build(variant), q, k, v, scale=scale, generator=generator, with_lse=with_lse
-    )
+        variant, build(variant), q, k, v, scale=scale, generator=generator, with_lse=with_lse,
+        inputs=data,
+    )  # fmt: skip
+
+
+def runtime_inputs(
+    variant: ir.Variant, shape: Shape, device: str, generator: torch.Generator
+) -> dict[str, torch.Tensor] | None:
+    """Random values of the variant's declared inputs (None: it declares none)."""
+    if not variant.inputs:
+        return None
+    return random_runtime_inputs(variant, shape, device, generator=generator)
 
 
 def kernel_inputs(variant: ir.Variant, shape: Shape, seed: int, device: str, magnitude: float):

@@ -115,6 +115,10 @@ _INTERIOR = {
     "mistral_sliding": (True, False),
     "plain_causal": (True, False),
     "prefix_lm": (True, False),
+    # A mask that reads inputs: the per-call plan's partial tiles test the mask.
+    "llama3_packed_docs": (True, True),
+    "paligemma_prefix": (True, True),
+    "t5_relative_bias": (True, False),
 }
 
 
@@ -192,6 +196,8 @@ def test_runtime_sections_are_copied_verbatim(variant):
         expected.add("gluon")
     if "_INPUTS = (" in text:
         expected.add("inputs")
+    if "_LEARNABLE_READS = (" in text:
+        expected.add("input_grads")
     if "def _attn_decode(" in text:
         expected.add("decode")
     for name, section in sections.items():
@@ -284,17 +290,25 @@ def test_long_lowered_lines_are_marked_for_black():
 # decoding (decision 051) added ~200 to every module without declared inputs
 # (1,713-1,754).
 TRITON_ONLY_MAX_LINES = 1760
+# Specs that read inputs carry what only they need (2026-12-02: 1,870-1,900 lines for
+# the three examples that read inputs): the per-call index checks (~100 lines), the
+# per-call tile plan of a mask that reads inputs (~135), the sums of learnable
+# inputs' gradients (~150), and the tile code of each read loaded once per tile
+# (T5's bucket expression: ~100).
+# Modules of specs with inputs have no decode path (decision 051).
+TRITON_ONLY_MAX_LINES_WITH_INPUTS = 1950
 
 
 @pytest.mark.parametrize("variant", VARIANTS, ids=lambda v: v.name)
 def test_triton_only_module_is_short_clean_and_self_contained(variant):
     """A vendor who wants the shortest module builds it --triton-only: within
-    1,760 lines for every example, no Gluon anywhere, black-clean as emitted,
+    1,760 lines for every example (1,950 for one that reads inputs), no Gluon anywhere, black-clean as emitted,
     and every global its functions read is defined."""
     import black
 
     text = render_module(variant, tuning_for(variant), triton_only=True)
-    assert len(text.splitlines()) <= TRITON_ONLY_MAX_LINES
+    budget = TRITON_ONLY_MAX_LINES_WITH_INPUTS if variant.inputs else TRITON_ONLY_MAX_LINES
+    assert len(text.splitlines()) <= budget
     names = set()
     for node in ast.walk(ast.parse(text)):
         if isinstance(node, ast.Name):

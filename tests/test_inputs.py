@@ -520,3 +520,41 @@ def test_modules_of_specs_with_inputs_are_black_clean():
     for body in KERNEL_SPECS.values():
         source = build_source(f"attention t {{ head_dim = 16; dtype = fp32; {body} }}")
         assert black.format_str(source, mode=mode) == source, body
+
+
+def test_t5_example_buckets_are_t5s():
+    """examples/t5_relative_bias.attn spells T5's relative position buckets
+    (32, max_distance 128, one direction) with min and max; at every distance
+    from 0 to 999 its table index equals T5's float32 formula, written here
+    as the T5 paper's code computes it."""
+    import math
+    from pathlib import Path
+
+    from flashgen.reference import scores
+
+    path = Path(__file__).parent.parent / "examples" / "t5_relative_bias.attn"
+    spec, diagnostics = parse(path.read_text(), str(path))
+    assert not diagnostics
+    (variant,), diagnostics = check([spec])
+    assert not diagnostics
+    n = 1000
+    # One query at position n - 1 (bottom-right) against keys 0 .. n - 1, s = 0 and
+    # rel[0, j] = j: the score is the bucket of the distance n - 1 - k.
+    q, k = torch.zeros(1, 1, 1, variant.head_dim), torch.zeros(1, 1, n, variant.head_dim)
+    rel = torch.arange(32, dtype=torch.float32)[None]
+    got = scores(variant, q, k, inputs={"rel": rel})[0, 0, 0].flip(0)
+    distance = torch.arange(n)
+    large = 16 + (torch.log(distance.float() / 16) / math.log(128 / 16) * 16).to(torch.long)
+    want = torch.where(distance < 16, distance, torch.clamp(large, max=31))
+    assert torch.equal(got, want.to(torch.float64))
+
+
+def test_clamped_integer_terms_count_by_their_values_not_their_arguments():
+    """`min(max(q - k - t, 0), 1)` is 0 or 1: sixteen of them summed stay far
+    from the 32-bit limit, though each argument reaches 2^26 (the T5 example);
+    an unclamped sum of as many differences is still refused."""
+    clamped = " + ".join(f"min(max(q - k - {t}, 0), 1)" for t in range(16))
+    assert _messages(f"attention c {{ head_dim = 16; dtype = fp32; mask = {clamped} > 3 }}") == []
+    raw = " + ".join(f"(q - k - {t})" for t in range(16))
+    (message,) = _messages(f"attention c {{ head_dim = 16; dtype = fp32; mask = {raw} > 3 }}")
+    assert "integer expressions must stay within ±2^30" in message

@@ -26,6 +26,7 @@ from kernel_utils import (
     assert_tanh_accurate,
     make_variant,
     run_case,
+    runtime_inputs,
     run_grad_case,
     kernel_inputs,
     shrink_masks,
@@ -246,6 +247,7 @@ def test_tma_path_matches_pointer_path(variant, monkeypatch):
             monkeypatch.setattr(module, "GPU_BWD_TMA", tma)  # the backward's default
             assert_ok(run_grad_case(variant, Shape(1, 4, 2, 45, 77)))
         return
+    launch.update(runtime_inputs(variant, Shape(1, 4, 2, 45, 77), DEVICE, gen) or {})
     o, lse = module.forward(q, k, v, tma=False, **launch)
     o_tma, lse_tma = module.forward(q, k, v, tma=True, **launch)
     assert torch.equal(o, o_tma) and torch.equal(lse, lse_tma)

@@ -118,6 +118,11 @@ def test_near_softcaps_are_not_softcaps(score):
         ("1.0 - s * s", "1.0 - s * s"),
         ("exp(s / 2.0) * 1.0 + 0.0", "exp(s * 0.5)"),
         ("s / (2.0 * sqrt(abs(s)))", "s / sqrt(abs(s)) * 0.5"),
+        # Equal terms as one product: exact where a left-to-right chain of the
+        # terms would round at every step (found by tests/test_fuzz.py).
+        ("s + s + (s + s)", "s * 4.0"),
+        ("exp(s) - 2.0 * s + exp(s) + s", "exp(s) * 2.0 - s"),
+        ("s - s", "s * 0.0"),
         # Integer parts stay as written: no int product where none was bounded.
         ("q * 1.0", "q * 1.0"),
         ("q + 0.0", "q + 0.0"),
