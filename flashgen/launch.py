@@ -86,6 +86,17 @@ def gpu_tma(head_dim_pad: int, dtype: ir.DType) -> tuple[bool, bool]:
     return False, head_dim_pad >= 128 and dtype is not ir.DType.FP32
 
 
+def gpu_decode_config(head_dim_pad: int, dtype: ir.DType) -> LaunchConfig:
+    """Split-KV decoding's launch (decision 052; not yet measured): block_m is the
+    largest tile of query rows it takes (a call's own is its rows rounded up to a
+    power of two), block_n the key tile.  Decoding streams K and V once, so the
+    stages keep several key tiles in flight; fp32 and d256 get narrower key tiles
+    for their registers."""
+    if dtype is ir.DType.FP32 or head_dim_pad > 128:
+        return LaunchConfig(64, 32, 4, 3)
+    return LaunchConfig(64, 64, 4, 4)
+
+
 # The Gluon forward for any mask and score ("any" below) against the Triton
 # forward on the same spec (docs/decisions/029; d128, bf16): 0.84-0.99x
 # at N = 1024, 1.02-1.07x at N = 4096 and 16384 when a query row sees

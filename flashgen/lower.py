@@ -39,7 +39,15 @@ from flashgen.kernel_choice import (
     key_span,
     tanh_small_poly,
 )
-from flashgen.launch import CPU_CONFIG, LaunchConfig, Tuning, gpu_bwd_config, gpu_config, gpu_tma
+from flashgen.launch import (
+    CPU_CONFIG,
+    LaunchConfig,
+    Tuning,
+    gpu_bwd_config,
+    gpu_config,
+    gpu_decode_config,
+    gpu_tma,
+)
 from flashgen.mask_forms import (
     affine,
     desugar_mask,
@@ -372,6 +380,13 @@ class KernelModel:
     hoist_reads: bool = True
     tile_reads: tuple[TileRead, ...] = ()
     score_log2_hoisted_code: str = ""
+    # Split-KV decoding (decision 052): a no-gradient call with few query rows
+    # against many keys runs `_attn_decode`; not for specs that read runtime
+    # data.  `decode_bounds`: its loops take the forward's key bounds and tile
+    # classes (not where the mask reads h: a decode tile holds several heads).
+    decode: bool = False
+    decode_bounds: bool = False
+    gpu_decode_config: LaunchConfig | None = None
 
     @property
     def hoisting(self) -> bool:
@@ -556,6 +571,9 @@ def lower(v: ir.Variant, tuning: Tuning | None = None) -> KernelModel:
         index_ranges=tuple(r.as_tuple() for r in index_ranges.ranges(v)),
         element_args=_element_args(v),
         data_plan=plan,
+        decode=not reads_runtime_data(v),
+        decode_bounds=not ir.mentions(mask, frozenset({"h"})),
+        gpu_decode_config=gpu_decode_config(pad, v.dtype),
     )
 
 

@@ -49,6 +49,7 @@ MAX_HEADS = 2**16
 GPU_CONFIG = (128, 64, 4, 3)
 GPU_BWD_CONFIG = (64, 64, 4, 2)
 INTERPRETER_CONFIG = (32, 32, 1, 1)
+GPU_DECODE_CONFIG = (64, 4, 4)
 BOTTOM_RIGHT = True
 # The declared inputs (name, dtype, shape) and the indices a call checks
 # (flashgen/index_ranges.py): a module with inputs defines its own.
@@ -494,6 +495,39 @@ def _sinks_grad(sinks, o, lse, do, dlse, seqs) -> torch.Tensor:
         delta = delta - dlse.float()
     p = torch.exp(sinks.float()[None, :, None] - lse)
     return -torch.where(torch.isfinite(lse), p * delta, 0.0).sum((0, 2)).to(sinks.dtype)
+
+
+# flashgen: section decode
+# Split-KV decoding (decision 052) takes a call whose query rows of one KV
+# head's group (H / Hkv heads times Nq rows) fit one tile of this many rows.
+DECODE_MAX_ROWS = 64
+# Each split walks at least this many key tiles, so that its partial o (a
+# workspace row per query row) costs less than the keys it reads.
+DECODE_MIN_TILES = 4
+
+
+@functools.lru_cache(maxsize=None)
+def _sm_count(device: torch.device) -> int:
+    if device.type != "cuda":
+        return 2  # the interpreter: a few splits where the keys allow
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+def _decode_config(device: torch.device) -> tuple[int, int, int]:
+    """(BLOCK_N, num_warps, num_stages) of `_attn_decode`."""
+    return GPU_DECODE_CONFIG if device.type == "cuda" else (INTERPRETER_CONFIG[1], 1, 1)
+
+
+def _decode_rows(q: torch.Tensor, k: torch.Tensor) -> int:
+    """The query rows of one KV head's group: a decode tile's rows."""
+    return q.shape[1] // k.shape[1] * q.shape[2]
+
+
+def _decode_splits(programs: int, n_keys: int, block_n: int, sms: int) -> int:
+    """Key splits per (batch, KV head), given `programs` of those: two programs
+    per SM at least, each split DECODE_MIN_TILES key tiles or more."""
+    most = max(1, _cdiv(n_keys, block_n) // DECODE_MIN_TILES)
+    return max(1, min(_cdiv(2 * sms, programs), most))
 
 
 # flashgen: section alibi

@@ -82,6 +82,8 @@ GPU_BWD_CONFIG = (64, 64, 4, 3)
 GPU_TMA = False
 GPU_BWD_TMA = False
 INTERPRETER_CONFIG = (32, 32, 1, 1)
+# Split-KV decoding's (BLOCK_N, num_warps, num_stages); its BLOCK_M is the call's rows.
+GPU_DECODE_CONFIG = (64, 4, 4)
 
 
 @triton.jit
@@ -303,6 +305,135 @@ def _attn_fwd(
     else:
         lse_row = batch_head.to(tl.int64) * n_queries
     tl.store(lse_ptr + lse_row + offs_m, lse, mask=offs_m < n_queries)
+
+
+@triton.jit
+def _attn_decode(
+    q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr, alibi_slopes_ptr, k_desc, v_desc,
+    stride_qb, stride_qh, stride_qm, stride_qd,
+    stride_kb, stride_kh, stride_kn, stride_kd,
+    stride_vb, stride_vh, stride_vn, stride_vd,
+    num_heads, kv_group, n_queries, n_keys, sm_scale, q_shift, k_shift,
+    HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    USE_TMA: tl.constexpr, SHIFTED: tl.constexpr,
+):  # fmt: skip
+    """Grid: (key splits, batch * KV heads).  Tile row r is query row
+    r % n_queries of the group's head r // n_queries, so the rows carry their
+    own heads and positions.  Writes the split's o (normalized, float32) to
+    o_ptr and its log-sum-exp (log2 units, -inf where the split saw no key)
+    to lse_ptr, both (splits, batch * heads * n_queries[, HEAD_DIM])."""
+    split = tl.program_id(0)
+    kv_heads = num_heads // kv_group
+    batch = tl.program_id(1) // kv_heads
+    kv_head = tl.program_id(1) % kv_heads
+    rows = tl.arange(0, BLOCK_M)
+    real = rows < kv_group * n_queries
+    heads = kv_head * kv_group + tl.where(real, rows // n_queries, 0)
+    offs_m = rows % n_queries
+    offs_d = tl.arange(0, HEAD_DIM_PAD)
+    q_rows = batch.to(tl.int64) * stride_qb + heads.to(tl.int64) * stride_qh + offs_m * stride_qm
+    q_mask = real[:, None] & (offs_d[None, :] < HEAD_DIM)
+    q = tl.load(q_ptr + q_rows[:, None] + offs_d[None, :] * stride_qd, mask=q_mask, other=0.0)
+    k_base = k_ptr + batch.to(tl.int64) * stride_kb + kv_head.to(tl.int64) * stride_kh
+    v_base = v_ptr + batch.to(tl.int64) * stride_vb + kv_head.to(tl.int64) * stride_vh
+
+    # Bottom-right alignment: query row i sits at position i + n_keys - n_queries.
+    q_offset = n_keys - n_queries
+    k_offset = 0  # key row j sits at position j
+    if SHIFTED:  # the call's offsets: query row i at i + q_shift, key row j at j + k_shift
+        q_offset = q_shift
+        k_offset = k_shift
+
+    q_pos = (offs_m + q_offset)[:, None]
+    q_lo = q_offset
+    q_hi = n_queries - 1 + q_offset
+    alibi_slope = 0.0
+    head = heads[:, None]  # the element code's head, one per row
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, HEAD_DIM_PAD], tl.float32)
+
+    # Keys that any query of this tile can see (from the mask's affine bounds).
+    lo = 0
+    hi = tl.minimum(tl.maximum(q_hi, 256 - 1) + 1 - k_offset, n_keys)
+
+    # This split's share of the key tiles in [lo, hi), whole tiles each.
+    per_split = tl.cdiv(tl.cdiv(tl.maximum(hi - lo, 0), BLOCK_N), tl.num_programs(0)) * BLOCK_N
+    lo += split * per_split
+    hi = tl.minimum(hi, lo + per_split)
+    # Key tiles that every query of this tile sees whole run without the
+    # elementwise mask, in a loop with no branch; the tiles on either side
+    # of that interior are masked.
+    full_lo = 0
+    full_hi = tl.minimum(tl.maximum(q_lo, 256 - 1) - k_offset, n_keys - 1)
+    # Split [lo, hi) at tile boundaries into masked tiles, the interior, masked tiles.
+    end = (hi + BLOCK_N - 1) // BLOCK_N * BLOCK_N
+    mid_lo = tl.minimum(tl.maximum((full_lo + BLOCK_N - 1) // BLOCK_N * BLOCK_N, lo), end)
+    mid_hi = tl.minimum(tl.maximum((full_hi + 1) // BLOCK_N * BLOCK_N, mid_lo), end)
+    for start_n in range(lo, mid_lo, BLOCK_N):
+        acc, l_i, m_i = _attn_fwd_tile(
+            acc, l_i, m_i, q, q_pos, k_desc, v_desc, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
+            batch, kv_head, start_n, n_keys, k_offset, head, num_heads, alibi_slope, sm_scale,
+            HEAD_DIM, HEAD_DIM_PAD, BLOCK_N, True, USE_TMA,
+        )  # fmt: skip
+    for start_n in range(mid_lo, mid_hi, BLOCK_N):
+        acc, l_i, m_i = _attn_fwd_tile(
+            acc, l_i, m_i, q, q_pos, k_desc, v_desc, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
+            batch, kv_head, start_n, n_keys, k_offset, head, num_heads, alibi_slope, sm_scale,
+            HEAD_DIM, HEAD_DIM_PAD, BLOCK_N, False, USE_TMA,
+        )  # fmt: skip
+    for start_n in range(mid_hi, hi, BLOCK_N):
+        acc, l_i, m_i = _attn_fwd_tile(
+            acc, l_i, m_i, q, q_pos, k_desc, v_desc, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
+            batch, kv_head, start_n, n_keys, k_offset, head, num_heads, alibi_slope, sm_scale,
+            HEAD_DIM, HEAD_DIM_PAD, BLOCK_N, True, USE_TMA,
+        )  # fmt: skip
+
+    # Rows that saw no visible key in this split have l = 0: o = 0, lse = -inf.
+    l_safe = tl.where(l_i == 0.0, 1.0, l_i)
+    lse = tl.where(l_i == 0.0, float("-inf"), m_i + tl.math.log2(l_safe))
+    part = split.to(tl.int64) * tl.num_programs(1) * kv_group * n_queries
+    part += (batch * num_heads + heads) * n_queries + offs_m
+    tl.store(lse_ptr + part, lse, mask=real)
+    o_ptrs = o_ptr + part[:, None] * HEAD_DIM + offs_d[None, :]
+    tl.store(o_ptrs, acc / l_safe[:, None], mask=q_mask)
+
+
+@triton.jit
+def _attn_decode_merge(
+    o_part_ptr, lse_part_ptr, o_ptr, lse_ptr, sink_ptr, num_heads, n_queries, n_splits,
+    HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, BLOCK_S: tl.constexpr, HAS_SINKS: tl.constexpr,
+):  # fmt: skip
+    """Grid: (batch * heads * n_queries,).  One query row's splits merged by
+    their log-sum-exp into o and lse (contiguous, natural log)."""
+    row = tl.program_id(0)
+    n_rows = tl.num_programs(0)
+    splits = tl.arange(0, BLOCK_S)
+    lse = tl.load(
+        lse_part_ptr + splits.to(tl.int64) * n_rows + row, mask=splits < n_splits, other=float("-inf")
+    )  # fmt: skip
+    m = tl.max(lse, 0)
+    if HAS_SINKS:
+        # gpt-oss: the head's sink logit joins the softmax sum, with no value.
+        sink = tl.load(sink_ptr + row // n_queries % num_heads).to(tl.float32) * 1.4426950408889634
+        m = tl.maximum(m, sink)
+    # A row that no split saw a key of has m = -inf: measured from 0 instead,
+    # its splits weigh exp2(-inf) = 0 exactly, and never NaN.
+    m_ref = tl.where(m == float("-inf"), 0.0, m)
+    l_sum = tl.sum(tl.math.exp2(lse - m_ref), 0)
+    if HAS_SINKS:
+        l_sum += tl.math.exp2(sink - m_ref)
+    offs_d = tl.arange(0, HEAD_DIM_PAD)
+    acc = tl.zeros([HEAD_DIM_PAD], tl.float32)
+    for s in range(n_splits):
+        part = s * n_rows.to(tl.int64) + row
+        weight = tl.math.exp2(tl.load(lse_part_ptr + part) - m_ref)
+        acc += weight * tl.load(o_part_ptr + part * HEAD_DIM + offs_d, mask=offs_d < HEAD_DIM, other=0.0)  # fmt: skip
+    l_safe = tl.where(l_sum == 0.0, 1.0, l_sum)
+    o = (acc / l_safe).to(o_ptr.dtype.element_ty)
+    tl.store(o_ptr + row.to(tl.int64) * HEAD_DIM + offs_d, o, mask=offs_d < HEAD_DIM)
+    lse = tl.where(l_sum == 0.0, float("-inf"), (m_ref + tl.math.log2(l_safe)) * 0.6931471805599453)
+    tl.store(lse_ptr + row, lse)
 
 
 @triton.jit
@@ -1113,6 +1244,38 @@ def _sinks_grad(sinks, o, lse, do, dlse, seqs) -> torch.Tensor:
     return -torch.where(torch.isfinite(lse), p * delta, 0.0).sum((0, 2)).to(sinks.dtype)
 
 
+# Split-KV decoding (decision 052) takes a call whose query rows of one KV
+# head's group (H / Hkv heads times Nq rows) fit one tile of this many rows.
+DECODE_MAX_ROWS = 64
+# Each split walks at least this many key tiles, so that its partial o (a
+# workspace row per query row) costs less than the keys it reads.
+DECODE_MIN_TILES = 4
+
+
+@functools.lru_cache(maxsize=None)
+def _sm_count(device: torch.device) -> int:
+    if device.type != "cuda":
+        return 2  # the interpreter: a few splits where the keys allow
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+def _decode_config(device: torch.device) -> tuple[int, int, int]:
+    """(BLOCK_N, num_warps, num_stages) of `_attn_decode`."""
+    return GPU_DECODE_CONFIG if device.type == "cuda" else (INTERPRETER_CONFIG[1], 1, 1)
+
+
+def _decode_rows(q: torch.Tensor, k: torch.Tensor) -> int:
+    """The query rows of one KV head's group: a decode tile's rows."""
+    return q.shape[1] // k.shape[1] * q.shape[2]
+
+
+def _decode_splits(programs: int, n_keys: int, block_n: int, sms: int) -> int:
+    """Key splits per (batch, KV head), given `programs` of those: two programs
+    per SM at least, each split DECODE_MIN_TILES key tiles or more."""
+    most = max(1, _cdiv(n_keys, block_n) // DECODE_MIN_TILES)
+    return max(1, min(_cdiv(2 * sms, programs), most))
+
+
 def _alibi_or_placeholder(num_heads: int, like: torch.Tensor) -> torch.Tensor:
     return like  # this variant has no ALiBi term; the kernels never read it
 
@@ -1710,25 +1873,29 @@ def forward(
     (B, H, Nq) in float32, natural log.  Block sizes are powers of two >= 16.
     tma=True loads key tiles through TMA descriptors (sm90+, 16-byte aligned
     strides), False through pointers, None as GPU_TMA says where possible.
+    Without a launch configuration or tma=False, a call whose H / Hkv * Nq
+    query rows fit DECODE_MAX_ROWS runs split-KV decoding (`_decode`).
     """
     _check_inputs(q, k, v)
     args = (q, k, v, _resolve_scale(scale), block_m, block_n, num_warps, num_stages, tma)
     sinks = _check_sinks(sinks, q)
     if _on_other_gpu(q):
         with torch.cuda.device(q.device):
-            return _forward(*args, sinks=sinks)
-    return _forward(*args, sinks=sinks)
+            return _forward(*args, sinks=sinks, decode=True)
+    return _forward(*args, sinks=sinks, decode=True)
 
 
 def _forward(
     q, k, v, scale: float, block_m=None, block_n=None, num_warps=None, num_stages=None, tma=None, seqs=None,
-    sinks=None, shifts=None,
+    sinks=None, shifts=None, decode=False,
 ):  # fmt: skip
     """forward() on checked inputs and a resolved scale; `seqs` from
     `Sequences.bind` for a padded or varlen call (q, k, v as `_kernel_view`s),
-    `shifts` the call's (q_offset, k_offset)."""
+    `shifts` the call's (q_offset, k_offset).  `decode`: a decoding
+    shape may run split-KV (no gradient is wanted)."""
     rows_q, rows_k = (None, None) if seqs is None or not seqs[3] else seqs[1:3]
     q, k, v = _rows_in_int32("q", q, rows_q), _rows_in_int32("k", k, rows_k), _rows_in_int32("v", v, rows_k)  # fmt: skip
+    explicit = (block_m, block_n, num_warps, num_stages) != (None,) * 4 or tma is False
     default = _launch_config(q.device)
     block_m, block_n = block_m or default[0], block_n or default[1]
     _check_blocks(block_m, block_n)
@@ -1743,6 +1910,8 @@ def _forward(
         batch, n_queries, n_keys = seqs[0].shape[0], seqs[1], seqs[2]
     if o.numel() == 0 or batch * n_queries == 0:
         return o, lse.fill_(float("-inf"))
+    if decode and not explicit and seqs is None and _decode_rows(q, k) <= DECODE_MAX_ROWS:
+        return _decode(q, k, v, o, lse, scale, sinks, shifts, tma)
     use_tma = n_keys > 0 and seqs is None and _use_tma(tma, GPU_TMA, k, v)
     grid = (_cdiv(n_queries, block_m), batch * num_heads)
     _launch(
@@ -1754,6 +1923,37 @@ def _forward(
         HEAD_DIM, HEAD_DIM_PAD, block_m, block_n, use_tma, seqs is not None, sinks is not None, shifts is not None,  # the constexprs
         num_warps=num_warps or default[2],
         num_stages=num_stages or default[3],
+    )  # fmt: skip
+    return o, lse
+
+
+def _decode(q, k, v, o, lse, scale: float, sinks=None, shifts=None, tma=None, splits=None):
+    """Split-KV decoding (flash-decoding, decision 052) into o and lse:
+    `_attn_decode` over (key splits, batch * KV heads), each split's o and
+    lse into a float32 workspace, then `_attn_decode_merge` per query row;
+    `splits` (default `_decode_splits`) and tma as in forward()."""
+    batch, num_heads, n_queries, _ = q.shape
+    kv_heads, n_keys = k.shape[1], k.shape[2]
+    block_n, num_warps, num_stages = _decode_config(q.device)
+    splits = splits or _decode_splits(batch * kv_heads, n_keys, block_n, _sm_count(q.device))
+    rows = batch * num_heads * n_queries
+    o_part = torch.empty((splits, rows, HEAD_DIM), dtype=torch.float32, device=q.device)
+    lse_part = torch.empty((splits, rows), dtype=torch.float32, device=q.device)
+    use_tma = n_keys > 0 and _use_tma(tma, GPU_TMA, k, v)
+    block_m = max(16, triton.next_power_of_2(_decode_rows(q, k)))
+    _launch(
+        _attn_decode, (splits, batch * kv_heads),
+        q, k, v, o_part, lse_part, _alibi_or_placeholder(num_heads, lse), *_descriptors(use_tma, block_n, k, v),
+        *q.stride(), *k.stride(), *v.stride(),
+        num_heads, num_heads // kv_heads, n_queries, n_keys, scale, *(shifts or (0, 0)),
+        HEAD_DIM, HEAD_DIM_PAD, block_m, block_n, use_tma, shifts is not None,  # the constexprs
+        num_warps=num_warps, num_stages=num_stages,
+    )  # fmt: skip
+    _launch(
+        _attn_decode_merge, (rows, 1),
+        o_part, lse_part, o, lse, lse if sinks is None else sinks, num_heads, n_queries, splits,
+        HEAD_DIM, HEAD_DIM_PAD, triton.next_power_of_2(splits), sinks is not None,  # the constexprs
+        num_warps=1,
     )  # fmt: skip
     return o, lse
 
@@ -1863,11 +2063,11 @@ def _backward(
     return dq, dk, dv
 
 
-def _layout_forward(q, k, v, scale: float, seqs, sinks, shifts, inputs=()):
+def _layout_forward(q, k, v, scale: float, seqs, sinks, shifts, inputs=(), decode=False):
     """_forward on the caller's layout ((T, H, D) for varlen calls): o and the
     lse in that layout, each the tensor that owns its memory."""
     q, k, v = (_kernel_view(x, seqs) for x in (q, k, v))
-    o, lse = _forward(q, k, v, scale, seqs=seqs, sinks=sinks, shifts=shifts)
+    o, lse = _forward(q, k, v, scale, seqs=seqs, sinks=sinks, shifts=shifts, decode=decode)
     return _owned_user_view(o, seqs), _owned_user_view(lse, seqs)
 
 
@@ -2025,9 +2225,13 @@ def attention(
         )  # fmt: skip
         return (o, lse) if return_lse else o
     args = (q, k, v, _resolve_scale(scale), seqs, _check_sinks(sinks, q), shifts)
+    # Without a gradient to compute (inference) autograd is skipped, and a
+    # decoding shape (few query rows) runs split-KV.
+    grad = torch.is_grad_enabled() and any(x.requires_grad for x in (q, k, v, sinks) if x is not None)  # fmt: skip
+    run = _Attention.apply if grad else functools.partial(_layout_forward, decode=True)
     if _on_other_gpu(q):  # autograd runs the backward on q's GPU by itself
         with torch.cuda.device(q.device):
-            o, lse = _Attention.apply(*args)
+            o, lse = run(*args)
     else:
-        o, lse = _Attention.apply(*args)
+        o, lse = run(*args)
     return (o, lse) if return_lse else o

@@ -283,6 +283,52 @@ def plan_resources(module, seqs: bool = False) -> list:
     return found
 
 
+def decode_resources(module, seqs: bool = False) -> list:
+    """Resources of split-KV decoding (decision 052): `_attn_decode` at its
+    largest and smallest tiles of query rows (64 and 16) and the module's
+    GPU_DECODE_CONFIG, and the merge (`_attn_decode_merge`, 64 splits)."""
+    if not hasattr(module, "_attn_decode"):
+        return []
+    dtype = _DTYPES[str(module.DTYPE)]
+    pad = lower.head_dim_pad(module.HEAD_DIM)
+    block_n, warps, stages = module.GPU_DECODE_CONFIG
+    found = []
+    for rows in (module.DECODE_MAX_ROWS, 16):
+        config = (rows, block_n, warps, stages)
+        tma = module.GPU_TMA and not seqs
+        resources = compile_kernel(
+            module._attn_decode,
+            config,
+            dtype=dtype,
+            head_dim=module.HEAD_DIM,
+            head_dim_pad=pad,
+            tma=tma,
+            rows=block_n,
+            pointers=dict(o_ptr="*fp32"),
+            seqs=seqs,
+        )
+        found.append(Resources("_attn_decode", config, tma, *resources))
+    fn = module._attn_decode_merge
+    constants = dict(HEAD_DIM=module.HEAD_DIM, HEAD_DIM_PAD=pad, BLOCK_S=64, HAS_SINKS=seqs)
+    signature = {
+        p.name: (
+            "constexpr"
+            if p.name in constants
+            else ("i32" if not p.name.endswith("_ptr") else "*fp32")
+        )
+        for p in fn.params
+    }
+    signature["o_ptr"] = f"*{dtype}"
+    kernel = triton.compile(
+        ASTSource(fn, signature, constants, {}),
+        target=GPUTarget("cuda", 90, 32),
+        options=dict(num_warps=1, num_stages=1),
+    )
+    report = (*ptxas_report(kernel.asm["ptx"]), kernel.metadata.shared, kernel.asm["ptx"])
+    found.append(Resources("_attn_decode_merge", (1, 64, 1, 1), False, *report))
+    return found
+
+
 def module_resources(
     module, forward_config=None, backward_config=None, tma: bool = True, seqs: bool = False
 ):
@@ -316,7 +362,12 @@ def module_resources(
             seqs=seqs,
         )
         found.append(Resources(kernel, config, use_tma, *resources))
-    return found + plan_resources(module, seqs) + gluon_resources(module)
+    return (
+        found
+        + decode_resources(module, seqs)
+        + plan_resources(module, seqs)
+        + gluon_resources(module)
+    )
 
 
 def main() -> None:
