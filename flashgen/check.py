@@ -42,7 +42,7 @@ import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 
-from flashgen import input_grads, ir
+from flashgen import index_ranges, input_grads, ir
 from flashgen.diagnostics import Diagnostic, expression_too_deep, expression_too_large
 from flashgen.printer import print_expr, print_input
 
@@ -1093,54 +1093,18 @@ def _integer_problems(e: ir.Expr, inputs: Sequence[ir.Input] = ()) -> list[Probl
     return magnitudes.problems
 
 
-def _interval(e: ir.Expr, input_bounds: dict[str, int]) -> tuple[int, int] | None:
+def _interval(e: ir.Expr) -> tuple[int, int] | None:
     """Sound bounds lo <= e <= hi of an integer expression of a checked spec over
     every position, head and batch index a module accepts (signed, unlike
-    `_Magnitudes`' M(e)), or None where `e` is not integer."""
-    match e:
-        case ir.Num(value=value) if not isinstance(value, float):
-            return value, value
-        case ir.Name(id=name) if name in ("q", "k"):
-            return -ir.POSITION_BOUND, ir.POSITION_BOUND
-        case ir.Name(id=name) if name in ("h", "H"):
-            return 0, ir.MAX_HEADS
-        case ir.Name(id="b"):
-            return 0, ir.MAX_BATCH
-        case ir.Index(input=name) if name in input_bounds:
-            return -input_bounds[name], input_bounds[name]
-        case ir.Unary(op=ir.UnaryOp.NEG, operand=operand):
-            inner = _interval(operand, input_bounds)
-            return None if inner is None else (-inner[1], -inner[0])
-        case ir.Binary(op=op, left=left, right=right) if op in _INTERVAL_OPS:
-            a, b = _interval(left, input_bounds), _interval(right, input_bounds)
-            if a is None or b is None:
-                return None
-            if op is ir.BinOp.ADD:
-                return a[0] + b[0], a[1] + b[1]
-            if op is ir.BinOp.SUB:
-                return a[0] - b[1], a[1] - b[0]
-            if op is ir.BinOp.MUL:
-                corners = [x * y for x in a for y in b]
-                return min(corners), max(corners)
-            if b[0] != b[1] or b[0] <= 0:  # div and % take a positive literal
-                return None
-            if op is ir.BinOp.FLOORDIV:
-                return a[0] // b[0], a[1] // b[0]
-            return 0, b[0] - 1  # floor modulo
-        case ir.Call(fn=fn, args=args) if fn in ir.POLY_FUNCTIONS:
-            spans = [_interval(a, input_bounds) for a in args]
-            if None in spans:
-                return None
-            if fn == "min":
-                return min(lo for lo, _ in spans), min(hi for _, hi in spans)
-            if fn == "max":
-                return max(lo for lo, _ in spans), max(hi for _, hi in spans)
-            ((lo, hi),) = spans  # abs
-            return (0 if lo <= 0 <= hi else min(abs(lo), abs(hi))), max(-lo, hi)
-    return None
-
-
-_INTERVAL_OPS = (ir.BinOp.ADD, ir.BinOp.SUB, ir.BinOp.MUL, ir.BinOp.FLOORDIV, ir.BinOp.MOD)
+    `_Magnitudes`' M(e)): `index_ranges`' interval analysis with no guard, or
+    None where it has no interval form (a read of an input)."""
+    try:
+        node = index_ranges.encode(e, None)
+    except ValueError:
+        return None
+    env = {"b": (0, ir.MAX_BATCH), "h": (0, ir.MAX_HEADS), "H": (0, ir.MAX_HEADS)}
+    positions = (-ir.POSITION_BOUND, ir.POSITION_BOUND)
+    return index_ranges.interval(node, index_ranges.OPEN, positions, positions, env)
 
 
 class _Magnitudes:
@@ -1202,7 +1166,7 @@ class _Magnitudes:
                     # abs, min, max: within their arguments' bounds, and within
                     # the signed interval of their value where it is tighter
                     # (`min(max(q - k - 18, 0), 1)` is 0 or 1, not up to 2^26).
-                    span = _interval(e, self.input_bounds)
+                    span = _interval(e)
                     tight = max(bounds) if span is None else max(-span[0], span[1])
                     return min(max(bounds), tight)
                 return None
