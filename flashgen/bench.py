@@ -249,8 +249,12 @@ def bench(
     progress: bool = True,
     experiments: Mapping[str, object] | None = None,
     document_length: float = DOCUMENT_LENGTH,
+    on_result: Callable[[Measurement], None] | None = None,
 ) -> list[Measurement]:
     """Time every variant at every sequence length on every system.
+
+    `on_result` is called with each measurement as soon as it is taken (the
+    CLI appends it to --jsonl then, so a run cut short keeps what it measured).
 
     `experiments` sets plan knobs of flashgen's modules (flashgen/experiments.py).
     Integer inputs run up in steps of 0 or 1, a new value every
@@ -357,6 +361,8 @@ def bench(
                     else:
                         measured = measure(fn)
                     results.append(measured)
+                    if on_result is not None:
+                        on_result(measured)
                     if system == "flashgen" and not measured.error:
                         reference = fn(q, k, v).detach()
                     bar.advance(label)

@@ -331,9 +331,16 @@ def _bench(args: argparse.Namespace) -> int:
         variants, drawn = _random_variants(args, head_dims)
     from flashgen import bench
 
-    results, benched = [], []
+    context = None
+    if args.jsonl:
+        context = bench.run_context(shlex.join(["python3", "-m", "flashgen", *args.argv]))
+    results = []
     for head_dim in head_dims:
-        benched += [dataclasses.replace(v, head_dim=head_dim or v.head_dim) for v in variants]
+        benched = [dataclasses.replace(v, head_dim=head_dim or v.head_dim) for v in variants]
+
+        def keep(measured, benched=benched):  # appended as taken: a cut-short run keeps it
+            bench.append_jsonl(args.jsonl, [measured], benched, context, drawn)
+
         results += bench.bench(
             variants,
             seqlens=args.seqlens,
@@ -343,6 +350,7 @@ def _bench(args: argparse.Namespace) -> int:
             systems=args.systems,
             timer=args.timer,
             experiments=experiments,
+            on_result=keep if args.jsonl else None,
         )
     print(bench.table(results))
     if drawn:
@@ -350,9 +358,6 @@ def _bench(args: argparse.Namespace) -> int:
         print(bench.flex_ratios(results))
     if args.json:
         Path(args.json).write_text(bench.to_json(results, drawn))
-    if args.jsonl:
-        command = shlex.join(["python3", "-m", "flashgen", *args.argv])
-        bench.append_jsonl(args.jsonl, results, benched, bench.run_context(command), drawn)
     if args.plot:
         bench.plot(results, args.plot)
     return 0

@@ -504,6 +504,7 @@ DECODE_MAX_ROWS = 64
 # Each split walks at least this many key tiles, so that its partial o (a
 # workspace row per query row) costs less than the keys it reads.
 DECODE_MIN_TILES = 4
+DECODE_SPLIT_COST = 2  # key tiles' time: a split's prologue, partial o and merge
 
 
 @functools.lru_cache(maxsize=None)
@@ -524,10 +525,15 @@ def _decode_rows(q: torch.Tensor, k: torch.Tensor) -> int:
 
 
 def _decode_splits(programs: int, n_keys: int, block_n: int, sms: int) -> int:
-    """Key splits per (batch, KV head), given `programs` of those: two programs
-    per SM at least, each split DECODE_MIN_TILES key tiles or more."""
-    most = max(1, _cdiv(n_keys, block_n) // DECODE_MIN_TILES)
-    return max(1, min(_cdiv(2 * sms, programs), most))
+    """Key splits per (batch, KV head), given `programs` of those: the fewest
+    that minimise waves (two programs per SM) x (tiles per split + a split's
+    fixed cost), each split DECODE_MIN_TILES key tiles or more (decision 052)."""
+    tiles, most = _cdiv(n_keys, block_n), max(1, _cdiv(n_keys, block_n) // DECODE_MIN_TILES)
+    fill = {min(most, max(1, w * 2 * sms // programs)) for w in range(1, 17)}  # full last waves
+    return min(
+        sorted({1, most} | fill),
+        key=lambda s: _cdiv(programs * s, 2 * sms) * (_cdiv(tiles, s) + DECODE_SPLIT_COST),
+    )
 
 
 # flashgen: section alibi

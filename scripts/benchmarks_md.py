@@ -26,6 +26,7 @@ from collections.abc import Iterable
 
 ROOT = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 RESULTS = os.path.join("benchmarks", "results.jsonl")
+DECODE = os.path.join("benchmarks", "decode.jsonl")
 DECISIONS = os.path.join("docs", "decisions")
 SYSTEMS = ("flashgen", "flex", "sdpa-cudnn")
 # Rows in this order; specs not listed follow in alphabetical order.
@@ -199,6 +200,28 @@ def commands(latest: dict) -> list[str]:
     return out
 
 
+def decode_table(records: Iterable[dict]) -> list[str]:
+    """The latest record of each decode point (spec, B, Nk, Nq): TB/s of K and V."""
+    latest = {}
+    for r in records:
+        latest[(r["spec"], r["batch"], r["n_keys"], r["n_queries"])] = r
+    systems = ("flashgen_decode", "flashgen_ordinary", "sdpa_cudnn", "sdpa_flash")
+    lines = [
+        "| spec | B · Nk | Nq | flashgen | (prefill kernel) | cuDNN | flash | vs cuDNN | commit |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for (spec, b, nk, nq), r in latest.items():
+        tb = [r.get(s, {}).get("tb_per_s") for s in systems]
+        cells = [f"{x:.2f}" if x else "—" for x in tb]
+        ratio = f"{tb[0] / tb[2]:.2f}×" if tb[0] and tb[2] else "—"
+        ok = "" if all(c["ok"] for c in r["checks"]) else " (check failed)"
+        lines.append(
+            f"| {spec}{ok} | {b} · {nk // 1024}k | {nq} | " + " | ".join(cells) + f" | {ratio} |"
+            f" {r['commit']} |"
+        )
+    return lines
+
+
 def decision_index(root: str) -> list[str]:
     out = []
     folder = os.path.join(root, DECISIONS)
@@ -234,6 +257,16 @@ def render(root: str = ROOT) -> str:
         "Made by these runs (one process per spec and head dim unless the command names several):",
         "",
         *commands(latest),
+        "",
+        "## Decoding",
+        "",
+        "Split-KV decoding (decision 052): bf16, d128, H = 32, Hkv = 8, TB/s = bytes of K and V /",
+        "median do_bench time, from `python3 scripts/gpu_decode.py` (records in",
+        "[benchmarks/decode.jsonl](benchmarks/decode.jsonl)). A sliding window reads only its window,",
+        "so its TB/s counts bytes it does not read. Nq = 4 causal has no SDPA equivalent (SDPA's",
+        "causal is top-left).",
+        "",
+        *decode_table(load(decode) if os.path.exists(decode := os.path.join(root, DECODE)) else []),
         "",
         "## Decisions",
         "",

@@ -277,6 +277,9 @@ def test_bench_jsonl_appends_one_record_per_system_shape_and_direction(
 
     def fake_bench(variants, **kwargs):
         benched.append(kwargs["head_dim"])
+        kwargs["on_result"](ours)  # as bench.bench: each measurement as it is taken,
+        assert len(out.read_text().splitlines()) == 3  # on the file before the next
+        kwargs["on_result"](flex)
         return [ours, flex]
 
     monkeypatch.setattr(cli, "_gpu_variants", lambda args, command: cli._check_sources(

@@ -32,12 +32,28 @@ def test_splits_fill_the_gpu_with_a_few_key_tiles_each():
     assert runtime._decode_splits(1, 0, 64, 132) == runtime._decode_splits(3, 5, 64, 132) == 1
     q, k = torch.empty(2, 32, 3, 8), torch.empty(2, 8, 100, 8)
     assert runtime._decode_rows(q, k) == 12  # 4 heads per KV head, 3 rows each
-    for programs in (1, 3, 8, 64, 300):
-        for n_keys in (1, 63, 64, 1000, 8192, 131072):
-            splits = runtime._decode_splits(programs, n_keys, 64, 132)
-            tiles = math.ceil(n_keys / 64)
-            assert splits == 1 or tiles >= splits * runtime.DECODE_MIN_TILES
-            assert programs * splits >= 2 * 132 or splits == max(1, tiles // 4)
+    # One wave, not two: 64 groups at 32k keys take 4 splits (256 of 264 slots), not 5.
+    assert runtime._decode_splits(64, 32768, 64, 132) == 4
+    assert runtime._decode_splits(256, 8192, 64, 132) == 1
+
+
+def _split_cost(programs, tiles, splits, slots=264):
+    return math.ceil(programs * splits / slots) * (
+        math.ceil(tiles / splits) + runtime.DECODE_SPLIT_COST
+    )
+
+
+@pytest.mark.parametrize("programs", [1, 3, 8, 24, 64, 100, 200, 300])
+def test_splits_are_the_cheapest_of_the_wave_model(programs):
+    # The candidates (splits that fill a last wave) find the cheapest of every
+    # split count the key tiles allow, checked exhaustively.
+    for n_keys in (1, 63, 64, 1000, 4096, 8192, 32768, 131072):
+        tiles = math.ceil(n_keys / 64)
+        splits = runtime._decode_splits(programs, n_keys, 64, 132)
+        assert splits == 1 or tiles >= splits * runtime.DECODE_MIN_TILES
+        allowed = range(1, max(1, tiles // runtime.DECODE_MIN_TILES) + 1)
+        cheapest = min(_split_cost(programs, tiles, s) for s in allowed)
+        assert _split_cost(programs, tiles, splits) <= 1.02 * cheapest
 
 
 # (mask, score, settings): the masks' bounds and tile classes, the score's
