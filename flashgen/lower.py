@@ -57,7 +57,7 @@ from flashgen.mask_forms import (
 )
 from flashgen.printer import print_expr, print_variant
 from flashgen.loop_bounds import interior_bounds, key_bounds, query_bounds
-from flashgen.tiles import TileCode
+from flashgen.tiles import TileCode, visible_may
 
 __all__ = [
     "LOG2E",
@@ -481,6 +481,7 @@ def lower(v: ir.Variant, tuning: Tuning | None = None) -> KernelModel:
         key_interior = query_interior = (None, None)
     else:
         all_visible, may = tiles.truth(mask)
+        may = visible_may(tiles, mask, may)
         key_lo, key_hi = key_bounds(mask)
         query_lo, query_hi = query_bounds(mask)
         key_interior, query_interior = interior_bounds(mask, "k"), interior_bounds(mask, "q")

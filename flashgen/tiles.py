@@ -14,11 +14,14 @@ is skipped without loading K or V.  See docs/MASKS.md.  The loop bounds
 
 from __future__ import annotations
 
+import math
+
 from flashgen import ir
 from flashgen import kernel_expr as kx
 from flashgen.element_code import constant_value
 from flashgen.mask_forms import (
     CONSTANT_TRUTH,
+    FLIPPED,
     Affine,
     affine,
     clean,
@@ -321,3 +324,287 @@ class TileCode:
             ),
         }
         return self._bools(*table[op])
+
+
+# --------------------------------------------------------------------------- #
+# Exact emptiness of conjunctions
+# --------------------------------------------------------------------------- #
+# `TileCode.truth` joins the (must, may) of a mask's parts, so `may` of
+# `A & B` is may(A) & may(B): sound, but a tile where A holds only at pairs
+# where B fails still counts as maybe visible (`prefix(2) & window(64)` far
+# below the diagonal, `window(L) & !window(L)`, `(q - k) % 3 == 1 & causal
+# & k <= q + 1` on a diagonal tile).  `visible_may` instead reads the mask
+# as a disjunction of conjunctions and decides each conjunction of ranges of
+# q, of k and of d = q - k, congruences of d, and one excluded value of d,
+# exactly over the tile: the ranges of q and k shrink the tile, d ranges
+# over every integer between its corners, and the first d in range with the
+# wanted residue either fits or not.  Other comparisons (chunks, h, div,
+# products) keep their own may.
+
+DNF_LIMIT = 64  # conjunctions at most; beyond, `truth`'s may
+# Bounds past every position a tile can hold change nothing but could leave
+# int32 once added to: they are clamped to this.
+_CLAMP = 2 * ir.POSITION_BOUND + 1
+
+
+def disjuncts(e: ir.Expr) -> tuple[list[tuple[ir.Expr, ...]], bool] | None:
+    """A mask in negation normal form as a disjunction of conjunctions of
+    comparisons (`abs`, `min` and `max` compared with a constant split), less
+    the conjunctions empty whatever the tile, and whether there were such; or
+    None past DNF_LIMIT conjunctions."""
+    if isinstance(e, ir.Binary) and e.op in (ir.BinOp.AND, ir.BinOp.OR):
+        left, right = disjuncts(e.left), disjuncts(e.right)
+        if left is None or right is None:
+            return None
+        if e.op is ir.BinOp.OR:
+            out = left[0] + right[0]
+        else:
+            out = [a + b for a in left[0] for b in right[0]]
+        kept = [x for x in out if not _Box(x).empty()]
+        if len(kept) > DNF_LIMIT:
+            return None
+        return kept, left[1] or right[1] or len(kept) < len(out)
+    split = _split_abs(e) or _split_min_max(e)
+    if split is not None:
+        return disjuncts(split)
+    return [(e,)], False
+
+
+def _split_min_max(e: ir.Expr) -> ir.Expr | None:
+    """`max(a, b) > c` as `a > c | b > c`, `min(a, b) < c` as `a < c & b < c`,
+    and their kin; == and != stay whole."""
+    if not (isinstance(e, ir.Binary) and e.op in FLIPPED) or e.op in (ir.BinOp.EQ, ir.BinOp.NE):
+        return None
+    left, op, right = e.left, e.op, e.right
+    if isinstance(right, ir.Call) and right.fn in ("min", "max"):
+        left, op, right = right, FLIPPED[op], left
+    if not (isinstance(left, ir.Call) and left.fn in ("min", "max")):
+        return None
+    above = op in (ir.BinOp.GT, ir.BinOp.GE)  # max(a, b) > c: either is
+    join = ir.BinOp.OR if above == (left.fn == "max") else ir.BinOp.AND
+    a, b = left.args
+    return ir.Binary(join, ir.Binary(op, a, right), ir.Binary(op, b, right))
+
+
+def _split_abs(e: ir.Expr) -> ir.Expr | None:
+    """`abs(x) op c` with x affine and c constant, as comparisons of x."""
+    if not (isinstance(e, ir.Binary) and e.op in FLIPPED):
+        return None
+    left, op, right = e.left, e.op, e.right
+    if isinstance(right, ir.Call) and right.fn == "abs":
+        left, op, right = right, FLIPPED[op], left
+    c = constant_value(right)
+    if not (isinstance(left, ir.Call) and left.fn == "abs" and c is not None):
+        return None
+    x = left.args[0]
+    if affine(x) is None or (op in (ir.BinOp.EQ, ir.BinOp.NE) and c < 0):
+        return None
+    pos, neg = ir.Num(c), ir.Num(-c)
+    low = {ir.BinOp.LT: ir.BinOp.GT, ir.BinOp.LE: ir.BinOp.GE}
+    if op in low:  # -c < x < c
+        return ir.Binary(ir.BinOp.AND, ir.Binary(op, x, pos), ir.Binary(low[op], x, neg))
+    high = {ir.BinOp.GT: ir.BinOp.LT, ir.BinOp.GE: ir.BinOp.LE}
+    if op in high:  # x > c or x < -c
+        return ir.Binary(ir.BinOp.OR, ir.Binary(op, x, pos), ir.Binary(high[op], x, neg))
+    join = ir.BinOp.OR if op is ir.BinOp.EQ else ir.BinOp.AND
+    return ir.Binary(join, ir.Binary(op, x, pos), ir.Binary(op, x, neg))
+
+
+def _range_of(op: ir.BinOp, bound: int) -> tuple[int | None, int | None] | None:
+    """`x op bound` as an integer range of x (None ends: unbounded)."""
+    return {
+        ir.BinOp.LE: (None, bound),
+        ir.BinOp.LT: (None, bound - 1),
+        ir.BinOp.GE: (bound, None),
+        ir.BinOp.GT: (bound + 1, None),
+        ir.BinOp.EQ: (bound, bound),
+    }.get(op)
+
+
+def _position_form(a: Affine) -> tuple[str, int] | None:
+    """A form over q, k as (`q`, `k` or `d`, sign): sign * that + const."""
+    variables = {v: c for v, c in a.items() if v}
+    if variables in ({"q": 1}, {"k": 1}):
+        return next(iter(variables)), 1
+    if variables in ({"q": -1}, {"k": -1}):
+        return next(iter(variables)), -1
+    if variables == {"q": 1, "k": -1}:
+        return "d", 1
+    if variables == {"q": -1, "k": 1}:
+        return "d", -1
+    return None
+
+
+def _constraint(e: ir.Expr) -> tuple | None:
+    """An atom as ("range", var, lo, hi), ("mod", n, r, equal) or ("not", c)
+    on d = q - k, or None: left to `truth`."""
+    if not (isinstance(e, ir.Binary) and e.op in FLIPPED) or ir.reads_runtime_data(e):
+        return None
+    d = difference(e)
+    if d is not None:
+        form = _position_form(d)
+        if form is None:
+            return None
+        var, sign = form
+        op, bound = e.op, -d.get("", 0)  # sign * var op bound
+        if sign < 0:
+            op, bound = FLIPPED[op], -bound
+        if op is ir.BinOp.NE:
+            return ("not", bound) if var == "d" else None
+        lo, hi = _range_of(op, bound)
+        return ("range", var, lo, hi)
+    if e.op not in (ir.BinOp.EQ, ir.BinOp.NE):
+        return None
+    left, right = e.left, e.right
+    if not (isinstance(left, ir.Binary) and left.op is ir.BinOp.MOD):
+        left, right = right, left
+    r = constant_value(right)
+    if not (isinstance(left, ir.Binary) and left.op is ir.BinOp.MOD) or r is None:
+        return None
+    n, x = constant_value(left.right), affine(left.left)
+    form = None if x is None else _position_form(clean(x))
+    if not n or n <= 0 or not 0 <= r < n or form is None or form[0] != "d":
+        return None
+    # (sign * d + c0) % n == r  <=>  d % n == sign * (r - c0) % n
+    residue = form[1] * (r - x.get("", 0)) % n
+    return ("mod", n, residue, e.op is ir.BinOp.EQ)
+
+
+_NEGATIONS = {
+    ir.BinOp.EQ: ir.BinOp.NE,
+    ir.BinOp.NE: ir.BinOp.EQ,
+    ir.BinOp.LT: ir.BinOp.GE,
+    ir.BinOp.GE: ir.BinOp.LT,
+    ir.BinOp.LE: ir.BinOp.GT,
+    ir.BinOp.GT: ir.BinOp.LE,
+}
+
+
+def _negated(e: ir.Expr) -> ir.Expr | None:
+    if isinstance(e, ir.Binary) and e.op in _NEGATIONS:
+        return ir.Binary(_NEGATIONS[e.op], e.left, e.right)
+    return None
+
+
+def _clamped(x: int | None) -> int | None:
+    return None if x is None else max(-_CLAMP, min(_CLAMP, x))
+
+
+class _Box:
+    """One conjunction's ranges of q, k, d, its congruences and excluded
+    values of d, and the atoms left to `truth`."""
+
+    def __init__(self, atoms: tuple[ir.Expr, ...]) -> None:
+        self.ranges: dict[str, list[int | None]] = {v: [None, None] for v in "qkd"}
+        self.mods: list[tuple[int, int, bool]] = []
+        self.excluded: list[int] = []
+        self.rest: list[ir.Expr] = []
+        for atom in atoms:
+            c = _constraint(atom)
+            if c is None:
+                self.rest.append(atom)
+            elif c[0] == "range":
+                _, var, lo, hi = c
+                r = self.ranges[var]
+                r[0] = lo if r[0] is None else r[0] if lo is None else max(r[0], lo)
+                r[1] = hi if r[1] is None else r[1] if hi is None else min(r[1], hi)
+            elif c[0] == "mod":
+                self.mods.append(c[1:])
+            else:
+                self.excluded.append(c[1])
+        self._merge_congruences()
+
+    def _merge_congruences(self) -> None:
+        """d % n1 == r1 and d % n2 == r2 as one congruence modulo lcm(n1, n2)
+        (the Chinese remainder theorem), or `clash` where none solves both."""
+        self.clash = False
+        wanted = [(n, r) for n, r, equal in self.mods if equal]
+        if len(wanted) < 2:
+            return
+        n, r = wanted[0]
+        for m, t in wanted[1:]:
+            g = math.gcd(n, m)
+            if (t - r) % g:
+                self.clash = True
+                return
+            lcm = n // g * m
+            if lcm > ir.INT_MAGNITUDE_MAX:
+                return  # left as they are: each decided alone
+            # r + n * x == t (mod m): x == (t - r) / g * inverse(n / g) (mod m / g)
+            x = (t - r) // g * pow(n // g, -1, m // g) % (m // g) if m // g > 1 else 0
+            n, r = lcm, (r + n * x) % lcm
+        self.mods = [(n, r, True)] + [c for c in self.mods if not c[2]]
+
+    def empty(self) -> bool:
+        """Empty whatever the tile: a range inverted, residues that clash, a
+        comparison beside its negation."""
+        if any(_negated(a) in self.rest for a in self.rest):
+            return True
+        if any(lo is not None and hi is not None and lo > hi for lo, hi in self.ranges.values()):
+            return True
+        if self.clash:
+            return True  # d % n1 == r1 and d % n2 == r2 have no common solution
+        wanted = [(n, r) for n, r, equal in self.mods if equal]
+        # d % n == r fixes d % m for every m dividing n
+        return any(
+            n % m == 0 and r % m == t for m, t, equal in self.mods if not equal for n, r in wanted
+        )
+
+    def joint(self) -> bool:
+        """Whether deciding the constraints together can differ from
+        joining their separate mays."""
+        ranged = {v for v, (lo, hi) in self.ranges.items() if lo is not None or hi is not None}
+        checks = len(self.mods) + len(self.excluded)
+        return ("d" in ranged and len(ranged) > 1) or (checks and (ranged or checks > 1))
+
+
+def visible_may(tiles: TileCode, mask: ir.Expr, may: kx.Expr) -> kx.Expr:
+    """`may` of a mask in negation normal form, exact for conjunctions of
+    ranges of q, k and q - k, congruences and excluded values of q - k (see
+    above); `may` (`tiles.truth`'s) where no conjunction gains by it."""
+    found = disjuncts(mask)
+    if found is None:
+        return may
+    terms, dropped = found
+    boxes = [_Box(atoms) for atoms in terms]
+    if not dropped and not any(b.joint() for b in boxes):
+        return may
+    out: kx.Expr = kx.FALSE
+    for box in boxes:
+        out = kx.or_(out, kx.FALSE if box.empty() else _box_may(tiles, box))
+    return out
+
+
+def _box_may(tiles: TileCode, box: _Box) -> kx.Expr:
+    name = tiles._tmp("box")
+    ok: kx.Expr = kx.TRUE
+    ends = {}
+    for var in "qk":
+        lo_name, hi_name = _RANGES[var]
+        lo, hi = (_clamped(x) for x in box.ranges[var])
+        a = kx.Var(lo_name) if lo is None else kx.Max(kx.Var(lo_name), kx.Int(lo))
+        b = kx.Var(hi_name) if hi is None else kx.Min(kx.Var(hi_name), kx.Int(hi))
+        if lo is not None or hi is not None:
+            a, b = tiles._set(f"{name}_{var}lo", a), tiles._set(f"{name}_{var}hi", b)
+            ok = kx.and_(ok, kx.Cmp("<=", a, b))
+        ends[var] = a, b
+    (qa, qb), (ka, kb) = ends["q"], ends["k"]
+    lo, hi = (_clamped(x) for x in box.ranges["d"])
+    dlo: kx.Expr = kx.sub(qa, kx.Paren(kb))
+    dhi: kx.Expr = kx.sub(qb, kx.Paren(ka))
+    dlo = tiles._set(f"{name}_dlo", dlo if lo is None else kx.Max(dlo, kx.Int(lo)))
+    dhi = tiles._set(f"{name}_dhi", dhi if hi is None else kx.Min(dhi, kx.Int(hi)))
+    ok = kx.and_(ok, kx.Cmp("<=", dlo, dhi))
+    for n, r, equal in box.mods:
+        if equal:  # the first d >= dlo with d % n == r is at most dhi
+            step = kx.FloorMod(kx.Paren(kx.sub(kx.Int(r), kx.FloorMod(dlo, n))), n)
+            ok = kx.and_(ok, kx.Cmp("<=", kx.add(dlo, step), dhi))
+        else:
+            ok = kx.and_(
+                ok, kx.Or(kx.Cmp(">", dhi, dlo), kx.Cmp("!=", kx.FloorMod(dlo, n), kx.Int(r)))
+            )
+    for c in box.excluded:
+        ok = kx.and_(ok, kx.Or(kx.Cmp(">", dhi, dlo), kx.Cmp("!=", dlo, kx.Int(c))))
+    for atom in box.rest:
+        ok = kx.and_(ok, tiles.truth(atom)[1])
+    return tiles._set(f"{name}_may", ok)

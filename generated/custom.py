@@ -245,6 +245,9 @@ def _attn_fwd(
         m4_may = (sub3_lo <= 0) & (sub3_hi >= 0)
         m5_must = (m1_must) & (m4_must)
         m5_may = (m1_may) & (m4_may)
+        box6_dlo = tl.maximum(q_lo - (k_hi), 0)
+        box6_dhi = q_hi - (k_lo)
+        box6_may = (box6_dlo <= box6_dhi) & (box6_dlo + (((0 - (box6_dlo & 1))) & 1) <= box6_dhi)
 
         if (m5_must) & (start_n + BLOCK_N <= n_keys):
             acc, l_i, m_i = _attn_fwd_tile(
@@ -252,7 +255,7 @@ def _attn_fwd(
                 batch, kv_head, start_n, n_keys, k_offset, head, num_heads, alibi_slope, sm_scale,
                 HEAD_DIM, HEAD_DIM_PAD, BLOCK_N, False, USE_TMA,
             )  # fmt: skip
-        elif m5_may:
+        elif box6_may:
             acc, l_i, m_i = _attn_fwd_tile(
                 acc, l_i, m_i, q, q_pos, k_desc, v_desc, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
                 batch, kv_head, start_n, n_keys, k_offset, head, num_heads, alibi_slope, sm_scale,
@@ -357,6 +360,9 @@ def _attn_decode(
         m4_may = (sub3_lo <= 0) & (sub3_hi >= 0)
         m5_must = (m1_must) & (m4_must)
         m5_may = (m1_may) & (m4_may)
+        box6_dlo = tl.maximum(q_lo - (k_hi), 0)
+        box6_dhi = q_hi - (k_lo)
+        box6_may = (box6_dlo <= box6_dhi) & (box6_dlo + (((0 - (box6_dlo & 1))) & 1) <= box6_dhi)
 
         if (m5_must) & (start_n + BLOCK_N <= n_keys):
             acc, l_i, m_i = _attn_fwd_tile(
@@ -364,7 +370,7 @@ def _attn_decode(
                 batch, kv_head, start_n, n_keys, k_offset, head, num_heads, alibi_slope, sm_scale,
                 HEAD_DIM, HEAD_DIM_PAD, BLOCK_N, False, USE_TMA,
             )  # fmt: skip
-        elif m5_may:
+        elif box6_may:
             acc, l_i, m_i = _attn_fwd_tile(
                 acc, l_i, m_i, q, q_pos, k_desc, v_desc, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
                 batch, kv_head, start_n, n_keys, k_offset, head, num_heads, alibi_slope, sm_scale,
@@ -592,6 +598,9 @@ def _attn_bwd_dkdv(
             m4_may = (sub3_lo <= 0) & (sub3_hi >= 0)
             m5_must = (m1_must) & (m4_must)
             m5_may = (m1_may) & (m4_may)
+            box6_dlo = tl.maximum(q_lo - (k_hi), 0)
+            box6_dhi = q_hi - (k_lo)
+            box6_may = (box6_dlo <= box6_dhi) & (box6_dlo + (((0 - (box6_dlo & 1))) & 1) <= box6_dhi)  # fmt: skip
 
             if (m5_must) & ((start_n + BLOCK_N <= n_keys) & (start_m + BLOCK_M <= n_queries)):
                 dk, dv = _attn_bwd_dkdv_tile(
@@ -599,7 +608,7 @@ def _attn_bwd_dkdv(
                     batch, start_m, n_queries, q_offset, k_pos, n_keys + k_offset, head, num_heads, alibi_slope, sm_scale,
                     HEAD_DIM, HEAD_DIM_PAD, BLOCK_M, False, USE_TMA,
                 )  # fmt: skip
-            elif m5_may:
+            elif box6_may:
                 dk, dv = _attn_bwd_dkdv_tile(
                     dk, dv, k, v, q_desc, do_desc, q_base, do_base, lse_base, delta_base, stride_qm, stride_qd, stride_dom, stride_dod,
                     batch, start_m, n_queries, q_offset, k_pos, n_keys + k_offset, head, num_heads, alibi_slope, sm_scale,
@@ -726,6 +735,9 @@ def _attn_bwd_dq(
         m4_may = (sub3_lo <= 0) & (sub3_hi >= 0)
         m5_must = (m1_must) & (m4_must)
         m5_may = (m1_may) & (m4_may)
+        box6_dlo = tl.maximum(q_lo - (k_hi), 0)
+        box6_dhi = q_hi - (k_lo)
+        box6_may = (box6_dlo <= box6_dhi) & (box6_dlo + (((0 - (box6_dlo & 1))) & 1) <= box6_dhi)
 
         if (m5_must) & (start_n + BLOCK_N <= n_keys):
             dq = _attn_bwd_dq_tile(
@@ -733,7 +745,7 @@ def _attn_bwd_dq(
                 batch, kv_head, start_n, n_keys, k_offset, head, num_heads, alibi_slope, sm_scale,
                 HEAD_DIM, HEAD_DIM_PAD, BLOCK_N, False, USE_TMA,
             )  # fmt: skip
-        elif m5_may:
+        elif box6_may:
             dq = _attn_bwd_dq_tile(
                 dq, q, do, lse, delta, q_pos, k_desc, v_desc, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
                 batch, kv_head, start_n, n_keys, k_offset, head, num_heads, alibi_slope, sm_scale,

@@ -26,6 +26,7 @@ from hypothesis import strategies as st
 from flashgen import element_code, ir, kernel_choice, lower, mask_forms
 from flashgen import kernel_expr as kx
 from flashgen.reference import mask_matrix
+from flashgen.tiles import visible_may
 from kernel_utils import make_variant
 from strategies import masks, scores, variants
 
@@ -51,6 +52,7 @@ def _analyse(mask: ir.Expr):
     nnf = lower.negation_normal_form(lower.desugar_mask(mask))
     tiles = lower.TileCode()
     must, may = tiles.truth(nnf)
+    may = visible_may(tiles, nnf, may)  # as the kernels have it
     return tiles.lines, must, may, lower.key_bounds(nnf)
 
 
@@ -882,6 +884,9 @@ INT32_MASKS = [
     "(q - k + 1000000000) % 1000000007 != 5",
     # Both parities in one tile: the mod's argument spans [-2^30, 2^30].
     "((q % 2) * 1073741824 - (k % 2) * 1073741824) % 7 == 3",
+    # Decided jointly (tiles.visible_may): ranges and congruences near 2^30.
+    "(q - k + 1000000000) % 1073741824 == 1073741823 & k >= 1000000000 & causal",
+    "(k - q) % 1000000007 == 5 & (q - k) % 536870912 == 7 & q <= -1000000000 | prefix(3)",
 ]
 
 
@@ -1186,3 +1191,84 @@ def test_printed_trees_parse_as_the_trees(tree):
         assert got == want, kx.to_source(tree)
     else:
         np.testing.assert_array_equal(got, want, err_msg=kx.to_source(tree))
+
+
+# --------------------------------------------------------------------------- #
+# Visited tiles against a dense per-tile count (issue 23 item 1)
+# --------------------------------------------------------------------------- #
+
+
+@st.composite
+def position_masks(draw, depth: int = 3, mod: int | None = None) -> str:
+    """Masks of the fragment `tiles.visible_may` decides exactly: & and | of
+    ranges of q, k and q - k (named, compared, through abs, min and max, or
+    negated), and congruences of q - k with one modulus; as .attn text."""
+    c = st.integers(-40, 240).map(str)
+    mod = mod or draw(st.sampled_from((2, 3, 5, 16)))
+    ranges = st.one_of(
+        st.just("causal"),
+        st.builds("window({}, {})".format, st.integers(0, 90), st.integers(0, 40)),
+        st.builds("prefix({})".format, st.integers(0, 220)),
+        st.builds("{} {} {}".format, st.sampled_from(("q", "k", "q - k", "k - q", "-q")),
+                  st.sampled_from(("<", "<=", ">", ">=")), c),  # fmt: skip
+        st.builds("abs(q - k) {} {}".format, st.sampled_from(("<", "<=", ">", ">=")), c),
+        st.builds("{}(q, k) {} {}".format, st.sampled_from(("min", "max")),
+                  st.sampled_from(("<", "<=", ">", ">=")), c),  # fmt: skip
+    )
+    atoms = st.one_of(
+        ranges,
+        ranges.map("!({})".format),
+        st.builds("(q - k + {}) % {} == {}".format, st.integers(-9, 9), st.just(mod),
+                  st.integers(0, mod - 1)),  # fmt: skip
+    )
+    if depth == 0:
+        return draw(atoms)
+    left, right = (draw(position_masks(depth - 1, mod)) for _ in "lr")
+    return draw(st.sampled_from((draw(atoms), f"({left}) & ({right})", f"({left}) | ({right})")))
+
+
+def _visited(mask: ir.Expr, n_queries: int, n_keys: int, block: int) -> tuple[int, int]:
+    """(tiles the kernels visit: in the key bounds and maybe visible; tiles
+    with a visible pair), over the query and key tiles of one head."""
+    lines, must, may, bounds = _analyse(nnf_of(mask))
+    dense = _visible(mask, n_queries, n_keys, 1)[0]
+    offset = n_keys - n_queries
+    visited = nonempty = 0
+    for qa in range(0, n_queries, block):
+        for ka in range(0, n_keys, block):
+            qb, kb = min(qa + block, n_queries) - 1, min(ka + block, n_keys) - 1
+            env = _namespace(qa + offset, qb + offset, ka, kb, 0, 1)
+            _, maybe, lo, hi = _run(lines, must, may, bounds, env)
+            in_bounds = (lo is None or kb >= lo) and (hi is None or ka <= hi)
+            any_visible = bool(dense[qa : qb + 1, ka : kb + 1].any())
+            assert any_visible <= (maybe and in_bounds), "a visible tile is skipped"
+            visited += maybe and in_bounds
+            nonempty += any_visible
+    return visited, nonempty
+
+
+@settings(max_examples=150, deadline=None)
+@given(text=position_masks(), block=st.sampled_from((16, 37, 64)))
+def test_visited_tiles_are_the_nonempty_tiles(text, block):
+    # As many tiles as FlexAttention's BlockMask marks (it evaluates every
+    # pair), at any tile size, Nq != Nk with bottom-right positions.
+    visited, nonempty = _visited(_mask(text), N_QUERIES, N_KEYS, block)
+    assert visited == nonempty, text
+
+
+@settings(max_examples=150, deadline=None)
+@given(mask=masks())
+def test_visited_tiles_of_any_mask_are_sound_and_near_exact(mask):
+    # Every mask of the language: no visible tile skipped (asserted in
+    # _visited), and no more tiles than `truth` alone would visit.
+    nnf = nnf_of(mask)
+    tiles = lower.TileCode()
+    must, may = tiles.truth(nnf)
+    exact = visible_may(tiles, nnf, may)
+    bounds = lower.key_bounds(nnf)
+    for qa in range(0, N_QUERIES, 64):
+        for ka in range(0, N_KEYS, 64):
+            env = _namespace(qa - 60, qa + 3, ka, ka + 63, 0, 1)
+            kx.run(tiles.lines, env)
+            assert kx.evaluate(exact, env) <= kx.evaluate(may, env)
+    _visited(mask, N_QUERIES, N_KEYS, 64)
