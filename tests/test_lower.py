@@ -1265,7 +1265,6 @@ def test_visited_tiles_of_any_mask_are_sound_and_near_exact(mask):
     tiles = lower.TileCode()
     must, may = tiles.truth(nnf)
     exact = visible_may(tiles, nnf, may)
-    bounds = lower.key_bounds(nnf)
     for qa in range(0, N_QUERIES, 64):
         for ka in range(0, N_KEYS, 64):
             env = _namespace(qa - 60, qa + 3, ka, ka + 63, 0, 1)
