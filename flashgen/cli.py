@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import dataclasses
 import importlib.util
 import os
@@ -207,10 +208,38 @@ def _parser() -> argparse.ArgumentParser:
         help="with --random: the drawn specs' dtype (default bf16)",
     )
     bench.add_argument(
-        "--seqlens", type=_positive, nargs="+", default=[1024, 2048, 4096, 8192, 16384], metavar="N"
+        "--seqlens",
+        type=_positive,
+        nargs="+",
+        metavar="N",
+        help="default: 1024 2048 4096 8192 16384; with --decode, the cache lengths Nk "
+        "(default: 1024 8192 32768 131072)",
     )
     bench.add_argument("--batch", type=_positive, help="default: 16384 tokens / N")
-    bench.add_argument("--heads", type=_positive, default=16)
+    bench.add_argument("--heads", type=_positive, help="default: 16; with --decode, 32")
+    bench.add_argument(
+        "--decode",
+        action="store_true",
+        help="time decoding instead: Nq query rows against a KV cache of Nk keys, no "
+        "gradient, in TB/s of K and V, beside FlexAttention and SDPA (cuDNN, flash)",
+    )
+    bench.add_argument(
+        "--batches",
+        type=_positive,
+        nargs="+",
+        metavar="B",
+        help="with --decode: the batch sizes (default: 1 8 32 128)",
+    )
+    bench.add_argument(
+        "--queries",
+        type=_positive,
+        nargs="+",
+        metavar="NQ",
+        help="with --decode: query rows per sequence (default: 1 4)",
+    )
+    bench.add_argument(
+        "--kv-heads", type=_positive, help="with --decode: KV heads (default 8; GQA 32/8)"
+    )
     bench.add_argument(
         "--head-dim",
         type=_positive,
@@ -317,6 +346,13 @@ def _bench(args: argparse.Namespace) -> int:
         # Checked first: the plot is drawn after the whole run.
         raise _UsageError("bench: --plot needs matplotlib (pip install 'flashgen[plot]')")
     experiments = _plan(args)
+    if args.decode:
+        return _bench_decode(args, experiments)
+    for option in ("batches", "queries", "kv_heads"):
+        if getattr(args, option) is not None:
+            raise _UsageError(f"bench: --{option.replace('_', '-')} goes with --decode")
+    args.seqlens = args.seqlens or [1024, 2048, 4096, 8192, 16384]
+    args.heads = args.heads or 16
     drawn: dict = {}
     if args.random is None:
         if not args.specs:
@@ -360,6 +396,50 @@ def _bench(args: argparse.Namespace) -> int:
         Path(args.json).write_text(bench.to_json(results, drawn))
     if args.plot:
         bench.plot(results, args.plot)
+    return 0
+
+
+def _bench_decode(args: argparse.Namespace, experiments) -> int:
+    """bench --decode: the specs' decode speed (flashgen.decode_bench)."""
+    for option in ("random", "plot", "batch"):
+        if getattr(args, option):
+            raise _UsageError(f"bench: --{option} does not go with --decode")
+    if experiments:
+        raise _UsageError("bench: --plan does not go with --decode")
+    if not args.specs:
+        raise _UsageError("bench --decode: give SPEC files")
+    from flashgen import bench, decode_bench
+
+    variants = _gpu_variants(args, "bench")
+    context = None
+    if args.jsonl:
+        context = bench.run_context(shlex.join(["python3", "-m", "flashgen", *args.argv]))
+    dtypes = {v.name: v.dtype.value for v in variants}
+
+    def keep(measured):  # appended as taken: a cut-short run keeps it
+        with open(args.jsonl, "a", encoding="utf-8") as f:
+            for record in decode_bench.records([measured], context, dtypes):
+                f.write(json.dumps(record) + "\n")
+
+    results = []
+    for head_dim in args.head_dim or [None]:
+        results += decode_bench.bench_decode(
+            variants,
+            batches=args.batches or decode_bench.BATCHES,
+            n_keys=args.seqlens or decode_bench.KEYS,
+            n_queries=args.queries or decode_bench.QUERIES,
+            heads=args.heads or decode_bench.HEADS,
+            kv_heads=args.kv_heads or decode_bench.KV_HEADS,
+            head_dim=head_dim,
+            systems=args.systems,
+            timer=args.timer,
+            on_result=keep if args.jsonl else None,
+        )
+    print(decode_bench.table(results))
+    if args.json:
+        Path(args.json).write_text(
+            json.dumps([decode_bench.records([r], {}, dtypes)[0] for r in results], indent=1)
+        )
     return 0
 
 
