@@ -147,6 +147,10 @@ class InputGradModel:
     slot_batch: bool
     slot_head: bool
     slot_tile: bool
+    # TABLE: the read's `TileRead` name (its `_bounds_<name>` helper says
+    # whether one element serves a whole tile, and its indices), if it has one.
+    tile_read: str | None = None
+    tile_arity: int = 0
 
     @property
     def slot_code(self) -> str:
@@ -159,7 +163,10 @@ class InputGradModel:
 
 
 def _input_grad_models(
-    v: ir.Variant, models: tuple[InputModel, ...], keys_first: bool
+    v: ir.Variant,
+    models: tuple[InputModel, ...],
+    keys_first: bool,
+    read_names: dict[ir.Index, str],
 ) -> tuple[tuple[InputGradModel, ...], list[kx.Expr]]:
     """The learnable reads' models, and their code trees (for the helpers'
     facts: floor division, tanh, ALiBi)."""
@@ -172,9 +179,12 @@ def _input_grad_models(
         trees += [*indices, derivative]
         write = [kx.to_source(e) for e in indices]
         pad = None
+        bounds: dict = {}
         if r.table_dim is not None:
             pad = 1 << max(r.table_size - 1, 0).bit_length()
             write[r.table_dim] = f"tl.arange(0, {pad})"
+            if r.read in read_names:
+                bounds = dict(tile_read=read_names[r.read], tile_arity=len(r.read.args))
         result.append(
             InputGradModel(
                 number=number,
@@ -190,6 +200,7 @@ def _input_grad_models(
                 slot_batch=r.slot_batch,
                 slot_head=r.slot_head,
                 slot_tile=r.slot_tile,
+                **bounds,
             )
         )
     return tuple(result), trees
@@ -203,10 +214,21 @@ class TileRead:
 
     name: str  # the variable _scores_log2 loads it into
     read: str  # as the spec writes it
+    # The body of its `_bounds_<name>` helper: `lines`, then the test
+    # `constant` and the indices at the bounds, `indices` (sources over q_lo,
+    # q_hi, k_lo, k_hi, head, num_heads, batch).
     lines: tuple[str, ...]
     constant: str
-    scalar: str
+    indices: tuple[str, ...]
+    scalar: str  # the element at the indices the helper returns
     element: str
+
+    @property
+    def bounds_targets(self) -> str:
+        """The names a call of `_bounds_<name>` assigns."""
+        return ", ".join(
+            [f"{self.name}_one", *(f"{self.name}_i{j}" for j in range(len(self.indices)))]
+        )
 
 
 def _tile_reads(
@@ -238,7 +260,10 @@ def _tile_reads(
                 read=print_expr(r),
                 lines=tuple(kx.stmt_source(x) for x in tiles.lines[start:]),
                 constant=kx.to_source(constant),
-                scalar=kx.to_source(kx.Load(r.input, tuple(args))),
+                indices=tuple(kx.to_source(a) for a in args),
+                scalar=kx.to_source(
+                    kx.Load(r.input, tuple(kx.Var(f"{names[r]}_i{j}") for j in range(len(args))))
+                ),
                 element=kx.to_source(ElementCode().expr(r)),
             )
         )
@@ -401,7 +426,22 @@ class KernelModel:
     @property
     def grad_accumulators(self) -> tuple[str, ...]:
         """What the dQ tile function carries for the learnable reads."""
-        return tuple(f"grad{g.number}" for g in self.input_grads if g.form != "pairs")
+        out = []
+        for g in self.input_grads:
+            if g.form != "pairs":
+                out.append(f"grad{g.number}")
+            if self.rows_of_one_element(g):
+                out += [f"grad{g.number}_rows", f"grad{g.number}_at"]
+        return tuple(out)
+
+    def tile_read(self, name: str) -> TileRead:
+        (found,) = (r for r in self.tile_reads if r.name == name)
+        return found
+
+    def rows_of_one_element(self, g: InputGradModel) -> bool:
+        """Whether the dQ programs sum a TABLE read's tiles that read one
+        element along their rows only (the tile's bounds are known there)."""
+        return g.form == "table" and g.tile_read is not None and self.hoisting
 
     @property
     def grad_bases(self) -> tuple[str, ...]:
@@ -501,7 +541,7 @@ def lower(v: ir.Variant, tuning: Tuning | None = None) -> KernelModel:
         *(query_interior or ()),
     ]
     inputs = tuple(_input_model(i) for i in v.inputs)
-    grads, grad_trees = _input_grad_models(v, inputs, keys_before_queries(mask))
+    grads, grad_trees = _input_grad_models(v, inputs, keys_before_queries(mask), read_names)
     needs_floor_div = kx.needs_floor_helpers(
         [mask_code, *score.trees(), *scalar_code, *grad_trees, *tile_read_code]
     )

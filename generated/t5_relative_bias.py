@@ -119,18 +119,10 @@ def _read_rel(i0, i1, ptr, strides, sizes):
 
 
 @triton.jit
-def _scores_log2(
-    qk, q_pos, k_pos, n_keys, head, num_heads, alibi_slope, sm_scale, batch, rel_ptr, rel_strides, rel_sizes, bounds, MASKED: tl.constexpr
-):  # fmt: skip
-    """Score modifier and mask on a tile of q.k products, in log2 units.
-
-    Masked pairs (and keys past n_keys) get -inf.  Tiles known to be fully
-    visible skip the mask (MASKED=False).
-    `bounds` are the tile's (q_lo, q_hi, k_lo, k_hi): a read whose indices
-    are constant over them is loaded once for the tile.
-    """
-    q_lo, q_hi, k_lo, k_hi = bounds
-    # rel[h, min(q - k, 16) + min(max(q - k - 18, 0), 1) + min(max(q - k - 20, 0), 1) + min(max(q - k - 23, 0), 1) + min(max(q - k - 26, 0), 1) + min(max(q - k - 30, 0), 1) + min(max(q - k - 34, 0), 1) + min(max(q - k - 39, 0), 1) + min(max(q - k - 45, 0), 1) + min(max(q - k - 51, 0), 1) + min(max(q - k - 58, 0), 1) + min(max(q - k - 66, 0), 1) + min(max(q - k - 76, 0), 1) + min(max(q - k - 86, 0), 1) + min(max(q - k - 98, 0), 1) + min(max(q - k - 112, 0), 1)]: one element for the whole tile where its indices' bounds meet.
+def _bounds_read0(q_lo, q_hi, k_lo, k_hi, head, num_heads, batch):
+    """Whether the indices of `rel[h, min(q - k, 16) + min(max(q - k - 18, 0), 1) + min(max(q - k - 20, 0), 1) + min(max(q - k - 23, 0), 1) + min(max(q - k - 26, 0), 1) + min(max(q - k - 30, 0), 1) + min(max(q - k - 34, 0), 1) + min(max(q - k - 39, 0), 1) + min(max(q - k - 45, 0), 1) + min(max(q - k - 51, 0), 1) + min(max(q - k - 58, 0), 1) + min(max(q - k - 66, 0), 1) + min(max(q - k - 76, 0), 1) + min(max(q - k - 86, 0), 1) + min(max(q - k - 98, 0), 1) + min(max(q - k - 112, 0), 1)]` have bounds that meet over the
+    tile q_lo..q_hi x k_lo..k_hi (one element serves every pair), and the
+    indices there."""
     min1_lo = tl.minimum(-k_hi + q_lo, 16)
     min1_hi = tl.minimum(-k_lo + q_hi, 16)
     max2_lo = tl.maximum(-k_hi + q_lo - 18, 0)
@@ -223,8 +215,25 @@ def _scores_log2(
     min45_hi = tl.minimum(max44_hi, 1)
     add46_lo = add43_lo + min45_lo
     add46_hi = add43_hi + min45_hi
-    if add46_lo == add46_hi:
-        read0 = tl.zeros_like(qk) + _read_rel(head, add46_lo, rel_ptr, rel_strides, rel_sizes)
+    return add46_lo == add46_hi, head, add46_lo
+
+
+@triton.jit
+def _scores_log2(
+    qk, q_pos, k_pos, n_keys, head, num_heads, alibi_slope, sm_scale, batch, rel_ptr, rel_strides, rel_sizes, bounds, MASKED: tl.constexpr
+):  # fmt: skip
+    """Score modifier and mask on a tile of q.k products, in log2 units.
+
+    Masked pairs (and keys past n_keys) get -inf.  Tiles known to be fully
+    visible skip the mask (MASKED=False).
+    `bounds` are the tile's (q_lo, q_hi, k_lo, k_hi): a read whose indices
+    are constant over them is loaded once for the tile.
+    """
+    q_lo, q_hi, k_lo, k_hi = bounds
+    # rel[h, min(q - k, 16) + min(max(q - k - 18, 0), 1) + min(max(q - k - 20, 0), 1) + min(max(q - k - 23, 0), 1) + min(max(q - k - 26, 0), 1) + min(max(q - k - 30, 0), 1) + min(max(q - k - 34, 0), 1) + min(max(q - k - 39, 0), 1) + min(max(q - k - 45, 0), 1) + min(max(q - k - 51, 0), 1) + min(max(q - k - 58, 0), 1) + min(max(q - k - 66, 0), 1) + min(max(q - k - 76, 0), 1) + min(max(q - k - 86, 0), 1) + min(max(q - k - 98, 0), 1) + min(max(q - k - 112, 0), 1)]: one element for the whole tile where its indices' bounds meet.
+    read0_one, read0_i0, read0_i1 = _bounds_read0(q_lo, q_hi, k_lo, k_hi, head, num_heads, batch)
+    if read0_one:
+        read0 = tl.zeros_like(qk) + _read_rel(read0_i0, read0_i1, rel_ptr, rel_strides, rel_sizes)
     else:
         read0 = tl.zeros_like(qk) + _read_rel(head, ((((((((((((((tl.minimum(q_pos - k_pos, 16) + tl.minimum(tl.maximum((q_pos - k_pos) - 18, 0), 1)) + tl.minimum(tl.maximum((q_pos - k_pos) - 20, 0), 1)) + tl.minimum(tl.maximum((q_pos - k_pos) - 23, 0), 1)) + tl.minimum(tl.maximum((q_pos - k_pos) - 26, 0), 1)) + tl.minimum(tl.maximum((q_pos - k_pos) - 30, 0), 1)) + tl.minimum(tl.maximum((q_pos - k_pos) - 34, 0), 1)) + tl.minimum(tl.maximum((q_pos - k_pos) - 39, 0), 1)) + tl.minimum(tl.maximum((q_pos - k_pos) - 45, 0), 1)) + tl.minimum(tl.maximum((q_pos - k_pos) - 51, 0), 1)) + tl.minimum(tl.maximum((q_pos - k_pos) - 58, 0), 1)) + tl.minimum(tl.maximum((q_pos - k_pos) - 66, 0), 1)) + tl.minimum(tl.maximum((q_pos - k_pos) - 76, 0), 1)) + tl.minimum(tl.maximum((q_pos - k_pos) - 86, 0), 1)) + tl.minimum(tl.maximum((q_pos - k_pos) - 98, 0), 1)) + tl.minimum(tl.maximum((q_pos - k_pos) - 112, 0), 1), rel_ptr, rel_strides, rel_sizes)  # fmt: skip
     # s * log2(e) + bias * log2(e), log2(e) folded into a constant factor of
@@ -623,7 +632,7 @@ def _attn_bwd_row_term_tile(
 
 @triton.jit
 def _attn_bwd_dq_tile(
-    dq, grad0, q, do, lse, delta, q_pos, k_desc, v_desc, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
+    dq, grad0, grad0_rows, grad0_at, q, do, lse, delta, q_pos, k_desc, v_desc, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
     batch, kv_head, start_n, n_keys, k_offset, head, num_heads, alibi_slope, sm_scale, rel_ptr, rel_strides, rel_sizes, q_bounds,
     HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, BLOCK_N: tl.constexpr, MASKED: tl.constexpr, USE_TMA: tl.constexpr,
 ):  # fmt: skip
@@ -646,15 +655,27 @@ def _attn_bwd_dq_tile(
     ds = p * (dp - delta[:, None])
     # rel[h, min(q - k, 16) + min(max(q - k - 18, 0), 1) + min(max(q - k - 20, 0), 1) + min(max(q - k - 23, 0), 1) + min(max(q - k - 26, 0), 1) + min(max(q - k - 30, 0), 1) + min(max(q - k - 34, 0), 1) + min(max(q - k - 39, 0), 1) + min(max(q - k - 45, 0), 1) + min(max(q - k - 51, 0), 1) + min(max(q - k - 58, 0), 1) + min(max(q - k - 66, 0), 1) + min(max(q - k - 76, 0), 1) + min(max(q - k - 86, 0), 1) + min(max(q - k - 98, 0), 1) + min(max(q - k - 112, 0), 1)]: dS times d score / d read, summed per element (table).
     d_read = ds
-    # Each value of the index that a visible pair holds: one masked sum.
-    index = ((((((((((((((tl.minimum(q_pos - k_pos, 16) + tl.minimum(tl.maximum((q_pos - k_pos) - 18, 0), 1)) + tl.minimum(tl.maximum((q_pos - k_pos) - 20, 0), 1)) + tl.minimum(tl.maximum((q_pos - k_pos) - 23, 0), 1)) + tl.minimum(tl.maximum((q_pos - k_pos) - 26, 0), 1)) + tl.minimum(tl.maximum((q_pos - k_pos) - 30, 0), 1)) + tl.minimum(tl.maximum((q_pos - k_pos) - 34, 0), 1)) + tl.minimum(tl.maximum((q_pos - k_pos) - 39, 0), 1)) + tl.minimum(tl.maximum((q_pos - k_pos) - 45, 0), 1)) + tl.minimum(tl.maximum((q_pos - k_pos) - 51, 0), 1)) + tl.minimum(tl.maximum((q_pos - k_pos) - 58, 0), 1)) + tl.minimum(tl.maximum((q_pos - k_pos) - 66, 0), 1)) + tl.minimum(tl.maximum((q_pos - k_pos) - 76, 0), 1)) + tl.minimum(tl.maximum((q_pos - k_pos) - 86, 0), 1)) + tl.minimum(tl.maximum((q_pos - k_pos) - 98, 0), 1)) + tl.minimum(tl.maximum((q_pos - k_pos) - 112, 0), 1)  # fmt: skip
-    first = tl.min(tl.min(tl.where(p > 0.0, index, 2147483647), 1), 0)
-    last = tl.max(tl.max(tl.where(p > 0.0, index, -2147483648), 1), 0)
-    for value in range(first, last + 1):
-        part = tl.sum(tl.sum(tl.where(index == value, d_read, 0.0), 1), 0)
-        grad0 += tl.where(tl.arange(0, 32) == value, part, 0.0)
+    # Where the index's bounds over the tile meet, every pair reads one
+    # element: the tile's dS is summed along its rows only (no reduction
+    # across warps), into sums that go to the element when it changes.
+    read0_one, read0_i0, read0_i1 = _bounds_read0(bounds[0], bounds[1], bounds[2], bounds[3], head, num_heads, batch)  # fmt: skip
+    if read0_one:
+        if read0_i1 != grad0_at:
+            part = tl.sum(grad0_rows, 0)
+            grad0 += tl.where(tl.arange(0, 32) == grad0_at, part, 0.0)
+            grad0_rows = tl.zeros_like(grad0_rows)
+            grad0_at = (read0_i1).to(tl.int32)
+        grad0_rows += tl.sum(d_read, 1)
+    else:
+        # Each value of the index that a visible pair holds: one masked sum.
+        index = ((((((((((((((tl.minimum(q_pos - k_pos, 16) + tl.minimum(tl.maximum((q_pos - k_pos) - 18, 0), 1)) + tl.minimum(tl.maximum((q_pos - k_pos) - 20, 0), 1)) + tl.minimum(tl.maximum((q_pos - k_pos) - 23, 0), 1)) + tl.minimum(tl.maximum((q_pos - k_pos) - 26, 0), 1)) + tl.minimum(tl.maximum((q_pos - k_pos) - 30, 0), 1)) + tl.minimum(tl.maximum((q_pos - k_pos) - 34, 0), 1)) + tl.minimum(tl.maximum((q_pos - k_pos) - 39, 0), 1)) + tl.minimum(tl.maximum((q_pos - k_pos) - 45, 0), 1)) + tl.minimum(tl.maximum((q_pos - k_pos) - 51, 0), 1)) + tl.minimum(tl.maximum((q_pos - k_pos) - 58, 0), 1)) + tl.minimum(tl.maximum((q_pos - k_pos) - 66, 0), 1)) + tl.minimum(tl.maximum((q_pos - k_pos) - 76, 0), 1)) + tl.minimum(tl.maximum((q_pos - k_pos) - 86, 0), 1)) + tl.minimum(tl.maximum((q_pos - k_pos) - 98, 0), 1)) + tl.minimum(tl.maximum((q_pos - k_pos) - 112, 0), 1)  # fmt: skip
+        first = tl.min(tl.min(tl.where(p > 0.0, index, 2147483647), 1), 0)
+        last = tl.max(tl.max(tl.where(p > 0.0, index, -2147483648), 1), 0)
+        for value in range(first, last + 1):
+            part = tl.sum(tl.sum(tl.where(index == value, d_read, 0.0), 1), 0)
+            grad0 += tl.where(tl.arange(0, 32) == value, part, 0.0)
     dq = tl.dot(ds.to(k.dtype), k, dq)
-    return dq, grad0
+    return dq, grad0, grad0_rows, grad0_at
 
 
 @triton.jit
@@ -734,6 +755,9 @@ def _attn_bwd_dq(
     rel_numel = tl.cast(rel_size0, tl.int64) * rel_size1
     grad0_base = grad0_ptr + (batch * query_tiles + query_tile) * rel_numel
     grad0 = tl.zeros([32], tl.float32)
+    # Row sums of tiles that read one element, and which element (-1: none yet).
+    grad0_rows = tl.zeros([BLOCK_M], tl.float32)
+    grad0_at = tl.full([], -1, tl.int32)
 
     # Keys that any query of this tile can see (from the mask's affine bounds).
     lo = 0
@@ -781,24 +805,26 @@ def _attn_bwd_dq(
     mid_lo = tl.minimum(tl.maximum((full_lo + BLOCK_N - 1) // BLOCK_N * BLOCK_N, lo), end)
     mid_hi = tl.minimum(tl.maximum((full_hi + 1) // BLOCK_N * BLOCK_N, mid_lo), end)
     for start_n in range(lo, mid_lo, BLOCK_N):
-        dq, grad0 = _attn_bwd_dq_tile(
-            dq, grad0, q, do, lse, delta, q_pos, k_desc, v_desc, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
+        dq, grad0, grad0_rows, grad0_at = _attn_bwd_dq_tile(
+            dq, grad0, grad0_rows, grad0_at, q, do, lse, delta, q_pos, k_desc, v_desc, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
             batch, kv_head, start_n, n_keys, k_offset, head, num_heads, alibi_slope, sm_scale, rel_ptr, rel_strides, rel_sizes, (q_lo, q_hi),
             HEAD_DIM, HEAD_DIM_PAD, BLOCK_N, True, USE_TMA,
         )  # fmt: skip
     for start_n in range(mid_lo, mid_hi, BLOCK_N):
-        dq, grad0 = _attn_bwd_dq_tile(
-            dq, grad0, q, do, lse, delta, q_pos, k_desc, v_desc, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
+        dq, grad0, grad0_rows, grad0_at = _attn_bwd_dq_tile(
+            dq, grad0, grad0_rows, grad0_at, q, do, lse, delta, q_pos, k_desc, v_desc, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
             batch, kv_head, start_n, n_keys, k_offset, head, num_heads, alibi_slope, sm_scale, rel_ptr, rel_strides, rel_sizes, (q_lo, q_hi),
             HEAD_DIM, HEAD_DIM_PAD, BLOCK_N, False, USE_TMA,
         )  # fmt: skip
     for start_n in range(mid_hi, hi, BLOCK_N):
-        dq, grad0 = _attn_bwd_dq_tile(
-            dq, grad0, q, do, lse, delta, q_pos, k_desc, v_desc, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
+        dq, grad0, grad0_rows, grad0_at = _attn_bwd_dq_tile(
+            dq, grad0, grad0_rows, grad0_at, q, do, lse, delta, q_pos, k_desc, v_desc, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
             batch, kv_head, start_n, n_keys, k_offset, head, num_heads, alibi_slope, sm_scale, rel_ptr, rel_strides, rel_sizes, (q_lo, q_hi),
             HEAD_DIM, HEAD_DIM_PAD, BLOCK_N, True, USE_TMA,
         )  # fmt: skip
 
+    part = tl.sum(grad0_rows, 0)
+    grad0 += tl.where(tl.arange(0, 32) == grad0_at, part, 0.0)
     at, inside = _grad_at_rel(head, tl.arange(0, 32), rel_sizes)
     tl.store(grad0_base + at, grad0, mask=inside)
     dq_base = dq_ptr + batch.to(tl.int64) * stride_dqb + head.to(tl.int64) * stride_dqh

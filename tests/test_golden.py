@@ -295,8 +295,10 @@ TRITON_ONLY_MAX_LINES = 1760
 # per-call tile plan of a mask that reads inputs (~135), the sums of learnable
 # inputs' gradients (~150), and the tile code of each read loaded once per tile
 # (T5's bucket expression: ~100).
-# Modules of specs with inputs have no decode path (decision 052).
-TRITON_ONLY_MAX_LINES_WITH_INPUTS = 1950
+# Modules of specs with inputs have no decode path (decision 052). A learnable
+# table's row sums where a tile reads one element added ~25 (decision 054: 1,974 for
+# t5_relative_bias, whose bucket bounds now sit once in a helper, not twice).
+TRITON_ONLY_MAX_LINES_WITH_INPUTS = 2000
 
 
 @pytest.mark.parametrize("variant", VARIANTS, ids=lambda v: v.name)

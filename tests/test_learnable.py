@@ -48,6 +48,9 @@ SPECS = {
     "t5": "rel: learnable fp32[H, 32]; mask = causal; score = s + rel[h, min(q - k, 31)]",
     # TABLE, both directions and a scale on the read.
     "relative": "rel: learnable fp32[33]; score = s + 0.5 * rel[min(max(q - k + 16, 0), 32)]",
+    # TABLE whose element is one per tile where tiles sit in 32-position blocks
+    # (the interpreter's): the dQ programs' row sums change element tile by tile.
+    "blocks": "rel: learnable fp32[H, 5]; score = s + rel[h, min(max(q div 32 - k div 32 + 2, 0), 4)]",
     # SCALAR: ALiBi with learnable slopes, and a temperature under a softcap.
     "alibi": "slope: learnable fp32[H]; mask = causal; score = s - slope[h] * abs(q - k)",
     "temperature": "t: learnable fp32[H]; score = softcap(s * t[h], 20.0)",
