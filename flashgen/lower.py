@@ -273,7 +273,12 @@ class KernelModel:
     v_head_dim_pad: int
     split_v: bool
     v_dim: str
-    # HEAD_DIM or V_DIM is padded: row loads mask the head dim.
+    # v may be a view of k's first V_DIM columns (v_head_dim < head_dim: the
+    # absorbed MLA cache): the forward and decode kernels then take V_IN_K and
+    # read those columns once, q and k split at V_DIM (K_REST_PAD: the rest's tiles).
+    v_in_k: bool
+    k_rest_pad: int
+    # HEAD_DIM, V_DIM or the rest past V_DIM is padded: row loads mask the head dim.
     dims_padded: bool
     default_scale: float
     # Call-time limits (ir.MAX_SEQ_LEN, ir.MAX_HEADS) that the module enforces.
@@ -475,6 +480,8 @@ def lower(v: ir.Variant, tuning: Tuning | None = None) -> KernelModel:
     # Launch configurations are measured per head dim; with MLA's two, the
     # wider tile decides (registers and shared memory go to the larger one).
     widest = max(pad, v_pad)
+    rest = v.head_dim - v.v_dim  # k's columns past v's, where v may be a view of k
+    rest_pad = head_dim_pad(rest) if rest > 0 else 0
 
     mask = negation_normal_form(desugar_mask(v.mask))
     mask_code = ElementCode().expr(mask)
@@ -533,7 +540,9 @@ def lower(v: ir.Variant, tuning: Tuning | None = None) -> KernelModel:
         v_head_dim_pad=v_pad,
         split_v=v.v_dim != v.head_dim,
         v_dim="V_DIM" if v.v_dim != v.head_dim else "HEAD_DIM",
-        dims_padded=pad != v.head_dim or v_pad != v.v_dim,
+        v_in_k=v.v_dim < v.head_dim,
+        k_rest_pad=rest_pad,
+        dims_padded=pad != v.head_dim or v_pad != v.v_dim or (v.v_dim < v.head_dim and rest_pad != rest),
         default_scale=v.scale if v.scale is not None else 1.0 / math.sqrt(v.head_dim),
         max_seq_len=ir.MAX_SEQ_LEN,
         max_heads=ir.MAX_HEADS,

@@ -41,6 +41,7 @@ HEAD_DIM_PAD = 256  # the kernels' tiles: HEAD_DIM rounded up to a power of two
 # attention), and its tiles' width; q and k have HEAD_DIM.
 V_DIM = 128
 V_DIM_PAD = 128
+K_REST_PAD = 64  # k's other columns' tiles, where v = k[..., :V_DIM] (V_IN_K)
 DTYPE = torch.bfloat16
 DEFAULT_SCALE = 0.07216878364870323
 # The longest query or key sequence and the most query heads a call may have:
@@ -133,17 +134,31 @@ def _scores_log2(
 
 @triton.jit
 def _attn_fwd_tile(
-    acc, l_i, m_i, q, q_pos, k_desc, v_desc, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
+    acc, l_i, m_i, q, q_rest, q_pos, k_desc, v_desc, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
     batch, kv_head, start_n, n_keys, k_offset, head, num_heads, alibi_slope, sm_scale,
-    HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, V_DIM: tl.constexpr, V_DIM_PAD: tl.constexpr, BLOCK_N: tl.constexpr, MASKED: tl.constexpr, USE_TMA: tl.constexpr,
+    HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, V_DIM: tl.constexpr, V_DIM_PAD: tl.constexpr, K_REST_PAD: tl.constexpr, V_IN_K: tl.constexpr, BLOCK_N: tl.constexpr, MASKED: tl.constexpr, USE_TMA: tl.constexpr,
 ):  # fmt: skip
-    """One key tile of the online softmax (key row j at position j + k_offset)."""
+    """One key tile of the online softmax (key row j at position j + k_offset).  With
+    V_IN_K, v is k's first V_DIM columns and q comes split there (q, q_rest)."""
     offs_n = start_n + tl.arange(0, BLOCK_N)
-    k = _load_block(
-        k_desc, k_base, batch, kv_head, start_n, n_keys, stride_kn, stride_kd, BLOCK_N, HEAD_DIM,
-        HEAD_DIM_PAD, MASKED, USE_TMA,
-    )  # fmt: skip
-    qk = tl.dot(q, tl.trans(k))
+    if V_IN_K:
+        # Absorbed MLA: one load of k's first V_DIM columns is both the first
+        # part of k in q.k and the v tile; the rest of k is read apart.
+        v = _load_block(
+            v_desc, v_base, batch, kv_head, start_n, n_keys, stride_vn, stride_vd, BLOCK_N, V_DIM,
+            V_DIM_PAD, MASKED, USE_TMA,
+        )  # fmt: skip
+        k_rest = _load_rows(
+            k_base + V_DIM * stride_kd, offs_n, n_keys, stride_kn, stride_kd, HEAD_DIM - V_DIM,
+            K_REST_PAD, MASKED,
+        )  # fmt: skip
+        qk = tl.dot(q_rest, tl.trans(k_rest), tl.dot(q, tl.trans(v)))
+    else:
+        k = _load_block(
+            k_desc, k_base, batch, kv_head, start_n, n_keys, stride_kn, stride_kd, BLOCK_N, HEAD_DIM,
+            HEAD_DIM_PAD, MASKED, USE_TMA,
+        )  # fmt: skip
+        qk = tl.dot(q, tl.trans(k))
     s2 = _scores_log2(
         qk, q_pos, (offs_n + k_offset)[None, :], n_keys + k_offset, head, num_heads, alibi_slope, sm_scale, MASKED
     )  # fmt: skip
@@ -158,10 +173,11 @@ def _attn_fwd_tile(
     alpha = tl.math.exp2(m_i - m_ref)
     p = tl.math.exp2(s2 - m_ref[:, None])
     l_i = l_i * alpha + tl.sum(p, 1)
-    v = _load_block(
-        v_desc, v_base, batch, kv_head, start_n, n_keys, stride_vn, stride_vd, BLOCK_N, V_DIM,
-        V_DIM_PAD, MASKED, USE_TMA,
-    )  # fmt: skip
+    if not V_IN_K:
+        v = _load_block(
+            v_desc, v_base, batch, kv_head, start_n, n_keys, stride_vn, stride_vd, BLOCK_N, V_DIM,
+            V_DIM_PAD, MASKED, USE_TMA,
+        )  # fmt: skip
     # The matrix unit accumulates into the rescaled acc directly.
     acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None])
     return acc, l_i, m_new
@@ -177,7 +193,7 @@ def _attn_fwd(
     stride_lb, stride_lh,
     num_heads, kv_group, n_queries, n_keys, sm_scale, q_shift, k_shift,
     HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, V_DIM: tl.constexpr, V_DIM_PAD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    USE_TMA: tl.constexpr, SEQS: tl.constexpr, HAS_SINKS: tl.constexpr, SHIFTED: tl.constexpr,
+    USE_TMA: tl.constexpr, SEQS: tl.constexpr, HAS_SINKS: tl.constexpr, SHIFTED: tl.constexpr, K_REST_PAD: tl.constexpr, V_IN_K: tl.constexpr,
 ):  # fmt: skip
     """Grid: (query tiles, batch * heads).  Writes o and the log-sum-exp.
 
@@ -208,6 +224,14 @@ def _attn_fwd(
     k_base = k_ptr + batch.to(tl.int64) * stride_kb + kv_head.to(tl.int64) * stride_kh
     v_base = v_ptr + batch.to(tl.int64) * stride_vb + kv_head.to(tl.int64) * stride_vh
     q = _load_rows(q_base, offs_m, n_queries, stride_qm, stride_qd, HEAD_DIM, HEAD_DIM_PAD, True)
+    if V_IN_K:  # v is k's first V_DIM columns: q splits there (`_attn_fwd_tile`)
+        q = _load_rows(q_base, offs_m, n_queries, stride_qm, stride_qd, V_DIM, V_DIM_PAD, True)
+        q_rest = _load_rows(
+            q_base + V_DIM * stride_qd, offs_m, n_queries, stride_qm, stride_qd, HEAD_DIM - V_DIM,
+            K_REST_PAD, True,
+        )  # fmt: skip
+    else:
+        q_rest = q
 
     # Bottom-right alignment: query row i sits at position i + n_keys - n_queries.
     q_offset = n_keys - n_queries
@@ -240,21 +264,21 @@ def _attn_fwd(
     mid_hi = tl.minimum(tl.maximum((full_hi + 1) // BLOCK_N * BLOCK_N, mid_lo), end)
     for start_n in range(lo, mid_lo, BLOCK_N):
         acc, l_i, m_i = _attn_fwd_tile(
-            acc, l_i, m_i, q, q_pos, k_desc, v_desc, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
+            acc, l_i, m_i, q, q_rest, q_pos, k_desc, v_desc, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
             batch, kv_head, start_n, n_keys, k_offset, head, num_heads, alibi_slope, sm_scale,
-            HEAD_DIM, HEAD_DIM_PAD, V_DIM, V_DIM_PAD, BLOCK_N, True, USE_TMA,
+            HEAD_DIM, HEAD_DIM_PAD, V_DIM, V_DIM_PAD, K_REST_PAD, V_IN_K, BLOCK_N, True, USE_TMA,
         )  # fmt: skip
     for start_n in range(mid_lo, mid_hi, BLOCK_N):
         acc, l_i, m_i = _attn_fwd_tile(
-            acc, l_i, m_i, q, q_pos, k_desc, v_desc, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
+            acc, l_i, m_i, q, q_rest, q_pos, k_desc, v_desc, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
             batch, kv_head, start_n, n_keys, k_offset, head, num_heads, alibi_slope, sm_scale,
-            HEAD_DIM, HEAD_DIM_PAD, V_DIM, V_DIM_PAD, BLOCK_N, False, USE_TMA,
+            HEAD_DIM, HEAD_DIM_PAD, V_DIM, V_DIM_PAD, K_REST_PAD, V_IN_K, BLOCK_N, False, USE_TMA,
         )  # fmt: skip
     for start_n in range(mid_hi, hi, BLOCK_N):
         acc, l_i, m_i = _attn_fwd_tile(
-            acc, l_i, m_i, q, q_pos, k_desc, v_desc, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
+            acc, l_i, m_i, q, q_rest, q_pos, k_desc, v_desc, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
             batch, kv_head, start_n, n_keys, k_offset, head, num_heads, alibi_slope, sm_scale,
-            HEAD_DIM, HEAD_DIM_PAD, V_DIM, V_DIM_PAD, BLOCK_N, True, USE_TMA,
+            HEAD_DIM, HEAD_DIM_PAD, V_DIM, V_DIM_PAD, K_REST_PAD, V_IN_K, BLOCK_N, True, USE_TMA,
         )  # fmt: skip
 
     if HAS_SINKS:
@@ -290,7 +314,7 @@ def _attn_decode(
     stride_vb, stride_vh, stride_vn, stride_vd,
     num_heads, kv_group, n_queries, n_keys, sm_scale, q_shift, k_shift,
     HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, V_DIM: tl.constexpr, V_DIM_PAD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    USE_TMA: tl.constexpr, SHIFTED: tl.constexpr,
+    USE_TMA: tl.constexpr, SHIFTED: tl.constexpr, K_REST_PAD: tl.constexpr, V_IN_K: tl.constexpr,
 ):  # fmt: skip
     """Grid: (key splits, batch * KV heads).  Tile row r is query row
     r % n_queries of the group's head r // n_queries, so the rows carry their
@@ -309,6 +333,15 @@ def _attn_decode(
     q_rows = batch.to(tl.int64) * stride_qb + heads.to(tl.int64) * stride_qh + offs_m * stride_qm
     q_mask = real[:, None] & (offs_d[None, :] < HEAD_DIM)
     q = tl.load(q_ptr + q_rows[:, None] + offs_d[None, :] * stride_qd, mask=q_mask, other=0.0)
+    if V_IN_K:  # v is k's first V_DIM columns: q splits there (`_attn_fwd_tile`)
+        offs_v, offs_r = tl.arange(0, V_DIM_PAD), tl.arange(0, K_REST_PAD)
+        v_mask = real[:, None] & (offs_v[None, :] < V_DIM)
+        q = tl.load(q_ptr + q_rows[:, None] + offs_v[None, :] * stride_qd, mask=v_mask, other=0.0)
+        r_mask = real[:, None] & (offs_r[None, :] < HEAD_DIM - V_DIM)
+        r_ptrs = q_ptr + q_rows[:, None] + (V_DIM + offs_r[None, :]) * stride_qd
+        q_rest = tl.load(r_ptrs, mask=r_mask, other=0.0)
+    else:
+        q_rest = q
     k_base = k_ptr + batch.to(tl.int64) * stride_kb + kv_head.to(tl.int64) * stride_kh
     v_base = v_ptr + batch.to(tl.int64) * stride_vb + kv_head.to(tl.int64) * stride_vh
 
@@ -347,21 +380,21 @@ def _attn_decode(
     mid_hi = tl.minimum(tl.maximum((full_hi + 1) // BLOCK_N * BLOCK_N, mid_lo), end)
     for start_n in range(lo, mid_lo, BLOCK_N):
         acc, l_i, m_i = _attn_fwd_tile(
-            acc, l_i, m_i, q, q_pos, k_desc, v_desc, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
+            acc, l_i, m_i, q, q_rest, q_pos, k_desc, v_desc, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
             batch, kv_head, start_n, n_keys, k_offset, head, num_heads, alibi_slope, sm_scale,
-            HEAD_DIM, HEAD_DIM_PAD, V_DIM, V_DIM_PAD, BLOCK_N, True, USE_TMA,
+            HEAD_DIM, HEAD_DIM_PAD, V_DIM, V_DIM_PAD, K_REST_PAD, V_IN_K, BLOCK_N, True, USE_TMA,
         )  # fmt: skip
     for start_n in range(mid_lo, mid_hi, BLOCK_N):
         acc, l_i, m_i = _attn_fwd_tile(
-            acc, l_i, m_i, q, q_pos, k_desc, v_desc, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
+            acc, l_i, m_i, q, q_rest, q_pos, k_desc, v_desc, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
             batch, kv_head, start_n, n_keys, k_offset, head, num_heads, alibi_slope, sm_scale,
-            HEAD_DIM, HEAD_DIM_PAD, V_DIM, V_DIM_PAD, BLOCK_N, False, USE_TMA,
+            HEAD_DIM, HEAD_DIM_PAD, V_DIM, V_DIM_PAD, K_REST_PAD, V_IN_K, BLOCK_N, False, USE_TMA,
         )  # fmt: skip
     for start_n in range(mid_hi, hi, BLOCK_N):
         acc, l_i, m_i = _attn_fwd_tile(
-            acc, l_i, m_i, q, q_pos, k_desc, v_desc, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
+            acc, l_i, m_i, q, q_rest, q_pos, k_desc, v_desc, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
             batch, kv_head, start_n, n_keys, k_offset, head, num_heads, alibi_slope, sm_scale,
-            HEAD_DIM, HEAD_DIM_PAD, V_DIM, V_DIM_PAD, BLOCK_N, True, USE_TMA,
+            HEAD_DIM, HEAD_DIM_PAD, V_DIM, V_DIM_PAD, K_REST_PAD, V_IN_K, BLOCK_N, True, USE_TMA,
         )  # fmt: skip
 
     # Rows that saw no visible key in this split have l = 0: o = 0, lse = -inf.
@@ -1404,6 +1437,7 @@ def _forward(
     if decode and not explicit and seqs is None and _decode_rows(q, k) <= DECODE_MAX_ROWS:
         return _decode(q, k, v, o, lse, scale, sinks, shifts, tma)
     use_tma = n_keys > 0 and seqs is None and _use_tma(tma, GPU_TMA, k, v)
+    v_in_k = v.data_ptr() == k.data_ptr() and v.stride() == k.stride()  # v = k[..., :V_DIM]
     grid = (_cdiv(n_queries, block_m), batch * num_heads)
     _launch(
         _attn_fwd, grid,
@@ -1411,7 +1445,7 @@ def _forward(
         lse if sinks is None else sinks, *_descriptors(use_tma, block_n, k, v),
         *q.stride(), *k.stride(), *v.stride(), *o.stride(), *lse.stride()[:2],
         num_heads, num_heads // k.shape[1], n_queries, n_keys, scale, *(shifts or (0, 0)),
-        HEAD_DIM, HEAD_DIM_PAD, V_DIM, V_DIM_PAD, block_m, block_n, use_tma, seqs is not None, sinks is not None, shifts is not None,  # the constexprs
+        HEAD_DIM, HEAD_DIM_PAD, V_DIM, V_DIM_PAD, block_m, block_n, use_tma, seqs is not None, sinks is not None, shifts is not None, K_REST_PAD, v_in_k,  # the constexprs
         num_warps=num_warps or default[2],
         num_stages=num_stages or default[3],
     )  # fmt: skip
@@ -1431,13 +1465,14 @@ def _decode(q, k, v, o, lse, scale: float, sinks=None, shifts=None, tma=None, sp
     o_part = torch.empty((splits, rows, V_DIM), dtype=torch.float32, device=q.device)
     lse_part = torch.empty((splits, rows), dtype=torch.float32, device=q.device)
     use_tma = n_keys > 0 and _use_tma(tma, GPU_TMA, k, v)
+    v_in_k = v.data_ptr() == k.data_ptr() and v.stride() == k.stride()  # v = k[..., :V_DIM]
     block_m = max(16, triton.next_power_of_2(_decode_rows(q, k)))
     _launch(
         _attn_decode, (splits, batch * kv_heads),
         q, k, v, o_part, lse_part, _alibi_or_placeholder(num_heads, lse), *_descriptors(use_tma, block_n, k, v),
         *q.stride(), *k.stride(), *v.stride(),
         num_heads, num_heads // kv_heads, n_queries, n_keys, scale, *(shifts or (0, 0)),
-        HEAD_DIM, HEAD_DIM_PAD, V_DIM, V_DIM_PAD, block_m, block_n, use_tma, shifts is not None,  # the constexprs
+        HEAD_DIM, HEAD_DIM_PAD, V_DIM, V_DIM_PAD, block_m, block_n, use_tma, shifts is not None, K_REST_PAD, v_in_k,  # the constexprs
         num_warps=num_warps, num_stages=num_stages,
     )  # fmt: skip
     _launch(

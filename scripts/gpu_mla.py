@@ -148,7 +148,7 @@ def main() -> int:
 
             try:
                 fwd_ms = triton.testing.do_bench(fwd, warmup=10, rep=40)
-                both_ms = triton.testing.do_bench(fwd_bwd, warmup=10, rep=40)
+                both_ms = triton.testing.do_bench(fwd_bwd, warmup=10, rep=40, grad_to_none=leaves)
                 record[name] = dict(
                     fwd_ms=fwd_ms,
                     fwd_tflops=flops / fwd_ms / 1e9,

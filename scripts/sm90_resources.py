@@ -42,6 +42,9 @@ _DTYPES = {"torch.float16": "fp16", "torch.bfloat16": "bf16", "torch.float32": "
 _TENSORS = ("q", "k", "v", "o", "do", "dq", "dk", "dv")
 
 
+V_IN_K = False  # --v-in-k
+
+
 def compile_kernel(
     fn,
     config,
@@ -54,9 +57,11 @@ def compile_kernel(
     pointers=None,
     seqs: bool = False,
     v_dim: int | None = None,
+    v_in_k: bool = False,
 ):
     """ptxas's report for `fn` compiled at `config` = (BLOCK_M, BLOCK_N, warps, stages);
-    `v_dim`: v's head dim where it differs from q's (a module's V_DIM, MLA);
+    `v_dim`: v's head dim where it differs from q's (a module's V_DIM, MLA), and
+    `v_in_k` compiles the forward's read-once path for v a view of k (V_IN_K);
     `pointers` gives the type of pointer parameters other than the tensors' and fp32 ones
     (a module's inputs and plans); `seqs` compiles the kernels of padded and varlen calls
     with sinks and position offsets (SEQS, HAS_SINKS and SHIFTED)."""
@@ -69,6 +74,8 @@ def compile_kernel(
         HEAD_DIM_PAD=head_dim_pad,
         V_DIM=v_dim,
         V_DIM_PAD=v_dim_pad,
+        K_REST_PAD=lower.head_dim_pad(head_dim - v_dim) if head_dim > v_dim else 0,
+        V_IN_K=v_in_k,
         BLOCK_M=block_m,
         BLOCK_N=block_n,
         USE_TMA=tma,
@@ -314,6 +321,7 @@ def decode_resources(module, seqs: bool = False) -> list:
             pointers=dict(o_ptr="*fp32"),
             seqs=seqs,
             v_dim=module.V_DIM,
+            v_in_k=V_IN_K,
         )
         found.append(Resources("_attn_decode", config, tma, *resources))
     fn = module._attn_decode_merge
@@ -371,6 +379,7 @@ def module_resources(
             pointers=pointers,
             seqs=seqs,
             v_dim=module.V_DIM,
+            v_in_k=V_IN_K,
         )
         found.append(Resources(kernel, config, use_tma, *resources))
     return (
@@ -409,7 +418,14 @@ def main() -> None:
         help="the Gluon forward for any mask and score at every band width"
         " (kernel_choice.GLUON_ANY_MIN_KEYS = 0)",
     )
+    parser.add_argument(
+        "--v-in-k",
+        action="store_true",
+        help="the forward and decode kernels' path for v a view of k's first columns (V_IN_K)",
+    )
     args = parser.parse_args()
+    global V_IN_K
+    V_IN_K = args.v_in_k
     if args.gluon_forward_any:
         kernel_choice.GLUON_ANY_MIN_KEYS = 0
     if os.environ.get("TRITON_INTERPRET") == "1":

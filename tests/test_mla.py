@@ -237,3 +237,30 @@ def test_deepseek_absorbed_latent_576_512_decode_and_prefill():
     _judge_decode(variant, q, k, k[..., :512], o, lse)
     assert_ok(run_case(variant, Shape(1, 2, 1, 17, 20), seed=3))
     assert_ok(run_grad_case(variant, Shape(1, 2, 1, 17, 20), seed=4))
+
+
+@pytest.mark.kernels
+@pytest.mark.parametrize("dims", [(48, 32), (40, 16)], ids=lambda d: f"d{d[0]}-dv{d[1]}")
+def test_a_view_of_k_is_read_once(dims, monkeypatch):
+    """v = k[..., :Dv] (same data pointer and strides) sets V_IN_K: the forward and
+    decode kernels load k's first Dv columns once, as v and as the first part of
+    k in q.k, and the rest apart (24 columns padded to 32 at d40/16); a copy of
+    those columns does not.  Both against the reference."""
+    head_dim, v_head_dim = dims
+    variant = make_variant("causal & window(30)", dtype=ir.DType.FP16, head_dim=head_dim, v_head_dim=v_head_dim)  # fmt: skip
+    module = build(variant)
+    seen = []
+    real = module._launch
+
+    def spy(kernel, grid, *args, **options):
+        seen.append((getattr(kernel, "fn", kernel).__name__, args[-1]))
+        return real(kernel, grid, *args, **options)
+
+    monkeypatch.setattr(module, "_launch", spy)
+    q, k = _latent(1, 4, 3, 70, head_dim, torch.float16)
+    for launch, kernel in (({}, "_attn_decode"), (dict(block_m=32, block_n=32), "_attn_fwd")):
+        for v, in_k in ((k[..., :v_head_dim], True), (k[..., :v_head_dim].clone(), False)):
+            seen.clear()
+            o, lse = module.forward(q, k, v, **launch)
+            assert (kernel, in_k) in seen, seen
+            _judge_decode(variant, q, k, v, o, lse)

@@ -278,3 +278,8 @@ def test_mla_kernels_compile_for_sm90(tmp_path):
     assert all(r["spill_stores"] == 0 for r in mla), stdout
     assert [r["tma"] for r in mla if r["kernel"] == "_attn_bwd"] == [True]
     assert all(r["shared"] <= 232448 for r in rows), stdout
+    # v = k[..., :512]: the forward and decode read the latent's first 512 columns once.
+    rows, stdout = _sm90_resources(str(spec), "--v-in-k")
+    assert "failed" not in stdout, stdout[-2000:]
+    assert {"_attn_fwd", "_attn_decode"} <= {r["kernel"] for r in rows}, stdout
+    assert all(r["shared"] <= 232448 for r in rows), stdout
