@@ -542,7 +542,9 @@ def lower(v: ir.Variant, tuning: Tuning | None = None) -> KernelModel:
         v_dim="V_DIM" if v.v_dim != v.head_dim else "HEAD_DIM",
         v_in_k=v.v_dim < v.head_dim,
         k_rest_pad=rest_pad,
-        dims_padded=pad != v.head_dim or v_pad != v.v_dim or (v.v_dim < v.head_dim and rest_pad != rest),
+        dims_padded=pad != v.head_dim
+        or v_pad != v.v_dim
+        or (v.v_dim < v.head_dim and rest_pad != rest),
         default_scale=v.scale if v.scale is not None else 1.0 / math.sqrt(v.head_dim),
         max_seq_len=ir.MAX_SEQ_LEN,
         max_heads=ir.MAX_HEADS,
