@@ -292,10 +292,12 @@ def bench(
             scale = variant.scale if variant.scale is not None else variant.head_dim**-0.5
             for n in seqlens:
                 b = batch if batch is not None else max(1, 16384 // n)
-                shape = (b, heads, n, variant.head_dim)
+                # v and dO have v_head_dim (MLA), q and k head_dim.
+                shapes = [(b, heads, n, d) for d in (variant.head_dim,) * 2 + (variant.v_dim,) * 2]
                 gen = torch.Generator(device=device).manual_seed(n)
                 q, k, v, do = (
-                    torch.randn(shape, device=device, dtype=dtype, generator=gen) for _ in range(4)
+                    torch.randn(shape, device=device, dtype=dtype, generator=gen)
+                    for shape in shapes
                 )
                 data = random_runtime_inputs(
                     variant, Shape(b, heads, heads, n, n), device,

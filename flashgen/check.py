@@ -13,7 +13,8 @@ What a Variant holds (see `ir.Variant`):
   expression they replace: the arguments of `window`, `prefix` and `chunk`
   (ints), the right operand of `div` and `%` (a positive int), and the cap of
   `softcap` (a positive float, even when written as an integer).
-* `head_dim` is an int; `scale` (when set) and `rescale_threshold` are floats.
+* `head_dim` is an int, and so is `v_head_dim` when set (v's, o's and dO's
+  last dimension, DeepSeek's MLA; `Variant.v_dim` is head_dim otherwise); `scale` (when set) and `rescale_threshold` are floats.
 * Defaults: mask `ir.FULL`, score `ir.IDENTITY_SCORE`, align bottom_right,
   rescale_threshold 0.0, scale None.
 
@@ -35,6 +36,7 @@ from __future__ import annotations
 
 import builtins
 import difflib
+import functools
 import keyword
 import math
 import re
@@ -73,7 +75,7 @@ _RESERVED_BLOCK_NAMES["flashgen_generated"] = (
     "`flashgen_generated` is the package that `flashgen.load` puts modules in"
 )
 # The public names every generated module defines.
-for _name in ("SPEC", "HEAD_DIM", "DTYPE", "DEFAULT_SCALE", "RESCALE_THRESHOLD"):
+for _name in ("SPEC", "HEAD_DIM", "V_DIM", "DTYPE", "DEFAULT_SCALE", "RESCALE_THRESHOLD"):
     _RESERVED_BLOCK_NAMES[_name.casefold()] = f"`{_name}` is a name every generated module defines"
 del _name
 
@@ -99,6 +101,8 @@ _MASK_KINDS = "the mask must be an integer/boolean expression"
 
 _SETTING_RULES = {
     "head_dim": f"a multiple of {ir.HEAD_DIM_MULTIPLE} "
+    f"between {ir.HEAD_DIM_MIN} and {ir.HEAD_DIM_MAX}",
+    "v_head_dim": f"a multiple of {ir.HEAD_DIM_MULTIPLE} "
     f"between {ir.HEAD_DIM_MIN} and {ir.HEAD_DIM_MAX}",
     "dtype": "one of " + ", ".join(_DTYPES),
 }
@@ -254,6 +258,7 @@ def _check_block(block: ir.Block, report: _Reporter, learnable: bool) -> ir.Vari
         align=values.get("align", ir.Align.BOTTOM_RIGHT),
         rescale_threshold=values.get("rescale_threshold", 0.0),
         inputs=tuple(inputs.values()),
+        v_head_dim=values.get("v_head_dim"),
         span=block.span,
         path=report.path,
     )
@@ -434,9 +439,9 @@ def reserved_block_name(name: str) -> str | None:
     return _RESERVED_BLOCK_NAMES.get(name.casefold())
 
 
-def _check_head_dim(value: ir.Expr, report: _Reporter) -> int | None:
-    rule = f"`head_dim` must be {_SETTING_RULES['head_dim']}"
-    head_dim = _Constants(report).integer(value, "`head_dim` must be an integer constant")
+def _check_head_dim(value: ir.Expr, report: _Reporter, key: str = "head_dim") -> int | None:
+    rule = f"`{key}` must be {_SETTING_RULES[key]}"
+    head_dim = _Constants(report).integer(value, f"`{key}` must be an integer constant")
     if head_dim is None:
         return None
     if not (
@@ -564,6 +569,7 @@ def _report_first(problems: list[tuple[ir.Span, str, str | None]], report: _Repo
 
 _SETTING_CHECKERS: dict[str, Callable[..., object]] = {
     "head_dim": _check_head_dim,
+    "v_head_dim": functools.partial(_check_head_dim, key="v_head_dim"),
     "dtype": _check_dtype,
     "scale": _check_scale,
     "mask": _check_mask,

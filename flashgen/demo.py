@@ -82,7 +82,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     generator = torch.Generator().manual_seed(0)
     q = torch.randn(BATCH, HEADS, N_QUERIES, variant.head_dim, generator=generator)
     k = torch.randn(BATCH, HEADS, N_KEYS, variant.head_dim, generator=generator)
-    v = torch.randn(BATCH, HEADS, N_KEYS, variant.head_dim, generator=generator)
+    v = torch.randn(BATCH, HEADS, N_KEYS, variant.v_dim, generator=generator)
     q, k, v = (x.to(dtype=dtype, device=device) for x in (q, k, v))
 
     start = time.perf_counter()

@@ -277,8 +277,16 @@ class Variant:
     align: Align = Align.BOTTOM_RIGHT
     rescale_threshold: float = 0.0
     inputs: tuple[Input, ...] = ()
+    # The last dimension of v, o and dO where it differs from q's and k's
+    # (DeepSeek's multi-head latent attention); None: head_dim (`v_dim`).
+    v_head_dim: int | None = None
     span: Span = _span()
     path: str = field(default="<string>", compare=False)
+
+    @property
+    def v_dim(self) -> int:
+        """The last dimension of v, o and dO: `v_head_dim`, by default `head_dim`."""
+        return self.head_dim if self.v_head_dim is None else self.v_head_dim
 
 
 # --------------------------------------------------------------------------- #
@@ -310,7 +318,9 @@ POLY_FUNCTIONS = {"abs": 1, "min": 2, "max": 2}
 SOFTCAP = "softcap"
 
 HEAD_DIM_MIN = 16
-HEAD_DIM_MAX = 256
+# 576 is DeepSeek's absorbed MLA latent (512 values and 64 rotary dimensions),
+# the widest K any published model reads; it pads to 1024-wide tiles.
+HEAD_DIM_MAX = 576
 HEAD_DIM_MULTIPLE = 8
 # p = 2^(s - m) reaches 2^tau under conditional rescaling and is fed to the
 # P @ V product in the input dtype: 2^15 still fits fp16 (max 65504).
@@ -356,6 +366,7 @@ MAX_SPEC_BYTES = 1 << 20
 
 SETTINGS = (
     "head_dim",
+    "v_head_dim",
     "dtype",
     "scale",
     "mask",

@@ -157,9 +157,10 @@ def gluon_forward(v: ir.Variant) -> GluonForward | None:
     for every other mask and score at 16 bits and head dim 128 without a
     rescale threshold (it reuses the Gluon backward's mask functions) whose
     query rows may see GLUON_ANY_MIN_KEYS keys or more.  The module still
-    checks each call's shapes and falls back to the Triton kernel.
+    checks each call's shapes and falls back to the Triton kernel.  Its tiles
+    assume v's head dim is q's: a v_head_dim (MLA) takes the Triton kernel.
     """
-    if v.dtype is ir.DType.FP32 or v.head_dim != 128 or _runtime_data(v):
+    if v.dtype is ir.DType.FP32 or v.head_dim != 128 or v.v_dim != 128 or _runtime_data(v):
         return None
     if v.score == ir.IDENTITY_SCORE and v.mask in (ir.FULL, ir.Name("causal")):
         return GluonForward.FULL if v.mask == ir.FULL else GluonForward.CAUSAL
@@ -178,8 +179,14 @@ def gluon_backward(v: ir.Variant) -> bool:
     """Whether the module gets the warp-specialized Gluon backward for sm90
     (docs/decisions/025): any mask and score, 16-bit inputs, head dim 64
     or 128.  The module still checks each call's shapes and falls back to the
-    Triton kernel.  Not yet for a variant that reads runtime data."""
-    return v.dtype is not ir.DType.FP32 and v.head_dim in (64, 128) and not _runtime_data(v)
+    Triton kernel.  Not yet for a variant that reads runtime data, nor for
+    one whose v has another head dim than q (MLA's v_head_dim)."""
+    return (
+        v.dtype is not ir.DType.FP32
+        and v.head_dim in (64, 128)
+        and v.v_dim == v.head_dim
+        and not _runtime_data(v)
+    )
 
 
 def _runtime_data(v: ir.Variant) -> bool:

@@ -55,7 +55,9 @@ def gpu_config(head_dim_pad: int, dtype: ir.DType, masked: bool) -> LaunchConfig
         if head_dim_pad <= 128:
             # Spill-free with CUDA-core products (64 x 32 spilled 6 KB).
             return LaunchConfig(32, 16, 4, 2)
-        return LaunchConfig(64, 16, 4, 2)
+        return LaunchConfig(64, 16, 4, 2) if head_dim_pad <= 256 else LaunchConfig(16, 16, 4, 1)
+    if head_dim_pad > 256:  # MLA's 576-wide K (1024-wide tiles; not yet measured)
+        return LaunchConfig(16, 16, 8, 1)
     if head_dim_pad > 128:
         return LaunchConfig(64, 32, 8, 2)
     if masked:
@@ -73,6 +75,8 @@ def gpu_bwd_config(head_dim_pad: int, dtype: ir.DType) -> LaunchConfig:
         # Measured on the H200: 64 x 128 with 8 warps and TMA loads (see
         # `gpu_tma`), 336-396 TFLOP/s at d128.
         return LaunchConfig(32, 32, 4, 2) if wide else LaunchConfig(64, 128, 8, 3)
+    if head_dim_pad > 256:  # MLA's 576-wide K (1024-wide tiles; not yet measured)
+        return LaunchConfig(16, 16, 8, 1)
     return LaunchConfig(16 if wide else 32, 16 if wide else 32, 8, 1 if wide else 2)
 
 
@@ -81,9 +85,10 @@ def gpu_tma(head_dim_pad: int, dtype: ir.DType) -> tuple[bool, bool]:
 
     Measured on the H200 (BENCHMARKS.md, sweep 3): TMA made the forward 2-10%
     slower at d64 and no faster at d128, and the backward 4-6% faster at d128
-    and slightly slower at d64.
+    and slightly slower at d64.  A TMA box is at most 256 elements wide, so
+    tiles wider than that (MLA's 576) load through pointers.
     """
-    return False, head_dim_pad >= 128 and dtype is not ir.DType.FP32
+    return False, 128 <= head_dim_pad <= 256 and dtype is not ir.DType.FP32
 
 
 def gpu_decode_config(head_dim_pad: int, dtype: ir.DType) -> LaunchConfig:
@@ -92,6 +97,8 @@ def gpu_decode_config(head_dim_pad: int, dtype: ir.DType) -> LaunchConfig:
     power of two), block_n the key tile.  Decoding streams K and V once, so the
     stages keep several key tiles in flight; fp32 and d256 get narrower key tiles
     for their registers."""
+    if head_dim_pad > 256:  # MLA's absorbed 576-wide latent (not yet measured)
+        return LaunchConfig(64, 16, 8, 2)
     if dtype is ir.DType.FP32 or head_dim_pad > 128:
         return LaunchConfig(64, 32, 4, 3)
     return LaunchConfig(64, 64, 4, 4)

@@ -291,6 +291,20 @@ class KernelModel:
     tl_dtype: str
     head_dim: int
     head_dim_pad: int
+    # v's, o's and dO's last dimension (MLA's v_head_dim) and its tiles' width.
+    # `v_dim` names the kernels' constexpr for it: V_DIM where it differs from
+    # HEAD_DIM (`split_v`: the kernels then take V_DIM and V_DIM_PAD too).
+    v_head_dim: int
+    v_head_dim_pad: int
+    split_v: bool
+    v_dim: str
+    # v may be a view of k's first V_DIM columns (v_head_dim < head_dim: the
+    # absorbed MLA cache): the forward and decode kernels then take V_IN_K and
+    # read those columns once, q and k split at V_DIM (K_REST_PAD: the rest's tiles).
+    v_in_k: bool
+    k_rest_pad: int
+    # HEAD_DIM, V_DIM or the rest past V_DIM is padded: row loads mask the head dim.
+    dims_padded: bool
     default_scale: float
     # Call-time limits (ir.MAX_SEQ_LEN, ir.MAX_HEADS) that the module enforces.
     max_seq_len: int
@@ -502,6 +516,12 @@ def _source(e: kx.Expr | None) -> str | None:
 def lower(v: ir.Variant, tuning: Tuning | None = None) -> KernelModel:
     spec_text = print_variant(v)
     pad = head_dim_pad(v.head_dim)
+    v_pad = head_dim_pad(v.v_dim)
+    # Launch configurations are measured per head dim; with MLA's two, the
+    # wider tile decides (registers and shared memory go to the larger one).
+    widest = max(pad, v_pad)
+    rest = v.head_dim - v.v_dim  # k's columns past v's, where v may be a view of k
+    rest_pad = head_dim_pad(rest) if rest > 0 else 0
 
     mask = negation_normal_form(desugar_mask(v.mask))
     mask_code = ElementCode().expr(mask)
@@ -547,7 +567,7 @@ def lower(v: ir.Variant, tuning: Tuning | None = None) -> KernelModel:
     )
 
     positions = frozenset({"q", "k"})
-    default_tma = gpu_tma(pad, v.dtype)
+    default_tma = gpu_tma(widest, v.dtype)
     gluon = gluon_forward(v)
     return KernelModel(
         name=v.name,
@@ -557,6 +577,15 @@ def lower(v: ir.Variant, tuning: Tuning | None = None) -> KernelModel:
         tl_dtype=_TL_DTYPES[v.dtype],
         head_dim=v.head_dim,
         head_dim_pad=pad,
+        v_head_dim=v.v_dim,
+        v_head_dim_pad=v_pad,
+        split_v=v.v_dim != v.head_dim,
+        v_dim="V_DIM" if v.v_dim != v.head_dim else "HEAD_DIM",
+        v_in_k=v.v_dim < v.head_dim,
+        k_rest_pad=rest_pad,
+        dims_padded=pad != v.head_dim
+        or v_pad != v.v_dim
+        or (v.v_dim < v.head_dim and rest_pad != rest),
         default_scale=v.scale if v.scale is not None else 1.0 / math.sqrt(v.head_dim),
         max_seq_len=ir.MAX_SEQ_LEN,
         max_heads=ir.MAX_HEADS,
@@ -595,9 +624,9 @@ def lower(v: ir.Variant, tuning: Tuning | None = None) -> KernelModel:
         tanh_small_poly=tanh_small_poly(v),
         fast_math=fast,
         needs_log=score.needs_log,
-        gpu_config=(tuning.forward if tuning else gpu_config(pad, v.dtype, not mask_is_full)),
+        gpu_config=(tuning.forward if tuning else gpu_config(widest, v.dtype, not mask_is_full)),
         cpu_config=CPU_CONFIG,
-        gpu_bwd_config=tuning.backward if tuning else gpu_bwd_config(pad, v.dtype),
+        gpu_bwd_config=tuning.backward if tuning else gpu_bwd_config(widest, v.dtype),
         gpu_tma=_pick(tuning.forward_tma if tuning else None, default_tma[0]),
         gpu_bwd_tma=_pick(tuning.backward_tma if tuning else None, default_tma[1]),
         tuned_on=tuning.device if tuning else None,
@@ -614,7 +643,7 @@ def lower(v: ir.Variant, tuning: Tuning | None = None) -> KernelModel:
         data_plan=plan,
         decode=not reads_runtime_data(v),
         decode_bounds=not ir.mentions(mask, frozenset({"h"})),
-        gpu_decode_config=gpu_decode_config(pad, v.dtype),
+        gpu_decode_config=gpu_decode_config(widest, v.dtype),
     )
 
 

@@ -5,7 +5,7 @@ to the same tree (left-associative binary operators, non-associative
 comparisons; see grammars/attn.lark for the precedence ladder).
 `print_variant` writes one block in normal form: four-space indent, the
 input declarations in their order, then one setting per line in `ir.SETTINGS` order, every setting spelled out except
-`scale`, which appears only when set.  Integers print with `str`, reals with
+`scale` and `v_head_dim`, which appear only when set.  Integers print with `str`, reals with
 `repr(float)` (infinity, which `parse` makes of a literal such as `1e999`, as
 `1e999`), so `parse` of the output gives back equal values.
 
@@ -47,6 +47,7 @@ def print_variant(v: ir.Variant) -> str:
     """One `attention` block in normal form, newline-terminated."""
     values = {
         "head_dim": str(v.head_dim),
+        "v_head_dim": None if v.v_head_dim is None else str(v.v_head_dim),
         "dtype": v.dtype.value,
         "scale": None if v.scale is None else _real(float(v.scale)),
         "mask": print_expr(v.mask),

@@ -483,8 +483,11 @@ def _check_shapes(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor | None) -> N
         raise ValueError(f"q {tuple(q.shape)} and k {tuple(k.shape)} disagree")
     if kv_heads < 1 or heads % kv_heads != 0:
         raise ValueError(f"{kv_heads} kv heads do not divide {heads} query heads")
-    if v is not None and v.shape != k.shape:
-        raise ValueError(f"v {tuple(v.shape)} must have k's shape {tuple(k.shape)}")
+    if v is not None and (v.dim() != 4 or v.shape[:3] != k.shape[:3]):
+        raise ValueError(
+            f"v {tuple(v.shape)} must have k's (B, Hkv, Nk) {tuple(k.shape[:3])}, "
+            "and its own last dimension (v_head_dim)"
+        )
 
 
 def _expand_kv(x: torch.Tensor, num_heads: int) -> torch.Tensor:
@@ -705,7 +708,9 @@ def attention_ref(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Dense attention of `variant`, every operation in `dtype`.
 
-    Returns o (B, H, Nq, D) in `dtype` and lse (B, H, Nq), the natural-log
+    q, k: (B, H, Nq, D), (B, Hkv, Nk, D) with D = head_dim; v: (B, Hkv,
+    Nk, Dv) with Dv = `variant.v_dim` (v_head_dim: DeepSeek's MLA).
+    Returns o (B, H, Nq, Dv) in `dtype` and lse (B, H, Nq), the natural-log
     log-sum-exp of the scores over visible keys, in `dtype` (float32 when
     `dtype` is 16-bit).  A fully masked row (every row when Nk = 0) gets
     o = 0 and lse = -inf, and zero gradients; no NaN appears forward or
@@ -720,6 +725,8 @@ def attention_ref(
     (q_offset, k_offset) in place of the variant's alignment (`positions`).
     """
     _check_shapes(q, k, v)
+    if v.shape[3] != variant.v_dim:
+        raise ValueError(f"v's last dimension {v.shape[3]} is not v_head_dim = {variant.v_dim}")
     inputs = check_inputs(variant, q, k, inputs, offsets)
     batch, num_heads, nq, _ = q.shape
     nk = k.shape[2]

@@ -43,6 +43,7 @@ except ImportError:  # pragma: no cover
 DTYPE = torch.float16
 HEAD_DIM = 64
 HEAD_DIM_PAD = 64
+V_DIM = 64
 DEFAULT_SCALE = 0.125
 MAX_SEQ_LEN = 2**24
 MAX_HEADS = 2**16
@@ -95,10 +96,11 @@ def _check_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, seqs=None) 
                 f"{name} must have 4 dimensions (batch, heads, seq_len, head_dim), "
                 f"got shape {tuple(x.shape)}"
             )
-        if x.shape[3] != HEAD_DIM:
+        dim = V_DIM if name == "v" else HEAD_DIM
+        if x.shape[3] != dim:
             raise ValueError(
                 f"{name} has head_dim {x.shape[3]}, but this module was built for "
-                f"head_dim = {HEAD_DIM}"
+                f"{'v_' if dim != HEAD_DIM else ''}head_dim = {dim}"
             )
         if x.device != q.device:
             raise ValueError(f"{name} is on {x.device}, but q is on {q.device}")
@@ -107,9 +109,9 @@ def _check_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, seqs=None) 
                 f"{name} is on {x.device}: the kernels run on CUDA devices, or on the "
                 "CPU when TRITON_INTERPRET=1 is set before triton is imported"
             )
-    if k.shape != v.shape:
+    if k.shape[:3] != v.shape[:3]:
         raise ValueError(
-            f"k and v must have the same shape, got {tuple(k.shape)} and {tuple(v.shape)}"
+            f"k and v must have the same shape bar the last, got {tuple(k.shape)}, {tuple(v.shape)}"
         )
     if k.shape[0] != q.shape[0]:
         raise ValueError(f"k has batch size {k.shape[0]}, but q has {q.shape[0]}")
@@ -140,18 +142,18 @@ def _rows_in_int32(name: str, x: torch.Tensor, rows: int | None = None) -> torch
     rows = x.shape[2] if rows is None else rows
 
     def fits(t: torch.Tensor) -> bool:
-        last = (rows + 256) * abs(t.stride(2)) + HEAD_DIM * abs(t.stride(3))
+        last = (rows + 256) * abs(t.stride(2)) + x.shape[3] * abs(t.stride(3))
         return last < 2**31
 
     if fits(x):
         return x
-    longest = (2**31 - 1) // HEAD_DIM - 257  # the longest that fits() contiguous
+    longest = (2**31 - 1) // x.shape[3] - 257  # the longest that fits() contiguous
     if rows <= longest:
         y = x.contiguous()
         # A varlen view keeps batch stride 0: every sequence indexes from row 0.
         return y if x.stride(0) else y.as_strided(y.shape, (0, *y.stride()[1:]))
     raise ValueError(
-        f"{name} has {rows} rows of head_dim {HEAD_DIM}: the kernels address a head's "
+        f"{name} has {rows} rows of head_dim {x.shape[3]}: the kernels address a head's "
         f"rows with 32-bit offsets, so sequences are limited to {longest} at this head_dim"
     )
 
@@ -189,7 +191,7 @@ def _launch_config(device: torch.device, backward: bool = False) -> tuple[int, i
 
 
 def _tma_supported(*tensors: torch.Tensor) -> bool:
-    """TMA needs sm90+, 16-byte aligned bases and strides, contiguous rows."""
+    """TMA needs sm90+, 16-byte aligned bases and strides, contiguous rows of <= 256."""
     if TensorDescriptor is None:
         return False
     device = tensors[0].device
@@ -199,7 +201,7 @@ def _tma_supported(*tensors: torch.Tensor) -> bool:
     elif not _interpreting():
         return False
     for x in tensors:
-        if x.stride(-1) != 1 or x.data_ptr() % 16 != 0:
+        if x.stride(-1) != 1 or x.data_ptr() % 16 != 0 or x.shape[-1] > 256:
             return False
         if any(s <= 0 or s * x.element_size() % 16 != 0 for s in x.stride()[:-1]):
             return False
@@ -218,14 +220,12 @@ def _use_tma(tma: bool | None, default: bool, *tensors: torch.Tensor) -> bool:
 
 
 def _descriptors(use_tma: bool, block: int, *tensors: torch.Tensor) -> list:
-    """TMA descriptors for (1, 1, block, HEAD_DIM_PAD) blocks, or the tensors
-    themselves when the kernel loads through pointers (and ignores these)."""
+    """TMA descriptors for (1, 1, block, D) blocks, D the tensor's padded head dim (as the
+    tiles'), or the tensors themselves when the kernel loads through pointers."""
     if not use_tma:
         return list(tensors)
-    return [
-        TensorDescriptor(x, list(x.shape), list(x.stride()), [1, 1, block, HEAD_DIM_PAD])
-        for x in tensors
-    ]
+    shapes = [[1, 1, block, triton.next_power_of_2(max(x.shape[3], 16))] for x in tensors]
+    return [TensorDescriptor(x, [*x.shape], [*x.stride()], b) for x, b in zip(tensors, shapes)]
 
 
 def _check_blocks(block_m: int, block_n: int) -> None:
@@ -239,9 +239,9 @@ def _check_backward_inputs(q: torch.Tensor, o, lse, do, dlse) -> None:
     lse and dlse as its log-sum-exp (the kernels index them by shape)."""
     rows = tuple(q.shape[:3])
     for name, x, shape, dtypes in (
-        ("o", o, tuple(q.shape), (DTYPE,)),
+        ("o", o, (*rows, V_DIM), (DTYPE,)),
         ("lse", lse, rows, (torch.float32,)),
-        ("do", do, tuple(q.shape), (DTYPE,)),
+        ("do", do, (*rows, V_DIM), (DTYPE,)),
         ("dlse", dlse, rows, (torch.float16, torch.bfloat16, torch.float32)),
     ):
         if x is None and name in ("do", "dlse"):

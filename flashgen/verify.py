@@ -252,7 +252,7 @@ def check_backward(
     alone, and the reference computes just them; all of dq, dk and dv are
     still compared in full."""
     device = q.device
-    o_shape = q.shape
+    o_shape = (*q.shape[:3], v.shape[3])  # o and dO have v's last dimension
     do = torch.randn(o_shape, generator=generator).to(device=device, dtype=q.dtype)
     dlse = torch.randn(o_shape[:3], generator=generator).to(device)
     index = None if rows is None else torch.tensor(rows, dtype=torch.int64, device=device)
@@ -367,7 +367,7 @@ def _row_term_noise(
     weight = p * slope.nan_to_num(0.0, posinf=0.0)
     group = q.shape[1] // k.shape[1]
     column = weight.sum(dim=2).unflatten(1, (k.shape[1], group)).sum(dim=2)
-    per_row = math.sqrt(q.shape[3]) * do.abs().max().item() * v.abs().max().item()
+    per_row = math.sqrt(v.shape[3]) * do.abs().max().item() * v.abs().max().item()
     dq = per_row * scale * k.abs().max().item() * weight.sum(dim=3).max().item()
     dk = per_row * scale * q.abs().max().item() * column.max().item()
     return dq, dk, 0.0
@@ -381,7 +381,7 @@ def _input_row_noise(variant, q, v, do, facts, rows, inputs, names) -> tuple[flo
     if facts is None or not names:
         return (0.0,) * len(names)
     p = torch.softmax(torch.where(facts.visible, facts.f, float("-inf")), dim=-1).nan_to_num(0.0)
-    per_row = math.sqrt(q.shape[3]) * do.abs().max().item() * v.abs().max().item()
+    per_row = math.sqrt(v.shape[3]) * do.abs().max().item() * v.abs().max().item()
     noise = []
     learnable = input_grads.learnable_reads(variant)
     for name in names:
@@ -468,15 +468,18 @@ def random_inputs(
     *,
     generator: torch.Generator,
     magnitude: float = 1.0,
+    v_head_dim: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    def draw(heads: int, n: int) -> torch.Tensor:
-        x = torch.randn(shape.batch, heads, n, head_dim, generator=generator)
+    """q, k and v of `shape`; v's last dimension is `v_head_dim` (default head_dim)."""
+
+    def draw(heads: int, n: int, dim: int = head_dim) -> torch.Tensor:
+        x = torch.randn(shape.batch, heads, n, dim, generator=generator)
         return (x * magnitude).to(dtype=dtype, device=device)
 
     return (
         draw(shape.heads, shape.n_queries),
         draw(shape.kv_heads, shape.n_keys),
-        draw(shape.kv_heads, shape.n_keys),
+        draw(shape.kv_heads, shape.n_keys, v_head_dim or head_dim),
     )
 
 
@@ -907,7 +910,9 @@ def verify(
     cases += [(shape, rows) for shape, rows, _ in plan.cases]
     results = []
     for shape, rows in cases:
-        q, k, v = random_inputs(shape, variant.head_dim, dtype, device, generator=generator)
+        q, k, v = random_inputs(
+            shape, variant.head_dim, dtype, device, generator=generator, v_head_dim=variant.v_dim
+        )
         data = random_runtime_inputs(variant, shape, device, generator=generator)
         refusal = check_refusal(variant, module, q, k, v, data)
         if refusal is not None:

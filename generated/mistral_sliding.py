@@ -67,6 +67,7 @@ except ImportError:  # pragma: no cover - a Triton without Gluon runs the Triton
 SPEC = "attention mistral_sliding {\n    head_dim = 128\n    dtype = bf16\n    mask = causal & window(4095)\n    score = s\n    align = bottom_right\n    rescale_threshold = 0.0\n}\n"  # fmt: skip
 HEAD_DIM = 128
 HEAD_DIM_PAD = 128  # the kernels' tiles: HEAD_DIM rounded up to a power of two
+V_DIM = HEAD_DIM  # v's, o's and dO's last dimension (the spec sets no v_head_dim)
 DTYPE = torch.bfloat16
 DEFAULT_SCALE = 0.08838834764831843
 # The longest query or key sequence and the most query heads a call may have:
@@ -843,10 +844,11 @@ def _check_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, seqs=None) 
                 f"{name} must have 4 dimensions (batch, heads, seq_len, head_dim), "
                 f"got shape {tuple(x.shape)}"
             )
-        if x.shape[3] != HEAD_DIM:
+        dim = V_DIM if name == "v" else HEAD_DIM
+        if x.shape[3] != dim:
             raise ValueError(
                 f"{name} has head_dim {x.shape[3]}, but this module was built for "
-                f"head_dim = {HEAD_DIM}"
+                f"{'v_' if dim != HEAD_DIM else ''}head_dim = {dim}"
             )
         if x.device != q.device:
             raise ValueError(f"{name} is on {x.device}, but q is on {q.device}")
@@ -855,9 +857,9 @@ def _check_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, seqs=None) 
                 f"{name} is on {x.device}: the kernels run on CUDA devices, or on the "
                 "CPU when TRITON_INTERPRET=1 is set before triton is imported"
             )
-    if k.shape != v.shape:
+    if k.shape[:3] != v.shape[:3]:
         raise ValueError(
-            f"k and v must have the same shape, got {tuple(k.shape)} and {tuple(v.shape)}"
+            f"k and v must have the same shape bar the last, got {tuple(k.shape)}, {tuple(v.shape)}"
         )
     if k.shape[0] != q.shape[0]:
         raise ValueError(f"k has batch size {k.shape[0]}, but q has {q.shape[0]}")
@@ -888,18 +890,18 @@ def _rows_in_int32(name: str, x: torch.Tensor, rows: int | None = None) -> torch
     rows = x.shape[2] if rows is None else rows
 
     def fits(t: torch.Tensor) -> bool:
-        last = (rows + 256) * abs(t.stride(2)) + HEAD_DIM * abs(t.stride(3))
+        last = (rows + 256) * abs(t.stride(2)) + x.shape[3] * abs(t.stride(3))
         return last < 2**31
 
     if fits(x):
         return x
-    longest = (2**31 - 1) // HEAD_DIM - 257  # the longest that fits() contiguous
+    longest = (2**31 - 1) // x.shape[3] - 257  # the longest that fits() contiguous
     if rows <= longest:
         y = x.contiguous()
         # A varlen view keeps batch stride 0: every sequence indexes from row 0.
         return y if x.stride(0) else y.as_strided(y.shape, (0, *y.stride()[1:]))
     raise ValueError(
-        f"{name} has {rows} rows of head_dim {HEAD_DIM}: the kernels address a head's "
+        f"{name} has {rows} rows of head_dim {x.shape[3]}: the kernels address a head's "
         f"rows with 32-bit offsets, so sequences are limited to {longest} at this head_dim"
     )
 
@@ -937,7 +939,7 @@ def _launch_config(device: torch.device, backward: bool = False) -> tuple[int, i
 
 
 def _tma_supported(*tensors: torch.Tensor) -> bool:
-    """TMA needs sm90+, 16-byte aligned bases and strides, contiguous rows."""
+    """TMA needs sm90+, 16-byte aligned bases and strides, contiguous rows of <= 256."""
     if TensorDescriptor is None:
         return False
     device = tensors[0].device
@@ -947,7 +949,7 @@ def _tma_supported(*tensors: torch.Tensor) -> bool:
     elif not _interpreting():
         return False
     for x in tensors:
-        if x.stride(-1) != 1 or x.data_ptr() % 16 != 0:
+        if x.stride(-1) != 1 or x.data_ptr() % 16 != 0 or x.shape[-1] > 256:
             return False
         if any(s <= 0 or s * x.element_size() % 16 != 0 for s in x.stride()[:-1]):
             return False
@@ -966,14 +968,12 @@ def _use_tma(tma: bool | None, default: bool, *tensors: torch.Tensor) -> bool:
 
 
 def _descriptors(use_tma: bool, block: int, *tensors: torch.Tensor) -> list:
-    """TMA descriptors for (1, 1, block, HEAD_DIM_PAD) blocks, or the tensors
-    themselves when the kernel loads through pointers (and ignores these)."""
+    """TMA descriptors for (1, 1, block, D) blocks, D the tensor's padded head dim (as the
+    tiles'), or the tensors themselves when the kernel loads through pointers."""
     if not use_tma:
         return list(tensors)
-    return [
-        TensorDescriptor(x, list(x.shape), list(x.stride()), [1, 1, block, HEAD_DIM_PAD])
-        for x in tensors
-    ]
+    shapes = [[1, 1, block, triton.next_power_of_2(max(x.shape[3], 16))] for x in tensors]
+    return [TensorDescriptor(x, [*x.shape], [*x.stride()], b) for x, b in zip(tensors, shapes)]
 
 
 def _check_blocks(block_m: int, block_n: int) -> None:
@@ -987,9 +987,9 @@ def _check_backward_inputs(q: torch.Tensor, o, lse, do, dlse) -> None:
     lse and dlse as its log-sum-exp (the kernels index them by shape)."""
     rows = tuple(q.shape[:3])
     for name, x, shape, dtypes in (
-        ("o", o, tuple(q.shape), (DTYPE,)),
+        ("o", o, (*rows, V_DIM), (DTYPE,)),
         ("lse", lse, rows, (torch.float32,)),
-        ("do", do, tuple(q.shape), (DTYPE,)),
+        ("do", do, (*rows, V_DIM), (DTYPE,)),
         ("dlse", dlse, rows, (torch.float16, torch.bfloat16, torch.float32)),
     ):
         if x is None and name in ("do", "dlse"):
@@ -2155,7 +2155,7 @@ def forward(
     """Forward pass with an explicit launch configuration (no autograd).
 
     q: (B, H, Nq, HEAD_DIM); k, v: (B, Hkv, Nk, HEAD_DIM), any strides, Hkv
-    dividing H.  Returns o (B, H, Nq, HEAD_DIM) in DTYPE and the log-sum-exp
+    dividing H.  Returns o (B, H, Nq, V_DIM) in DTYPE and the log-sum-exp
     (B, H, Nq) in float32, natural log.  Block sizes are powers of two >= 16.
     tma=True loads key tiles through TMA descriptors (sm90+, 16-byte aligned
     strides), False through pointers, None as GPU_TMA says where possible.
@@ -2191,10 +2191,10 @@ def _forward(
     batch, num_heads, n_queries, _ = q.shape
     n_keys = k.shape[2]
     if seqs is None:
-        o = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+        o = torch.empty((*q.shape[:3], V_DIM), dtype=q.dtype, device=q.device)
         lse = torch.empty((batch, num_heads, n_queries), dtype=torch.float32, device=q.device)
     else:  # padding rows, and rows past the last sequence, output 0 and lse = -inf
-        o = _seq_full(q.shape, seqs, q)
+        o = _seq_full((*q.shape[:3], V_DIM), seqs, q)
         lse = _seq_full((batch, num_heads, n_queries), seqs, q, float("-inf"), torch.float32)
         batch, n_queries, n_keys = seqs[0].shape[0], seqs[1], seqs[2]
     if o.numel() == 0 or batch * n_queries == 0:
@@ -2229,7 +2229,7 @@ def _decode(q, k, v, o, lse, scale: float, sinks=None, shifts=None, tma=None, sp
     block_n, num_warps, num_stages = _decode_config(q.device)
     splits = splits or _decode_splits(batch * kv_heads, n_keys, block_n, _sm_count(q.device))
     rows = batch * num_heads * n_queries
-    o_part = torch.empty((splits, rows, HEAD_DIM), dtype=torch.float32, device=q.device)
+    o_part = torch.empty((splits, rows, V_DIM), dtype=torch.float32, device=q.device)
     lse_part = torch.empty((splits, rows), dtype=torch.float32, device=q.device)
     use_tma = n_keys > 0 and _use_tma(tma, GPU_TMA, k, v)
     block_m = max(16, triton.next_power_of_2(_decode_rows(q, k)))
@@ -2244,7 +2244,7 @@ def _decode(q, k, v, o, lse, scale: float, sinks=None, shifts=None, tma=None, sp
     _launch(
         _attn_decode_merge, (rows, 1),
         o_part, lse_part, o, lse, lse if sinks is None else sinks, num_heads, n_queries, splits,
-        HEAD_DIM, HEAD_DIM_PAD, triton.next_power_of_2(splits), sinks is not None,  # the constexprs
+        HEAD_DIM, HEAD_DIM_PAD, triton.next_power_of_2(splits), sinks is not None,  # the constexprs (o's width)
         num_warps=1,
     )  # fmt: skip
     return o, lse
@@ -2413,7 +2413,7 @@ def _op_forward(
 @_op_forward.register_fake
 def _(q, k, v, scale, table, call, sinks, inputs):
     rows = (q.shape[1], q.shape[0]) if call[2] else q.shape[:3]  # varlen: (H, T)
-    return q.new_empty(q.shape), q.new_empty(rows, dtype=torch.float32)  # contiguous, as _forward's
+    return q.new_empty((*q.shape[:-1], v.shape[-1])), q.new_empty(rows, dtype=torch.float32)
 
 
 @torch.library.custom_op(f"flashgen::{_OP}_bwd", mutates_args=())

@@ -42,6 +42,9 @@ _DTYPES = {"torch.float16": "fp16", "torch.bfloat16": "bf16", "torch.float32": "
 _TENSORS = ("q", "k", "v", "o", "do", "dq", "dk", "dv")
 
 
+V_IN_K = False  # --v-in-k
+
+
 def compile_kernel(
     fn,
     config,
@@ -53,16 +56,26 @@ def compile_kernel(
     rows,
     pointers=None,
     seqs: bool = False,
+    v_dim: int | None = None,
+    v_in_k: bool = False,
 ):
     """ptxas's report for `fn` compiled at `config` = (BLOCK_M, BLOCK_N, warps, stages);
+    `v_dim`: v's head dim where it differs from q's (a module's V_DIM, MLA), and
+    `v_in_k` compiles the forward's read-once path for v a view of k (V_IN_K);
     `pointers` gives the type of pointer parameters other than the tensors' and fp32 ones
     (a module's inputs and plans); `seqs` compiles the kernels of padded and varlen calls
     with sinks and position offsets (SEQS, HAS_SINKS and SHIFTED)."""
     pointers = dict(pointers or {}, seq_ptr="*i32")
     block_m, block_n, warps, stages = config
+    v_dim = v_dim or head_dim
+    v_dim_pad = lower.head_dim_pad(v_dim)
     constants = dict(
         HEAD_DIM=head_dim,
         HEAD_DIM_PAD=head_dim_pad,
+        V_DIM=v_dim,
+        V_DIM_PAD=v_dim_pad,
+        K_REST_PAD=lower.head_dim_pad(head_dim - v_dim) if head_dim > v_dim else 0,
+        V_IN_K=v_in_k,
         BLOCK_M=block_m,
         BLOCK_N=block_n,
         USE_TMA=tma,
@@ -83,7 +96,8 @@ def compile_kernel(
             signature[name] = f"*{dtype}" if name.rsplit("_", 1)[0] in _TENSORS else "*fp32"
             attrs[(i,)] = [["tt.divisibility", 16]]
         elif name.endswith("_desc"):
-            signature[name] = f"tensordesc<{dtype}[1, 1, {rows}, {head_dim_pad}]>"
+            width = v_dim_pad if name in ("v_desc", "do_desc") else head_dim_pad
+            signature[name] = f"tensordesc<{dtype}[1, 1, {rows}, {width}]>"
         elif name == "sm_scale":
             signature[name] = "fp32"
         elif (name.startswith("stride") and name.endswith("d")) or name == "kv_group":
@@ -306,10 +320,14 @@ def decode_resources(module, seqs: bool = False) -> list:
             rows=block_n,
             pointers=dict(o_ptr="*fp32"),
             seqs=seqs,
+            v_dim=module.V_DIM,
+            v_in_k=V_IN_K,
         )
         found.append(Resources("_attn_decode", config, tma, *resources))
     fn = module._attn_decode_merge
-    constants = dict(HEAD_DIM=module.HEAD_DIM, HEAD_DIM_PAD=pad, BLOCK_S=64, HAS_SINKS=seqs)
+    # The merge handles o only: its HEAD_DIM is o's, V_DIM.
+    v_pad = lower.head_dim_pad(module.V_DIM)
+    constants = dict(HEAD_DIM=module.V_DIM, HEAD_DIM_PAD=v_pad, BLOCK_S=64, HAS_SINKS=seqs)
     signature = {
         p.name: (
             "constexpr"
@@ -360,6 +378,8 @@ def module_resources(
             rows=rows,
             pointers=pointers,
             seqs=seqs,
+            v_dim=module.V_DIM,
+            v_in_k=V_IN_K,
         )
         found.append(Resources(kernel, config, use_tma, *resources))
     return (
@@ -398,7 +418,14 @@ def main() -> None:
         help="the Gluon forward for any mask and score at every band width"
         " (kernel_choice.GLUON_ANY_MIN_KEYS = 0)",
     )
+    parser.add_argument(
+        "--v-in-k",
+        action="store_true",
+        help="the forward and decode kernels' path for v a view of k's first columns (V_IN_K)",
+    )
     args = parser.parse_args()
+    global V_IN_K
+    V_IN_K = args.v_in_k
     if args.gluon_forward_any:
         kernel_choice.GLUON_ANY_MIN_KEYS = 0
     if os.environ.get("TRITON_INTERPRET") == "1":
@@ -429,6 +456,7 @@ def report(variant, args) -> None:
                 f.write(normalized_ptx(r.ptx))
         if args.json:
             record = dict(dataclasses.asdict(r), name=variant.name, head_dim=module.HEAD_DIM)
+            record["v_head_dim"] = module.V_DIM
             del record["ptx"]
             print(json.dumps(record))
             continue

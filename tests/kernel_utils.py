@@ -108,6 +108,7 @@ def kernel_inputs(variant: ir.Variant, shape: Shape, seed: int, device: str, mag
         device,
         generator=generator,
         magnitude=magnitude,
+        v_head_dim=variant.v_dim,
     )
     return q, k, v, generator
 

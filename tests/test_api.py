@@ -135,7 +135,7 @@ def test_spec_error_shows_in_a_notebook_as_its_diagnostics():
     lines = info.value._render_traceback_()
     assert all(isinstance(line, str) and "\n" not in line for line in lines)
     assert lines == [
-        "<string>:2:16: error: `head_dim` must be a multiple of 8 between 16 and 256, got 100",
+        "<string>:2:16: error: `head_dim` must be a multiple of 8 between 16 and 576, got 100",
         "    head_dim = 100",
         "               ^^^",
         "    = note: nearest valid: 96 or 104",

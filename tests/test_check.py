@@ -194,9 +194,9 @@ def test_valid_scores(score):
 @pytest.mark.parametrize(
     "value, message",
     [
-        ("8", "`head_dim` must be a multiple of 8 between 16 and 256, got 8"),
-        ("264", "`head_dim` must be a multiple of 8 between 16 and 256, got 264"),
-        ("60", "`head_dim` must be a multiple of 8 between 16 and 256, got 60"),
+        ("8", "`head_dim` must be a multiple of 8 between 16 and 576, got 8"),
+        ("584", "`head_dim` must be a multiple of 8 between 16 and 576, got 584"),
+        ("60", "`head_dim` must be a multiple of 8 between 16 and 576, got 60"),
         ("64.0", "`head_dim` must be an integer constant, got 64.0"),
         ("q", "`head_dim` must be an integer constant; `q` is not a constant"),
     ],
@@ -347,7 +347,7 @@ def test_every_problem_is_listed_in_source_order():
     variants, diagnostics = check([spec(text)])
     assert [v.name for v in variants] == ["c"]
     assert [(d.span.line, d.message) for d in diagnostics] == [
-        (2, "`head_dim` must be a multiple of 8 between 16 and 256, got 7"),
+        (2, "`head_dim` must be a multiple of 8 between 16 and 576, got 7"),
         (3, "unknown dtype 'fp7'"),
         (4, "window size must be non-negative, got -1"),
         (4, "the mask must be an integer/boolean expression; 1.5 is a real number"),

@@ -110,7 +110,7 @@ def paint(module, n: int, heads: int) -> dict[str, torch.Tensor]:
 
 def check_walk(variant: ir.Variant, n: int = 384, heads: int = 3) -> None:
     """The kernels' walks over an n x n problem against the dense mask."""
-    module = build(dataclasses.replace(variant, dtype=ir.DType.FP16, head_dim=64))
+    module = build(dataclasses.replace(variant, dtype=ir.DType.FP16, head_dim=64, v_head_dim=None))
     visible = mask_matrix(variant, n, n, heads)
     for name, painted in paint(module, n, heads).items():
         missed = visible & (painted == SKIPPED)

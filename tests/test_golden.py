@@ -107,6 +107,7 @@ _INTERIOR = {
     # example: (has an interior loop, masked loops need the per-tile test)
     "bloom_alibi": (True, False),
     "custom": (False, True),
+    "deepseek_mla": (True, False),
     "encoder_band": (True, False),
     "full": (True, False),
     "gemma2_local": (True, False),

@@ -229,17 +229,19 @@ def test_tma_path_matches_pointer_path(variant, monkeypatch):
     a descriptor: it checks the strides in elements where the GPU, and 3.6's
     interpreter, want 16 bytes.)"""
     variant = dataclasses.replace(shrink_masks(interpretable(variant)), head_dim=40)
+    if variant.v_head_dim is not None:  # MLA: v and dO 24 wide (tiles of 32)
+        variant = dataclasses.replace(variant, v_head_dim=24)
     module = build(variant)
     gen = torch.Generator().manual_seed(7)
     dtype = torch_dtype(variant.dtype)
 
-    def rows(heads: int, n: int) -> torch.Tensor:
+    def rows(heads: int, n: int, width: int = 40) -> torch.Tensor:
         storage = torch.full((1, heads, n, 48), float("nan"), dtype=dtype, device=DEVICE)
-        storage[..., :40] = torch.randn(1, heads, n, 40, generator=gen).to(dtype)
-        return storage[..., :40]
+        storage[..., :width] = torch.randn(1, heads, n, width, generator=gen).to(dtype)
+        return storage[..., :width]
 
-    q, do = rows(4, 45), rows(4, 45)
-    k, v = rows(2, 77), rows(2, 77)
+    q, do = rows(4, 45), rows(4, 45, variant.v_dim)
+    k, v = rows(2, 77), rows(2, 77, variant.v_dim)
     launch = dict(block_m=16, block_n=32)
     if DEVICE == "cuda":  # compiled code may round differently: judge each path
         for tma in (False, True):

@@ -158,6 +158,7 @@ def test_check_accepts_every_form_and_the_model_says_how_each_read_is_summed():
     forms = {
         "t5": ["table"],
         "relative": ["table"],
+        "blocks": ["table"],
         "alibi": ["scalar"],
         "temperature": ["scalar"],
         "rows": ["rows"],
@@ -173,6 +174,10 @@ def test_check_accepts_every_form_and_the_model_says_how_each_read_is_summed():
     assert (t5.slot_batch, t5.slot_head, t5.slot_tile) == (True, False, True)
     pairs = lower(_variant(SPECS["pairs"])).input_grads[0]
     assert (pairs.slot_batch, pairs.slot_head, pairs.slot_tile) == (False, False, False)
+    # A table read hoisted per tile sums the rows of tiles that read one element.
+    model = lower(_variant(SPECS["t5"]))
+    assert model.rows_of_one_element(t5) and t5.tile_read == "read0"
+    assert model.grad_accumulators == ("grad0", "grad0_rows", "grad0_at")
 
 
 def test_reads_the_kernels_sum_are_accepted():

@@ -34,11 +34,12 @@ needs_gluon = pytest.mark.skipif(
     + f", not {triton.__version__}",
 )
 # The 16-bit examples; custom is float32 (CUDA-core products), which spills
-# at its current tiles (decision 012).
+# at its current tiles (decision 012); deepseek_mla's two head dims are compiled
+# at their own values (test_mla_kernels_compile_for_sm90), not swept to 64 and 128.
 SPECS = sorted(
     str(path.relative_to(ROOT))
     for path in (ROOT / "examples").glob("*.attn")
-    if path.stem != "custom"
+    if path.stem not in ("custom", "deepseek_mla")
 )
 # The specs whose modules have split-KV decoding (decision 052: those that read
 # no runtime data) and a per-call tile plan (masks that read inputs).
@@ -255,3 +256,30 @@ def test_kernels_with_inputs_in_padded_and_varlen_calls_compile_for_sm90(tmp_pat
     for name in ("prefix_per_example", "t5_learned"):
         assert {(name, "_attn_fwd", False), (name, "_attn_bwd", False)} <= kernels, stdout
     assert ("prefix_per_example", "_attn_plan", False) in kernels, stdout
+
+
+def test_mla_kernels_compile_for_sm90(tmp_path):
+    """v_head_dim (decision 055) compiles for sm_90a: deepseek_mla (d192, v 128)
+    free of spills at its tiles, with TMA in the backward (v's and dO's boxes 128
+    wide, q's and k's 256); DeepSeek's absorbed 576/512 latent within the H200's
+    227 KB of shared memory per block (its backward and 64-row decode spill
+    today: 16 x 16 tiles 1024 wide, not yet measured)."""
+    spec = tmp_path / "latent.attn"
+    spec.write_text(
+        "attention deepseek_latent { head_dim = 576; v_head_dim = 512; dtype = bf16; mask = causal }"
+    )
+    rows, stdout = _sm90_resources("examples/deepseek_mla.attn", str(spec))
+    assert "failed" not in stdout, stdout[-2000:]
+    kernels = {(r["name"], r["kernel"]) for r in rows}
+    for name in ("deepseek_mla", "deepseek_latent"):
+        for kernel in ("_attn_fwd", "_attn_bwd", "_attn_decode", "_attn_decode_merge"):
+            assert (name, kernel) in kernels, stdout[-2000:]
+    mla = [r for r in rows if r["name"] == "deepseek_mla"]
+    assert all(r["spill_stores"] == 0 for r in mla), stdout
+    assert [r["tma"] for r in mla if r["kernel"] == "_attn_bwd"] == [True]
+    assert all(r["shared"] <= 232448 for r in rows), stdout
+    # v = k[..., :512]: the forward and decode read the latent's first 512 columns once.
+    rows, stdout = _sm90_resources(str(spec), "--v-in-k")
+    assert "failed" not in stdout, stdout[-2000:]
+    assert {"_attn_fwd", "_attn_decode"} <= {r["kernel"] for r in rows}, stdout
+    assert all(r["shared"] <= 232448 for r in rows), stdout
