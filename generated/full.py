@@ -1403,6 +1403,8 @@ def _check_cache(q, k, v, cache_seqlens, block_table, check_values=None) -> tupl
             raise TypeError(f"{name} must have dtype {dtype}, got {x.dtype}")
         if x.device != q.device:
             raise ValueError(f"{name} is on {x.device}, but q is on {q.device}")
+        if dtype == torch.int32 and x.stride(-1) != 1:
+            raise ValueError(f"{name} must be contiguous in its last dimension")
     layout = "(pages, page_size, Hkv, D)" if paged else "(B, Hkv, capacity, D)"
     for name, x in (("k", k), ("v", v)):
         if x.dim() != 4 or x.shape[3] != HEAD_DIM:

@@ -97,6 +97,8 @@ def test_cache_calls_match_the_reference_on_each_rows_keys(spec, dtype):
     lengths = [0, 1, 2, 31, 70, 128]
     q, k, v = _tensors(len(lengths), 4, 2, 3, 128, module.DTYPE)
     seqlens = torch.tensor(lengths, dtype=torch.int32, device=DEVICE)
+    for b, n in enumerate(lengths):  # what lies past a row's length is never read
+        k[b, :, n:], v[b, :, n:] = float("nan"), float("nan")
     o, lse = module.attention(q, k, v, cache_seqlens=seqlens, return_lse=True)
     _judge_rows(variant, q, k, v, lengths, o, lse)
     k_pages, v_pages, table = _paged(k, v, 32)
@@ -168,6 +170,7 @@ def _bad_calls(module, q, k, v, seqlens, table, k_pages, v_pages):
         ("length > capacity", lambda: module.attention(q, k, v, cache_seqlens=seqlens + 100), ValueError, "cache_seqlens"),
         ("length < 0", lambda: module.attention(q, k, v, cache_seqlens=seqlens - 100), ValueError, "cache_seqlens"),
         ("table int64", lambda: module.attention(q, k_pages, v_pages, cache_seqlens=seqlens, block_table=table.long()), TypeError, "block_table"),
+        ("table strides", lambda: module.attention(q, k_pages, v_pages, cache_seqlens=seqlens, block_table=table.t().contiguous().t()), ValueError, "block_table"),
         ("table rows", lambda: module.attention(q, k_pages, v_pages, cache_seqlens=seqlens, block_table=table[:1]), ValueError, "block_table"),
         ("page out of range", lambda: module.attention(q, k_pages, v_pages, cache_seqlens=seqlens, block_table=table + 100), ValueError, "block_table"),
         ("negative page", lambda: module.attention(q, k_pages, v_pages, cache_seqlens=seqlens, block_table=table - 100), ValueError, "block_table"),
