@@ -307,7 +307,9 @@ def _attn_decode(
     kv_heads = num_heads // kv_group
     batch = tl.program_id(1) // kv_heads
     kv_head = tl.program_id(1) % kv_heads
-    rows = tl.program_id(2) * BLOCK_M + tl.arange(0, BLOCK_M)
+    rows = tl.arange(0, BLOCK_M)
+    if CACHE:  # a KV-cache call's group may take several tiles of rows (grid axis 2)
+        rows += tl.program_id(2) * BLOCK_M
     real = rows < kv_group * n_queries
     heads = kv_head * kv_group + tl.where(real, rows // n_queries, 0)
     offs_m = rows % n_queries

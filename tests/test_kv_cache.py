@@ -285,20 +285,27 @@ def test_a_captured_decode_step_replays_with_new_lengths_and_pages():
     seqlens = torch.tensor([1024, 1, 500, 0], dtype=torch.int32, device="cuda")
     call = dict(cache_seqlens=seqlens, block_table=table, check_values=False)
     workspace = module.cache_workspace(q, k_pages, table)
+    module.attention(q, k, v, cache_seqlens=seqlens)  # compiles the contiguous case
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")  # eager calls, the values unchecked: no sync
+    try:
+        module.attention(q, k, v, cache_seqlens=seqlens, check_values=False)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
         module.attention(q, k_pages, v_pages, **call, workspace=workspace)  # warm up: compile
     torch.cuda.current_stream().wait_stream(stream)
     graph = torch.cuda.CUDAGraph()
-    torch.cuda.set_sync_debug_mode("error")
-    try:
-        with torch.cuda.graph(graph):
+    with torch.cuda.graph(graph):
+        torch.cuda.set_sync_debug_mode("error")  # inside: the capture's own set-up synchronizes
+        try:
             o, lse = module.attention(
                 q, k_pages, v_pages, **call, workspace=workspace, return_lse=True
             )
-    finally:
-        torch.cuda.set_sync_debug_mode("default")
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
     for new_lengths, seed in (([3, 1024, 0, 700], 1), ([64, 65, 1, 1000], 2)):
         seqlens.copy_(torch.tensor(new_lengths, dtype=torch.int32))
         order = torch.randperm(table.numel(), generator=torch.Generator().manual_seed(seed))
@@ -306,7 +313,9 @@ def test_a_captured_decode_step_replays_with_new_lengths_and_pages():
         k_new, v_new = k_pages.clone(), v_pages.clone()
         k_new[new_table.flatten().long()] = k_pages[table.flatten().long()]
         v_new[new_table.flatten().long()] = v_pages[table.flatten().long()]
-        k_pages.copy_(k_new), v_pages.copy_(v_new), table.copy_(new_table)
+        k_pages.copy_(k_new)
+        v_pages.copy_(v_new)
+        table.copy_(new_table)
         graph.replay()
         torch.cuda.synchronize()
         eager = module.attention(
