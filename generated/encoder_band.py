@@ -1317,7 +1317,7 @@ def _check_cache_call(tensors: dict, options: dict) -> None:
     """A cache call is inference only and takes none of `options` (the other
     kinds of call: sequences, offsets, launch configurations)."""
     for name, x in tensors.items():
-        if x is not None and x.requires_grad and torch.is_grad_enabled():
+        if isinstance(x, torch.Tensor) and x.requires_grad and torch.is_grad_enabled():
             raise ValueError(
                 f"{name} requires grad, but a KV-cache call (cache_seqlens=) is inference "
                 f"only: call it under torch.no_grad() or pass {name}.detach()"
