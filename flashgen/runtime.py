@@ -536,6 +536,179 @@ def _decode_splits(programs: int, n_keys: int, block_n: int, sms: int) -> int:
     )
 
 
+# KV caches (decision 056): `cache_seqlens` gives each batch row's keys, the
+# first of a (B, Hkv, Nmax, D) cache or the pages of a (pages, page_size,
+# Hkv, D) one that `block_table` lists.  Every decision on the host follows
+# from shapes, never from the lengths' values, so a call can be captured in a
+# CUDA graph and replayed with new lengths and tables.
+
+
+def _capturing(x: torch.Tensor) -> bool:
+    """Whether a CUDA graph is being captured on x's device's current stream."""
+    return x.device.type == "cuda" and torch.cuda.is_current_stream_capturing()
+
+
+def _check_cache_call(tensors: dict, options: dict) -> None:
+    """A cache call is inference only and takes none of `options` (the other
+    kinds of call: sequences, offsets, launch configurations)."""
+    for name, x in tensors.items():
+        if isinstance(x, torch.Tensor) and x.requires_grad and torch.is_grad_enabled():
+            raise ValueError(
+                f"{name} requires grad, but a KV-cache call (cache_seqlens=) is inference "
+                f"only: call it under torch.no_grad() or pass {name}.detach()"
+            )
+    for name, value in options.items():
+        if value is not None:
+            raise ValueError(f"{name} cannot be combined with cache_seqlens (a KV-cache call)")
+
+
+def _page_block(page_size: int, block_n: int) -> int:
+    """The key tile of a paged cache: the largest power of two up to block_n
+    that divides page_size, so that no tile straddles two pages."""
+    while page_size % block_n:
+        block_n //= 2
+    return block_n
+
+
+def _cache_view(k: torch.Tensor, block_table) -> tuple[torch.Tensor, int, int]:
+    """A cache as `_attn_decode` reads it: (B or pages, Hkv, rows, D), its
+    capacity (keys per batch row) and its page size (0: not paged)."""
+    if block_table is None:
+        return k, k.shape[2], 0
+    return k.transpose(1, 2), block_table.shape[1] * k.shape[1], k.shape[1]
+
+
+def _decode_plan(q: torch.Tensor, k: torch.Tensor, n_keys: int, page_size: int = 0) -> tuple:
+    """(BLOCK_M, BLOCK_N, row tiles, splits) of `_attn_decode` for q and the
+    kernels' view of k with n_keys keys (a cache's capacity) per batch row:
+    shapes only.  More than DECODE_MAX_ROWS rows per group take several row
+    tiles (a grid axis)."""
+    block_n = _decode_config(q.device)[0]
+    if page_size:
+        block_n = _page_block(page_size, block_n)
+    rows = _decode_rows(q, k)
+    row_tiles = _cdiv(rows, DECODE_MAX_ROWS)
+    block_m = max(16, triton.next_power_of_2(_cdiv(rows, row_tiles)))
+    splits = _decode_splits(
+        q.shape[0] * k.shape[1] * row_tiles, n_keys, block_n, _sm_count(q.device)
+    )
+    return block_m, block_n, row_tiles, splits
+
+
+def _split_workspace(workspace, splits: int, rows: int, device: torch.device) -> tuple:
+    """The splits' o (splits, rows, V_DIM) and lse (splits, rows), float32,
+    in `workspace` (a caller's, e.g. one allocated before capturing a CUDA
+    graph) or in new memory."""
+    size = splits * rows * (V_DIM + 1)
+    if workspace is None:
+        workspace = torch.empty(size, dtype=torch.float32, device=device)
+    elif not (
+        isinstance(workspace, torch.Tensor) and workspace.dtype == torch.float32
+        and workspace.device == device and workspace.is_contiguous() and workspace.numel() >= size
+    ):  # fmt: skip
+        raise ValueError(
+            f"workspace must be a contiguous float32 tensor on {device} of at least {size} "
+            "elements (cache_workspace() makes one)"
+        )
+    o_part = workspace[: splits * rows * V_DIM].view(splits, rows, V_DIM)
+    return o_part, workspace[splits * rows * V_DIM : size].view(splits, rows)
+
+
+def cache_workspace(q: torch.Tensor, k_cache: torch.Tensor, block_table=None) -> torch.Tensor:
+    """A float32 workspace for KV-cache calls with q's shape and this cache
+    (and block table's shape): pass it as workspace= so that the call
+    allocates nothing but its outputs, e.g. inside a captured CUDA graph."""
+    k, n_keys, page_size = _cache_view(k_cache, block_table)
+    splits = _decode_plan(q, k, n_keys, page_size)[3]
+    rows = q.shape[0] * q.shape[1] * q.shape[2]
+    return torch.empty(splits * rows * (V_DIM + 1), dtype=torch.float32, device=q.device)
+
+
+def _check_cache(q, k, v, cache_seqlens, block_table, check_values=None) -> tuple:
+    """q (B, H, Nq, D) and a KV cache as attention() takes them; returns the
+    kernels' views of k and v, the capacity and the page size (`_cache_view`).
+
+    Shapes, dtypes and devices are checked always.  The values (every length
+    in 0 .. capacity, every page a row reads within the cache) need the host
+    to read them, a synchronization: checked when check_values is True, or
+    None (the default) outside CUDA-graph capture; never while capturing."""
+    _check_inputs(q, q, q)  # q's own type, shape and device
+    paged = block_table is not None
+    for name, x, dtype in (
+        ("cache_seqlens", cache_seqlens, torch.int32), ("block_table", block_table, torch.int32),
+        ("k", k, DTYPE), ("v", v, DTYPE),
+    ):  # fmt: skip
+        if x is None and name == "block_table":
+            continue
+        if not isinstance(x, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+        if x.dtype != dtype:
+            raise TypeError(f"{name} must have dtype {dtype}, got {x.dtype}")
+        if x.device != q.device:
+            raise ValueError(f"{name} is on {x.device}, but q is on {q.device}")
+        if dtype == torch.int32 and x.stride(-1) != 1:
+            raise ValueError(f"{name} must be contiguous in its last dimension")
+    layout = "(pages, page_size, Hkv, D)" if paged else "(B, Hkv, capacity, D)"
+    for name, x, width, what in (("k", k, HEAD_DIM, "head_dim"), ("v", v, V_DIM, "v_head_dim")):
+        if x.dim() != 4 or x.shape[3] != width:
+            raise ValueError(
+                f"{name} must be a KV cache {layout} with {what} {width}, got shape "
+                f"{tuple(x.shape)}"
+            )
+    if k.shape[:3] != v.shape[:3]:
+        raise ValueError(
+            f"k and v must have the same shape but for their last dimension, got "
+            f"{tuple(k.shape)} and {tuple(v.shape)}"
+        )
+    k_view, capacity, page_size = _cache_view(k, block_table)
+    v_view = _cache_view(v, block_table)[0]
+    batch = q.shape[0]
+    if tuple(cache_seqlens.shape) != (batch,):
+        raise ValueError(
+            f"cache_seqlens must have shape ({batch},), got {tuple(cache_seqlens.shape)}"
+        )
+    if paged and (block_table.dim() != 2 or block_table.shape[0] != batch):
+        raise ValueError(
+            f"block_table must have shape ({batch}, max_blocks_per_seq), got "
+            f"{tuple(block_table.shape)}"
+        )
+    if paged and page_size % 16:
+        raise ValueError(f"k's page size (dim 1) must be a multiple of 16, got {page_size}")
+    if not paged and k.shape[0] != batch:
+        raise ValueError(f"k has batch size {k.shape[0]}, but q has {batch}")
+    if q.shape[1] % k_view.shape[1]:
+        raise ValueError(
+            f"k has {k_view.shape[1]} heads, which must divide q's {q.shape[1]} heads (GQA/MQA)"
+        )
+    if capacity > MAX_SEQ_LEN:
+        raise ValueError(f"the cache's capacity {capacity} passes MAX_SEQ_LEN = {MAX_SEQ_LEN}")
+    for name, x in (("k", k_view), ("v", v_view)):
+        # The kernels address a row's keys with 32-bit offsets from its first
+        # page (or its base): capacity rows of the cache's row stride.
+        if (capacity + 256) * abs(x.stride(2)) + x.shape[3] * abs(x.stride(3)) >= 2**31:
+            raise ValueError(
+                f"{name}: {capacity} keys per row at a row stride of {x.stride(2)} pass the "
+                "kernels' 32-bit offsets"
+            )
+    if check_values is None:
+        check_values = not _capturing(q)
+    if check_values:
+        bad = [((cache_seqlens < 0) | (cache_seqlens > capacity)).any()]
+        if paged:
+            lengths = cache_seqlens.clamp(0, capacity)[:, None]
+            used = torch.arange(block_table.shape[1], device=q.device) * page_size < lengths
+            bad.append((used & ((block_table < 0) | (block_table >= k.shape[0]))).any())
+        bad = torch.stack(bad).tolist()  # one synchronization
+        if bad[0]:
+            raise ValueError(f"cache_seqlens must lie in 0 .. {capacity} (the cache's capacity)")
+        if paged and bad[1]:
+            raise ValueError(
+                f"block_table lists a page outside 0 .. {k.shape[0] - 1} among those the "
+                "rows' lengths use"
+            )
+    return k_view, v_view, capacity, page_size
+
+
 # flashgen: section alibi
 @functools.lru_cache(maxsize=None)
 def _alibi_slopes(num_heads: int, device: torch.device) -> torch.Tensor:
@@ -821,7 +994,7 @@ def _launch(kernel, grid, *args, **options) -> None:
     stream = _driver.active.get_current_stream(device)
     # JITFunction.run's own call; without hooks it needs no launch metadata.
     handles = (compiled.function, compiled.packed_metadata, None, None, None)
-    compiled.run(grid[0], grid[1], 1, stream, *handles, *args)
+    compiled.run(*grid, *(1,) * (3 - len(grid)), stream, *handles, *args)
 
 
 # flashgen: section gluon

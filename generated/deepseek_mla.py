@@ -308,24 +308,30 @@ def _attn_fwd(
 
 @triton.jit
 def _attn_decode(
-    q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr, alibi_slopes_ptr, k_desc, v_desc,
+    q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr, alibi_slopes_ptr, seqlens_ptr, table_ptr, k_desc, v_desc,
     stride_qb, stride_qh, stride_qm, stride_qd,
     stride_kb, stride_kh, stride_kn, stride_kd,
     stride_vb, stride_vh, stride_vn, stride_vd,
-    num_heads, kv_group, n_queries, n_keys, sm_scale, q_shift, k_shift,
+    num_heads, kv_group, n_queries, n_keys, sm_scale, q_shift, k_shift, stride_tb,
     HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, V_DIM: tl.constexpr, V_DIM_PAD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    USE_TMA: tl.constexpr, SHIFTED: tl.constexpr, K_REST_PAD: tl.constexpr, V_IN_K: tl.constexpr,
+    USE_TMA: tl.constexpr, SHIFTED: tl.constexpr, CACHE: tl.constexpr, PAGE_SIZE: tl.constexpr, K_REST_PAD: tl.constexpr, V_IN_K: tl.constexpr,
 ):  # fmt: skip
-    """Grid: (key splits, batch * KV heads).  Tile row r is query row
-    r % n_queries of the group's head r // n_queries, so the rows carry their
-    own heads and positions.  Writes the split's o (normalized, float32) to
-    o_ptr and its log-sum-exp (log2 units, -inf where the split saw no key)
-    to lse_ptr, both (splits, batch * heads * n_queries[, HEAD_DIM])."""
+    """Grid: (key splits, batch * KV heads, row tiles).  Tile row r is query
+    row r % n_queries of the group's head r // n_queries, so the rows carry
+    their own heads and positions.  Writes the split's o (normalized, float32)
+    to o_ptr and its log-sum-exp (log2 units, -inf where the split saw no key)
+    to lse_ptr, both (splits, batch * heads * n_queries[, HEAD_DIM]).
+
+    With CACHE, n_keys is the cache's capacity and the row's own length is
+    read from seqlens_ptr; with PAGE_SIZE > 0 its keys lie in the pages that
+    table_ptr lists (BLOCK_N divides PAGE_SIZE: a tile is in one page)."""
     split = tl.program_id(0)
     kv_heads = num_heads // kv_group
     batch = tl.program_id(1) // kv_heads
     kv_head = tl.program_id(1) % kv_heads
     rows = tl.arange(0, BLOCK_M)
+    if CACHE:  # a KV-cache call's group may take several tiles of rows (grid axis 2)
+        rows += tl.program_id(2) * BLOCK_M
     real = rows < kv_group * n_queries
     heads = kv_head * kv_group + tl.where(real, rows // n_queries, 0)
     offs_m = rows % n_queries
@@ -345,6 +351,8 @@ def _attn_decode(
     k_base = k_ptr + batch.to(tl.int64) * stride_kb + kv_head.to(tl.int64) * stride_kh
     v_base = v_ptr + batch.to(tl.int64) * stride_vb + kv_head.to(tl.int64) * stride_vh
 
+    if CACHE:
+        n_keys = tl.load(seqlens_ptr + batch)
     # Bottom-right alignment: query row i sits at position i + n_keys - n_queries.
     q_offset = n_keys - n_queries
     k_offset = 0  # key row j sits at position j
@@ -379,18 +387,33 @@ def _attn_decode(
     mid_lo = tl.minimum(tl.maximum((full_lo + BLOCK_N - 1) // BLOCK_N * BLOCK_N, lo), end)
     mid_hi = tl.minimum(tl.maximum((full_hi + 1) // BLOCK_N * BLOCK_N, mid_lo), end)
     for start_n in range(lo, mid_lo, BLOCK_N):
+        if PAGE_SIZE:  # paged: k_base + start_n rows lands in the tile's page
+            page = tl.load(table_ptr + batch.to(tl.int64) * stride_tb + start_n // PAGE_SIZE).to(tl.int64)  # fmt: skip
+            in_page = start_n % PAGE_SIZE - start_n  # within 32 bits: `_check_cache`
+            k_base = k_ptr + page * stride_kb + kv_head.to(tl.int64) * stride_kh + in_page * stride_kn  # fmt: skip
+            v_base = v_ptr + page * stride_vb + kv_head.to(tl.int64) * stride_vh + in_page * stride_vn  # fmt: skip
         acc, l_i, m_i = _attn_fwd_tile(
             acc, l_i, m_i, q, q_rest, q_pos, k_desc, v_desc, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
             batch, kv_head, start_n, n_keys, k_offset, head, num_heads, alibi_slope, sm_scale,
             HEAD_DIM, HEAD_DIM_PAD, V_DIM, V_DIM_PAD, K_REST_PAD, V_IN_K, BLOCK_N, True, USE_TMA,
         )  # fmt: skip
     for start_n in range(mid_lo, mid_hi, BLOCK_N):
+        if PAGE_SIZE:  # paged: k_base + start_n rows lands in the tile's page
+            page = tl.load(table_ptr + batch.to(tl.int64) * stride_tb + start_n // PAGE_SIZE).to(tl.int64)  # fmt: skip
+            in_page = start_n % PAGE_SIZE - start_n  # within 32 bits: `_check_cache`
+            k_base = k_ptr + page * stride_kb + kv_head.to(tl.int64) * stride_kh + in_page * stride_kn  # fmt: skip
+            v_base = v_ptr + page * stride_vb + kv_head.to(tl.int64) * stride_vh + in_page * stride_vn  # fmt: skip
         acc, l_i, m_i = _attn_fwd_tile(
             acc, l_i, m_i, q, q_rest, q_pos, k_desc, v_desc, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
             batch, kv_head, start_n, n_keys, k_offset, head, num_heads, alibi_slope, sm_scale,
             HEAD_DIM, HEAD_DIM_PAD, V_DIM, V_DIM_PAD, K_REST_PAD, V_IN_K, BLOCK_N, False, USE_TMA,
         )  # fmt: skip
     for start_n in range(mid_hi, hi, BLOCK_N):
+        if PAGE_SIZE:  # paged: k_base + start_n rows lands in the tile's page
+            page = tl.load(table_ptr + batch.to(tl.int64) * stride_tb + start_n // PAGE_SIZE).to(tl.int64)  # fmt: skip
+            in_page = start_n % PAGE_SIZE - start_n  # within 32 bits: `_check_cache`
+            k_base = k_ptr + page * stride_kb + kv_head.to(tl.int64) * stride_kh + in_page * stride_kn  # fmt: skip
+            v_base = v_ptr + page * stride_vb + kv_head.to(tl.int64) * stride_vh + in_page * stride_vn  # fmt: skip
         acc, l_i, m_i = _attn_fwd_tile(
             acc, l_i, m_i, q, q_rest, q_pos, k_desc, v_desc, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
             batch, kv_head, start_n, n_keys, k_offset, head, num_heads, alibi_slope, sm_scale,
@@ -1291,6 +1314,179 @@ def _decode_splits(programs: int, n_keys: int, block_n: int, sms: int) -> int:
     )
 
 
+# KV caches (decision 056): `cache_seqlens` gives each batch row's keys, the
+# first of a (B, Hkv, Nmax, D) cache or the pages of a (pages, page_size,
+# Hkv, D) one that `block_table` lists.  Every decision on the host follows
+# from shapes, never from the lengths' values, so a call can be captured in a
+# CUDA graph and replayed with new lengths and tables.
+
+
+def _capturing(x: torch.Tensor) -> bool:
+    """Whether a CUDA graph is being captured on x's device's current stream."""
+    return x.device.type == "cuda" and torch.cuda.is_current_stream_capturing()
+
+
+def _check_cache_call(tensors: dict, options: dict) -> None:
+    """A cache call is inference only and takes none of `options` (the other
+    kinds of call: sequences, offsets, launch configurations)."""
+    for name, x in tensors.items():
+        if isinstance(x, torch.Tensor) and x.requires_grad and torch.is_grad_enabled():
+            raise ValueError(
+                f"{name} requires grad, but a KV-cache call (cache_seqlens=) is inference "
+                f"only: call it under torch.no_grad() or pass {name}.detach()"
+            )
+    for name, value in options.items():
+        if value is not None:
+            raise ValueError(f"{name} cannot be combined with cache_seqlens (a KV-cache call)")
+
+
+def _page_block(page_size: int, block_n: int) -> int:
+    """The key tile of a paged cache: the largest power of two up to block_n
+    that divides page_size, so that no tile straddles two pages."""
+    while page_size % block_n:
+        block_n //= 2
+    return block_n
+
+
+def _cache_view(k: torch.Tensor, block_table) -> tuple[torch.Tensor, int, int]:
+    """A cache as `_attn_decode` reads it: (B or pages, Hkv, rows, D), its
+    capacity (keys per batch row) and its page size (0: not paged)."""
+    if block_table is None:
+        return k, k.shape[2], 0
+    return k.transpose(1, 2), block_table.shape[1] * k.shape[1], k.shape[1]
+
+
+def _decode_plan(q: torch.Tensor, k: torch.Tensor, n_keys: int, page_size: int = 0) -> tuple:
+    """(BLOCK_M, BLOCK_N, row tiles, splits) of `_attn_decode` for q and the
+    kernels' view of k with n_keys keys (a cache's capacity) per batch row:
+    shapes only.  More than DECODE_MAX_ROWS rows per group take several row
+    tiles (a grid axis)."""
+    block_n = _decode_config(q.device)[0]
+    if page_size:
+        block_n = _page_block(page_size, block_n)
+    rows = _decode_rows(q, k)
+    row_tiles = _cdiv(rows, DECODE_MAX_ROWS)
+    block_m = max(16, triton.next_power_of_2(_cdiv(rows, row_tiles)))
+    splits = _decode_splits(
+        q.shape[0] * k.shape[1] * row_tiles, n_keys, block_n, _sm_count(q.device)
+    )
+    return block_m, block_n, row_tiles, splits
+
+
+def _split_workspace(workspace, splits: int, rows: int, device: torch.device) -> tuple:
+    """The splits' o (splits, rows, V_DIM) and lse (splits, rows), float32,
+    in `workspace` (a caller's, e.g. one allocated before capturing a CUDA
+    graph) or in new memory."""
+    size = splits * rows * (V_DIM + 1)
+    if workspace is None:
+        workspace = torch.empty(size, dtype=torch.float32, device=device)
+    elif not (
+        isinstance(workspace, torch.Tensor) and workspace.dtype == torch.float32
+        and workspace.device == device and workspace.is_contiguous() and workspace.numel() >= size
+    ):  # fmt: skip
+        raise ValueError(
+            f"workspace must be a contiguous float32 tensor on {device} of at least {size} "
+            "elements (cache_workspace() makes one)"
+        )
+    o_part = workspace[: splits * rows * V_DIM].view(splits, rows, V_DIM)
+    return o_part, workspace[splits * rows * V_DIM : size].view(splits, rows)
+
+
+def cache_workspace(q: torch.Tensor, k_cache: torch.Tensor, block_table=None) -> torch.Tensor:
+    """A float32 workspace for KV-cache calls with q's shape and this cache
+    (and block table's shape): pass it as workspace= so that the call
+    allocates nothing but its outputs, e.g. inside a captured CUDA graph."""
+    k, n_keys, page_size = _cache_view(k_cache, block_table)
+    splits = _decode_plan(q, k, n_keys, page_size)[3]
+    rows = q.shape[0] * q.shape[1] * q.shape[2]
+    return torch.empty(splits * rows * (V_DIM + 1), dtype=torch.float32, device=q.device)
+
+
+def _check_cache(q, k, v, cache_seqlens, block_table, check_values=None) -> tuple:
+    """q (B, H, Nq, D) and a KV cache as attention() takes them; returns the
+    kernels' views of k and v, the capacity and the page size (`_cache_view`).
+
+    Shapes, dtypes and devices are checked always.  The values (every length
+    in 0 .. capacity, every page a row reads within the cache) need the host
+    to read them, a synchronization: checked when check_values is True, or
+    None (the default) outside CUDA-graph capture; never while capturing."""
+    _check_inputs(q, q, q)  # q's own type, shape and device
+    paged = block_table is not None
+    for name, x, dtype in (
+        ("cache_seqlens", cache_seqlens, torch.int32), ("block_table", block_table, torch.int32),
+        ("k", k, DTYPE), ("v", v, DTYPE),
+    ):  # fmt: skip
+        if x is None and name == "block_table":
+            continue
+        if not isinstance(x, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+        if x.dtype != dtype:
+            raise TypeError(f"{name} must have dtype {dtype}, got {x.dtype}")
+        if x.device != q.device:
+            raise ValueError(f"{name} is on {x.device}, but q is on {q.device}")
+        if dtype == torch.int32 and x.stride(-1) != 1:
+            raise ValueError(f"{name} must be contiguous in its last dimension")
+    layout = "(pages, page_size, Hkv, D)" if paged else "(B, Hkv, capacity, D)"
+    for name, x, width, what in (("k", k, HEAD_DIM, "head_dim"), ("v", v, V_DIM, "v_head_dim")):
+        if x.dim() != 4 or x.shape[3] != width:
+            raise ValueError(
+                f"{name} must be a KV cache {layout} with {what} {width}, got shape "
+                f"{tuple(x.shape)}"
+            )
+    if k.shape[:3] != v.shape[:3]:
+        raise ValueError(
+            f"k and v must have the same shape but for their last dimension, got "
+            f"{tuple(k.shape)} and {tuple(v.shape)}"
+        )
+    k_view, capacity, page_size = _cache_view(k, block_table)
+    v_view = _cache_view(v, block_table)[0]
+    batch = q.shape[0]
+    if tuple(cache_seqlens.shape) != (batch,):
+        raise ValueError(
+            f"cache_seqlens must have shape ({batch},), got {tuple(cache_seqlens.shape)}"
+        )
+    if paged and (block_table.dim() != 2 or block_table.shape[0] != batch):
+        raise ValueError(
+            f"block_table must have shape ({batch}, max_blocks_per_seq), got "
+            f"{tuple(block_table.shape)}"
+        )
+    if paged and page_size % 16:
+        raise ValueError(f"k's page size (dim 1) must be a multiple of 16, got {page_size}")
+    if not paged and k.shape[0] != batch:
+        raise ValueError(f"k has batch size {k.shape[0]}, but q has {batch}")
+    if q.shape[1] % k_view.shape[1]:
+        raise ValueError(
+            f"k has {k_view.shape[1]} heads, which must divide q's {q.shape[1]} heads (GQA/MQA)"
+        )
+    if capacity > MAX_SEQ_LEN:
+        raise ValueError(f"the cache's capacity {capacity} passes MAX_SEQ_LEN = {MAX_SEQ_LEN}")
+    for name, x in (("k", k_view), ("v", v_view)):
+        # The kernels address a row's keys with 32-bit offsets from its first
+        # page (or its base): capacity rows of the cache's row stride.
+        if (capacity + 256) * abs(x.stride(2)) + x.shape[3] * abs(x.stride(3)) >= 2**31:
+            raise ValueError(
+                f"{name}: {capacity} keys per row at a row stride of {x.stride(2)} pass the "
+                "kernels' 32-bit offsets"
+            )
+    if check_values is None:
+        check_values = not _capturing(q)
+    if check_values:
+        bad = [((cache_seqlens < 0) | (cache_seqlens > capacity)).any()]
+        if paged:
+            lengths = cache_seqlens.clamp(0, capacity)[:, None]
+            used = torch.arange(block_table.shape[1], device=q.device) * page_size < lengths
+            bad.append((used & ((block_table < 0) | (block_table >= k.shape[0]))).any())
+        bad = torch.stack(bad).tolist()  # one synchronization
+        if bad[0]:
+            raise ValueError(f"cache_seqlens must lie in 0 .. {capacity} (the cache's capacity)")
+        if paged and bad[1]:
+            raise ValueError(
+                f"block_table lists a page outside 0 .. {k.shape[0] - 1} among those the "
+                "rows' lengths use"
+            )
+    return k_view, v_view, capacity, page_size
+
+
 def _alibi_or_placeholder(num_heads: int, like: torch.Tensor) -> torch.Tensor:
     return like  # this variant has no ALiBi term; the kernels never read it
 
@@ -1380,7 +1576,7 @@ def _launch(kernel, grid, *args, **options) -> None:
     stream = _driver.active.get_current_stream(device)
     # JITFunction.run's own call; without hooks it needs no launch metadata.
     handles = (compiled.function, compiled.packed_metadata, None, None, None)
-    compiled.run(grid[0], grid[1], 1, stream, *handles, *args)
+    compiled.run(*grid, *(1,) * (3 - len(grid)), stream, *handles, *args)
 
 
 def forward(
@@ -1395,6 +1591,10 @@ def forward(
     num_stages: int | None = None,
     tma: bool | None = None,
     sinks: torch.Tensor | None = None,
+    cache_seqlens: torch.Tensor | None = None,
+    block_table: torch.Tensor | None = None,
+    workspace: torch.Tensor | None = None,
+    check_values: bool | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Forward pass with an explicit launch configuration (no autograd).
 
@@ -1405,7 +1605,14 @@ def forward(
     strides), False through pointers, None as GPU_TMA says where possible.
     Without a launch configuration or tma=False, a call whose H / Hkv * Nq
     query rows fit DECODE_MAX_ROWS runs split-KV decoding (`_decode`).
+    cache_seqlens, block_table, workspace, check_values: a KV-cache call, as
+    attention() takes it; no launch configuration.
     """
+    if cache_seqlens is not None or block_table is not None:
+        config = dict(block_m=block_m, block_n=block_n, num_warps=num_warps, num_stages=num_stages, tma=tma)  # fmt: skip
+        _check_cache_call({}, config)
+        cache = (cache_seqlens, block_table, workspace, check_values)
+        return _cache_forward(q, k, v, _resolve_scale(scale), _check_sinks(sinks, q), *cache)
     _check_inputs(q, k, v)
     args = (q, k, v, _resolve_scale(scale), block_m, block_n, num_warps, num_stages, tma)
     sinks = _check_sinks(sinks, q)
@@ -1458,27 +1665,28 @@ def _forward(
     return o, lse
 
 
-def _decode(q, k, v, o, lse, scale: float, sinks=None, shifts=None, tma=None, splits=None):
+def _decode(q, k, v, o, lse, scale: float, sinks=None, shifts=None, tma=None, splits=None, cache=None, workspace=None):  # fmt: skip
     """Split-KV decoding (flash-decoding, decision 052) into o and lse:
-    `_attn_decode` over (key splits, batch * KV heads), each split's o and
-    lse into a float32 workspace, then `_attn_decode_merge` per query row;
-    `splits` (default `_decode_splits`) and tma as in forward()."""
+    `_attn_decode` over (key splits, batch * KV heads, row tiles), each
+    split's o and lse into a float32 workspace, then `_attn_decode_merge` per
+    query row; `splits` (default `_decode_splits`) and tma as in forward().
+    `cache`: (cache_seqlens, block_table or None, capacity, page size) of a
+    KV-cache call (decision 056), k and v as `_cache_view`s (pointer loads)."""
     batch, num_heads, n_queries, _ = q.shape
-    kv_heads, n_keys = k.shape[1], k.shape[2]
-    block_n, num_warps, num_stages = _decode_config(q.device)
-    splits = splits or _decode_splits(batch * kv_heads, n_keys, block_n, _sm_count(q.device))
+    seqlens, table, n_keys, page_size = cache or (lse, None, k.shape[2], 0)
+    block_m, block_n, row_tiles, default_splits = _decode_plan(q, k, n_keys, page_size)
+    splits = splits or default_splits
     rows = batch * num_heads * n_queries
-    o_part = torch.empty((splits, rows, V_DIM), dtype=torch.float32, device=q.device)
-    lse_part = torch.empty((splits, rows), dtype=torch.float32, device=q.device)
-    use_tma = n_keys > 0 and _use_tma(tma, GPU_TMA, k, v)
+    o_part, lse_part = _split_workspace(workspace, splits, rows, q.device)
+    use_tma = cache is None and n_keys > 0 and _use_tma(tma, GPU_TMA, k, v)
     v_in_k = v.data_ptr() == k.data_ptr() and v.stride() == k.stride()  # v = k[..., :V_DIM]
-    block_m = max(16, triton.next_power_of_2(_decode_rows(q, k)))
+    _, num_warps, num_stages = _decode_config(q.device)
     _launch(
-        _attn_decode, (splits, batch * kv_heads),
-        q, k, v, o_part, lse_part, _alibi_or_placeholder(num_heads, lse), *_descriptors(use_tma, block_n, k, v),
-        *q.stride(), *k.stride(), *v.stride(),
-        num_heads, num_heads // kv_heads, n_queries, n_keys, scale, *(shifts or (0, 0)),
-        HEAD_DIM, HEAD_DIM_PAD, V_DIM, V_DIM_PAD, block_m, block_n, use_tma, shifts is not None, K_REST_PAD, v_in_k,  # the constexprs
+        _attn_decode, (splits, batch * k.shape[1], row_tiles),
+        q, k, v, o_part, lse_part, _alibi_or_placeholder(num_heads, lse), seqlens, lse if table is None else table,
+        *_descriptors(use_tma, block_n, k, v), *q.stride(), *k.stride(), *v.stride(),
+        num_heads, num_heads // k.shape[1], n_queries, n_keys, scale, *(shifts or (0, 0)), 0 if table is None else table.stride(0),
+        HEAD_DIM, HEAD_DIM_PAD, V_DIM, V_DIM_PAD, block_m, block_n, use_tma, shifts is not None, cache is not None, page_size, K_REST_PAD, v_in_k,  # the constexprs
         num_warps=num_warps, num_stages=num_stages,
     )  # fmt: skip
     _launch(
@@ -1488,6 +1696,23 @@ def _decode(q, k, v, o, lse, scale: float, sinks=None, shifts=None, tma=None, sp
         num_warps=1,
     )  # fmt: skip
     return o, lse
+
+
+def _cache_forward(q, k, v, scale: float, sinks, cache_seqlens, block_table, workspace, check_values):  # fmt: skip
+    """A KV-cache call (decision 056) on a resolved scale and checked sinks:
+    `_decode` with each row's length read on the GPU, nothing synchronizing
+    (with check_values off or while a CUDA graph is captured)."""
+    k, v, capacity, page_size = _check_cache(q, k, v, cache_seqlens, block_table, check_values)
+    o = q.new_empty((*q.shape[:3], V_DIM))
+    lse = torch.empty(q.shape[:3], dtype=torch.float32, device=q.device)
+    if o.numel() == 0:
+        return o, lse
+    args = (q, k, v, o, lse, scale, sinks)
+    cache = (cache_seqlens, block_table, capacity, page_size)
+    if _on_other_gpu(q):
+        with torch.cuda.device(q.device):
+            return _decode(*args, cache=cache, workspace=workspace)
+    return _decode(*args, cache=cache, workspace=workspace)
 
 
 def backward(
@@ -1700,6 +1925,10 @@ def attention(
     sinks: torch.Tensor | None = None,
     q_offset: int | None = None,
     k_offset: int | None = None,
+    cache_seqlens: torch.Tensor | None = None,
+    block_table: torch.Tensor | None = None,
+    workspace: torch.Tensor | None = None,
+    check_values: bool | None = None,
 ):
     """Attention of the `deepseek_mla` variant, differentiable in q, k and v.
 
@@ -1734,7 +1963,21 @@ def attention(
 
     Under torch.autocast, q, k and v are cast to torch.bfloat16 first (as SDPA casts
     to the autocast dtype); outside it, another dtype is a TypeError.
+
+    KV caches (inference): cache_seqlens int32 (B,), the keys of each batch
+    row in k and v, a cache (B, Hkv, Nmax, 192) or, with block_table int32
+    (B, max_pages), a paged one (pages, page_size, Hkv, 192); row b's queries
+    are its last Nq keys.  check_values=None checks lengths and pages (a host
+    synchronization) except while a CUDA graph is captured; workspace:
+    cache_workspace(q, k, block_table), so that only o and lse are allocated.
     """
+    if cache_seqlens is not None or block_table is not None:
+        options = dict(sequences=sequences, seqlens_q=seqlens_q, seqlens_k=seqlens_k, cu_seqlens_q=cu_seqlens_q)  # fmt: skip
+        options.update(cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k)  # fmt: skip
+        _check_cache_call(dict(q=q, k=k, v=v, sinks=sinks), dict(options, q_offset=q_offset, k_offset=k_offset))  # fmt: skip
+        cache = (cache_seqlens, block_table, workspace, check_values)
+        o, lse = _cache_forward(q, k, v, _resolve_scale(scale), _check_sinks(sinks, q), *cache)
+        return (o, lse) if return_lse else o
     if isinstance(q, torch.Tensor) and torch.is_autocast_enabled(q.device.type):
         q, k, v = (x.to(DTYPE) if isinstance(x, torch.Tensor) else x for x in (q, k, v))
     seqs = _bound_sequences(

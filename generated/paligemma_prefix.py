@@ -53,6 +53,7 @@ GPU_BWD_CONFIG = (32, 32, 8, 2)
 GPU_TMA = False
 GPU_BWD_TMA = True
 INTERPRETER_CONFIG = (32, 32, 1, 1)
+_NO_CACHE = "this module's spec reads declared inputs: it takes no KV-cache calls (decision 056)"
 
 
 @triton.jit
@@ -1583,7 +1584,7 @@ def _launch(kernel, grid, *args, **options) -> None:
     stream = _driver.active.get_current_stream(device)
     # JITFunction.run's own call; without hooks it needs no launch metadata.
     handles = (compiled.function, compiled.packed_metadata, None, None, None)
-    compiled.run(grid[0], grid[1], 1, stream, *handles, *args)
+    compiled.run(*grid, *(1,) * (3 - len(grid)), stream, *handles, *args)
 
 
 def forward(
@@ -1598,6 +1599,8 @@ def forward(
     num_stages: int | None = None,
     tma: bool | None = None,
     sinks: torch.Tensor | None = None,
+    cache_seqlens: torch.Tensor | None = None,
+    block_table: torch.Tensor | None = None,
     prefix_len: torch.Tensor,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Forward pass with an explicit launch configuration (no autograd).
@@ -1608,6 +1611,8 @@ def forward(
     tma=True loads key tiles through TMA descriptors (sm90+, 16-byte aligned
     strides), False through pointers, None as GPU_TMA says where possible.
     """
+    if cache_seqlens is not None or block_table is not None:
+        raise ValueError(_NO_CACHE)
     _check_inputs(q, k, v)
     args = (q, k, v, _resolve_scale(scale), block_m, block_n, num_warps, num_stages, tma)
     args += (_check_runtime_inputs(q, k, (prefix_len,)),)
@@ -1869,6 +1874,8 @@ def attention(
     sinks: torch.Tensor | None = None,
     q_offset: int | None = None,
     k_offset: int | None = None,
+    cache_seqlens: torch.Tensor | None = None,
+    block_table: torch.Tensor | None = None,
     prefix_len: torch.Tensor,
 ):
     """Attention of the `paligemma_prefix` variant, differentiable in q, k and v.
@@ -1907,6 +1914,8 @@ def attention(
     Under torch.autocast, q, k and v are cast to torch.bfloat16 first (as SDPA casts
     to the autocast dtype); outside it, another dtype is a TypeError.
     """
+    if cache_seqlens is not None or block_table is not None:
+        raise ValueError(_NO_CACHE)
     if isinstance(q, torch.Tensor) and torch.is_autocast_enabled(q.device.type):
         q, k, v = (x.to(DTYPE) if isinstance(x, torch.Tensor) else x for x in (q, k, v))
     seqs = _bound_sequences(

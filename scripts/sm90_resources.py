@@ -58,14 +58,16 @@ def compile_kernel(
     seqs: bool = False,
     v_dim: int | None = None,
     v_in_k: bool = False,
+    cache: int | None = None,
 ):
     """ptxas's report for `fn` compiled at `config` = (BLOCK_M, BLOCK_N, warps, stages);
     `v_dim`: v's head dim where it differs from q's (a module's V_DIM, MLA), and
     `v_in_k` compiles the forward's read-once path for v a view of k (V_IN_K);
     `pointers` gives the type of pointer parameters other than the tensors' and fp32 ones
     (a module's inputs and plans); `seqs` compiles the kernels of padded and varlen calls
-    with sinks and position offsets (SEQS, HAS_SINKS and SHIFTED)."""
-    pointers = dict(pointers or {}, seq_ptr="*i32")
+    with sinks and position offsets (SEQS, HAS_SINKS and SHIFTED); `cache`: the
+    decode kernel of a KV-cache call with pages of that size (0: contiguous)."""
+    pointers = dict(pointers or {}, seq_ptr="*i32", seqlens_ptr="*i32", table_ptr="*i32")
     block_m, block_n, warps, stages = config
     v_dim = v_dim or head_dim
     v_dim_pad = lower.head_dim_pad(v_dim)
@@ -82,6 +84,8 @@ def compile_kernel(
         SEQS=seqs,
         HAS_SINKS=seqs,
         SHIFTED=seqs,
+        CACHE=cache is not None,
+        PAGE_SIZE=cache or 0,
     )
     signature, attrs = {}, {}
     names = [p.name for p in fn.params]
@@ -300,7 +304,9 @@ def plan_resources(module, seqs: bool = False) -> list:
 def decode_resources(module, seqs: bool = False) -> list:
     """Resources of split-KV decoding (decision 052): `_attn_decode` at its
     largest and smallest tiles of query rows (64 and 16) and the module's
-    GPU_DECODE_CONFIG, and the merge (`_attn_decode_merge`, 64 splits)."""
+    GPU_DECODE_CONFIG, the same at 16 rows on a paged KV cache of 64-key pages
+    (decision 056; pointer loads), and the merge (`_attn_decode_merge`, 64
+    splits)."""
     if not hasattr(module, "_attn_decode"):
         return []
     dtype = _DTYPES[str(module.DTYPE)]
@@ -324,6 +330,12 @@ def decode_resources(module, seqs: bool = False) -> list:
             v_in_k=V_IN_K,
         )
         found.append(Resources("_attn_decode", config, tma, *resources))
+    config = (16, block_n, warps, stages)
+    resources = compile_kernel(
+        module._attn_decode, config, dtype=dtype, head_dim=module.HEAD_DIM, head_dim_pad=pad,
+        tma=False, rows=block_n, pointers=dict(o_ptr="*fp32"), seqs=seqs, cache=64,
+    )  # fmt: skip
+    found.append(Resources("_attn_decode_paged", config, False, *resources))
     fn = module._attn_decode_merge
     # The merge handles o only: its HEAD_DIM is o's, V_DIM.
     v_pad = lower.head_dim_pad(module.V_DIM)

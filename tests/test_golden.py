@@ -289,23 +289,27 @@ def test_long_lowered_lines_are_marked_for_black():
 # (1,510-1,549), and the budget moved with them: a line count is a
 # readability budget, and these are features every module has.  Split-KV
 # decoding (decision 052) added ~200 to every module without declared inputs
-# (1,713-1,754).
-TRITON_ONLY_MAX_LINES = 1760
+# (1,713-1,754).  KV caches (decision 056: contiguous and paged caches, their
+# checks, the row tiles and the caller's workspace) added ~240 more (1,955-1,996).
+# With the wave model of the split count (decision 052) and the V_DIM paths of MLA
+# (decision 055) beside them: 1,962-2,009 (deepseek_mla, which has both head dims).
+TRITON_ONLY_MAX_LINES = 2020
 # Specs that read inputs carry what only they need (2026-12-02: 1,870-1,900 lines for
 # the three examples that read inputs): the per-call index checks (~100 lines), the
 # per-call tile plan of a mask that reads inputs (~135), the sums of learnable
 # inputs' gradients (~150), and the tile code of each read loaded once per tile
 # (T5's bucket expression: ~100).
-# Modules of specs with inputs have no decode path (decision 052). A learnable
-# table's row sums where a tile reads one element added ~25 (decision 054: 1,974 for
-# t5_relative_bias, whose bucket bounds now sit once in a helper, not twice).
+# Modules of specs with inputs have no decode path (decision 052); they refuse
+# KV-cache calls by name (decision 056, +9 lines). A learnable table's row sums
+# where a tile reads one element added ~25 (decision 054: t5_relative_bias, whose
+# bucket bounds now sit once in a helper, not twice).
 TRITON_ONLY_MAX_LINES_WITH_INPUTS = 2000
 
 
 @pytest.mark.parametrize("variant", VARIANTS, ids=lambda v: v.name)
 def test_triton_only_module_is_short_clean_and_self_contained(variant):
     """A vendor who wants the shortest module builds it --triton-only: within
-    1,760 lines for every example (1,950 for one that reads inputs), no Gluon anywhere, black-clean as emitted,
+    2,020 lines for every example (2,000 for one that reads inputs), no Gluon anywhere, black-clean as emitted,
     and every global its functions read is defined."""
     import black
 

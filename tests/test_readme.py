@@ -1,5 +1,5 @@
 """README.md's "In your stack" snippets (padded and varlen calls, torch.compile,
-Hugging Face transformers) run as written: each is written to a file and run
+Hugging Face transformers, KV caches) run as written: each is written to a file and run
 in this process, its kernels under the Triton interpreter (tests/conftest.py),
 in the kernels tier.  The quick tier checks that the section still holds them."""
 
@@ -28,6 +28,7 @@ SNIPPETS = {
     "sequences": "mod.sequences(cu_seqlens_q=",
     "torch_compile": "torch.compile(",
     "transformers": "flashgen.hf.register(",
+    "kv_cache": "block_table=block_table",
 }
 NAMES = tuple(SNIPPETS)
 

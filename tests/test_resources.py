@@ -92,9 +92,9 @@ def _sm90_resources(*args: str) -> tuple[list[dict], str]:
 def resources() -> list[dict]:
     rows, stdout = _sm90_resources(*SPECS, "--head-dim", "64", "128")
     # Forward and backward per spec and head dim, split-KV decoding's kernel at
-    # two tiles and its merge, the plan kernel twice, the Gluon forwards at d128, and the two Gluon
-    # backward kernels (none where modules leave Gluon off).
-    expected = 2 * 2 * len(SPECS) + 3 * 2 * len(DECODE_SPECS) + 2 * 2 * len(PLAN_SPECS)
+    # two tiles, on a paged cache, and its merge, the plan kernel twice, the Gluon forwards at
+    # d128, and the two Gluon backward kernels (none where modules leave Gluon off).
+    expected = 2 * 2 * len(SPECS) + 4 * 2 * len(DECODE_SPECS) + 2 * 2 * len(PLAN_SPECS)
     if HAS_GLUON:
         expected += len(GLUON | GLUON_ANY) + 2 * len(GLUON_BACKWARD)
     assert len(rows) == expected, stdout[-2000:]
@@ -119,9 +119,10 @@ def test_forward_kernels_do_not_spill(resources):
 
 
 def test_decode_kernels_do_not_spill(resources):
-    """Split-KV decoding (decision 052) at 16 and 64 query rows, and its merge."""
+    """Split-KV decoding (decision 052) at 16 and 64 query rows, at 16 on a
+    paged KV cache (decision 056), and its merge."""
     decode = [r for r in resources if r["kernel"].startswith("_attn_decode")]
-    assert len(decode) == 3 * 2 * len(DECODE_SPECS)
+    assert len(decode) == 4 * 2 * len(DECODE_SPECS)
     assert not [r for r in decode if r["spill_stores"]]
 
 

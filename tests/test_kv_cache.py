@@ -1,0 +1,325 @@
+"""KV caches (decision 056): attention(q, k_cache, v_cache, cache_seqlens=...,
+block_table=...) over a contiguous (B, Hkv, Nmax, D) cache or a paged
+(pages, page_size, Hkv, D) one, each row's length read on the GPU.
+
+Judged by the project's one rule (`flashgen.verify.tolerance`) against the
+float64 reference on each row's valid keys, its queries at the last Nq of
+them; paged and contiguous caches of one capacity give the same bits; the
+host path is checked to never synchronize, and on a GPU a captured CUDA
+graph replays with new lengths and tables."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from flashgen import ir, runtime
+from flashgen.reference import attention_ref
+from flashgen.verify import max_visible_score, tolerance
+
+from kernel_utils import DEVICE, build, make_variant
+
+HEAD_DIM = 16
+# (mask, score, settings): bounds and tile classes, a softcap, alibi (a
+# slope per row), a mask and a score that read h (no bounds), top-left
+# alignment (a cache's queries still sit at its end).
+SPECS = [
+    ("full", None, {}),
+    ("causal", None, {}),
+    ("causal & window(20)", "softcap(s, 5.0)", {}),
+    ("causal", "s + alibi", {}),
+    ("q - k <= 2 * h + 3", "s * (h + 1) * 0.5", {}),
+    ("causal", None, {"align": "top_left"}),
+]
+
+
+def _tensors(batch, heads, kv_heads, nq, capacity, dtype, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(batch, heads, nq, HEAD_DIM, generator=g)
+    k, v = (torch.randn(batch, kv_heads, capacity, HEAD_DIM, generator=g) for _ in range(2))
+    return tuple(x.to(device=DEVICE, dtype=dtype) for x in (q, k, v))
+
+
+def _paged(k, v, page_size, seed=0):
+    """The contiguous cache (B, Hkv, Nmax, D) as pages (pages, page_size,
+    Hkv, D) in a random order, with the block table that lists them, and
+    two spare pages of NaN that no row uses."""
+    batch, kv_heads, capacity, d = k.shape
+    per_row = capacity // page_size
+    order = torch.randperm(batch * per_row + 2, generator=torch.Generator().manual_seed(seed))
+    table = order[: batch * per_row].view(batch, per_row).to(torch.int32)
+    caches = []
+    for x in (k, v):
+        pages = torch.full(
+            (batch * per_row + 2, page_size, kv_heads, d), float("nan"), dtype=x.dtype
+        )
+        pages = pages.to(x.device)
+        blocks = x.view(batch, kv_heads, per_row, page_size, d).permute(0, 2, 3, 1, 4)
+        pages[table.flatten().long().to(x.device)] = blocks.reshape(-1, page_size, kv_heads, d)
+        caches.append(pages)
+    return caches[0], caches[1], table.to(k.device)
+
+
+def _judge_rows(variant, q, k, v, lengths, o, lse, sinks=None):
+    """Each batch row against the float64 reference on its valid keys, its
+    queries at positions length - Nq + i."""
+    for b, n in enumerate(lengths):
+        qb, kb, vb = q[b : b + 1], k[b : b + 1, :, :n], v[b : b + 1, :, :n]
+        offsets = (n - q.shape[2], 0)
+        ref = dict(offsets=offsets, sinks=sinks)
+        ref_o, ref_lse = attention_ref(
+            variant, qb.double(), kb.double(), vb.double(), **dict(ref, sinks=None if sinks is None else sinks.double())
+        )  # fmt: skip
+        ordinary = attention_ref(variant, qb, kb, vb, dtype=q.dtype, **ref)
+        s_max = max_visible_score(variant, qb, kb, None) if n else 0.0
+        v_max = vb.abs().max().item() if n else 0.0
+        for got, want, side, what, noise in (
+            (o[b : b + 1], ref_o, ordinary[0], "o", s_max * v_max),
+            (lse[b : b + 1], ref_lse, ordinary[1], "lse", s_max),
+        ):
+            check = tolerance(
+                got.cpu(), want.cpu(), side.cpu(), q.dtype, what=what, score_noise=noise
+            )  # fmt: skip
+            assert check.ok, (b, n, what, check)
+        empty = torch.isinf(ref_lse[0])
+        assert torch.equal(torch.isinf(lse[b].cpu()), empty.cpu()), (b, n)
+        assert not o[b][empty].any() and not torch.isnan(o[b]).any(), (b, n)
+
+
+@pytest.mark.kernels
+@pytest.mark.parametrize("dtype", [ir.DType.FP32, ir.DType.FP16], ids=lambda d: d.value)
+@pytest.mark.parametrize("spec", SPECS, ids=lambda s: " ".join([s[0], s[1] or "", *s[2].values()]))
+def test_cache_calls_match_the_reference_on_each_rows_keys(spec, dtype):
+    mask, score, settings = spec
+    variant = make_variant(mask, score, dtype=dtype, head_dim=HEAD_DIM, **settings)
+    module = build(variant)
+    # Lengths 0, 1, below Nq, inside a tile, across tiles and splits, full.
+    lengths = [0, 1, 2, 31, 70, 128]
+    q, k, v = _tensors(len(lengths), 4, 2, 3, 128, module.DTYPE)
+    seqlens = torch.tensor(lengths, dtype=torch.int32, device=DEVICE)
+    for b, n in enumerate(lengths):  # what lies past a row's length is never read
+        k[b, :, n:], v[b, :, n:] = float("nan"), float("nan")
+    o, lse = module.attention(q, k, v, cache_seqlens=seqlens, return_lse=True)
+    _judge_rows(variant, q, k, v, lengths, o, lse)
+    k_pages, v_pages, table = _paged(k, v, 32)
+    paged = module.attention(
+        q, k_pages, v_pages, cache_seqlens=seqlens, block_table=table, return_lse=True
+    )
+    # BLOCK_N is 32 either way and the capacity the same: the same splits, the same bits.
+    assert all(torch.equal(a, b) for a, b in zip((o, lse), paged))
+
+
+@pytest.mark.kernels
+@pytest.mark.parametrize("page_size", [16, 32, 64])
+def test_paged_caches_of_any_page_size_and_order(page_size):
+    variant = make_variant("causal & window(40)", dtype=ir.DType.FP16, head_dim=HEAD_DIM)
+    module = build(variant)
+    lengths = [129, 0, 64, 17]
+    q, k, v = _tensors(4, 2, 1, 2, 192, torch.float16, seed=page_size)
+    seqlens = torch.tensor(lengths, dtype=torch.int32, device=DEVICE)
+    k_pages, v_pages, table = _paged(k, v, page_size, seed=page_size)
+    o, lse = module.attention(
+        q, k_pages, v_pages, cache_seqlens=seqlens, block_table=table, return_lse=True
+    )  # fmt: skip
+    _judge_rows(variant, q, k, v, lengths, o, lse)
+    # forward() takes the same call; a table longer than the lengths need is fine.
+    wide = torch.cat([table, table[:, :1]], dim=1)
+    o2, lse2 = module.forward(q, k_pages, v_pages, cache_seqlens=seqlens, block_table=wide)
+    _judge_rows(variant, q, k, v, lengths, o2, lse2)
+
+
+@pytest.mark.kernels
+def test_sinks_and_groups_of_more_than_one_tile_of_rows():
+    # 8 query heads per KV head x 9 rows = 72 rows: two row tiles of 36.
+    variant = make_variant("causal", dtype=ir.DType.FP32, head_dim=HEAD_DIM)
+    module = build(variant)
+    lengths = [40, 5]
+    q, k, v = _tensors(2, 8, 1, 9, 64, torch.float32, seed=3)
+    sinks = torch.randn(8, generator=torch.Generator().manual_seed(4)).to(DEVICE)
+    seqlens = torch.tensor(lengths, dtype=torch.int32, device=DEVICE)
+    assert module._decode_plan(q, k, 64)[:3] == (64, 32, 2)
+    o, lse = module.attention(q, k, v, cache_seqlens=seqlens, sinks=sinks, return_lse=True)
+    _judge_rows(variant, q, k, v, lengths, o, lse, sinks=sinks)
+
+
+@pytest.mark.kernels
+def test_a_caller_workspace_gives_the_same_bits():
+    variant = make_variant("causal", dtype=ir.DType.FP16, head_dim=HEAD_DIM)
+    module = build(variant)
+    q, k, v = _tensors(1, 4, 1, 1, 256, torch.float16, seed=5)
+    k_pages, v_pages, table = _paged(k, v, 64)
+    seqlens = torch.tensor([200], dtype=torch.int32, device=DEVICE)
+    call = dict(cache_seqlens=seqlens, block_table=table, return_lse=True)
+    workspace = module.cache_workspace(q, k_pages, table)
+    splits = module._decode_plan(q, k_pages.transpose(1, 2), 256, 64)[3]
+    assert splits > 1 and workspace.numel() == splits * 4 * (HEAD_DIM + 1)
+    results = [
+        module.attention(q, k_pages, v_pages, **call, workspace=w) for w in (None, workspace)
+    ]
+    assert all(torch.equal(a, b) for a, b in zip(*results))
+    with pytest.raises(ValueError, match="workspace"):
+        module.attention(q, k_pages, v_pages, **call, workspace=workspace[:-1])
+
+
+def _bad_calls(module, q, k, v, seqlens, table, k_pages, v_pages):
+    """(what is wrong, call, exception, the message's words)."""
+    int64 = seqlens.long()
+    return [
+        ("lengths int64", lambda: module.attention(q, k, v, cache_seqlens=int64), TypeError, "cache_seqlens"),
+        ("lengths (1,)", lambda: module.attention(q, k, v, cache_seqlens=seqlens[:1]), ValueError, "cache_seqlens"),
+        ("length > capacity", lambda: module.attention(q, k, v, cache_seqlens=seqlens + 100), ValueError, "cache_seqlens"),
+        ("length < 0", lambda: module.attention(q, k, v, cache_seqlens=seqlens - 100), ValueError, "cache_seqlens"),
+        ("table int64", lambda: module.attention(q, k_pages, v_pages, cache_seqlens=seqlens, block_table=table.long()), TypeError, "block_table"),
+        ("table strides", lambda: module.attention(q, k_pages, v_pages, cache_seqlens=seqlens, block_table=table.t().contiguous().t()), ValueError, "block_table"),
+        ("table rows", lambda: module.attention(q, k_pages, v_pages, cache_seqlens=seqlens, block_table=table[:1]), ValueError, "block_table"),
+        ("page out of range", lambda: module.attention(q, k_pages, v_pages, cache_seqlens=seqlens, block_table=table + 100), ValueError, "block_table"),
+        ("negative page", lambda: module.attention(q, k_pages, v_pages, cache_seqlens=seqlens, block_table=table - 100), ValueError, "block_table"),
+        ("table alone", lambda: module.attention(q, k_pages, v_pages, block_table=table), TypeError, "cache_seqlens"),
+        ("k dtype", lambda: module.attention(q, k.half(), v, cache_seqlens=seqlens), TypeError, "k "),
+        ("k head_dim", lambda: module.attention(q, k[..., :8], v[..., :8], cache_seqlens=seqlens), ValueError, "k "),
+        ("k batch", lambda: module.attention(q, k[:1], v[:1], cache_seqlens=seqlens), ValueError, "batch"),
+        ("k, v shapes", lambda: module.attention(q, k, v[:, :, :32], cache_seqlens=seqlens), ValueError, "same shape"),
+        ("page size 8", lambda: module.attention(q, k_pages[:, :8], v_pages[:, :8], cache_seqlens=seqlens, block_table=table), ValueError, "page size"),
+        ("heads", lambda: module.attention(q[:, :3], k, v, cache_seqlens=seqlens), ValueError, "heads"),
+        ("offsets", lambda: module.attention(q, k, v, cache_seqlens=seqlens, q_offset=1), ValueError, "q_offset"),
+        ("padding", lambda: module.attention(q, k, v, cache_seqlens=seqlens, seqlens_k=seqlens), ValueError, "seqlens_k"),
+        ("launch config", lambda: module.forward(q, k, v, cache_seqlens=seqlens, block_n=32), ValueError, "block_n"),
+        ("grad", lambda: module.attention(q.clone().requires_grad_(), k, v, cache_seqlens=seqlens), ValueError, "q requires grad"),
+    ]  # fmt: skip
+
+
+@pytest.mark.kernels
+def test_bad_cache_calls_name_the_argument():
+    module = build(make_variant("causal", dtype=ir.DType.FP32, head_dim=HEAD_DIM))
+    q, k, v = _tensors(2, 4, 2, 1, 64, torch.float32)
+    seqlens = torch.tensor([64, 10], dtype=torch.int32, device=DEVICE)
+    k_pages, v_pages, table = _paged(k, v, 16)
+    for what, call, error, words in _bad_calls(module, q, k, v, seqlens, table, k_pages, v_pages):
+        with pytest.raises(error, match=words):
+            call()
+    # Unused entries of the table may hold anything; under no_grad tensors
+    # that require grad are fine.
+    table[1, 1:] = -1
+    module.attention(q, k_pages, v_pages, cache_seqlens=seqlens, block_table=table)
+    with torch.no_grad():
+        module.attention(q.requires_grad_(), k, v, cache_seqlens=seqlens)
+    # The value checks are off when asked (the caller vouches for the values).
+    module.attention(q.detach(), k, v, cache_seqlens=seqlens - 100, check_values=False)
+
+
+def test_specs_that_read_inputs_take_no_cache_calls():
+    from flashgen.check import check
+    from flashgen.parse import parse
+
+    text = "attention t { head_dim = 16; dtype = fp32; bias: fp32[H, 16]; mask = causal; "
+    spec, _ = parse(text + "score = s + bias[h, min(q - k, 15)] }")
+    (variant,), diagnostics = check([spec])
+    assert not diagnostics
+    module = build(variant)
+    q = torch.zeros(1, 2, 1, HEAD_DIM)
+    seqlens = torch.zeros(1, dtype=torch.int32)
+    with pytest.raises(ValueError, match="declared inputs"):
+        module.attention(q, q, q, cache_seqlens=seqlens, bias=torch.zeros(2, 16))
+
+
+class _Synchronized(Exception):
+    pass
+
+
+def test_the_cache_path_never_synchronizes_the_host(monkeypatch):
+    """With check_values=False, or while a CUDA graph is being captured, the
+    host path reads no tensor's value: every Tensor method that would copy
+    one to the host raises, and the launches are recorded, not run."""
+    module = build(make_variant("causal & window(20)", "s + alibi", head_dim=HEAD_DIM))
+    q, k, v = _tensors(2, 4, 2, 2, 64, torch.float32)
+    k_pages, v_pages, table = _paged(k, v, 16)
+    seqlens = torch.tensor([64, 10], dtype=torch.int32, device=DEVICE)
+    sinks = torch.zeros(4, device=DEVICE)
+    module.attention(q, k, v, cache_seqlens=seqlens, sinks=sinks)  # alibi slopes cached
+    launches = []
+    monkeypatch.setattr(module, "_launch", lambda kernel, grid, *a, **kw: launches.append(grid))
+
+    def refuse(*args, **kwargs):
+        raise _Synchronized
+
+    for name in ("item", "tolist", "cpu", "numpy", "__bool__", "__int__", "__float__", "__index__"):
+        monkeypatch.setattr(torch.Tensor, name, refuse)
+    for capturing, check_values in ((False, False), (True, None)):
+        monkeypatch.setattr(module, "_capturing", lambda x, c=capturing: c)
+        module.attention(q, k, v, cache_seqlens=seqlens, sinks=sinks, check_values=check_values)
+        module.forward(
+            q, k_pages, v_pages, cache_seqlens=seqlens, block_table=table, check_values=check_values
+        )  # fmt: skip
+    assert len(launches) == 8  # each call: the split kernel and the merge
+    monkeypatch.setattr(module, "_capturing", lambda x: False)
+    with pytest.raises(_Synchronized):  # the guard is real: the value checks read the host
+        module.attention(q, k, v, cache_seqlens=seqlens)
+
+
+def test_decode_plans_follow_shapes():
+    device = torch.device("cpu")
+    q, k = torch.empty(2, 32, 4, 8), torch.empty(2, 8, 100, 8)
+    # 16 rows per group; the interpreter's BLOCK_N = 32 narrowed to pages of 16 and 48.
+    assert runtime._page_block(16, 64) == 16 and runtime._page_block(48, 64) == 16
+    assert runtime._page_block(256, 64) == 64
+    pages = torch.empty(10, 16, 8, 8)
+    view, capacity, page_size = runtime._cache_view(pages, torch.zeros(2, 5, dtype=torch.int32))
+    assert view.shape == (10, 8, 16, 8) and (capacity, page_size) == (80, 16)
+    assert runtime._capturing(q) is False and device.type == "cpu"
+    assert runtime._cdiv(runtime._decode_rows(q, k), runtime.DECODE_MAX_ROWS) == 1
+    assert runtime._decode_rows(torch.empty(1, 64, 3, 8), torch.empty(1, 1, 5, 8)) == 192
+
+
+@pytest.mark.gpu
+def test_a_captured_decode_step_replays_with_new_lengths_and_pages():
+    """One decode step captured in a CUDA graph, replayed with new lengths
+    and a new block table copied into its inputs, equals an eager call; the
+    captured call synchronizes nothing (sync debug mode "error")."""
+    variant = make_variant("causal", dtype=ir.DType.FP16, head_dim=64)
+    module = build(variant)
+    batch, heads, kv_heads, capacity, page_size = 4, 8, 2, 1024, 64
+    g = torch.Generator().manual_seed(0)
+    q = torch.randn(batch, heads, 1, 64, generator=g).cuda().half()
+    k, v = (torch.randn(batch, kv_heads, capacity, 64, generator=g).cuda().half() for _ in range(2))
+    k_pages, v_pages, table = _paged(k, v, page_size)
+    seqlens = torch.tensor([1024, 1, 500, 0], dtype=torch.int32, device="cuda")
+    call = dict(cache_seqlens=seqlens, block_table=table, check_values=False)
+    workspace = module.cache_workspace(q, k_pages, table)
+    module.attention(q, k, v, cache_seqlens=seqlens)  # compiles the contiguous case
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")  # eager calls, the values unchecked: no sync
+    try:
+        module.attention(q, k, v, cache_seqlens=seqlens, check_values=False)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        module.attention(q, k_pages, v_pages, **call, workspace=workspace)  # warm up: compile
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        torch.cuda.set_sync_debug_mode("error")  # inside: the capture's own set-up synchronizes
+        try:
+            o, lse = module.attention(
+                q, k_pages, v_pages, **call, workspace=workspace, return_lse=True
+            )
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    for new_lengths, seed in (([3, 1024, 0, 700], 1), ([64, 65, 1, 1000], 2)):
+        seqlens.copy_(torch.tensor(new_lengths, dtype=torch.int32))
+        order = torch.randperm(table.numel(), generator=torch.Generator().manual_seed(seed))
+        new_table = table.flatten()[order.cuda()].view_as(table)
+        k_new, v_new = k_pages.clone(), v_pages.clone()
+        k_new[new_table.flatten().long()] = k_pages[table.flatten().long()]
+        v_new[new_table.flatten().long()] = v_pages[table.flatten().long()]
+        k_pages.copy_(k_new)
+        v_pages.copy_(v_new)
+        table.copy_(new_table)
+        graph.replay()
+        torch.cuda.synchronize()
+        eager = module.attention(
+            q, k_pages, v_pages, cache_seqlens=seqlens, block_table=table, return_lse=True
+        )
+        assert torch.equal(o, eager[0]) and torch.equal(lse, eager[1]), new_lengths
+        _judge_rows(variant, q, k, v, new_lengths, o, lse)
