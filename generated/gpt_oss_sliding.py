@@ -1401,7 +1401,7 @@ def _check_cache(q, k, v, cache_seqlens, block_table, check_values=None) -> tupl
     in 0 .. capacity, every page a row reads within the cache) need the host
     to read them, a synchronization: checked when check_values is True, or
     None (the default) outside CUDA-graph capture; never while capturing."""
-    _check_inputs(q, q, q)  # q's own type, shape and device
+    _check_inputs(q, q, q[..., :1].expand(*q.shape[:3], V_DIM))  # q's own type, shape, device
     paged = block_table is not None
     for name, x, dtype in (
         ("cache_seqlens", cache_seqlens, torch.int32), ("block_table", block_table, torch.int32),

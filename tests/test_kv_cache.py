@@ -44,12 +44,13 @@ def _paged(k, v, page_size, seed=0):
     """The contiguous cache (B, Hkv, Nmax, D) as pages (pages, page_size,
     Hkv, D) in a random order, with the block table that lists them, and
     two spare pages of NaN that no row uses."""
-    batch, kv_heads, capacity, d = k.shape
+    batch, kv_heads, capacity, _ = k.shape
     per_row = capacity // page_size
     order = torch.randperm(batch * per_row + 2, generator=torch.Generator().manual_seed(seed))
     table = order[: batch * per_row].view(batch, per_row).to(torch.int32)
     caches = []
     for x in (k, v):
+        d = x.shape[3]  # v may have its own head dim (v_head_dim)
         pages = torch.full(
             (batch * per_row + 2, page_size, kv_heads, d), float("nan"), dtype=x.dtype
         )
@@ -323,3 +324,30 @@ def test_a_captured_decode_step_replays_with_new_lengths_and_pages():
         )
         assert torch.equal(o, eager[0]) and torch.equal(lse, eager[1]), new_lengths
         _judge_rows(variant, q, k, v, new_lengths, o, lse)
+
+
+@pytest.mark.kernels
+@pytest.mark.parametrize("v_dim", [32, 16])
+def test_caches_whose_values_have_their_own_head_dim(v_dim):
+    # v_head_dim (decision 055): a v cache narrower or wider than k's, and a v
+    # cache that is a view of k's first columns (MLA's latent, read once).
+    variant = make_variant("causal", dtype=ir.DType.FP32, head_dim=24, v_head_dim=v_dim)
+    module = build(variant)
+    lengths = [70, 0, 33]
+    g = torch.Generator().manual_seed(v_dim)
+    q = torch.randn(3, 4, 2, 24, generator=g).to(DEVICE)
+    k = torch.randn(3, 2, 96, 24, generator=g).to(DEVICE)
+    v = torch.randn(3, 2, 96, v_dim, generator=g).to(DEVICE)
+    if v_dim < 24:
+        v = k[..., :v_dim]
+    seqlens = torch.tensor(lengths, dtype=torch.int32, device=DEVICE)
+    o, lse = module.attention(q, k, v, cache_seqlens=seqlens, return_lse=True)
+    assert o.shape == (3, 4, 2, v_dim)
+    _judge_rows(variant, q, k, v, lengths, o, lse)
+    k_pages, v_pages, table = _paged(k.contiguous(), v.contiguous(), 32)
+    paged = module.attention(
+        q, k_pages, v_pages, cache_seqlens=seqlens, block_table=table, return_lse=True
+    )
+    _judge_rows(variant, q, k, v, lengths, *paged)
+    with pytest.raises(ValueError, match="v_head_dim"):  # v with k's head dim
+        module.attention(q, k, k, cache_seqlens=seqlens)
