@@ -95,18 +95,20 @@ def test_the_wider_tile_sets_the_launch_and_no_tma_past_256():
 def test_the_module_checks_v_o_and_do_by_v_head_dim():
     module = build(make_variant("causal", head_dim=32, v_head_dim=16))
     assert (module.HEAD_DIM, module.V_DIM, module.V_DIM_PAD) == (32, 16, 16)
-    q, k, v = torch.randn(1, 2, 5, 32), torch.randn(1, 1, 7, 32), torch.randn(1, 1, 7, 16)
+    q, k, v = (
+        torch.randn(shape).to(DEVICE) for shape in ((1, 2, 5, 32), (1, 1, 7, 32), (1, 1, 7, 16))
+    )
     with pytest.raises(ValueError, match="^v has head_dim 32, but .* v_head_dim = 16$"):
         module.forward(q, k, k)
     with pytest.raises(ValueError, match="^k has head_dim 16, but .* head_dim = 32$"):
         module.forward(q, v, v)
     with pytest.raises(ValueError, match="same shape bar the last"):
         module.forward(q, k, v[:, :, :6])
-    o, lse = torch.zeros(1, 2, 5, 16), torch.zeros(1, 2, 5)
+    o, lse, wide = (torch.zeros(s).to(DEVICE) for s in ((1, 2, 5, 16), (1, 2, 5), (1, 2, 5, 32)))
     with pytest.raises(ValueError, match="^o must have shape \\(1, 2, 5, 16\\)"):
-        module.backward(q, k, v, torch.zeros(1, 2, 5, 32), lse, o)
+        module.backward(q, k, v, wide, lse, o)
     with pytest.raises(ValueError, match="^do must have shape \\(1, 2, 5, 16\\)"):
-        module.backward(q, k, v, o, lse, torch.zeros(1, 2, 5, 32))
+        module.backward(q, k, v, o, lse, wide)
     with pytest.raises(ValueError, match="v_head_dim"):
         attention_ref(module_variant(module), q, k, k)
 
