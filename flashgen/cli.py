@@ -241,6 +241,14 @@ def _parser() -> argparse.ArgumentParser:
         "--kv-heads", type=_positive, help="with --decode: KV heads (default 8; GQA 32/8)"
     )
     bench.add_argument(
+        "--page-sizes",
+        type=_positive,
+        nargs="+",
+        metavar="P",
+        help="with --decode: time flashgen also on the cache as shuffled pages of these sizes "
+        "(multiples of 16; block_table=), against its contiguous output",
+    )
+    bench.add_argument(
         "--head-dim",
         type=_positive,
         nargs="+",
@@ -348,7 +356,7 @@ def _bench(args: argparse.Namespace) -> int:
     experiments = _plan(args)
     if args.decode:
         return _bench_decode(args, experiments)
-    for option in ("batches", "queries", "kv_heads"):
+    for option in ("batches", "queries", "kv_heads", "page_sizes"):
         if getattr(args, option) is not None:
             raise _UsageError(f"bench: --{option.replace('_', '-')} goes with --decode")
     args.seqlens = args.seqlens or [1024, 2048, 4096, 8192, 16384]
@@ -434,6 +442,7 @@ def _bench_decode(args: argparse.Namespace, experiments) -> int:
             systems=args.systems,
             timer=args.timer,
             on_result=keep if args.jsonl else None,
+            page_sizes=args.page_sizes or (),
         )
     print(decode_bench.table(results))
     if args.json:

@@ -12,7 +12,10 @@ Each system's output is compared with flashgen's.  A window's speed counts
 the bytes of the whole cache, which it does not read: its TB/s says how far
 its time is from reading them all.
 
-Points whose cache (B * Nk tokens) exceeds MAX_CACHED_TOKENS are skipped.
+`page_sizes` times flashgen once more per point on the same cache held as
+shuffled pages (vLLM's layout, a block table per row), against its own
+contiguous output.  Points whose cache (B * Nk tokens) exceeds
+MAX_CACHED_TOKENS are skipped.
 """
 
 from __future__ import annotations
@@ -95,9 +98,13 @@ def bench_decode(
     device: str = "cuda",
     progress: bool = True,
     on_result: Callable[[DecodeMeasurement], None] | None = None,
+    page_sizes: Sequence[int] = (),
 ) -> list[DecodeMeasurement]:
     """Time every variant at every point of the grid on every system (see the
-    module's docstring); `on_result` gets each measurement as it is taken."""
+    module's docstring); `on_result` gets each measurement as it is taken.
+    Each of `page_sizes` times flashgen once more on the same cache held as
+    pages of that size in a shuffled order (`paged`), compared with its
+    contiguous output (no other system reads pages)."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
     from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
@@ -108,7 +115,8 @@ def bench_decode(
     backends = {"sdpa-cudnn": SDPBackend.CUDNN_ATTENTION, "sdpa-flash": SDPBackend.FLASH_ATTENTION}
     grid = points(batches, n_keys, n_queries)
     results: list[DecodeMeasurement] = []
-    with display.Progress(len(variants) * len(grid) * len(systems), enabled=progress) as bar:
+    cases = len(variants) * len(grid) * (len(systems) + len(page_sizes))
+    with display.Progress(cases, enabled=progress) as bar:
         for variant in variants:
             if head_dim is not None:
                 variant = dataclasses.replace(variant, head_dim=head_dim)
@@ -154,7 +162,48 @@ def bench_decode(
                     if on_result is not None:
                         on_result(measured)
                     bar.advance(label)
+                for size in page_sizes:
+                    label = f"{variant.name} B={b} Nk={nk} Nq={nq} flashgen paged {size}"
+                    bar.start(label)
+                    fn = _paged_call(module, q, k, v, size)
+                    measured = _measure(fn, timer, reference, base, "flashgen")
+                    measured = dataclasses.replace(measured, layout=f"paged{size}")
+                    results.append(measured)
+                    if on_result is not None:
+                        on_result(measured)
+                    bar.advance(label)
     return results
+
+
+def paged(k: torch.Tensor, page_size: int, order: torch.Tensor) -> torch.Tensor:
+    """A contiguous cache (B, Hkv, Nk, D) as pages (B * Nk / page_size,
+    page_size, Hkv, D), page j of row b at index order[b * pages_per_row + j]."""
+    b, kv_heads, nk, d = k.shape
+    blocks = k.reshape(b, kv_heads, nk // page_size, page_size, d).permute(0, 2, 3, 1, 4)
+    pages = torch.empty(
+        (b * nk // page_size, page_size, kv_heads, d), dtype=k.dtype, device=k.device
+    )
+    pages[order] = blocks.reshape(-1, page_size, kv_heads, d)
+    return pages
+
+
+def _paged_call(module, q, k, v, page_size: int) -> Callable[[], object]:
+    """flashgen's KV-cache call on k and v as shuffled pages, every row full."""
+    b, _, nk, _ = k.shape
+    if nk % page_size:
+
+        def refuse():  # reported as the point's error, as a system that cannot run it
+            raise ValueError(f"Nk = {nk} is not a multiple of the page size {page_size}")
+
+        return refuse
+    gen = torch.Generator().manual_seed(page_size)
+    order = torch.randperm(b * nk // page_size, generator=gen).to(k.device)
+    table = order.view(b, nk // page_size).to(torch.int32)
+    k_pages, v_pages = paged(k, page_size, order), paged(v, page_size, order)
+    seqlens = torch.full((b,), nk, dtype=torch.int32, device=k.device)
+    return functools.partial(
+        module.attention, q, k_pages, v_pages, cache_seqlens=seqlens, block_table=table
+    )
 
 
 def _flex(variant, q, k, v, scale, create_block_mask, flex_attention) -> Callable[[], object]:

@@ -75,6 +75,36 @@ def test_bench_decode_times_every_point_and_compares_the_outputs():
     assert (o.double() - ref).abs().max() < 1e-5
 
 
+@pytest.mark.kernels  # the module's cache path on the interpreter
+def test_bench_decode_times_paged_caches_against_the_contiguous_output():
+    variant = _variant("attention c { head_dim = 16; dtype = fp32; mask = causal }")
+    results = decode_bench.bench_decode(
+        [variant], batches=(2,), n_keys=(64,), n_queries=(1, 3), heads=4, kv_heads=2,
+        systems=("flashgen",), timer=lambda fn: 0.5, device="cpu", progress=False,
+        page_sizes=(16, 32, 48),
+    )  # fmt: skip
+    layouts = [(r.n_queries, r.layout) for r in results]
+    assert layouts == [
+        (nq, layout) for nq in (1, 3) for layout in ("contiguous", "paged16", "paged32", "paged48")
+    ]
+    for r in results:
+        if r.layout == "paged48":  # 64 keys are no whole number of pages
+            assert "multiple of the page size" in r.error
+        elif r.layout != "contiguous":  # the same keys in shuffled pages: the same output
+            assert not r.error and r.max_diff < 1e-6
+
+
+def test_pages_hold_the_cache_in_the_order_given():
+    k = torch.arange(2 * 3 * 8 * 2, dtype=torch.float32).view(2, 3, 8, 2)
+    order = torch.tensor([3, 0, 2, 1])
+    pages = decode_bench.paged(k, 4, order)
+    assert pages.shape == (4, 4, 3, 2)
+    for b in range(2):
+        for j in range(2):  # page j of row b holds keys 4j .. 4j + 3, heads in dim 2
+            page = pages[order[b * 2 + j]]
+            assert torch.equal(page, k[b, :, 4 * j : 4 * j + 4].transpose(0, 1))
+
+
 def test_bench_decode_command_line_writes_records_as_taken(tmp_path, monkeypatch, capsys):
     spec = tmp_path / "a.attn"
     spec.write_text("attention tiny { head_dim = 16; dtype = bf16; mask = causal }\n")
