@@ -16,7 +16,8 @@ pass `kernel_options`; the measurement's `note`, the table's footnotes and the
 records say which options it ran with.
 
 FLOPs count the mask's real density: 4·B·H·Nq·Nk·D·density for the forward and
-2.5 times that for the backward, whose time is (forward + backward) - forward.
+2.5 times that for the backward (`flop_count`: 2·(D + Dv) and 2·(3D + 2Dv) where
+v has its own head dim Dv), whose time is (forward + backward) - forward.
 FlexAttention runs the same variant through the `score_mod` / `mask_mod` that
 `flashgen.flex` derives from the IR, compiled, with a block mask; SDPA's cuDNN
 and flash backends run where the variant is expressible there (plain scores,
@@ -139,6 +140,8 @@ class Measurement:
     # How the system ran where that differs from its defaults (FlexAttention
     # with FLEX_FALLBACK_OPTIONS); empty otherwise.
     note: str = ""
+    # v's (and o's) head dim where it differs from q's (MLA); None: head_dim.
+    v_head_dim: int | None = None
 
     def host_paced(self) -> bool:
         """Whether the forward + backward time measured is the host's pace."""
@@ -150,10 +153,17 @@ class Measurement:
         ms = self.bwd_ms if backward else self.fwd_ms
         if ms is None or ms <= 0:
             return None
-        flops = 4 * self.batch * self.heads * self.seqlen**2 * self.head_dim * self.density
-        if backward:
-            flops *= BACKWARD_FLOP_FACTOR
-        return flops / (ms * 1e-3) / 1e12
+        return flop_count(self, backward) / (ms * 1e-3) / 1e12
+
+
+def flop_count(m: Measurement, backward: bool = False) -> float:
+    """The matrix products' FLOPs, at the mask's density: q.k (D) and p.v (Dv)
+    forward, 2 B H N^2 (D + Dv); backward q.k again, dP = dO.v (Dv), dV (Dv),
+    dQ and dK (D): 2 B H N^2 (3 D + 2 Dv), BACKWARD_FLOP_FACTOR times the
+    forward where Dv = D."""
+    d, dv = m.head_dim, m.v_head_dim or m.head_dim
+    per_pair = (3 * d + 2 * dv) if backward else (d + dv)
+    return 2 * m.batch * m.heads * m.seqlen**2 * per_pair * m.density
 
 
 def density(
@@ -391,6 +401,8 @@ def _measure(
     error is reported in the measurement, unless `reraise` says to raise it."""
     b, h, n, d = q.shape
     base = dict(variant=name, system=system, batch=b, heads=h, seqlen=n, head_dim=d, density=frac)
+    if v.shape[-1] != d:
+        base["v_head_dim"] = v.shape[-1]
     base["timer"] = timer_name
     inputs = [x.detach().requires_grad_() for x in (q, k, v)]
     diff = fwd = bwd = host = None

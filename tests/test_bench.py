@@ -519,3 +519,15 @@ def test_out_of_resources_reads_the_whole_chain():
     assert not bench.out_of_resources(RuntimeError("backend='inductor' raised: compilation failed"))
     assert not bench.out_of_resources(torch.OutOfMemoryError("CUDA out of memory"))
     assert not bench.out_of_resources(ValueError("resource busy"))
+
+
+def test_flops_count_v_by_its_own_head_dim():
+    # MLA (d192, v 128): q.k at 192, p.v at 128; the backward's dQ, dK and q.k
+    # at 192, dP and dV at 128.  At Dv = D the usual 4 B H N^2 D and 2.5 times it.
+    m = bench.Measurement("m", "flashgen", 2, 4, 100, 192, 0.5, 1.0, 2.0, v_head_dim=128)
+    assert bench.flop_count(m) == 2 * 2 * 4 * 100**2 * (192 + 128) * 0.5
+    assert bench.flop_count(m, backward=True) == 2 * 2 * 4 * 100**2 * (3 * 192 + 2 * 128) * 0.5
+    same = dataclasses.replace(m, v_head_dim=None)
+    assert bench.flop_count(same) == 4 * 2 * 4 * 100**2 * 192 * 0.5
+    assert bench.flop_count(same, True) == bench.BACKWARD_FLOP_FACTOR * bench.flop_count(same)
+    assert m.tflops() == pytest.approx(bench.flop_count(m) / 1e-3 / 1e12)
