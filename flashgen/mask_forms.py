@@ -108,7 +108,7 @@ def _dedupe(e: ir.Binary) -> ir.Expr:
     return out
 
 
-_NEGATED = {
+NEGATED = {
     ir.BinOp.EQ: ir.BinOp.NE,
     ir.BinOp.NE: ir.BinOp.EQ,
     ir.BinOp.LT: ir.BinOp.GE,
@@ -131,8 +131,8 @@ def negation_normal_form(e: ir.Expr, negate: bool = False) -> ir.Expr:
             negation_normal_form(e.left, negate),
             negation_normal_form(e.right, negate),
         )
-    if negate and isinstance(e, ir.Binary) and e.op in _NEGATED:
-        return ir.Binary(_NEGATED[e.op], e.left, e.right)
+    if negate and isinstance(e, ir.Binary) and e.op in NEGATED:
+        return ir.Binary(NEGATED[e.op], e.left, e.right)
     if negate:
         return ir.Unary(ir.UnaryOp.NOT, e)
     return e

@@ -22,6 +22,7 @@ from flashgen.element_code import constant_value
 from flashgen.mask_forms import (
     CONSTANT_TRUTH,
     FLIPPED,
+    NEGATED,
     Affine,
     affine,
     clean,
@@ -373,41 +374,41 @@ def disjuncts(e: ir.Expr) -> tuple[list[tuple[ir.Expr, ...]], bool] | None:
 def _split_min_max(e: ir.Expr) -> ir.Expr | None:
     """`max(a, b) > c` as `a > c | b > c`, `min(a, b) < c` as `a < c & b < c`,
     and their kin; == and != stay whole."""
-    if not (isinstance(e, ir.Binary) and e.op in FLIPPED) or e.op in (ir.BinOp.EQ, ir.BinOp.NE):
+    found = _call_compared(e, ("min", "max"))
+    if found is None or found[1] in (ir.BinOp.EQ, ir.BinOp.NE):
+        return None
+    call, op, right = found
+    above = op in (ir.BinOp.GT, ir.BinOp.GE)  # max(a, b) > c: either is
+    join = ir.BinOp.OR if above == (call.fn == "max") else ir.BinOp.AND
+    a, b = call.args
+    return ir.Binary(join, ir.Binary(op, a, right), ir.Binary(op, b, right))
+
+
+def _call_compared(e: ir.Expr, fns: tuple[str, ...]) -> tuple[ir.Call, ir.BinOp, ir.Expr] | None:
+    """A comparison with a call of one of `fns` on either side, as (call, op,
+    other side) read with the call on the left; None for anything else."""
+    if not (isinstance(e, ir.Binary) and e.op in FLIPPED):
         return None
     left, op, right = e.left, e.op, e.right
-    if isinstance(right, ir.Call) and right.fn in ("min", "max"):
+    if isinstance(right, ir.Call) and right.fn in fns:
         left, op, right = right, FLIPPED[op], left
-    if not (isinstance(left, ir.Call) and left.fn in ("min", "max")):
-        return None
-    above = op in (ir.BinOp.GT, ir.BinOp.GE)  # max(a, b) > c: either is
-    join = ir.BinOp.OR if above == (left.fn == "max") else ir.BinOp.AND
-    a, b = left.args
-    return ir.Binary(join, ir.Binary(op, a, right), ir.Binary(op, b, right))
+    return (left, op, right) if isinstance(left, ir.Call) and left.fn in fns else None
 
 
 def _split_abs(e: ir.Expr) -> ir.Expr | None:
     """`abs(x) op c` with x affine and c constant, as comparisons of x."""
-    if not (isinstance(e, ir.Binary) and e.op in FLIPPED):
+    found = _call_compared(e, ("abs",))
+    c = None if found is None else constant_value(found[2])
+    if c is None:
         return None
-    left, op, right = e.left, e.op, e.right
-    if isinstance(right, ir.Call) and right.fn == "abs":
-        left, op, right = right, FLIPPED[op], left
-    c = constant_value(right)
-    if not (isinstance(left, ir.Call) and left.fn == "abs" and c is not None):
-        return None
-    x = left.args[0]
+    (x,), op = found[0].args, found[1]
     if affine(x) is None or (op in (ir.BinOp.EQ, ir.BinOp.NE) and c < 0):
         return None
     pos, neg = ir.Num(c), ir.Num(-c)
-    low = {ir.BinOp.LT: ir.BinOp.GT, ir.BinOp.LE: ir.BinOp.GE}
-    if op in low:  # -c < x < c
-        return ir.Binary(ir.BinOp.AND, ir.Binary(op, x, pos), ir.Binary(low[op], x, neg))
-    high = {ir.BinOp.GT: ir.BinOp.LT, ir.BinOp.GE: ir.BinOp.LE}
-    if op in high:  # x > c or x < -c
-        return ir.Binary(ir.BinOp.OR, ir.Binary(op, x, pos), ir.Binary(high[op], x, neg))
-    join = ir.BinOp.OR if op is ir.BinOp.EQ else ir.BinOp.AND
-    return ir.Binary(join, ir.Binary(op, x, pos), ir.Binary(op, x, neg))
+    # -c < x < c (and <=); x > c or x < -c (and >=); x == c or x == -c; both !=.
+    join = {ir.BinOp.LT: ir.BinOp.AND, ir.BinOp.LE: ir.BinOp.AND, ir.BinOp.NE: ir.BinOp.AND}
+    other = op if op in (ir.BinOp.EQ, ir.BinOp.NE) else FLIPPED[op]
+    return ir.Binary(join.get(op, ir.BinOp.OR), ir.Binary(op, x, pos), ir.Binary(other, x, neg))
 
 
 def _range_of(op: ir.BinOp, bound: int) -> tuple[int | None, int | None] | None:
@@ -470,19 +471,9 @@ def _constraint(e: ir.Expr) -> tuple | None:
     return ("mod", n, residue, e.op is ir.BinOp.EQ)
 
 
-_NEGATIONS = {
-    ir.BinOp.EQ: ir.BinOp.NE,
-    ir.BinOp.NE: ir.BinOp.EQ,
-    ir.BinOp.LT: ir.BinOp.GE,
-    ir.BinOp.GE: ir.BinOp.LT,
-    ir.BinOp.LE: ir.BinOp.GT,
-    ir.BinOp.GT: ir.BinOp.LE,
-}
-
-
 def _negated(e: ir.Expr) -> ir.Expr | None:
-    if isinstance(e, ir.Binary) and e.op in _NEGATIONS:
-        return ir.Binary(_NEGATIONS[e.op], e.left, e.right)
+    if isinstance(e, ir.Binary) and e.op in NEGATED:
+        return ir.Binary(NEGATED[e.op], e.left, e.right)
     return None
 
 
