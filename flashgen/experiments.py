@@ -85,6 +85,7 @@ KNOBS: dict[str, Callable[[str], object]] = {
     "fast_math": _only(False),  # off: tanh and log by their accurate paths on the GPU too
     "gather_unpipelined": _bool,  # on: input reads kept out of the software pipeline
     "hoist_reads": _bool,  # off: no score read loaded once for a tile it is constant over
+    "merged_edges": _bool,  # one loop per program, edge tiles masked in a branch (or three loops)
 }
 
 

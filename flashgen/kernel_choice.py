@@ -170,6 +170,38 @@ def gluon_forward(v: ir.Variant) -> GluonForward | None:
     return GluonForward.ANY if span is None or span >= GLUON_ANY_MIN_KEYS else None
 
 
+# One loop over a program's tiles, the edge tiles masked in a branch over
+# registers, against three loops (masked edge tiles, the unmasked interior,
+# masked edge tiles), on the Triton forward of an H200 (bf16, B·N = 16384,
+# scripts/gpu_one_loop_probe.py, 2026-12-02): 1.20-1.33x for packed documents
+# of ~1000 tokens, 1.09-1.37x for causal chunks of 1024, 1.13-1.56x for a
+# 129-key band, 1.05-1.34x for a 1024-key window, 0.93-1.05x for causal at
+# N = 4096.  Each loop is software-pipelined apart, so a loop of one or two
+# edge tiles waits for each load whole; with short rows that is most of them.
+MERGED_EDGES = True
+
+
+def merged_edges(mask: ir.Expr, planned: bool) -> bool:
+    """Whether the Triton kernels walk a program's tiles in one loop, the
+    edge tiles taking the elementwise mask in a branch: where rows are short,
+    a mask whose keys per query are bounded (`key_span`), or one whose call
+    plan (`planned`) bounds them by documents (an `&` term that compares two
+    reads of the call's data for equality, such as doc[b, q] == doc[b, k]).
+    `mask` desugared, in negation normal form."""
+    return MERGED_EDGES and (key_span(mask) is not None or planned and _documents(mask))
+
+
+def _documents(e: ir.Expr) -> bool:
+    if isinstance(e, ir.Binary) and e.op is ir.BinOp.AND:
+        return _documents(e.left) or _documents(e.right)
+    return (
+        isinstance(e, ir.Binary)
+        and e.op is ir.BinOp.EQ
+        and ir.reads_runtime_data(e.left)
+        and ir.reads_runtime_data(e.right)
+    )
+
+
 def gluon_min_keys(forward: GluonForward | None) -> int:
     """The fewest keys a call needs for the Gluon forward (0: any number)."""
     return GLUON_ANY_MIN_KEYS if forward is GluonForward.ANY else 0

@@ -65,16 +65,26 @@ def gpu_config(head_dim_pad: int, dtype: ir.DType, masked: bool) -> LaunchConfig
     return LaunchConfig(128, 64, 8, 3) if head_dim_pad <= 64 else LaunchConfig(128, 128, 8, 3)
 
 
-def gpu_bwd_config(head_dim_pad: int, dtype: ir.DType) -> LaunchConfig:
+def gpu_bwd_config(head_dim_pad: int, dtype: ir.DType, short_rows: bool = False) -> LaunchConfig:
     """Backward tiles.  The dK/dV kernel keeps two BLOCK_N x HEAD_DIM fp32
-    accumulators in registers, so wide heads get narrower key tiles."""
+    accumulators in registers, so wide heads get narrower key tiles.
+
+    `short_rows`: each program sees a few tiles (`kernel_choice.merged_edges`).
+    At d128 64 x 64 with 4 warps and 2 stages then beats 64 x 128 x 8 x 3 on
+    the H200 (scripts/gpu_config_sweep.py, 2026-12-02, bf16, merged loops):
+    1.10 ms against 1.26 for packed documents of ~1000 tokens, 0.60 against
+    0.64 for causal chunks of 1024, 1.03 against 1.10 for a 1024-key window,
+    0.31 against 0.42 for a 129-key band; it loses at causal N = 16384
+    (7.26 ms against 6.77).  At d64 the default was best or within 6%."""
     wide = dtype is ir.DType.FP32
     if head_dim_pad <= 64:
         return LaunchConfig(64, 64, 4, 2 if wide else 3)
     if head_dim_pad <= 128:
+        if wide:
+            return LaunchConfig(32, 32, 4, 2)
         # Measured on the H200: 64 x 128 with 8 warps and TMA loads (see
         # `gpu_tma`), 336-396 TFLOP/s at d128.
-        return LaunchConfig(32, 32, 4, 2) if wide else LaunchConfig(64, 128, 8, 3)
+        return LaunchConfig(64, 64, 4, 2) if short_rows else LaunchConfig(64, 128, 8, 3)
     if head_dim_pad > 256:  # MLA's 576-wide K (1024-wide tiles; not yet measured)
         return LaunchConfig(16, 16, 8, 1)
     return LaunchConfig(16 if wide else 32, 16 if wide else 32, 8, 1 if wide else 2)

@@ -37,6 +37,7 @@ from flashgen.kernel_choice import (
     gluon_forward,
     gluon_min_keys,
     key_span,
+    merged_edges,
     tanh_small_poly,
 )
 from flashgen.launch import (
@@ -54,6 +55,7 @@ from flashgen.mask_forms import (
     edges_dense,
     keys_before_queries,
     negation_normal_form,
+    positional_part,
 )
 from flashgen.printer import print_expr, print_variant
 from flashgen.loop_bounds import interior_bounds, key_bounds, query_bounds
@@ -362,6 +364,10 @@ class KernelModel:
     # their masked step runs: not when every such tile may hold a visible
     # pair anyway (`tile_never_empty`) or the bounds are dense.
     classify_edge_tiles: bool
+    # One loop over each program's tiles, the edge tiles (outside the
+    # interior) masked in a branch (`kernel_choice.merged_edges`), instead of
+    # three loops; only where no edge tile needs classifying.
+    merged_edges: bool
     # Helpers the element code calls.
     needs_floor_div: bool
     needs_tanh: bool
@@ -567,6 +573,12 @@ def lower(v: ir.Variant, tuning: Tuning | None = None) -> KernelModel:
     )
 
     positions = frozenset({"q", "k"})
+    # The tile tests classify the positional terms only (a data comparison
+    # may always hold there): every tile in the loops' bounds of a mask whose
+    # positional part has dense edges holds a visible pair of that part.
+    positional = positional_part(mask)
+    classify = not (may == kx.TRUE or mask_is_full or positional is None or edges_dense(positional))
+    merged = not (classify or mask_is_full) and merged_edges(mask, plan is not None)
     default_tma = gpu_tma(widest, v.dtype)
     gluon = gluon_forward(v)
     return KernelModel(
@@ -612,7 +624,8 @@ def lower(v: ir.Variant, tuning: Tuning | None = None) -> KernelModel:
         query_lo=_source(query_lo),
         query_hi=_source(query_hi),
         bounds_dense=mask_is_full or edges_dense(mask),
-        classify_edge_tiles=not (may == kx.TRUE or mask_is_full or edges_dense(mask)),
+        classify_edge_tiles=classify,
+        merged_edges=merged,
         key_interior=key_interior is not None,
         key_interior_lo=_source(key_interior[0]) if key_interior else None,
         key_interior_hi=_source(key_interior[1]) if key_interior else None,
@@ -626,7 +639,7 @@ def lower(v: ir.Variant, tuning: Tuning | None = None) -> KernelModel:
         needs_log=score.needs_log,
         gpu_config=(tuning.forward if tuning else gpu_config(widest, v.dtype, not mask_is_full)),
         cpu_config=CPU_CONFIG,
-        gpu_bwd_config=tuning.backward if tuning else gpu_bwd_config(widest, v.dtype),
+        gpu_bwd_config=tuning.backward if tuning else gpu_bwd_config(widest, v.dtype, merged),
         gpu_tma=_pick(tuning.forward_tma if tuning else None, default_tma[0]),
         gpu_bwd_tma=_pick(tuning.backward_tma if tuning else None, default_tma[1]),
         tuned_on=tuning.device if tuning else None,

@@ -87,7 +87,30 @@ def desugar_mask(e: ir.Expr) -> ir.Expr:
         return ir.Unary(e.op, desugar_mask(e.operand))
     if isinstance(e, ir.Binary) and e.op in (ir.BinOp.AND, ir.BinOp.OR):
         return _dedupe(ir.Binary(e.op, desugar_mask(e.left), desugar_mask(e.right)))
+    if (split := _abs_split(e)) is not None:
+        return split
     return e
+
+
+def _abs_split(e: ir.Expr) -> ir.Expr | None:
+    """`abs(A) < X` as `A < X & -A < X`, `abs(A) > X` as `A > X | -A > X`
+    (<= and >= alike, abs on either side), for A and X affine in positions:
+    the same pairs, but as comparisons that bound k by q, so a band spelled
+    with abs gets the loop bounds and interior of a window.  None otherwise."""
+    if not isinstance(e, ir.Binary) or e.op not in FLIPPED or e.op in (ir.BinOp.EQ, ir.BinOp.NE):
+        return None
+    op, left, right = e.op, e.left, e.right
+    if not _is_abs(left):
+        op, left, right = FLIPPED[op], right, left
+    if not _is_abs(left) or affine(left.args[0]) is None or affine(right) is None:
+        return None
+    a = left.args[0]
+    join = ir.BinOp.AND if op in (ir.BinOp.LT, ir.BinOp.LE) else ir.BinOp.OR
+    return ir.Binary(join, _cmp(op, a, right), _cmp(op, ir.Unary(ir.UnaryOp.NEG, a), right))
+
+
+def _is_abs(e: ir.Expr) -> bool:
+    return isinstance(e, ir.Call) and e.fn == "abs" and len(e.args) == 1
 
 
 def _dedupe(e: ir.Binary) -> ir.Expr:
@@ -286,6 +309,19 @@ def edges_dense(e: ir.Expr) -> bool:
     forward and 14% of the backward of causal & chunk on an H200.
     """
     return is_band(e) or diagonal_rows(e) is not None
+
+
+def positional_part(e: ir.Expr) -> ir.Expr | None:
+    """A mask in negation normal form with each comparison that reads runtime
+    data taken as true (None: true everywhere), as the kernels' tile tests
+    take it: they classify only the positional terms, and leave the data's
+    to the call's plan and the elementwise mask."""
+    if isinstance(e, ir.Binary) and e.op in (ir.BinOp.AND, ir.BinOp.OR):
+        a, b = positional_part(e.left), positional_part(e.right)
+        if e.op is ir.BinOp.OR:
+            return None if a is None or b is None else ir.Binary(e.op, a, b)
+        return a if b is None else b if a is None else ir.Binary(e.op, a, b)
+    return None if ir.reads_runtime_data(e) else e
 
 
 def diagonal_rows(e: ir.Expr) -> bool | None:

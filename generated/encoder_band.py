@@ -142,18 +142,19 @@ def _store_rows(
 
 @triton.jit
 def _scores_log2(
-    qk, q_pos, k_pos, n_keys, head, num_heads, alibi_slope, sm_scale, MASKED: tl.constexpr
+    qk, q_pos, k_pos, n_keys, head, num_heads, alibi_slope, sm_scale, MASKED: tl.constexpr, edge=True
 ):  # fmt: skip
     """Score modifier and mask on a tile of q.k products, in log2 units.
 
     Masked pairs (and keys past n_keys) get -inf.  Tiles known to be fully
-    visible skip the mask (MASKED=False).
+    visible skip the mask (MASKED=False, or edge False at run time).
     """
     # log2(e) is folded into the scale, so exp2 of these scores computes exp.
     s2 = qk * (sm_scale * 1.4426950408889634)
     if MASKED:
-        visible = (k_pos < n_keys) & ((k_pos >= (q_pos - 128)) & (k_pos <= (q_pos + 128)))
-        s2 = tl.where(visible, s2, float("-inf"))
+        if edge:
+            visible = (k_pos < n_keys) & ((k_pos >= (q_pos - 128)) & (k_pos <= (q_pos + 128)))
+            s2 = tl.where(visible, s2, float("-inf"))
     return s2
 
 
@@ -161,7 +162,7 @@ def _scores_log2(
 def _attn_fwd_tile(
     acc, l_i, m_i, q, q_pos, k_desc, v_desc, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
     batch, kv_head, start_n, n_keys, k_offset, head, num_heads, alibi_slope, sm_scale,
-    HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, BLOCK_N: tl.constexpr, MASKED: tl.constexpr, USE_TMA: tl.constexpr,
+    HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, BLOCK_N: tl.constexpr, MASKED: tl.constexpr, USE_TMA: tl.constexpr, edge=True,
 ):  # fmt: skip
     """One key tile of the online softmax (key row j at position j + k_offset)."""
     offs_n = start_n + tl.arange(0, BLOCK_N)
@@ -171,7 +172,7 @@ def _attn_fwd_tile(
     )  # fmt: skip
     qk = tl.dot(q, tl.trans(k))
     s2 = _scores_log2(
-        qk, q_pos, (offs_n + k_offset)[None, :], n_keys + k_offset, head, num_heads, alibi_slope, sm_scale, MASKED
+        qk, q_pos, (offs_n + k_offset)[None, :], n_keys + k_offset, head, num_heads, alibi_slope, sm_scale, MASKED, edge
     )  # fmt: skip
     m_blk = tl.max(s2, 1)
     m_new = tl.maximum(m_i, m_blk)
@@ -256,31 +257,20 @@ def _attn_fwd(
     hi = tl.minimum(q_hi + 128 + 1 - k_offset, n_keys)
 
     # Key tiles that every query of this tile sees whole run without the
-    # elementwise mask, in a loop with no branch; the tiles on either side
-    # of that interior are masked.
+    # elementwise mask; the tiles on either side of that interior (`edge`)
+    # take it in a branch, in the same loop: its loads pipeline across both.
     full_lo = tl.maximum(q_hi - 128 - k_offset, 0)
     full_hi = tl.minimum(q_lo + 128 - k_offset, n_keys - 1)
     # Split [lo, hi) at tile boundaries into masked tiles, the interior, masked tiles.
     end = (hi + BLOCK_N - 1) // BLOCK_N * BLOCK_N
     mid_lo = tl.minimum(tl.maximum((full_lo + BLOCK_N - 1) // BLOCK_N * BLOCK_N, lo), end)
     mid_hi = tl.minimum(tl.maximum((full_hi + 1) // BLOCK_N * BLOCK_N, mid_lo), end)
-    for start_n in range(lo, mid_lo, BLOCK_N):
+    for start_n in range(lo, hi, BLOCK_N):
+        edge = (start_n < mid_lo) | (start_n >= mid_hi)
         acc, l_i, m_i = _attn_fwd_tile(
             acc, l_i, m_i, q, q_pos, k_desc, v_desc, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
             batch, kv_head, start_n, n_keys, k_offset, head, num_heads, alibi_slope, sm_scale,
-            HEAD_DIM, HEAD_DIM_PAD, BLOCK_N, True, USE_TMA,
-        )  # fmt: skip
-    for start_n in range(mid_lo, mid_hi, BLOCK_N):
-        acc, l_i, m_i = _attn_fwd_tile(
-            acc, l_i, m_i, q, q_pos, k_desc, v_desc, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
-            batch, kv_head, start_n, n_keys, k_offset, head, num_heads, alibi_slope, sm_scale,
-            HEAD_DIM, HEAD_DIM_PAD, BLOCK_N, False, USE_TMA,
-        )  # fmt: skip
-    for start_n in range(mid_hi, hi, BLOCK_N):
-        acc, l_i, m_i = _attn_fwd_tile(
-            acc, l_i, m_i, q, q_pos, k_desc, v_desc, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
-            batch, kv_head, start_n, n_keys, k_offset, head, num_heads, alibi_slope, sm_scale,
-            HEAD_DIM, HEAD_DIM_PAD, BLOCK_N, True, USE_TMA,
+            HEAD_DIM, HEAD_DIM_PAD, BLOCK_N, True, USE_TMA, edge,
         )  # fmt: skip
 
     if HAS_SINKS:
@@ -495,7 +485,7 @@ def _attn_bwd_preprocess(
 
 @triton.jit
 def _attn_probs(
-    qk, lse, q_pos, k_pos, n_keys, head, num_heads, alibi_slope, sm_scale, MASKED: tl.constexpr
+    qk, lse, q_pos, k_pos, n_keys, head, num_heads, alibi_slope, sm_scale, MASKED: tl.constexpr, edge=True
 ):  # fmt: skip
     """Recompute P = exp(score - lse) for a tile from the saved log-sum-exp;
     also the scores (log2 units), from which some derivatives are cheaper.
@@ -503,7 +493,7 @@ def _attn_probs(
     `lse` and the positions come shaped to broadcast against `qk`, which may
     be a (queries x keys) tile or its transpose.
     """
-    s2 = _scores_log2(qk, q_pos, k_pos, n_keys, head, num_heads, alibi_slope, sm_scale, MASKED)
+    s2 = _scores_log2(qk, q_pos, k_pos, n_keys, head, num_heads, alibi_slope, sm_scale, MASKED, edge)  # fmt: skip
     # Rows that see no key (lse = -inf) and padding rows (lse = +inf) get p = 0.
     lse2 = tl.where(lse == float("-inf"), float("inf"), lse * 1.4426950408889634)
     return tl.math.exp2(s2 - lse2), s2
@@ -514,7 +504,7 @@ def _attn_bwd_dkdv_tile(
     dk, dv, k, v, q_desc, do_desc, q_base, do_base, lse_base, delta_base,
     stride_qm, stride_qd, stride_dom, stride_dod,
     batch, start_m, n_queries, q_offset, k_pos, n_keys, head, num_heads, alibi_slope, sm_scale,
-    HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, BLOCK_M: tl.constexpr, MASKED: tl.constexpr, USE_TMA: tl.constexpr,
+    HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, BLOCK_M: tl.constexpr, MASKED: tl.constexpr, USE_TMA: tl.constexpr, edge=True,
 ):  # fmt: skip
     """Accumulate one query tile's contribution to a key tile's dK and dV.
 
@@ -537,7 +527,7 @@ def _attn_bwd_dkdv_tile(
     q_pos = (offs_m + q_offset)[None, :]
     qk_t = tl.dot(k, tl.trans(q))
     p_t, s2_t = _attn_probs(
-        qk_t, lse[None, :], q_pos, k_pos, n_keys, head, num_heads, alibi_slope, sm_scale, MASKED
+        qk_t, lse[None, :], q_pos, k_pos, n_keys, head, num_heads, alibi_slope, sm_scale, MASKED, edge
     )  # fmt: skip
     dv = tl.dot(p_t.to(do.dtype), do, dv)
     dp_t = tl.dot(v, tl.trans(do))
@@ -618,7 +608,8 @@ def _attn_bwd_dkdv(
         row_lo = tl.maximum(k_lo - 128 - q_offset, 0) // BLOCK_M * BLOCK_M
         row_hi = tl.minimum(k_hi + 128 - q_offset + 1, n_queries)
         # Query tiles that see every key of this tile (when the key tile is whole)
-        # run without the elementwise mask; the tiles on either side are masked.
+        # run without the elementwise mask; the tiles on either side (`edge`)
+        # take it in a branch, in the same loop.
         full_lo = tl.maximum(k_hi - 128 - q_offset, 0)
         full_hi = tl.minimum(k_lo + 128 - q_offset, n_queries - 1)
         full_hi = tl.where(start_n + BLOCK_N <= n_keys, full_hi, -1)
@@ -626,23 +617,12 @@ def _attn_bwd_dkdv(
         end = (row_hi + BLOCK_M - 1) // BLOCK_M * BLOCK_M
         mid_lo = tl.minimum(tl.maximum((full_lo + BLOCK_M - 1) // BLOCK_M * BLOCK_M, row_lo), end)
         mid_hi = tl.minimum(tl.maximum((full_hi + 1) // BLOCK_M * BLOCK_M, mid_lo), end)
-        for start_m in range(row_lo, mid_lo, BLOCK_M):
+        for start_m in range(row_lo, row_hi, BLOCK_M):
+            edge = (start_m < mid_lo) | (start_m >= mid_hi)
             dk, dv = _attn_bwd_dkdv_tile(
                 dk, dv, k, v, q_desc, do_desc, q_base, do_base, lse_base, delta_base, stride_qm, stride_qd, stride_dom, stride_dod,
                 batch, start_m, n_queries, q_offset, k_pos, n_keys + k_offset, head, num_heads, alibi_slope, sm_scale,
-                HEAD_DIM, HEAD_DIM_PAD, BLOCK_M, True, USE_TMA,
-            )  # fmt: skip
-        for start_m in range(mid_lo, mid_hi, BLOCK_M):
-            dk, dv = _attn_bwd_dkdv_tile(
-                dk, dv, k, v, q_desc, do_desc, q_base, do_base, lse_base, delta_base, stride_qm, stride_qd, stride_dom, stride_dod,
-                batch, start_m, n_queries, q_offset, k_pos, n_keys + k_offset, head, num_heads, alibi_slope, sm_scale,
-                HEAD_DIM, HEAD_DIM_PAD, BLOCK_M, False, USE_TMA,
-            )  # fmt: skip
-        for start_m in range(mid_hi, row_hi, BLOCK_M):
-            dk, dv = _attn_bwd_dkdv_tile(
-                dk, dv, k, v, q_desc, do_desc, q_base, do_base, lse_base, delta_base, stride_qm, stride_qd, stride_dom, stride_dod,
-                batch, start_m, n_queries, q_offset, k_pos, n_keys + k_offset, head, num_heads, alibi_slope, sm_scale,
-                HEAD_DIM, HEAD_DIM_PAD, BLOCK_M, True, USE_TMA,
+                HEAD_DIM, HEAD_DIM_PAD, BLOCK_M, True, USE_TMA, edge,
             )  # fmt: skip
 
     dk_base = dk_ptr + batch.to(tl.int64) * stride_dkb + kv_head.to(tl.int64) * stride_dkh
@@ -657,7 +637,7 @@ def _attn_bwd_dkdv(
 def _attn_bwd_dq_tile(
     dq, q, do, lse, delta, q_pos, k_desc, v_desc, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
     batch, kv_head, start_n, n_keys, k_offset, head, num_heads, alibi_slope, sm_scale,
-    HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, BLOCK_N: tl.constexpr, MASKED: tl.constexpr, USE_TMA: tl.constexpr,
+    HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, BLOCK_N: tl.constexpr, MASKED: tl.constexpr, USE_TMA: tl.constexpr, edge=True,
 ):  # fmt: skip
     """Accumulate one key tile's contribution to a query tile's dQ."""
     offs_n = start_n + tl.arange(0, BLOCK_N)
@@ -669,7 +649,7 @@ def _attn_bwd_dq_tile(
     k_pos = (offs_n + k_offset)[None, :]
     qk = tl.dot(q, tl.trans(k))
     p, s2 = _attn_probs(
-        qk, lse[:, None], q_pos, k_pos, n_keys + k_offset, head, num_heads, alibi_slope, sm_scale, MASKED
+        qk, lse[:, None], q_pos, k_pos, n_keys + k_offset, head, num_heads, alibi_slope, sm_scale, MASKED, edge
     )  # fmt: skip
     dp = tl.dot(do, tl.trans(v))
     ds = p * (dp - delta[:, None])
@@ -747,31 +727,20 @@ def _attn_bwd_dq(
     hi = tl.minimum(q_hi + 128 + 1 - k_offset, n_keys)
 
     # Key tiles that every query of this tile sees whole run without the
-    # elementwise mask, in a loop with no branch; the tiles on either side
-    # of that interior are masked.
+    # elementwise mask; the tiles on either side of that interior (`edge`)
+    # take it in a branch, in the same loop: its loads pipeline across both.
     full_lo = tl.maximum(q_hi - 128 - k_offset, 0)
     full_hi = tl.minimum(q_lo + 128 - k_offset, n_keys - 1)
     # Split [lo, hi) at tile boundaries into masked tiles, the interior, masked tiles.
     end = (hi + BLOCK_N - 1) // BLOCK_N * BLOCK_N
     mid_lo = tl.minimum(tl.maximum((full_lo + BLOCK_N - 1) // BLOCK_N * BLOCK_N, lo), end)
     mid_hi = tl.minimum(tl.maximum((full_hi + 1) // BLOCK_N * BLOCK_N, mid_lo), end)
-    for start_n in range(lo, mid_lo, BLOCK_N):
+    for start_n in range(lo, hi, BLOCK_N):
+        edge = (start_n < mid_lo) | (start_n >= mid_hi)
         dq = _attn_bwd_dq_tile(
             dq, q, do, lse, delta, q_pos, k_desc, v_desc, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
             batch, kv_head, start_n, n_keys, k_offset, head, num_heads, alibi_slope, sm_scale,
-            HEAD_DIM, HEAD_DIM_PAD, BLOCK_N, True, USE_TMA,
-        )  # fmt: skip
-    for start_n in range(mid_lo, mid_hi, BLOCK_N):
-        dq = _attn_bwd_dq_tile(
-            dq, q, do, lse, delta, q_pos, k_desc, v_desc, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
-            batch, kv_head, start_n, n_keys, k_offset, head, num_heads, alibi_slope, sm_scale,
-            HEAD_DIM, HEAD_DIM_PAD, BLOCK_N, False, USE_TMA,
-        )  # fmt: skip
-    for start_n in range(mid_hi, hi, BLOCK_N):
-        dq = _attn_bwd_dq_tile(
-            dq, q, do, lse, delta, q_pos, k_desc, v_desc, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
-            batch, kv_head, start_n, n_keys, k_offset, head, num_heads, alibi_slope, sm_scale,
-            HEAD_DIM, HEAD_DIM_PAD, BLOCK_N, True, USE_TMA,
+            HEAD_DIM, HEAD_DIM_PAD, BLOCK_N, True, USE_TMA, edge,
         )  # fmt: skip
 
     dq_base = dq_ptr + batch.to(tl.int64) * stride_dqb + head.to(tl.int64) * stride_dqh

@@ -47,7 +47,7 @@ MAX_HEADS = 65536
 
 # (BLOCK_M, BLOCK_N, num_warps, num_stages)
 GPU_CONFIG = (64, 64, 4, 3)
-GPU_BWD_CONFIG = (64, 128, 8, 3)
+GPU_BWD_CONFIG = (64, 64, 4, 2)
 # Whether the forward and the backward load tiles through TMA descriptors by
 # default on sm90+ GPUs (measured: flashgen's defaults, or `flashgen tune`).
 GPU_TMA = False
@@ -121,18 +121,19 @@ def _read_doc(i0, i1, ptr, strides, sizes):
 
 @triton.jit
 def _scores_log2(
-    qk, q_pos, k_pos, n_keys, head, num_heads, alibi_slope, sm_scale, batch, doc_ptr, doc_strides, doc_sizes, MASKED: tl.constexpr
+    qk, q_pos, k_pos, n_keys, head, num_heads, alibi_slope, sm_scale, batch, doc_ptr, doc_strides, doc_sizes, MASKED: tl.constexpr, edge=True
 ):  # fmt: skip
     """Score modifier and mask on a tile of q.k products, in log2 units.
 
     Masked pairs (and keys past n_keys) get -inf.  Tiles known to be fully
-    visible skip the mask (MASKED=False).
+    visible skip the mask (MASKED=False, or edge False at run time).
     """
     # log2(e) is folded into the scale, so exp2 of these scores computes exp.
     s2 = qk * (sm_scale * 1.4426950408889634)
     if MASKED:
-        visible = (k_pos < n_keys) & ((k_pos <= q_pos) & (_read_doc(batch, q_pos, doc_ptr, doc_strides, doc_sizes) == _read_doc(batch, k_pos, doc_ptr, doc_strides, doc_sizes)))  # fmt: skip
-        s2 = tl.where(visible, s2, float("-inf"))
+        if edge:
+            visible = (k_pos < n_keys) & ((k_pos <= q_pos) & (_read_doc(batch, q_pos, doc_ptr, doc_strides, doc_sizes) == _read_doc(batch, k_pos, doc_ptr, doc_strides, doc_sizes)))  # fmt: skip
+            s2 = tl.where(visible, s2, float("-inf"))
     return s2
 
 
@@ -251,7 +252,7 @@ def _attn_plan(
 def _attn_fwd_tile(
     acc, l_i, m_i, q, q_pos, k_desc, v_desc, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
     batch, kv_head, start_n, n_keys, k_offset, head, num_heads, alibi_slope, sm_scale, doc_ptr, doc_strides, doc_sizes,
-    HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, BLOCK_N: tl.constexpr, MASKED: tl.constexpr, USE_TMA: tl.constexpr,
+    HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, BLOCK_N: tl.constexpr, MASKED: tl.constexpr, USE_TMA: tl.constexpr, edge=True,
 ):  # fmt: skip
     """One key tile of the online softmax (key row j at position j + k_offset)."""
     offs_n = start_n + tl.arange(0, BLOCK_N)
@@ -261,7 +262,7 @@ def _attn_fwd_tile(
     )  # fmt: skip
     qk = tl.dot(q, tl.trans(k))
     s2 = _scores_log2(
-        qk, q_pos, (offs_n + k_offset)[None, :], n_keys + k_offset, head, num_heads, alibi_slope, sm_scale, batch, doc_ptr, doc_strides, doc_sizes, MASKED
+        qk, q_pos, (offs_n + k_offset)[None, :], n_keys + k_offset, head, num_heads, alibi_slope, sm_scale, batch, doc_ptr, doc_strides, doc_sizes, MASKED, edge
     )  # fmt: skip
     m_blk = tl.max(s2, 1)
     m_new = tl.maximum(m_i, m_blk)
@@ -355,58 +356,21 @@ def _attn_fwd(
     plan_full_hi = tl.load(plan + 3)
 
     # Key tiles that every query of this tile sees whole run without the
-    # elementwise mask, in a loop with no branch; the tiles on either side
-    # of that interior are masked.
+    # elementwise mask; the tiles on either side of that interior (`edge`)
+    # take it in a branch, in the same loop: its loads pipeline across both.
     full_lo = tl.maximum(plan_full_lo - k_offset, 0)
     full_hi = tl.minimum(plan_full_hi - k_offset, n_keys - 1)
     # Split [lo, hi) at tile boundaries into masked tiles, the interior, masked tiles.
     end = (hi + BLOCK_N - 1) // BLOCK_N * BLOCK_N
     mid_lo = tl.minimum(tl.maximum((full_lo + BLOCK_N - 1) // BLOCK_N * BLOCK_N, lo), end)
     mid_hi = tl.minimum(tl.maximum((full_hi + 1) // BLOCK_N * BLOCK_N, mid_lo), end)
-    for start_n in range(lo, mid_lo, BLOCK_N):
-        k_lo = start_n + k_offset
-        k_hi = tl.minimum(start_n + BLOCK_N, n_keys) - 1 + k_offset
-        # Classify the tile by interval analysis of the mask over
-        # [q_lo, q_hi] x [k_lo, k_hi]: *_must holds for every pair in the
-        # tile, *_may for at least one.
-        # k <= q
-        m1_must = k_hi <= q_lo
-        m1_may = k_lo <= q_hi
-        # doc[b, q] == doc[b, k]
-        m2_must = False
-        m2_may = m1_may
-
-        if m2_may:
-            acc, l_i, m_i = _attn_fwd_tile(
-                acc, l_i, m_i, q, q_pos, k_desc, v_desc, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
-                batch, kv_head, start_n, n_keys, k_offset, head, num_heads, alibi_slope, sm_scale, doc_ptr, doc_strides, doc_sizes,
-                HEAD_DIM, HEAD_DIM_PAD, BLOCK_N, True, USE_TMA,
-            )  # fmt: skip
-    for start_n in range(mid_lo, mid_hi, BLOCK_N):
+    for start_n in range(lo, hi, BLOCK_N):
+        edge = (start_n < mid_lo) | (start_n >= mid_hi)
         acc, l_i, m_i = _attn_fwd_tile(
             acc, l_i, m_i, q, q_pos, k_desc, v_desc, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
             batch, kv_head, start_n, n_keys, k_offset, head, num_heads, alibi_slope, sm_scale, doc_ptr, doc_strides, doc_sizes,
-            HEAD_DIM, HEAD_DIM_PAD, BLOCK_N, False, USE_TMA,
+            HEAD_DIM, HEAD_DIM_PAD, BLOCK_N, True, USE_TMA, edge,
         )  # fmt: skip
-    for start_n in range(mid_hi, hi, BLOCK_N):
-        k_lo = start_n + k_offset
-        k_hi = tl.minimum(start_n + BLOCK_N, n_keys) - 1 + k_offset
-        # Classify the tile by interval analysis of the mask over
-        # [q_lo, q_hi] x [k_lo, k_hi]: *_must holds for every pair in the
-        # tile, *_may for at least one.
-        # k <= q
-        m1_must = k_hi <= q_lo
-        m1_may = k_lo <= q_hi
-        # doc[b, q] == doc[b, k]
-        m2_must = False
-        m2_may = m1_may
-
-        if m2_may:
-            acc, l_i, m_i = _attn_fwd_tile(
-                acc, l_i, m_i, q, q_pos, k_desc, v_desc, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
-                batch, kv_head, start_n, n_keys, k_offset, head, num_heads, alibi_slope, sm_scale, doc_ptr, doc_strides, doc_sizes,
-                HEAD_DIM, HEAD_DIM_PAD, BLOCK_N, True, USE_TMA,
-            )  # fmt: skip
 
     if HAS_SINKS:
         # gpt-oss: the head's sink logit joins every row's softmax sum, with no value.
@@ -466,7 +430,7 @@ def _attn_bwd_preprocess(
 
 @triton.jit
 def _attn_probs(
-    qk, lse, q_pos, k_pos, n_keys, head, num_heads, alibi_slope, sm_scale, batch, doc_ptr, doc_strides, doc_sizes, MASKED: tl.constexpr
+    qk, lse, q_pos, k_pos, n_keys, head, num_heads, alibi_slope, sm_scale, batch, doc_ptr, doc_strides, doc_sizes, MASKED: tl.constexpr, edge=True
 ):  # fmt: skip
     """Recompute P = exp(score - lse) for a tile from the saved log-sum-exp;
     also the scores (log2 units), from which some derivatives are cheaper.
@@ -475,7 +439,7 @@ def _attn_probs(
     be a (queries x keys) tile or its transpose.
     """
     s2 = _scores_log2(
-        qk, q_pos, k_pos, n_keys, head, num_heads, alibi_slope, sm_scale, batch, doc_ptr, doc_strides, doc_sizes, MASKED
+        qk, q_pos, k_pos, n_keys, head, num_heads, alibi_slope, sm_scale, batch, doc_ptr, doc_strides, doc_sizes, MASKED, edge
     )  # fmt: skip
     # Rows that see no key (lse = -inf) and padding rows (lse = +inf) get p = 0.
     lse2 = tl.where(lse == float("-inf"), float("inf"), lse * 1.4426950408889634)
@@ -487,7 +451,7 @@ def _attn_bwd_dkdv_tile(
     dk, dv, k, v, q_desc, do_desc, q_base, do_base, lse_base, delta_base,
     stride_qm, stride_qd, stride_dom, stride_dod,
     batch, start_m, n_queries, q_offset, k_pos, n_keys, head, num_heads, alibi_slope, sm_scale, doc_ptr, doc_strides, doc_sizes,
-    HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, BLOCK_M: tl.constexpr, MASKED: tl.constexpr, USE_TMA: tl.constexpr,
+    HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, BLOCK_M: tl.constexpr, MASKED: tl.constexpr, USE_TMA: tl.constexpr, edge=True,
 ):  # fmt: skip
     """Accumulate one query tile's contribution to a key tile's dK and dV.
 
@@ -510,7 +474,7 @@ def _attn_bwd_dkdv_tile(
     q_pos = (offs_m + q_offset)[None, :]
     qk_t = tl.dot(k, tl.trans(q))
     p_t, s2_t = _attn_probs(
-        qk_t, lse[None, :], q_pos, k_pos, n_keys, head, num_heads, alibi_slope, sm_scale, batch, doc_ptr, doc_strides, doc_sizes, MASKED
+        qk_t, lse[None, :], q_pos, k_pos, n_keys, head, num_heads, alibi_slope, sm_scale, batch, doc_ptr, doc_strides, doc_sizes, MASKED, edge
     )  # fmt: skip
     dv = tl.dot(p_t.to(do.dtype), do, dv)
     dp_t = tl.dot(v, tl.trans(do))
@@ -601,7 +565,8 @@ def _attn_bwd_dkdv(
         plan_full_hi = tl.load(plan + 3)
 
         # Query tiles that see every key of this tile (when the key tile is whole)
-        # run without the elementwise mask; the tiles on either side are masked.
+        # run without the elementwise mask; the tiles on either side (`edge`)
+        # take it in a branch, in the same loop.
         full_lo = tl.maximum(plan_full_lo - q_offset, 0)
         full_hi = tl.minimum(plan_full_hi - q_offset, n_queries - 1)
         full_hi = tl.where(start_n + BLOCK_N <= n_keys, full_hi, -1)
@@ -609,50 +574,13 @@ def _attn_bwd_dkdv(
         end = (row_hi + BLOCK_M - 1) // BLOCK_M * BLOCK_M
         mid_lo = tl.minimum(tl.maximum((full_lo + BLOCK_M - 1) // BLOCK_M * BLOCK_M, row_lo), end)
         mid_hi = tl.minimum(tl.maximum((full_hi + 1) // BLOCK_M * BLOCK_M, mid_lo), end)
-        for start_m in range(row_lo, mid_lo, BLOCK_M):
-            q_lo = start_m + q_offset
-            q_hi = tl.minimum(start_m + BLOCK_M, n_queries) - 1 + q_offset
-            # Classify the tile by interval analysis of the mask over
-            # [q_lo, q_hi] x [k_lo, k_hi]: *_must holds for every pair in the
-            # tile, *_may for at least one.
-            # k <= q
-            m1_must = k_hi <= q_lo
-            m1_may = k_lo <= q_hi
-            # doc[b, q] == doc[b, k]
-            m2_must = False
-            m2_may = m1_may
-
-            if m2_may:
-                dk, dv = _attn_bwd_dkdv_tile(
-                    dk, dv, k, v, q_desc, do_desc, q_base, do_base, lse_base, delta_base, stride_qm, stride_qd, stride_dom, stride_dod,
-                    batch, start_m, n_queries, q_offset, k_pos, n_keys + k_offset, head, num_heads, alibi_slope, sm_scale, doc_ptr, doc_strides, doc_sizes,
-                    HEAD_DIM, HEAD_DIM_PAD, BLOCK_M, True, USE_TMA,
-                )  # fmt: skip
-        for start_m in range(mid_lo, mid_hi, BLOCK_M):
+        for start_m in range(row_lo, row_hi, BLOCK_M):
+            edge = (start_m < mid_lo) | (start_m >= mid_hi)
             dk, dv = _attn_bwd_dkdv_tile(
                 dk, dv, k, v, q_desc, do_desc, q_base, do_base, lse_base, delta_base, stride_qm, stride_qd, stride_dom, stride_dod,
                 batch, start_m, n_queries, q_offset, k_pos, n_keys + k_offset, head, num_heads, alibi_slope, sm_scale, doc_ptr, doc_strides, doc_sizes,
-                HEAD_DIM, HEAD_DIM_PAD, BLOCK_M, False, USE_TMA,
+                HEAD_DIM, HEAD_DIM_PAD, BLOCK_M, True, USE_TMA, edge,
             )  # fmt: skip
-        for start_m in range(mid_hi, row_hi, BLOCK_M):
-            q_lo = start_m + q_offset
-            q_hi = tl.minimum(start_m + BLOCK_M, n_queries) - 1 + q_offset
-            # Classify the tile by interval analysis of the mask over
-            # [q_lo, q_hi] x [k_lo, k_hi]: *_must holds for every pair in the
-            # tile, *_may for at least one.
-            # k <= q
-            m1_must = k_hi <= q_lo
-            m1_may = k_lo <= q_hi
-            # doc[b, q] == doc[b, k]
-            m2_must = False
-            m2_may = m1_may
-
-            if m2_may:
-                dk, dv = _attn_bwd_dkdv_tile(
-                    dk, dv, k, v, q_desc, do_desc, q_base, do_base, lse_base, delta_base, stride_qm, stride_qd, stride_dom, stride_dod,
-                    batch, start_m, n_queries, q_offset, k_pos, n_keys + k_offset, head, num_heads, alibi_slope, sm_scale, doc_ptr, doc_strides, doc_sizes,
-                    HEAD_DIM, HEAD_DIM_PAD, BLOCK_M, True, USE_TMA,
-                )  # fmt: skip
 
     dk_base = dk_ptr + batch.to(tl.int64) * stride_dkb + kv_head.to(tl.int64) * stride_dkh
     dv_base = dv_ptr + batch.to(tl.int64) * stride_dvb + kv_head.to(tl.int64) * stride_dvh
@@ -666,7 +594,7 @@ def _attn_bwd_dkdv(
 def _attn_bwd_dq_tile(
     dq, q, do, lse, delta, q_pos, k_desc, v_desc, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
     batch, kv_head, start_n, n_keys, k_offset, head, num_heads, alibi_slope, sm_scale, doc_ptr, doc_strides, doc_sizes,
-    HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, BLOCK_N: tl.constexpr, MASKED: tl.constexpr, USE_TMA: tl.constexpr,
+    HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, BLOCK_N: tl.constexpr, MASKED: tl.constexpr, USE_TMA: tl.constexpr, edge=True,
 ):  # fmt: skip
     """Accumulate one key tile's contribution to a query tile's dQ."""
     offs_n = start_n + tl.arange(0, BLOCK_N)
@@ -678,7 +606,7 @@ def _attn_bwd_dq_tile(
     k_pos = (offs_n + k_offset)[None, :]
     qk = tl.dot(q, tl.trans(k))
     p, s2 = _attn_probs(
-        qk, lse[:, None], q_pos, k_pos, n_keys + k_offset, head, num_heads, alibi_slope, sm_scale, batch, doc_ptr, doc_strides, doc_sizes, MASKED
+        qk, lse[:, None], q_pos, k_pos, n_keys + k_offset, head, num_heads, alibi_slope, sm_scale, batch, doc_ptr, doc_strides, doc_sizes, MASKED, edge
     )  # fmt: skip
     dp = tl.dot(do, tl.trans(v))
     ds = p * (dp - delta[:, None])
@@ -768,58 +696,21 @@ def _attn_bwd_dq(
     plan_full_hi = tl.load(plan + 3)
 
     # Key tiles that every query of this tile sees whole run without the
-    # elementwise mask, in a loop with no branch; the tiles on either side
-    # of that interior are masked.
+    # elementwise mask; the tiles on either side of that interior (`edge`)
+    # take it in a branch, in the same loop: its loads pipeline across both.
     full_lo = tl.maximum(plan_full_lo - k_offset, 0)
     full_hi = tl.minimum(plan_full_hi - k_offset, n_keys - 1)
     # Split [lo, hi) at tile boundaries into masked tiles, the interior, masked tiles.
     end = (hi + BLOCK_N - 1) // BLOCK_N * BLOCK_N
     mid_lo = tl.minimum(tl.maximum((full_lo + BLOCK_N - 1) // BLOCK_N * BLOCK_N, lo), end)
     mid_hi = tl.minimum(tl.maximum((full_hi + 1) // BLOCK_N * BLOCK_N, mid_lo), end)
-    for start_n in range(lo, mid_lo, BLOCK_N):
-        k_lo = start_n + k_offset
-        k_hi = tl.minimum(start_n + BLOCK_N, n_keys) - 1 + k_offset
-        # Classify the tile by interval analysis of the mask over
-        # [q_lo, q_hi] x [k_lo, k_hi]: *_must holds for every pair in the
-        # tile, *_may for at least one.
-        # k <= q
-        m1_must = k_hi <= q_lo
-        m1_may = k_lo <= q_hi
-        # doc[b, q] == doc[b, k]
-        m2_must = False
-        m2_may = m1_may
-
-        if m2_may:
-            dq = _attn_bwd_dq_tile(
-                dq, q, do, lse, delta, q_pos, k_desc, v_desc, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
-                batch, kv_head, start_n, n_keys, k_offset, head, num_heads, alibi_slope, sm_scale, doc_ptr, doc_strides, doc_sizes,
-                HEAD_DIM, HEAD_DIM_PAD, BLOCK_N, True, USE_TMA,
-            )  # fmt: skip
-    for start_n in range(mid_lo, mid_hi, BLOCK_N):
+    for start_n in range(lo, hi, BLOCK_N):
+        edge = (start_n < mid_lo) | (start_n >= mid_hi)
         dq = _attn_bwd_dq_tile(
             dq, q, do, lse, delta, q_pos, k_desc, v_desc, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
             batch, kv_head, start_n, n_keys, k_offset, head, num_heads, alibi_slope, sm_scale, doc_ptr, doc_strides, doc_sizes,
-            HEAD_DIM, HEAD_DIM_PAD, BLOCK_N, False, USE_TMA,
+            HEAD_DIM, HEAD_DIM_PAD, BLOCK_N, True, USE_TMA, edge,
         )  # fmt: skip
-    for start_n in range(mid_hi, hi, BLOCK_N):
-        k_lo = start_n + k_offset
-        k_hi = tl.minimum(start_n + BLOCK_N, n_keys) - 1 + k_offset
-        # Classify the tile by interval analysis of the mask over
-        # [q_lo, q_hi] x [k_lo, k_hi]: *_must holds for every pair in the
-        # tile, *_may for at least one.
-        # k <= q
-        m1_must = k_hi <= q_lo
-        m1_may = k_lo <= q_hi
-        # doc[b, q] == doc[b, k]
-        m2_must = False
-        m2_may = m1_may
-
-        if m2_may:
-            dq = _attn_bwd_dq_tile(
-                dq, q, do, lse, delta, q_pos, k_desc, v_desc, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
-                batch, kv_head, start_n, n_keys, k_offset, head, num_heads, alibi_slope, sm_scale, doc_ptr, doc_strides, doc_sizes,
-                HEAD_DIM, HEAD_DIM_PAD, BLOCK_N, True, USE_TMA,
-            )  # fmt: skip
 
     dq_base = dq_ptr + batch.to(tl.int64) * stride_dqb + head.to(tl.int64) * stride_dqh
     _store_rows(

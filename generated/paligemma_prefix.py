@@ -357,24 +357,11 @@ def _attn_fwd(
     mid_lo = tl.minimum(tl.maximum((full_lo + BLOCK_N - 1) // BLOCK_N * BLOCK_N, lo), end)
     mid_hi = tl.minimum(tl.maximum((full_hi + 1) // BLOCK_N * BLOCK_N, mid_lo), end)
     for start_n in range(lo, mid_lo, BLOCK_N):
-        k_lo = start_n + k_offset
-        k_hi = tl.minimum(start_n + BLOCK_N, n_keys) - 1 + k_offset
-        # Classify the tile by interval analysis of the mask over
-        # [q_lo, q_hi] x [k_lo, k_hi]: *_must holds for every pair in the
-        # tile, *_may for at least one.
-        # k <= q
-        m1_must = k_hi <= q_lo
-        m1_may = k_lo <= q_hi
-        # k < prefix_len[b]
-        m2_must = m1_must
-        m2_may = True
-
-        if m2_may:
-            acc, l_i, m_i = _attn_fwd_tile(
-                acc, l_i, m_i, q, q_pos, k_desc, v_desc, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
-                batch, kv_head, start_n, n_keys, k_offset, head, num_heads, alibi_slope, sm_scale, prefix_len_ptr, prefix_len_strides, prefix_len_sizes,
-                HEAD_DIM, HEAD_DIM_PAD, BLOCK_N, True, USE_TMA,
-            )  # fmt: skip
+        acc, l_i, m_i = _attn_fwd_tile(
+            acc, l_i, m_i, q, q_pos, k_desc, v_desc, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
+            batch, kv_head, start_n, n_keys, k_offset, head, num_heads, alibi_slope, sm_scale, prefix_len_ptr, prefix_len_strides, prefix_len_sizes,
+            HEAD_DIM, HEAD_DIM_PAD, BLOCK_N, True, USE_TMA,
+        )  # fmt: skip
     for start_n in range(mid_lo, mid_hi, BLOCK_N):
         acc, l_i, m_i = _attn_fwd_tile(
             acc, l_i, m_i, q, q_pos, k_desc, v_desc, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
@@ -382,24 +369,11 @@ def _attn_fwd(
             HEAD_DIM, HEAD_DIM_PAD, BLOCK_N, False, USE_TMA,
         )  # fmt: skip
     for start_n in range(mid_hi, hi, BLOCK_N):
-        k_lo = start_n + k_offset
-        k_hi = tl.minimum(start_n + BLOCK_N, n_keys) - 1 + k_offset
-        # Classify the tile by interval analysis of the mask over
-        # [q_lo, q_hi] x [k_lo, k_hi]: *_must holds for every pair in the
-        # tile, *_may for at least one.
-        # k <= q
-        m1_must = k_hi <= q_lo
-        m1_may = k_lo <= q_hi
-        # k < prefix_len[b]
-        m2_must = m1_must
-        m2_may = True
-
-        if m2_may:
-            acc, l_i, m_i = _attn_fwd_tile(
-                acc, l_i, m_i, q, q_pos, k_desc, v_desc, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
-                batch, kv_head, start_n, n_keys, k_offset, head, num_heads, alibi_slope, sm_scale, prefix_len_ptr, prefix_len_strides, prefix_len_sizes,
-                HEAD_DIM, HEAD_DIM_PAD, BLOCK_N, True, USE_TMA,
-            )  # fmt: skip
+        acc, l_i, m_i = _attn_fwd_tile(
+            acc, l_i, m_i, q, q_pos, k_desc, v_desc, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
+            batch, kv_head, start_n, n_keys, k_offset, head, num_heads, alibi_slope, sm_scale, prefix_len_ptr, prefix_len_strides, prefix_len_sizes,
+            HEAD_DIM, HEAD_DIM_PAD, BLOCK_N, True, USE_TMA,
+        )  # fmt: skip
 
     if HAS_SINKS:
         # gpt-oss: the head's sink logit joins every row's softmax sum, with no value.
@@ -602,24 +576,11 @@ def _attn_bwd_dkdv(
         mid_lo = tl.minimum(tl.maximum((full_lo + BLOCK_M - 1) // BLOCK_M * BLOCK_M, row_lo), end)
         mid_hi = tl.minimum(tl.maximum((full_hi + 1) // BLOCK_M * BLOCK_M, mid_lo), end)
         for start_m in range(row_lo, mid_lo, BLOCK_M):
-            q_lo = start_m + q_offset
-            q_hi = tl.minimum(start_m + BLOCK_M, n_queries) - 1 + q_offset
-            # Classify the tile by interval analysis of the mask over
-            # [q_lo, q_hi] x [k_lo, k_hi]: *_must holds for every pair in the
-            # tile, *_may for at least one.
-            # k <= q
-            m1_must = k_hi <= q_lo
-            m1_may = k_lo <= q_hi
-            # k < prefix_len[b]
-            m2_must = m1_must
-            m2_may = True
-
-            if m2_may:
-                dk, dv = _attn_bwd_dkdv_tile(
-                    dk, dv, k, v, q_desc, do_desc, q_base, do_base, lse_base, delta_base, stride_qm, stride_qd, stride_dom, stride_dod,
-                    batch, start_m, n_queries, q_offset, k_pos, n_keys + k_offset, head, num_heads, alibi_slope, sm_scale, prefix_len_ptr, prefix_len_strides, prefix_len_sizes,
-                    HEAD_DIM, HEAD_DIM_PAD, BLOCK_M, True, USE_TMA,
-                )  # fmt: skip
+            dk, dv = _attn_bwd_dkdv_tile(
+                dk, dv, k, v, q_desc, do_desc, q_base, do_base, lse_base, delta_base, stride_qm, stride_qd, stride_dom, stride_dod,
+                batch, start_m, n_queries, q_offset, k_pos, n_keys + k_offset, head, num_heads, alibi_slope, sm_scale, prefix_len_ptr, prefix_len_strides, prefix_len_sizes,
+                HEAD_DIM, HEAD_DIM_PAD, BLOCK_M, True, USE_TMA,
+            )  # fmt: skip
         for start_m in range(mid_lo, mid_hi, BLOCK_M):
             dk, dv = _attn_bwd_dkdv_tile(
                 dk, dv, k, v, q_desc, do_desc, q_base, do_base, lse_base, delta_base, stride_qm, stride_qd, stride_dom, stride_dod,
@@ -627,24 +588,11 @@ def _attn_bwd_dkdv(
                 HEAD_DIM, HEAD_DIM_PAD, BLOCK_M, False, USE_TMA,
             )  # fmt: skip
         for start_m in range(mid_hi, row_hi, BLOCK_M):
-            q_lo = start_m + q_offset
-            q_hi = tl.minimum(start_m + BLOCK_M, n_queries) - 1 + q_offset
-            # Classify the tile by interval analysis of the mask over
-            # [q_lo, q_hi] x [k_lo, k_hi]: *_must holds for every pair in the
-            # tile, *_may for at least one.
-            # k <= q
-            m1_must = k_hi <= q_lo
-            m1_may = k_lo <= q_hi
-            # k < prefix_len[b]
-            m2_must = m1_must
-            m2_may = True
-
-            if m2_may:
-                dk, dv = _attn_bwd_dkdv_tile(
-                    dk, dv, k, v, q_desc, do_desc, q_base, do_base, lse_base, delta_base, stride_qm, stride_qd, stride_dom, stride_dod,
-                    batch, start_m, n_queries, q_offset, k_pos, n_keys + k_offset, head, num_heads, alibi_slope, sm_scale, prefix_len_ptr, prefix_len_strides, prefix_len_sizes,
-                    HEAD_DIM, HEAD_DIM_PAD, BLOCK_M, True, USE_TMA,
-                )  # fmt: skip
+            dk, dv = _attn_bwd_dkdv_tile(
+                dk, dv, k, v, q_desc, do_desc, q_base, do_base, lse_base, delta_base, stride_qm, stride_qd, stride_dom, stride_dod,
+                batch, start_m, n_queries, q_offset, k_pos, n_keys + k_offset, head, num_heads, alibi_slope, sm_scale, prefix_len_ptr, prefix_len_strides, prefix_len_sizes,
+                HEAD_DIM, HEAD_DIM_PAD, BLOCK_M, True, USE_TMA,
+            )  # fmt: skip
 
     dk_base = dk_ptr + batch.to(tl.int64) * stride_dkb + kv_head.to(tl.int64) * stride_dkh
     dv_base = dv_ptr + batch.to(tl.int64) * stride_dvb + kv_head.to(tl.int64) * stride_dvh
@@ -768,24 +716,11 @@ def _attn_bwd_dq(
     mid_lo = tl.minimum(tl.maximum((full_lo + BLOCK_N - 1) // BLOCK_N * BLOCK_N, lo), end)
     mid_hi = tl.minimum(tl.maximum((full_hi + 1) // BLOCK_N * BLOCK_N, mid_lo), end)
     for start_n in range(lo, mid_lo, BLOCK_N):
-        k_lo = start_n + k_offset
-        k_hi = tl.minimum(start_n + BLOCK_N, n_keys) - 1 + k_offset
-        # Classify the tile by interval analysis of the mask over
-        # [q_lo, q_hi] x [k_lo, k_hi]: *_must holds for every pair in the
-        # tile, *_may for at least one.
-        # k <= q
-        m1_must = k_hi <= q_lo
-        m1_may = k_lo <= q_hi
-        # k < prefix_len[b]
-        m2_must = m1_must
-        m2_may = True
-
-        if m2_may:
-            dq = _attn_bwd_dq_tile(
-                dq, q, do, lse, delta, q_pos, k_desc, v_desc, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
-                batch, kv_head, start_n, n_keys, k_offset, head, num_heads, alibi_slope, sm_scale, prefix_len_ptr, prefix_len_strides, prefix_len_sizes,
-                HEAD_DIM, HEAD_DIM_PAD, BLOCK_N, True, USE_TMA,
-            )  # fmt: skip
+        dq = _attn_bwd_dq_tile(
+            dq, q, do, lse, delta, q_pos, k_desc, v_desc, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
+            batch, kv_head, start_n, n_keys, k_offset, head, num_heads, alibi_slope, sm_scale, prefix_len_ptr, prefix_len_strides, prefix_len_sizes,
+            HEAD_DIM, HEAD_DIM_PAD, BLOCK_N, True, USE_TMA,
+        )  # fmt: skip
     for start_n in range(mid_lo, mid_hi, BLOCK_N):
         dq = _attn_bwd_dq_tile(
             dq, q, do, lse, delta, q_pos, k_desc, v_desc, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
@@ -793,24 +728,11 @@ def _attn_bwd_dq(
             HEAD_DIM, HEAD_DIM_PAD, BLOCK_N, False, USE_TMA,
         )  # fmt: skip
     for start_n in range(mid_hi, hi, BLOCK_N):
-        k_lo = start_n + k_offset
-        k_hi = tl.minimum(start_n + BLOCK_N, n_keys) - 1 + k_offset
-        # Classify the tile by interval analysis of the mask over
-        # [q_lo, q_hi] x [k_lo, k_hi]: *_must holds for every pair in the
-        # tile, *_may for at least one.
-        # k <= q
-        m1_must = k_hi <= q_lo
-        m1_may = k_lo <= q_hi
-        # k < prefix_len[b]
-        m2_must = m1_must
-        m2_may = True
-
-        if m2_may:
-            dq = _attn_bwd_dq_tile(
-                dq, q, do, lse, delta, q_pos, k_desc, v_desc, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
-                batch, kv_head, start_n, n_keys, k_offset, head, num_heads, alibi_slope, sm_scale, prefix_len_ptr, prefix_len_strides, prefix_len_sizes,
-                HEAD_DIM, HEAD_DIM_PAD, BLOCK_N, True, USE_TMA,
-            )  # fmt: skip
+        dq = _attn_bwd_dq_tile(
+            dq, q, do, lse, delta, q_pos, k_desc, v_desc, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
+            batch, kv_head, start_n, n_keys, k_offset, head, num_heads, alibi_slope, sm_scale, prefix_len_ptr, prefix_len_strides, prefix_len_sizes,
+            HEAD_DIM, HEAD_DIM_PAD, BLOCK_N, True, USE_TMA,
+        )  # fmt: skip
 
     dq_base = dq_ptr + batch.to(tl.int64) * stride_dqb + head.to(tl.int64) * stride_dqh
     _store_rows(

@@ -104,32 +104,36 @@ def _has_branch(loop: ast.For) -> bool:
 
 
 _INTERIOR = {
-    # example: (has an interior loop, masked loops need the per-tile test)
-    "bloom_alibi": (True, False),
-    "custom": (False, True),
-    "deepseek_mla": (True, False),
-    "encoder_band": (True, False),
-    "full": (True, False),
-    "gemma2_local": (True, False),
-    "gpt_oss_sliding": (True, False),
-    "llama4_local": (True, False),
-    "mistral_sliding": (True, False),
-    "plain_causal": (True, False),
-    "prefix_lm": (True, False),
-    # A mask that reads inputs: the per-call plan's partial tiles test the mask.
-    "llama3_packed_docs": (True, True),
-    "paligemma_prefix": (True, True),
-    "t5_relative_bias": (True, False),
+    # example: (has an interior, masked tiles need the per-tile test, one
+    # loop whose edge tiles take the mask in a branch)
+    "bloom_alibi": (True, False, False),
+    "custom": (False, True, False),
+    "deepseek_mla": (True, False, False),
+    "encoder_band": (True, False, True),
+    "full": (True, False, False),
+    "gemma2_local": (True, False, True),
+    "gpt_oss_sliding": (True, False, True),
+    "llama4_local": (True, False, True),
+    "mistral_sliding": (True, False, True),
+    "plain_causal": (True, False, False),
+    "prefix_lm": (True, False, False),
+    # Masks that read inputs: the per-call plan bounds the loops.
+    "llama3_packed_docs": (True, False, True),
+    "paligemma_prefix": (True, False, False),
+    "t5_relative_bias": (True, False, False),
 }
 
 
 @pytest.mark.parametrize("variant", list(_variants()), ids=lambda v: v.name)
 def test_kernels_keep_a_branch_free_interior_loop(variant):
     """The speed of the kernels rests on this structure (docs/MASKS.md, step
-    4): the bulk of the tiles run in a loop with no branch and no elementwise
-    mask, so that Triton pipelines its loads.  A change that loses it shows up
-    here before it shows up in a benchmark."""
-    interior, tested = _INTERIOR[variant.name]
+    4): the bulk of the tiles run with no elementwise mask and no branch
+    around their loads, so that Triton pipelines the loads.  Either in a loop
+    of their own, with the masked tiles on either side in loops apart, or in
+    one loop over all of them where only the tiles outside the interior take
+    the mask, in a branch that holds no load.  A change that loses it shows
+    up here before it shows up in a benchmark."""
+    interior, tested, merged = _INTERIOR[variant.name]
     source = render_module(variant, tuning_for(variant))
     for kernel, (lo, hi) in [
         ("_attn_fwd", ("lo", "hi")),
@@ -140,12 +144,39 @@ def test_kernels_keep_a_branch_free_interior_loop(variant):
         if not interior:
             assert _has_branch(loops[(lo, hi)]) and ("mid_lo", "mid_hi") not in loops
             continue
+        if merged:
+            loop = loops[(lo, hi)]
+            assert ("mid_lo", "mid_hi") not in loops and not _has_branch(loop)
+            edge, step = loop.body
+            var = loop.target.id
+            assert ast.unparse(edge) == f"edge = ({var} < mid_lo) | ({var} >= mid_hi)"
+            (call,) = [n for n in ast.walk(step) if isinstance(n, ast.Call)]
+            assert [ast.unparse(a) for a in call.args[-3:]] == ["True", "USE_TMA", "edge"]
+            continue
         middle = loops[("mid_lo", "mid_hi")]
         assert not _has_branch(middle)
         (call,) = [n for s in middle.body for n in ast.walk(s) if isinstance(n, ast.Call)]
         assert ast.unparse(call.args[-2]) == "False", "interior tiles must be unmasked"
         for edge in ((lo, "mid_lo"), ("mid_hi", hi)):
             assert _has_branch(loops[edge]) == tested, (kernel, edge)
+
+
+def test_edge_tiles_take_the_mask_in_a_branch_over_registers():
+    # In the merged loop the mask's branch holds no tile load: `edge` reaches
+    # only _scores_log2, whose branch reads the documents' ids and applies the
+    # mask to the scores; the K and V tiles load outside it, pipelined.
+    variant = next(v for v in _variants() if v.name == "llama3_packed_docs")
+    source = render_module(variant, tuning_for(variant))
+    tree = ast.parse(source)
+    (scores,) = [
+        n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "_scores_log2"
+    ]
+    branches = [
+        n for n in ast.walk(scores) if isinstance(n, ast.If) and ast.unparse(n.test) == "edge"
+    ]
+    assert len(branches) == 1
+    calls = {ast.unparse(n.func) for n in ast.walk(branches[0]) if isinstance(n, ast.Call)}
+    assert calls == {"tl.where", "float", "_read_doc"}
 
 
 # Triton internals a module may use, and only in its direct-launch section

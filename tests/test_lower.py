@@ -1271,3 +1271,35 @@ def test_visited_tiles_of_any_mask_are_sound_and_near_exact(mask):
             kx.run(tiles.lines, env)
             assert kx.evaluate(exact, env) <= kx.evaluate(may, env)
     _visited(mask, N_QUERIES, N_KEYS, 64)
+
+
+@pytest.mark.parametrize(
+    "spelled, plain",
+    [
+        ("abs(q - k) < 65", "q - k < 65 & k - q < 65"),
+        ("abs(k - q) <= 64", "k - q <= 64 & q - k <= 64"),
+        ("65 > abs(q - k)", "q - k < 65 & k - q < 65"),
+        ("causal & abs(q - k - 3) <= 10", "causal & q - k - 3 <= 10 & 3 + k - q <= 10"),
+    ],
+)
+def test_bands_spelled_with_abs_get_the_bounds_of_their_comparisons(spelled, plain):
+    # abs(A) < X is A < X & -A < X: a band, with a band's key range, interior
+    # and no per-tile test, where it was once an open range walked whole.
+    a, b = _analyse(_mask(spelled)), _analyse(_mask(plain))
+    assert a[3][0] is not None and a[3][1] is not None
+    for block in (16, 37):
+        assert _visited(_mask(spelled), N_QUERIES, N_KEYS, block) == _visited(
+            _mask(plain), N_QUERIES, N_KEYS, block
+        )
+    nnf = lower.negation_normal_form(lower.desugar_mask(_mask(spelled)))
+    assert mask_forms.edges_dense(nnf)
+
+
+def test_abs_above_a_bound_is_a_union_and_keeps_its_pairs():
+    # abs(A) > X is A > X | -A > X: the same pairs (the dense matrices agree),
+    # and a query tile in the middle of the gap skips its middle tiles.
+    for text in ("abs(q - k) > 40", "!(abs(q - k) <= 40)", "abs(q - k) >= 7 & causal"):
+        nnf = lower.negation_normal_form(lower.desugar_mask(_mask(text)))
+        assert "abs" not in repr(nnf)
+        visited, nonempty = _visited(_mask(text), N_QUERIES, N_KEYS, 16)
+        assert visited == nonempty, text
