@@ -24,6 +24,7 @@ import torch
 
 KERNELS = (
     "_attn_fwd",
+    "_attn_plan",
     "_attn_bwd_preprocess",
     "_attn_bwd",
     "_gluon_attn_fwd",
@@ -63,10 +64,10 @@ def load(path: str):
     module._interpreting = no
     check = module._check_inputs
 
-    def check_inputs(q, k, v):  # CPU tensors pass the device check as under the interpreter
+    def check_inputs(*args):  # CPU tensors pass the device check as under the interpreter
         module._interpreting = yes
         try:
-            check(q, k, v)
+            check(*args)
         finally:
             module._interpreting = no
 
@@ -88,13 +89,20 @@ def measure(path: str, profile: bool) -> None:
     module = load(path)
     shape = (4, 16, 1024, module.HEAD_DIM)
     q, k, v, do = (torch.randn(shape, dtype=module.DTYPE) for _ in range(4))
-    o, lse = module._forward(q, k, v, 0.1)
+    # Declared inputs (document ids, tables): zeros of their shapes and dtypes.
+    sizes = dict(B=shape[0], H=shape[1], Hkv=shape[1], Nq=shape[2], Nk=shape[2])
+    data = {
+        name: torch.zeros([sizes.get(d, d) for d in dims], dtype=dtype)
+        for name, dtype, dims in getattr(module, "_INPUTS", ())
+    }
+    given = {"inputs": module._check_runtime_inputs(q, k, tuple(data.values()))} if data else {}
+    o, lse = module._forward(q, k, v, 0.1, **given)
     inputs = [x.detach().requires_grad_() for x in (q, k, v)]
     calls = {
-        "forward": lambda: module._forward(q, k, v, 0.1),
-        "backward": lambda: module._backward(q, k, v, o, lse, do, None, 0.1),
+        "forward": lambda: module._forward(q, k, v, 0.1, **given),
+        "backward": lambda: module._backward(q, k, v, o, lse, do, None, 0.1, **given),
         "autograd forward + backward": lambda: torch.autograd.grad(
-            module.attention(*inputs), inputs, do
+            module.attention(*inputs, **data), inputs, do
         ),
     }
     for name, fn in calls.items():

@@ -1285,8 +1285,9 @@ def test_visited_tiles_of_any_mask_are_sound_and_near_exact(mask):
 def test_bands_spelled_with_abs_get_the_bounds_of_their_comparisons(spelled, plain):
     # abs(A) < X is A < X & -A < X: a band, with a band's key range, interior
     # and no per-tile test, where it was once an open range walked whole.
-    a, b = _analyse(_mask(spelled)), _analyse(_mask(plain))
-    assert a[3][0] is not None and a[3][1] is not None
+    for text in (spelled, plain):
+        lo, hi = _analyse(_mask(text))[3]
+        assert lo is not None and hi is not None, text
     for block in (16, 37):
         assert _visited(_mask(spelled), N_QUERIES, N_KEYS, block) == _visited(
             _mask(plain), N_QUERIES, N_KEYS, block
