@@ -24,6 +24,7 @@ on another Triton (3.5 or later) it runs its Triton kernels only.
 import functools
 import math
 import os
+from typing import NamedTuple
 
 import torch
 import triton
@@ -1398,12 +1399,15 @@ def _index_interval(node: tuple, env: dict) -> tuple[int, int]:
     return max(alo, blo), max(ahi, bhi)
 
 
-def _data_plan(q, k, outer: int, inner: int, keys_inner: bool, inputs: tuple = (), seqs=None, shifts=None) -> torch.Tensor:  # fmt: skip
+def _data_plan(q, k, outer: int, inner: int, keys_inner: bool, inputs: tuple = (), seqs=None, shifts=None, plan=None) -> torch.Tensor:  # fmt: skip
     """The tiles of each query tile of `outer` rows (keys_inner) or key tile of
     `outer` keys that the call's data leaves visible, in tiles of `inner` of the
     other side: (batch, tiles, 4) int32, see `_attn_plan`.
     With `seqs` and `shifts` as `_forward` takes them: per sequence, with its
-    own lengths and the call's offsets."""
+    own lengths and the call's offsets.  `plan`: a checked TilePlan, whose
+    tiles are taken where it has them for these tile sizes."""
+    if plan is not None and (tiles := plan.tiles.get((outer, inner, keys_inner))) is not None:
+        return tiles
     batch, num_heads, n_queries, _ = q.shape
     n_keys = k.shape[2]
     if seqs is not None:
@@ -1419,6 +1423,35 @@ def _data_plan(q, k, outer: int, inner: int, keys_inner: bool, inputs: tuple = (
             outer, inner, chunk, keys_inner, seqs is not None, shifts is not None,
         )  # fmt: skip
     return plan
+
+
+class TilePlan(NamedTuple):
+    """The tiles a call's data leaves visible, for its forward and backward
+    (`tile_plan`): built once per batch, passed to every layer's attention()
+    as plan=.  It holds the inputs and sequences it was built for, so that a
+    call with others (or after they were written in place) is refused."""
+
+    key: tuple
+    tiles: dict
+    held: tuple
+
+
+def _plan_key(q, k, inputs: tuple, seqs, shifts) -> tuple:
+    """What a TilePlan must match: the call's shapes, device, offsets and
+    sequences, and the very input tensors at their current version."""
+    table = None if seqs is None else (id(seqs[0]), seqs[0]._version, *seqs[1:4])
+    data = tuple((id(x), x._version) for x in inputs)
+    return (tuple(q.shape), tuple(k.shape), q.device, shifts, table, data)
+
+
+def _check_plan(plan, q, k, inputs: tuple, seqs, shifts) -> None:
+    if not isinstance(plan, TilePlan):
+        raise TypeError(f"plan must come from tile_plan(...), got {type(plan).__name__}")
+    if plan.key != _plan_key(q, k, inputs, seqs, shifts):
+        raise ValueError(
+            "plan was built for another call: tile_plan() takes the same shapes, sequences, "
+            "offsets and input tensors (unchanged since) as the attention() it serves"
+        )
 
 
 # --------------------------------------------------------------------------- #
@@ -1547,7 +1580,7 @@ def forward(
 
 def _forward(
     q, k, v, scale: float, block_m=None, block_n=None, num_warps=None, num_stages=None, tma=None, inputs=(), seqs=None,
-    sinks=None, shifts=None,
+    sinks=None, shifts=None, plan=None,
 ):  # fmt: skip
     """forward() on checked inputs and a resolved scale; `seqs` from
     `Sequences.bind` for a padded or varlen call (q, k, v as `_kernel_view`s),
@@ -1575,7 +1608,7 @@ def _forward(
         q, k, v, o, lse, _alibi_or_placeholder(num_heads, lse), lse if seqs is None else seqs[0],
         lse if sinks is None else sinks, *_descriptors(use_tma, block_n, k, v),
         *q.stride(), *k.stride(), *v.stride(), *o.stride(), *lse.stride()[:2],
-        num_heads, num_heads // k.shape[1], n_queries, n_keys, scale, *(shifts or (0, 0)), *_input_args(inputs), _data_plan(q, k, block_m, block_n, True, inputs, seqs, shifts),
+        num_heads, num_heads // k.shape[1], n_queries, n_keys, scale, *(shifts or (0, 0)), *_input_args(inputs), _data_plan(q, k, block_m, block_n, True, inputs, seqs, shifts, plan),
         HEAD_DIM, HEAD_DIM_PAD, block_m, block_n, use_tma, seqs is not None, sinks is not None, shifts is not None,  # the constexprs
         num_warps=num_warps or default[2],
         num_stages=num_stages or default[3],
@@ -1624,7 +1657,7 @@ def backward(
 def _backward(
     q, k, v, o, lse, do, dlse, scale: float,
     block_m=None, block_n=None, num_warps=None, num_stages=None, tma=None, inputs=(), seqs=None,
-    shifts=None,
+    shifts=None, plan=None,
 ):  # fmt: skip
     """backward() on checked inputs and a resolved scale; `seqs` as in
     _forward (then q, k, v, o, lse, do and dlse are kernel views)."""
@@ -1677,29 +1710,29 @@ def _backward(
         *_descriptors(use_tma, block_m, q, do, k, v),
         *q.stride(), *k.stride(), *v.stride(), *do.stride(), *dq.stride(), *dk.stride(), *dv.stride(),
         *lse.stride()[:2], num_heads, num_heads // kv_heads, n_queries, n_keys, scale, *(shifts or (0, 0)), *_input_args(inputs),
-        _data_plan(q, k, block_n, block_m, False, inputs, seqs, shifts),  # dK/dV: key tiles
-        _data_plan(q, k, block_n, block_m, True, inputs, seqs, shifts),  # dQ: query tiles
+        _data_plan(q, k, block_n, block_m, False, inputs, seqs, shifts, plan),  # dK/dV: key tiles
+        _data_plan(q, k, block_n, block_m, True, inputs, seqs, shifts, plan),  # dQ: query tiles
         HEAD_DIM, HEAD_DIM_PAD, block_m, block_n, use_tma, seqs is not None, shifts is not None,  # the constexprs
         num_warps=num_warps, num_stages=num_stages,
     )  # fmt: skip
     return dq, dk, dv
 
 
-def _layout_forward(q, k, v, scale: float, seqs, sinks, shifts, inputs=()):
+def _layout_forward(q, k, v, scale: float, seqs, sinks, shifts, inputs=(), plan=None):
     """_forward on the caller's layout ((T, H, D) for varlen calls): o and the
     lse in that layout, each the tensor that owns its memory."""
     q, k, v = (_kernel_view(x, seqs) for x in (q, k, v))
-    o, lse = _forward(q, k, v, scale, inputs=tuple(inputs), seqs=seqs, sinks=sinks, shifts=shifts)
+    o, lse = _forward(q, k, v, scale, inputs=tuple(inputs), seqs=seqs, sinks=sinks, shifts=shifts, plan=plan)  # fmt: skip
     return _owned_user_view(o, seqs), _owned_user_view(lse, seqs)
 
 
-def _layout_backward(q, k, v, o, lse, do, dlse, scale: float, seqs, shifts, inputs=()):
+def _layout_backward(q, k, v, o, lse, do, dlse, scale: float, seqs, shifts, inputs=(), plan=None):
     """_backward on the caller's layout: dq, dk, dv in that layout."""
     if dlse is not None and seqs is not None and seqs[3]:
         dlse = dlse.contiguous().unsqueeze(0)
     q, k, v, o, lse = (_kernel_view(x, seqs) for x in (q, k, v, o, lse))
     do = None if do is None else _kernel_view(do, seqs)
-    grads = _backward(q, k, v, o, lse, do, dlse, scale, inputs=tuple(inputs), seqs=seqs, shifts=shifts)  # fmt: skip
+    grads = _backward(q, k, v, o, lse, do, dlse, scale, inputs=tuple(inputs), seqs=seqs, shifts=shifts, plan=plan)  # fmt: skip
     return tuple(_owned_user_view(g, seqs) for g in grads)
 
 
@@ -1708,11 +1741,12 @@ class _Attention(torch.autograd.Function):
     q, k, v, o in the caller's layout ((T, H, D) for varlen calls)."""
 
     @staticmethod
-    def forward(ctx, q, k, v, scale, seqs, sinks, shifts, *inputs):
+    def forward(ctx, q, k, v, scale, seqs, sinks, shifts, plan, *inputs):
         # attention() checked the arguments.
-        o, lse = _layout_forward(q, k, v, scale, seqs, sinks, shifts, inputs)
+        o, lse = _layout_forward(q, k, v, scale, seqs, sinks, shifts, inputs, plan=plan)
         ctx.save_for_backward(q, k, v, o, lse, sinks, *inputs)
         ctx.scale, ctx.seqs, ctx.shifts = scale, seqs, shifts
+        ctx.plan = plan
         ctx.set_materialize_grads(False)
         return o, lse
 
@@ -1720,9 +1754,9 @@ class _Attention(torch.autograd.Function):
     def backward(ctx, do, dlse):
         q, k, v, o, lse, sinks, *inputs = ctx.saved_tensors
         args = (ctx.scale, ctx.seqs, ctx.shifts, inputs)
-        dq, dk, dv = _layout_backward(q, k, v, o, lse, do, dlse, *args)
+        dq, dk, dv = _layout_backward(q, k, v, o, lse, do, dlse, *args, plan=ctx.plan)
         dsinks = _sinks_grad(sinks, o, lse, do, dlse, ctx.seqs) if ctx.needs_input_grad[5] else None
-        return (dq, dk, dv, None, None, dsinks, None, *(None for _ in inputs))
+        return (dq, dk, dv, None, None, dsinks, None, None, *(None for _ in inputs))
 
 
 # Under torch.compile, attention() is one operator: forward and backward are
@@ -1778,6 +1812,43 @@ def _op_grad(ctx, do, dlse):
 _op_forward.register_autograd(_op_grad, setup_context=_op_setup)
 
 
+def tile_plan(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    sequences: Sequences | None = None,
+    seqlens_q: torch.Tensor | None = None,
+    seqlens_k: torch.Tensor | None = None,
+    padding_side: str = "right",
+    cu_seqlens_q: torch.Tensor | None = None,
+    cu_seqlens_k: torch.Tensor | None = None,
+    max_seqlen_q: int | None = None,
+    max_seqlen_k: int | None = None,
+    q_offset: int | None = None,
+    k_offset: int | None = None,
+    prefix_len: torch.Tensor,
+) -> TilePlan:
+    """The tiles this call's data leaves visible, for attention(..., plan=):
+    the forward's and the backward's, classified on the GPU once for every
+    layer of a batch.  The arguments are attention()'s (less scale, sinks and
+    return_lse); q, k and v are only looked at for their shapes and device,
+    so any layer's will do.  With sequences, pass the same sequences= object
+    here and to each call."""
+    seqs = _bound_sequences(
+        q, k, sequences, seqlens_q=seqlens_q, seqlens_k=seqlens_k, padding_side=padding_side,
+        cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k,
+    )  # fmt: skip
+    q, k, v = (_kernel_view(x, seqs) for x in (q, k, v))
+    _check_inputs(q, k, v, seqs)
+    shifts = _check_shifts(q_offset, k_offset, q, k, seqs)
+    inputs = _check_runtime_inputs(q, k, (prefix_len,), seqs, shifts)
+    forward, backward = _launch_config(q.device), _launch_config(q.device, backward=True)
+    shapes = {(forward[0], forward[1], True), (backward[1], backward[0], False), (backward[1], backward[0], True)}  # fmt: skip
+    tiles = {shape: _data_plan(q, k, *shape, inputs, seqs, shifts) for shape in shapes}
+    return TilePlan(_plan_key(q, k, inputs, seqs, shifts), tiles, (inputs, seqs))
+
+
 def attention(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -1799,6 +1870,7 @@ def attention(
     cache_seqlens: torch.Tensor | None = None,
     block_table: torch.Tensor | None = None,
     prefix_len: torch.Tensor,
+    plan: TilePlan | None = None,
 ):
     """Attention of the `paligemma_prefix` variant, differentiable in q, k and v.
 
@@ -1835,6 +1907,12 @@ def attention(
 
     Under torch.autocast, q, k and v are cast to torch.bfloat16 first (as SDPA casts
     to the autocast dtype); outside it, another dtype is a TypeError.
+
+    plan: tile_plan(...) of the same arguments (less scale, sinks and
+    return_lse), built once per batch and passed to every layer's call: the
+    tiles the data leaves visible are then not classified again (a plan for
+    other inputs, shapes or sequences is a ValueError).  Under torch.compile
+    the operator builds its own.
     """
     if cache_seqlens is not None or block_table is not None:
         raise ValueError(_NO_CACHE)
@@ -1847,6 +1925,8 @@ def attention(
     _check_inputs(*(_kernel_view(x, seqs) for x in (q, k, v)), seqs)
     shifts = _check_shifts(q_offset, k_offset, q, k, seqs)
     inputs = _check_runtime_inputs(*(_kernel_view(x, seqs) for x in (q, k)), (prefix_len,), seqs, shifts)  # fmt: skip
+    if plan is not None:
+        _check_plan(plan, *(_kernel_view(x, seqs) for x in (q, k)), inputs, seqs, shifts)
     if torch.compiler.is_compiling():
         table, call = (None, [0, 0, 0]) if seqs is None else (seqs[0], [*seqs[1:3], int(seqs[3])])
         call += [*shifts, 1] if shifts else [0, 0, 0]
@@ -1855,7 +1935,7 @@ def attention(
             list(inputs),
         )  # fmt: skip
         return (o, lse) if return_lse else o
-    args = (q, k, v, _resolve_scale(scale), seqs, _check_sinks(sinks, q), shifts, *inputs)
+    args = (q, k, v, _resolve_scale(scale), seqs, _check_sinks(sinks, q), shifts, plan, *inputs)
     if _on_other_gpu(q):  # autograd runs the backward on q's GPU by itself
         with torch.cuda.device(q.device):
             o, lse = _Attention.apply(*args)

@@ -1831,8 +1831,9 @@ class _Attention(torch.autograd.Function):
         args = (ctx.scale, ctx.seqs, ctx.shifts, inputs)
         dq, dk, dv, *learned = _layout_backward(q, k, v, o, lse, do, dlse, *args)
         dinputs = [None] * len(inputs)
+        first = 7  # the inputs' place among forward()'s arguments
         for number, grad in zip(_LEARNABLE, learned):
-            dinputs[number] = grad if ctx.needs_input_grad[7 + number] else None
+            dinputs[number] = grad if ctx.needs_input_grad[first + number] else None
         dsinks = _sinks_grad(sinks, o, lse, do, dlse, ctx.seqs) if ctx.needs_input_grad[5] else None
         return (dq, dk, dv, None, None, dsinks, None, *dinputs)
 

@@ -509,6 +509,95 @@ def test_the_plan_skips_exactly_the_tiles_that_cross_documents(align, _interpret
                     assert full_lo > full_hi
 
 
+@pytest.mark.kernels
+def test_a_plan_built_once_serves_every_layer_with_the_same_bits(_interpreter, monkeypatch):
+    """tile_plan(): the per-call plan of issue 21, built once per batch and
+    passed to each layer's attention() as plan=: the same outputs and
+    gradients, bit for bit, as calls that build their own, and no plan
+    kernel launched by a call that is given one."""
+    from flashgen.api import load_variant
+
+    module = load_variant(_variant(PACKED.replace("fp32", "fp16")))
+    lengths = [[3, 40, 1, 20, 33], [97, 0, 0, 0, 0]]
+    doc = torch.tensor(
+        [[d for d, n in enumerate(row) for _ in range(n)] for row in lengths], dtype=torch.int32
+    )
+    generator = torch.Generator().manual_seed(1)
+    layers = [
+        [torch.randn(2, 2, 97, 16, generator=generator).half() for _ in range(4)] for _ in range(2)
+    ]
+    plan = module.tile_plan(*layers[0][:3], doc=doc)
+    launched = []
+    launch = module._launch
+
+    def counted(kernel, *args, **options):
+        launched.append(kernel)
+        return launch(kernel, *args, **options)
+
+    monkeypatch.setattr(module, "_launch", counted)
+    for q, k, v, do in layers:
+        results = []
+        for given in (None, plan):
+            leaves = [x.clone().requires_grad_() for x in (q, k, v)]
+            launched.clear()
+            o, lse = module.attention(*leaves, doc=doc, plan=given, return_lse=True)
+            grads = torch.autograd.grad((o, lse), leaves, (do, torch.ones_like(lse)))
+            plans = sum(kernel is module._attn_plan for kernel in launched)
+            assert plans == (3 if given is None else 0)
+            results.append((o, lse, *grads))
+        for a, b in zip(*results):
+            assert torch.equal(a, b)
+
+
+@pytest.mark.kernels
+def test_a_plan_for_another_call_is_refused(_interpreter):
+    from flashgen.api import load_variant
+
+    module = load_variant(_variant(PACKED))
+    q = k = v = torch.zeros(2, 1, 8, 16)
+    doc = torch.zeros(2, 8, dtype=torch.int32)
+    plan = module.tile_plan(q, k, v, doc=doc)
+    module.attention(q, k, v, doc=doc, plan=plan)
+    other = doc.clone()
+    with pytest.raises(ValueError, match="plan was built for another call"):
+        module.attention(q, k, v, doc=other, plan=plan)  # the same ids, another tensor
+    longer = torch.zeros(2, 1, 9, 16)
+    with pytest.raises(ValueError, match="plan was built for another call"):
+        module.attention(
+            longer, longer, longer, doc=torch.zeros(2, 9, dtype=torch.int32), plan=plan
+        )
+    doc[1, 4:] = 1  # written in place after the plan was built
+    with pytest.raises(ValueError, match="plan was built for another call"):
+        module.attention(q, k, v, doc=doc, plan=plan)
+    with pytest.raises(TypeError, match="plan must come from tile_plan"):
+        module.attention(q, k, v, doc=doc, plan=plan.tiles)
+
+
+@pytest.mark.kernels
+def test_a_plan_serves_padded_calls_of_the_same_sequences(_interpreter):
+    from flashgen.api import load_variant
+
+    # Padded calls take inputs without an Nq or Nk dimension: a per-row prefix.
+    text = "attention p { head_dim = 16; dtype = fp16; prefix_len: int32[B]; mask = causal | k < prefix_len[b] }"
+    module = load_variant(_variant(text))
+    generator = torch.Generator().manual_seed(2)
+    q, k, v = (torch.randn(2, 2, 40, 16, generator=generator).half() for _ in range(3))
+    prefix_len = torch.tensor([12, 30], dtype=torch.int32)
+    lengths = torch.tensor([40, 23])
+    seqs = module.sequences(seqlens_q=lengths, seqlens_k=lengths)
+    plan = module.tile_plan(q, k, v, sequences=seqs, prefix_len=prefix_len)
+    fresh = module.attention(q, k, v, sequences=seqs, prefix_len=prefix_len)
+    given = module.attention(q, k, v, sequences=seqs, prefix_len=prefix_len, plan=plan)
+    assert torch.equal(given, fresh)
+    again = module.sequences(seqlens_q=lengths, seqlens_k=lengths)  # equal, but not the same
+    with pytest.raises(ValueError, match="plan was built for another call"):
+        module.attention(q, k, v, sequences=again, prefix_len=prefix_len, plan=plan)
+    with pytest.raises(ValueError, match="plan was built for another call"):
+        module.attention(
+            q, k, v, sequences=seqs, prefix_len=prefix_len, plan=plan, q_offset=1, k_offset=1
+        )
+
+
 def test_modules_of_specs_with_inputs_are_black_clean():
     """Emitted in final form, as the examples' modules are (tests/test_golden.py)."""
     import black
