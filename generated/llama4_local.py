@@ -1316,6 +1316,38 @@ def _cache_view(k: torch.Tensor, block_table) -> tuple[torch.Tensor, int, int]:
     return k.transpose(1, 2), block_table.shape[1] * k.shape[1], k.shape[1]
 
 
+def _check_new_keys(q, k_view, k_new, v_new) -> int:
+    """k_new, v_new (B, Hkv, Nnew, D and V_DIM) for a cache whose kernel view
+    is k_view, checked like q, k and v; returns Nnew (0: none given)."""
+    if k_new is None and v_new is None:
+        return 0
+    if k_new is None or v_new is None:
+        raise ValueError("k_new and v_new come together (the new keys and their values)")
+    n = k_new.shape[2] if isinstance(k_new, torch.Tensor) and k_new.dim() == 4 else "Nnew"
+    for name, x, width in (("k_new", k_new, HEAD_DIM), ("v_new", v_new, V_DIM)):
+        if not isinstance(x, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+        if x.dtype != DTYPE:
+            raise TypeError(f"{name} must have dtype {DTYPE}, got {x.dtype}")
+        shape = (q.shape[0], k_view.shape[1], n, width)  # (B, Hkv, Nnew, D)
+        if tuple(x.shape) != shape or x.device != q.device:
+            raise ValueError(f"{name} must have shape {shape} on {q.device}, got {tuple(x.shape)} on {x.device}")  # fmt: skip
+    return n
+
+
+def _append_to_cache(k, v, k_new, v_new, cache_seqlens, block_table) -> None:
+    """Row b's new keys and values into the cache, contiguous or paged, at
+    positions cache_seqlens[b] .. + Nnew - 1; nothing read on the host."""
+    pos = cache_seqlens.long()[:, None] + torch.arange(k_new.shape[2], device=k.device)
+    if block_table is not None:  # (pages, page_size, Hkv, D)
+        page, slot = block_table.long().gather(1, pos // k.shape[1]), pos % k.shape[1]
+    for cache, new in ((k, k_new), (v, v_new)):
+        if block_table is None:  # (B, Hkv, capacity, D)
+            cache.scatter_(2, pos[:, None, :, None].expand(new.shape), new)
+        else:
+            cache[page, slot] = new.transpose(1, 2)
+
+
 def _decode_plan(q: torch.Tensor, k: torch.Tensor, n_keys: int, page_size: int = 0) -> tuple:
     """(BLOCK_M, BLOCK_N, row tiles, splits) of `_attn_decode` for q and the
     kernels' view of k with n_keys keys (a cache's capacity) per batch row:
@@ -1362,9 +1394,11 @@ def cache_workspace(q: torch.Tensor, k_cache: torch.Tensor, block_table=None) ->
     return torch.empty(splits * rows * (V_DIM + 1), dtype=torch.float32, device=q.device)
 
 
-def _check_cache(q, k, v, cache_seqlens, block_table, check_values=None) -> tuple:
+def _check_cache(q, k, v, cache_seqlens, block_table, check_values=None, new=(None, None)) -> tuple:
     """q (B, H, Nq, D) and a KV cache as attention() takes them; returns the
-    kernels' views of k and v, the capacity and the page size (`_cache_view`).
+    kernels' views of k and v, the capacity, the page size (`_cache_view`),
+    and the lengths the call attends to: cache_seqlens, plus the keys of
+    new = (k_new, v_new) where given (`_append_to_cache`).
 
     Shapes, dtypes and devices are checked always.  The values (every length
     in 0 .. capacity, every page a row reads within the cache) need the host
@@ -1428,15 +1462,24 @@ def _check_cache(q, k, v, cache_seqlens, block_table, check_values=None) -> tupl
                 f"{name}: {capacity} keys per row at a row stride of {x.stride(2)} pass the "
                 "kernels' 32-bit offsets"
             )
+    appended = _check_new_keys(q, k_view, *new)
+    lengths = cache_seqlens + appended if appended else cache_seqlens
     if check_values is None:
         check_values = not _capturing(q)
     if check_values:
-        bad = [((cache_seqlens < 0) | (cache_seqlens > capacity)).any()]
+        bad = [((cache_seqlens < 0) | (lengths > capacity)).any()]
         if paged:
-            lengths = cache_seqlens.clamp(0, capacity)[:, None]
-            used = torch.arange(block_table.shape[1], device=q.device) * page_size < lengths
+            used = (
+                torch.arange(block_table.shape[1], device=q.device) * page_size
+                < lengths.clamp(0, capacity)[:, None]
+            )
             bad.append((used & ((block_table < 0) | (block_table >= k.shape[0]))).any())
         bad = torch.stack(bad).tolist()  # one synchronization
+        if bad[0] and appended:
+            raise ValueError(
+                f"cache_seqlens must lie in 0 .. {capacity - appended}: with the {appended} new "
+                f"keys of k_new, each row must fit the cache's capacity {capacity}"
+            )
         if bad[0]:
             raise ValueError(f"cache_seqlens must lie in 0 .. {capacity} (the cache's capacity)")
         if paged and bad[1]:
@@ -1444,7 +1487,7 @@ def _check_cache(q, k, v, cache_seqlens, block_table, check_values=None) -> tupl
                 f"block_table lists a page outside 0 .. {k.shape[0] - 1} among those the "
                 "rows' lengths use"
             )
-    return k_view, v_view, capacity, page_size
+    return k_view, v_view, capacity, page_size, lengths
 
 
 def _alibi_or_placeholder(num_heads: int, like: torch.Tensor) -> torch.Tensor:
@@ -2433,17 +2476,25 @@ def _decode(q, k, v, o, lse, scale: float, sinks=None, shifts=None, tma=None, sp
     return o, lse
 
 
-def _cache_forward(q, k, v, scale: float, sinks, cache_seqlens, block_table, workspace, check_values):  # fmt: skip
+def _cache_forward(
+    q, k, v, scale: float, sinks, cache_seqlens, block_table, workspace, check_values, k_new=None, v_new=None,
+):  # fmt: skip
     """A KV-cache call (decision 056) on a resolved scale and checked sinks:
     `_decode` with each row's length read on the GPU, nothing synchronizing
-    (with check_values off or while a CUDA graph is captured)."""
-    k, v, capacity, page_size = _check_cache(q, k, v, cache_seqlens, block_table, check_values)
+    (with check_values off or while a CUDA graph is captured).  k_new and
+    v_new are written into the cache first, after each row's keys."""
+    k_cache, v_cache = k, v
+    k, v, capacity, page_size, lengths = _check_cache(
+        q, k, v, cache_seqlens, block_table, check_values, (k_new, v_new)
+    )  # fmt: skip
+    if k_new is not None:
+        _append_to_cache(k_cache, v_cache, k_new, v_new, cache_seqlens, block_table)
     o = q.new_empty((*q.shape[:3], V_DIM))
     lse = torch.empty(q.shape[:3], dtype=torch.float32, device=q.device)
     if o.numel() == 0:
         return o, lse
     args = (q, k, v, o, lse, scale, sinks)
-    cache = (cache_seqlens, block_table, capacity, page_size)
+    cache = (lengths, block_table, capacity, page_size)
     if _on_other_gpu(q):
         with torch.cuda.device(q.device):
             return _decode(*args, cache=cache, workspace=workspace)
@@ -2670,6 +2721,8 @@ def attention(
     block_table: torch.Tensor | None = None,
     workspace: torch.Tensor | None = None,
     check_values: bool | None = None,
+    k_new: torch.Tensor | None = None,
+    v_new: torch.Tensor | None = None,
 ):
     """Attention of the `llama4_local` variant, differentiable in q, k and v.
 
@@ -2710,14 +2763,20 @@ def attention(
     are its last Nq keys.  check_values=None checks lengths and pages (a host
     synchronization) except while a CUDA graph is captured; workspace:
     cache_workspace(q, k, block_table), so that only o and lse are allocated.
+    k_new, v_new (B, Hkv, Nnew, 128): new keys and values written into
+    the cache at positions cache_seqlens[b] .. cache_seqlens[b] + Nnew - 1
+    first (flash_attn_with_kvcache's k= and v=); the call then attends to
+    cache_seqlens + Nnew keys.  cache_seqlens itself is left as it was.
     """
     if cache_seqlens is not None or block_table is not None:
         options = dict(sequences=sequences, seqlens_q=seqlens_q, seqlens_k=seqlens_k, cu_seqlens_q=cu_seqlens_q)  # fmt: skip
         options.update(cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k)  # fmt: skip
-        _check_cache_call(dict(q=q, k=k, v=v, sinks=sinks), dict(options, q_offset=q_offset, k_offset=k_offset))  # fmt: skip
-        cache = (cache_seqlens, block_table, workspace, check_values)
+        _check_cache_call(dict(q=q, k=k, v=v, sinks=sinks, k_new=k_new, v_new=v_new), dict(options, q_offset=q_offset, k_offset=k_offset))  # fmt: skip
+        cache = (cache_seqlens, block_table, workspace, check_values, k_new, v_new)
         o, lse = _cache_forward(q, k, v, _resolve_scale(scale), _check_sinks(sinks, q), *cache)
         return (o, lse) if return_lse else o
+    if k_new is not None or v_new is not None:
+        raise ValueError("k_new and v_new append to a KV cache: they need cache_seqlens=")
     if isinstance(q, torch.Tensor) and torch.is_autocast_enabled(q.device.type):
         q, k, v = (x.to(DTYPE) if isinstance(x, torch.Tensor) else x for x in (q, k, v))
     seqs = _bound_sequences(

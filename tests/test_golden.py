@@ -324,7 +324,9 @@ def test_long_lowered_lines_are_marked_for_black():
 # checks, the row tiles and the caller's workspace) added ~240 more (1,955-1,996).
 # With the wave model of the split count (decision 052) and the V_DIM paths of MLA
 # (decision 055) beside them: 1,962-2,009 (deepseek_mla, which has both head dims).
-TRITON_ONLY_MAX_LINES = 2020
+# New keys appended to a cache in the same call (k_new, v_new; issue 22), with their
+# checks and the value check of the lengths they make: ~60 (2,021-2,068).
+TRITON_ONLY_MAX_LINES = 2075
 # Specs that read inputs carry what only they need (2026-12-02: 1,870-1,900 lines for
 # the three examples that read inputs): the per-call index checks (~100 lines), the
 # per-call tile plan of a mask that reads inputs (~135), the sums of learnable
@@ -340,7 +342,7 @@ TRITON_ONLY_MAX_LINES_WITH_INPUTS = 2000
 @pytest.mark.parametrize("variant", VARIANTS, ids=lambda v: v.name)
 def test_triton_only_module_is_short_clean_and_self_contained(variant):
     """A vendor who wants the shortest module builds it --triton-only: within
-    2,020 lines for every example (2,000 for one that reads inputs), no Gluon anywhere, black-clean as emitted,
+    2,075 lines for every example (2,000 for one that reads inputs), no Gluon anywhere, black-clean as emitted,
     and every global its functions read is defined."""
     import black
 

@@ -353,3 +353,114 @@ def test_caches_whose_values_have_their_own_head_dim(v_dim):
     _judge_rows(variant, q, k, v, lengths, *paged)
     with pytest.raises(ValueError, match="v_head_dim"):  # v with k's head dim
         module.attention(q, k, k, cache_seqlens=seqlens)
+
+
+@pytest.mark.kernels
+@pytest.mark.parametrize("page_size", [0, 16])
+def test_new_keys_are_appended_and_attended_in_the_same_call(page_size):
+    """k_new and v_new (flash_attn_with_kvcache's k= and v=): written at each
+    row's cache_seqlens, then attended with the rest, as if the cache had
+    held them: the same bits as the call on that cache, and the cache holds
+    them after (contiguous and paged); cache_seqlens is left unchanged."""
+    variant = make_variant("causal & window(40)", dtype=ir.DType.FP16, head_dim=HEAD_DIM)
+    module = build(variant)
+    lengths, new = [0, 61, 30, 5], 3
+    q, k, v = _tensors(4, 4, 2, new, 128, torch.float16, seed=3)
+    k_new, v_new = (
+        x[:, :, :new].clone() for x in _tensors(4, 2, 2, new, 128, torch.float16, 4)[1:]
+    )
+    full_k, full_v = k.clone(), v.clone()
+    for b, n in enumerate(lengths):  # the cache as it should be after the append
+        full_k[b, :, n : n + new], full_v[b, :, n : n + new] = k_new[b], v_new[b]
+    after = torch.tensor([n + new for n in lengths], dtype=torch.int32, device=DEVICE)
+    want = module.attention(q, full_k, full_v, cache_seqlens=after, return_lse=True)
+    _judge_rows(variant, q, full_k, full_v, [n + new for n in lengths], *want)
+    seqlens = torch.tensor(lengths, dtype=torch.int32, device=DEVICE)
+    if page_size:
+        k_cache, v_cache, table = _paged(k, v, page_size, seed=5)
+        full = _paged(full_k, full_v, page_size, seed=5)[:2]
+        paging = dict(block_table=table)
+    else:
+        k_cache, v_cache, full, paging = k, v, (full_k, full_v), {}
+    got = module.attention(
+        q, k_cache, v_cache, cache_seqlens=seqlens, k_new=k_new, v_new=v_new, return_lse=True,
+        **paging,
+    )  # fmt: skip
+    if page_size:  # pages narrower than a key tile split the keys otherwise
+        want = module.attention(q, *full, cache_seqlens=after, return_lse=True, **paging)
+    assert all(torch.equal(a, b) for a, b in zip(got, want))
+    for cache, expected in zip((k_cache, v_cache), full):
+        assert torch.equal(cache.nan_to_num(7.0), expected.nan_to_num(7.0))
+    assert seqlens.tolist() == lengths
+
+
+def test_bad_new_keys_name_the_argument():
+    module = build(make_variant("causal", dtype=ir.DType.FP32, head_dim=HEAD_DIM))
+    q, k, v = _tensors(2, 4, 2, 1, 64, torch.float32)
+    seqlens = torch.tensor([63, 10], dtype=torch.int32, device=DEVICE)
+    good = torch.zeros(2, 2, 1, HEAD_DIM, device=DEVICE)
+    calls = [
+        (dict(k_new=good), ValueError, "k_new and v_new come together"),
+        (dict(k_new=good, v_new=good.half()), TypeError, "v_new must have dtype torch.float32"),
+        (dict(k_new=good[:, :1], v_new=good), ValueError, r"k_new must have shape \(2, 2, 1, 16\) on .*, got \(2, 1, 1, 16\)"),
+        (dict(k_new=good, v_new=good[..., :8]), ValueError, r"v_new must have shape \(2, 2, 1, 16\)"),
+        (dict(k_new=good, v_new=torch.zeros(2, 2, 2, HEAD_DIM, device=DEVICE)), ValueError,
+         r"v_new must have shape \(2, 2, 1, 16\) on .*, got \(2, 2, 2, 16\)"),
+        (dict(k_new=good.tolist(), v_new=good), TypeError, "k_new must be a torch.Tensor"),
+        (dict(k_new=torch.zeros(2, 2, 2, HEAD_DIM), v_new=torch.zeros(2, 2, 2, HEAD_DIM)), ValueError,
+         r"cache_seqlens must lie in 0 .. 62: with the 2 new keys"),
+    ]  # fmt: skip
+    for kwargs, error, words in calls:
+        with pytest.raises(error, match=words):
+            module.attention(q, k, v, cache_seqlens=seqlens, **kwargs)
+    with pytest.raises(ValueError, match="k_new and v_new append to a KV cache"):
+        module.attention(q, k, v, k_new=good, v_new=good)
+    with pytest.raises(ValueError, match="k_new requires grad"):
+        module.attention(q, k, v, cache_seqlens=seqlens, k_new=good.requires_grad_(), v_new=good)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("paged", [False, True])
+def test_a_captured_step_appends_its_new_keys_on_each_replay(paged):
+    """A decode step that appends k_new and v_new, captured in a CUDA graph
+    (nothing synchronizes: sync debug mode "error"), replayed step after step
+    with the lengths advanced in place: each replay writes its token where
+    the lengths say and gives the bits of an eager call on the cache so far."""
+    variant = make_variant("causal", dtype=ir.DType.FP16, head_dim=64)
+    module = build(variant)
+    batch, heads, kv_heads, capacity, page_size = 3, 8, 2, 512, 64
+    g = torch.Generator().manual_seed(1)
+    q = torch.randn(batch, heads, 1, 64, generator=g).cuda().half()
+    k, v = (torch.randn(batch, kv_heads, capacity, 64, generator=g).cuda().half() for _ in range(2))
+    if paged:
+        k, v, table = _paged(k, v, page_size)
+        paging = dict(block_table=table)
+    else:
+        paging = {}
+    k_new, v_new = (torch.zeros(batch, kv_heads, 1, 64, device="cuda").half() for _ in range(2))
+    seqlens = torch.tensor([0, 300, 511], dtype=torch.int32, device="cuda")
+    call = dict(cache_seqlens=seqlens, k_new=k_new, v_new=v_new, check_values=False, **paging)
+    workspace = module.cache_workspace(q, k, paging.get("block_table"))
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        module.attention(q, k.clone(), v.clone(), **call, workspace=workspace)  # compile
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            o = module.attention(q, k, v, **call, workspace=workspace)
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    for step in range(2):
+        k_new.copy_(torch.randn(k_new.shape, generator=g).half())
+        v_new.copy_(torch.randn(v_new.shape, generator=g).half())
+        before_k, before_v = k.clone(), v.clone()
+        graph.replay()
+        torch.cuda.synchronize()
+        eager = module.attention(
+            q, before_k, before_v, cache_seqlens=seqlens, k_new=k_new, v_new=v_new, **paging
+        )
+        assert torch.equal(o, eager) and torch.equal(k, before_k) and torch.equal(v, before_v)
+        seqlens[:2] += 1  # the last row's cache is full: it stays (and its token lands again)
