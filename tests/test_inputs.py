@@ -455,6 +455,23 @@ def test_tune_times_a_spec_with_inputs(_interpreter):
     assert set(times["forward"]) == set(forward) and set(times["backward"]) == set(backward)
 
 
+def test_tune_draws_the_documents_the_bench_draws(monkeypatch):
+    # Tuned on documents of a few tokens, a packed-document spec would keep
+    # configurations for another workload than the one it is benched on.
+    from flashgen import bench, tune, verify
+
+    seen = []
+
+    def draw(*args, mean_run=None, **kwargs):
+        seen.append(mean_run)
+        raise RuntimeError("stop")
+
+    monkeypatch.setattr(verify, "random_runtime_inputs", draw)
+    with pytest.raises(RuntimeError, match="stop"):
+        tune.tune(_variant(PACKED), seqlens=[40], batch=1, heads=1, device="cpu")
+    assert seen == [bench.DOCUMENT_LENGTH]
+
+
 @pytest.mark.kernels
 @pytest.mark.parametrize("align", ["bottom_right", "top_left"])
 def test_the_plan_skips_exactly_the_tiles_that_cross_documents(align, _interpreter):
