@@ -47,7 +47,11 @@ def gpu_config(head_dim_pad: int, dtype: ir.DType, masked: bool) -> LaunchConfig
     Measured on the H200 (BENCHMARKS.md, sweeps 2-3): without a mask, large
     tiles win (128 x 64 at d64, 128 x 128 at d128); with a mask, 64 x 64 with
     4 warps wins, as large tiles waste work on the boundary.  `flashgen tune`
-    replaces these per spec.
+    replaces these per spec.  Swept again over eight configurations and six
+    masks with short and long rows (benchmarks/config_sweep.jsonl, 2026-12-02,
+    bf16, merged edge loops): 64 x 64 x 4 x 3 was the fastest for documents,
+    chunks, windows and bands at d64 and d128, and within 3% / 6% (d64 / d128)
+    for causal at N = 16384 (whose d128 forward is the Gluon kernel's).
     """
     if dtype is ir.DType.FP32:
         if head_dim_pad <= 64:
