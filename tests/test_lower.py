@@ -1304,3 +1304,61 @@ def test_abs_above_a_bound_is_a_union_and_keeps_its_pairs():
         assert "abs" not in repr(nnf)
         visited, nonempty = _visited(_mask(text), N_QUERIES, N_KEYS, 16)
         assert visited == nonempty, text
+
+
+@pytest.mark.parametrize(
+    "text, positional",
+    [
+        ("causal & doc[b, q] == doc[b, k]", "k <= q"),
+        ("doc[b, q] == doc[b, k]", None),
+        ("causal | k < prefix_len[b]", None),  # the data term may admit every pair
+        ("causal & (window(8) | doc[b, q] != doc[b, k])", "k <= q"),
+        ("causal & window(8)", "k <= q & k >= q - 8 & k <= q"),
+    ],
+)
+def test_the_positional_part_takes_data_terms_as_true(text, positional):
+    source = (
+        "attention t { head_dim = 16; dtype = fp32; doc: int32[B, Nk]; prefix_len: int32[B]; "
+        f"mask = {text} }}"
+    )
+    from flashgen.parse import parse
+
+    spec, diags = parse(source)
+    assert not diags
+    (setting,) = [x for x in spec.blocks[0].settings if x.key == "mask"]
+    nnf = lower.negation_normal_form(lower.desugar_mask(setting.value))
+    part = mask_forms.positional_part(nnf)
+    if positional is None:
+        assert part is None
+    else:
+        expected = lower.negation_normal_form(lower.desugar_mask(_mask(positional)))
+        assert part == expected, (part, expected)
+
+
+@pytest.mark.parametrize(
+    "text, merged",
+    [
+        ("causal & chunk(1024)", True),
+        ("causal & window(100)", True),
+        ("abs(q - k) < 65", True),
+        ("causal", False),  # long rows: three loops
+        ("full", False),
+        ("causal & doc[b, q] == doc[b, k]", True),  # documents bound the rows
+        ("causal | k < prefix_len[b]", False),  # a prefix does not
+        # Rows bounded, but an edge tile may hold no pair: it is classified first.
+        ("window(100) & (q - k) % 3 == 0", False),
+    ],
+)
+def test_rows_known_short_take_one_loop(text, merged):
+    inputs = "".join(
+        decl for name, decl in (("doc", "doc: int32[B, Nk]; "), ("prefix_len", "prefix_len: int32[B]; "))
+        if name in text
+    )  # fmt: skip
+    source = f"attention t {{ head_dim = 16; dtype = fp32; {inputs}mask = {text} }}"
+    from flashgen.check import check
+    from flashgen.parse import parse
+
+    spec, _ = parse(source)
+    variants, diags = check([spec])
+    assert not diags, diags
+    assert lower.lower(variants[0]).merged_edges is merged
