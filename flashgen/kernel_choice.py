@@ -173,7 +173,8 @@ def gluon_forward(v: ir.Variant) -> GluonForward | None:
 # One loop over a program's tiles, the edge tiles masked in a branch over
 # registers, against three loops (masked edge tiles, the unmasked interior,
 # masked edge tiles), on the Triton forward of an H200 (bf16, B·N = 16384,
-# scripts/gpu_one_loop_probe.py, 2026-12-02): 1.20-1.33x for packed documents
+# 2026-12-02, decision 057; `--plan merged_edges=off` gives the three loops
+# back for a new measurement): 1.20-1.33x for packed documents
 # of ~1000 tokens, 1.09-1.37x for causal chunks of 1024, 1.13-1.56x for a
 # 129-key band, 1.05-1.34x for a 1024-key window, 0.93-1.05x for causal at
 # N = 4096.  Each loop is software-pipelined apart, so a loop of one or two

@@ -358,8 +358,6 @@ class KernelModel:
     query_interior: bool
     query_interior_lo: str | None
     query_interior_hi: str | None
-    # Every tile inside the key (and query) bounds has a visible pair.
-    bounds_dense: bool
     # Tiles outside a loop's interior are classified (the tile code) before
     # their masked step runs: not when every such tile may hold a visible
     # pair anyway (`tile_never_empty`) or the bounds are dense.
@@ -623,7 +621,6 @@ def lower(v: ir.Variant, tuning: Tuning | None = None) -> KernelModel:
         key_hi=_source(key_hi),
         query_lo=_source(query_lo),
         query_hi=_source(query_hi),
-        bounds_dense=mask_is_full or edges_dense(mask),
         classify_edge_tiles=classify,
         merged_edges=merged,
         key_interior=key_interior is not None,

@@ -97,7 +97,8 @@ def _abs_split(e: ir.Expr) -> ir.Expr | None:
     (<= and >= alike, abs on either side), for A and X affine in positions:
     the same pairs, but as comparisons that bound k by q, so a band spelled
     with abs gets the loop bounds and interior of a window.  None otherwise."""
-    if not isinstance(e, ir.Binary) or e.op not in FLIPPED or e.op in (ir.BinOp.EQ, ir.BinOp.NE):
+    order = (ir.BinOp.LT, ir.BinOp.LE, ir.BinOp.GT, ir.BinOp.GE)
+    if not isinstance(e, ir.Binary) or e.op not in order:
         return None
     op, left, right = e.op, e.left, e.right
     if not _is_abs(left):

@@ -16,6 +16,7 @@ import dataclasses
 import sys
 import time
 import traceback
+from pathlib import Path
 
 import torch
 
@@ -41,8 +42,6 @@ def main() -> None:
     parser.add_argument("specs", nargs="+")
     parser.add_argument("--head-dim", type=int, default=64)
     args = parser.parse_args()
-    from pathlib import Path
-
     for path in args.specs:
         (variant,) = _check_specs([Path(path)])
         variant = dataclasses.replace(variant, head_dim=args.head_dim)
