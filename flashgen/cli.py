@@ -268,7 +268,12 @@ def _parser() -> argparse.ArgumentParser:
         metavar="PNG",
         help="plot TFLOP/s against sequence length (needs matplotlib: flashgen[plot])",
     )
-    bench.add_argument("--name", help="bench only this block (with --random: rand<S>_<i>)")
+    bench.add_argument(
+        "--name",
+        nargs="+",
+        metavar="NAME",
+        help="bench only these blocks (with --random: rand<S>_<i> ...)",
+    )
     bench.add_argument(
         "--timer",
         choices=("do_bench", "cuda-graph"),
@@ -335,9 +340,11 @@ def _gpu_variants(args: argparse.Namespace, command: str) -> list[ir.Variant]:
     machine that has a CUDA GPU."""
     variants, _ = _check_sources(_read(args.specs))
     if args.name is not None:
-        variants = [v for v in variants if v.name == args.name]
-        if not variants:
-            raise _UsageError(f"{command}: no attention block named '{args.name}'")
+        names = [args.name] if isinstance(args.name, str) else args.name
+        missing = [n for n in names if n not in {v.name for v in variants}]
+        if missing:
+            raise _UsageError(f"{command}: no attention block named '{missing[0]}'")
+        variants = [v for v in variants if v.name in names]
     _require_gpu(command)
     return variants
 
@@ -470,9 +477,10 @@ def _random_variants(
     drawn = bench.draw_variants(args.random, seed, head_dims[0], dtype)
     if args.name is not None:
         names = ", ".join(d.variant.name for d in drawn)
-        drawn = [d for d in drawn if d.variant.name == args.name]
-        if not drawn:
-            raise _UsageError(f"bench: no drawn spec named '{args.name}' (drawn: {names})")
+        missing = [n for n in args.name if n not in {d.variant.name for d in drawn}]
+        if missing:
+            raise _UsageError(f"bench: no drawn spec named '{missing[0]}' (drawn: {names})")
+        drawn = [d for d in drawn if d.variant.name in args.name]
     print(
         f"# flashgen bench --random {args.random} --seed {seed}: specs drawn from the "
         f"whole language, benched at head_dim {', '.join(map(str, head_dims))}"

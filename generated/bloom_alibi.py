@@ -23,6 +23,7 @@ on another Triton (3.5 or later) it runs its Triton kernels only.
 import functools
 import math
 import os
+import threading
 from typing import NamedTuple
 
 import torch
@@ -1558,6 +1559,16 @@ except ImportError:  # pragma: no cover
 DIRECT_LAUNCH = _driver is not None and triton.__version__.startswith(TESTED_TRITON)
 # Compiled kernels by (kernel, device, specialization, launch options).
 _COMPILED: dict = {}
+# The devices whose CUDA context this thread has made current (`_bind_context`).
+_THREAD = threading.local()
+
+
+def _bind_context(device: int) -> None:
+    """Makes the current device's CUDA context current in this thread: Triton
+    encodes TMA descriptors before its launcher does, which failed ("invalid
+    device context") in threads with no CUDA call yet (autograd's backward)."""
+    torch.cuda.is_current_stream_capturing()  # a runtime call; legal while capturing
+    _THREAD.__dict__.setdefault("devices", set()).add(device)
 
 
 def _specialization(args) -> tuple:
@@ -1605,16 +1616,19 @@ def _launch(kernel, grid, *args, **options) -> None:
     tracer or a profiler's launch hook is watching, every launch goes through
     Triton.
     """
+    if _interpreting() or torch.compiler.is_compiling():  # let a tracer see the kernel launch
+        kernel[grid](*_triton_args(args), **options)
+        return
+    device = _driver.active.get_current_device() if _driver else torch.cuda.current_device()
+    if device not in _THREAD.__dict__.get("devices", ()):
+        _bind_context(device)
     if (
         not DIRECT_LAUNCH
-        or _interpreting()
-        or torch.compiler.is_compiling()  # let a tracer see the kernel launch
         or _knobs.runtime.launch_enter_hook.calls  # a profiler sees each launch
         or _knobs.runtime.launch_exit_hook.calls
     ):
         kernel[grid](*_triton_args(args), **options)
         return
-    device = _driver.active.get_current_device()
     key = (kernel, device, _specialization(args), *options.items())
     compiled = _COMPILED.get(key)
     if compiled is None:

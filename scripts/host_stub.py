@@ -59,6 +59,7 @@ def load(path: str):
         get_current_device=lambda: 0, get_current_stream=lambda device: 0
     )
     module._driver = types.SimpleNamespace(active=active)
+    module._bind_context = lambda device: None  # a CUDA runtime call, once per thread
     module.DIRECT_LAUNCH = True
     no, yes = (lambda: False), (lambda: True)
     module._interpreting = no

@@ -312,6 +312,54 @@ def test_direct_launches_on_gpu(name, monkeypatch):
         assert torch.equal(got_part, want)
 
 
+@pytest.mark.parametrize("direct", [True, False])
+@pytest.mark.parametrize("name", ["plain_causal", "mistral_sliding"])
+def test_first_launch_in_a_new_thread_on_gpu(name, direct, monkeypatch):
+    """A thread that has made no CUDA call has no current context, and Triton
+    encodes TMA descriptors before its launcher binds one: the first forward
+    and backward in such a thread (autograd's backward thread, a server's
+    worker) ran into "invalid device context".  Each call here runs in a new
+    thread, with the kernels compiled and without (`_COMPILED` cleared), and
+    gives the main thread's bits."""
+    import threading
+
+    import torch
+
+    (variant,) = [v for v in example_variants() if v.name == name]
+    module = build(dataclasses.replace(variant, dtype=ir.DType.BF16))
+    monkeypatch.setattr(module, "DIRECT_LAUNCH", direct)
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    shape = (1, 2, 512, module.HEAD_DIM)  # Nq = Nk a multiple of 128: the Gluon kernels on sm90
+    q, k, v, do = (
+        torch.randn(shape, device="cuda", dtype=torch.bfloat16, generator=gen) for _ in range(4)
+    )
+
+    def run():
+        o, lse = module.forward(q, k, v)
+        return (o, lse, *module.backward(q, k, v, o, lse, do))
+
+    expected = run()
+    torch.cuda.synchronize()
+    for clear in (False, True):
+        if clear:
+            module._COMPILED.clear()
+        got, failed = [], []
+
+        def in_thread():
+            try:
+                got.extend(run())
+                torch.cuda.synchronize()
+            except Exception as exc:  # reported in the main thread
+                failed.append(exc)
+
+        thread = threading.Thread(target=in_thread)
+        thread.start()
+        thread.join()
+        assert not failed, failed
+        for a, b in zip(got, expected, strict=True):
+            assert torch.equal(a, b)
+
+
 @pytest.mark.parametrize("name", ["full", "mistral_sliding"])
 def test_inputs_on_another_gpu(name):
     """Inputs on a GPU other than the current one: the kernels launch on the

@@ -7,6 +7,7 @@ that record what they are asked to do; tests/test_gpu.py runs the real ones.
 
 from __future__ import annotations
 
+import threading
 import types
 
 import pytest
@@ -53,6 +54,13 @@ def module(monkeypatch):
     monkeypatch.setattr(module, "_interpreting", lambda: False)
     monkeypatch.setattr(module, "DIRECT_LAUNCH", True)
     monkeypatch.setattr(module, "_COMPILED", {})
+    monkeypatch.setattr(module, "_THREAD", threading.local())
+    binds, real_bind = [], module._bind_context
+    module.binds = binds
+    monkeypatch.setattr(
+        module, "_bind_context", lambda device: (binds.append(device), real_bind(device))
+    )
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
     return module
 
 
@@ -68,6 +76,28 @@ def test_repeat_launch_is_direct(module):
     assert kernel.log[0][1:] == ((3, 4), _args(x), {"num_warps": 4})
     grid_and_handles = (5, 6, 1, 1234, "function", "metadata", None, None, None)
     assert kernel.log[1][1] == grid_and_handles + _args(x)
+
+
+def test_each_thread_binds_the_device_context_before_its_first_launch(module, monkeypatch):
+    """Triton encodes TMA descriptors before its launcher makes the device's
+    context current, so `_launch` binds it first, once per thread and device
+    (tests/test_gpu.py runs the real first launch in a new thread)."""
+    kernel, x = _Kernel(), torch.zeros(64)
+    module._launch(kernel, (3, 4), *_args(x))
+    module._launch(kernel, (3, 4), *_args(x))
+    assert module.binds == [0]
+    monkeypatch.setattr(module._driver.active, "get_current_device", lambda: 1)
+    module._launch(kernel, (3, 4), *_args(x))
+    assert module.binds == [0, 1]
+    thread = threading.Thread(target=module._launch, args=(kernel, (3, 4), *_args(x)))
+    thread.start()
+    thread.join()
+    assert module.binds == [0, 1, 1]
+    monkeypatch.setattr(module, "DIRECT_LAUNCH", False)  # launches through Triton bind too
+    thread = threading.Thread(target=module._launch, args=(kernel, (3, 4), *_args(x)))
+    thread.start()
+    thread.join()
+    assert module.binds == [0, 1, 1, 1]
 
 
 @pytest.mark.parametrize(

@@ -1,0 +1,116 @@
+"""Where a module's host time goes on a GPU machine: per-call microseconds of
+forward(), backward(), attention() with and without autograd, beside the
+floor of any autograd.Function on that host (a Function whose forward and
+backward only allocate their outputs) and FlexAttention's compiled call;
+then cProfile's top entries for attention() forward + backward.
+
+    python3 scripts/gpu_host_profile.py SPEC [SPEC ...] [--head-dim D] [--flex]
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import dataclasses
+import pstats
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, ".")
+from flashgen.api import _check_specs, load_variant  # noqa: E402
+from flashgen.verify import Shape, random_runtime_inputs  # noqa: E402
+
+
+def per_call_us(fn, calls: int = 300) -> float:
+    for _ in range(10):
+        fn()
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    host = (time.perf_counter() - start) / calls * 1e6
+    torch.cuda.synchronize()
+    return host
+
+
+class Floor(torch.autograd.Function):
+    """Allocations only: what autograd itself costs per call on this host."""
+
+    @staticmethod
+    def forward(ctx, q, k, v):
+        o = torch.empty_like(q)
+        lse = torch.empty(q.shape[:3], device=q.device, dtype=torch.float32)
+        ctx.save_for_backward(q, k, v, o, lse)
+        ctx.set_materialize_grads(False)
+        return o, lse
+
+    @staticmethod
+    def backward(ctx, do, dlse):
+        q, k, v, o, lse = ctx.saved_tensors
+        return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("specs", nargs="+")
+    parser.add_argument("--head-dim", type=int, default=128)
+    parser.add_argument("--flex", action="store_true")
+    args = parser.parse_args()
+    b, h, n, d = 1, 1, 128, args.head_dim
+    q, k, v, do = (torch.randn(b, h, n, d, device="cuda", dtype=torch.bfloat16) for _ in range(4))
+    leaves = [x.detach().clone().requires_grad_() for x in (q, k, v)]
+
+    def floor():
+        o, _ = Floor.apply(*leaves)
+        return torch.autograd.grad(o, leaves, do)
+
+    print(f"autograd floor (allocations only): {per_call_us(floor):.0f} us", flush=True)
+    for path in args.specs:
+        (variant,) = _check_specs([Path(path)])
+        variant = dataclasses.replace(variant, head_dim=d)
+        module = load_variant(variant)
+        data = random_runtime_inputs(
+            variant, Shape(b, h, h, n, n), "cuda", generator=torch.Generator().manual_seed(0),
+            mean_run=1000,
+        )  # fmt: skip
+        o, lse = module.forward(q, k, v, **data)
+
+        def both():
+            return torch.autograd.grad(module.attention(*leaves, **data), leaves, do)
+
+        with torch.no_grad():
+            inference = per_call_us(lambda: module.attention(q, k, v, **data))
+        times = {
+            "forward()": per_call_us(lambda: module.forward(q, k, v, **data)),
+            "backward()": per_call_us(lambda: module.backward(q, k, v, o, lse, do, **data)),
+            "attention() no grad": inference,
+            "attention() with grad, forward only": per_call_us(
+                lambda: module.attention(*leaves, **data)
+            ),
+            "attention() forward + backward": per_call_us(both),
+        }
+        print(variant.name, ", ".join(f"{k_} {us:.0f} us" for k_, us in times.items()))
+        profile = cProfile.Profile()
+        profile.enable()
+        for _ in range(200):
+            both()
+        profile.disable()
+        torch.cuda.synchronize()
+        pstats.Stats(profile).sort_stats("tottime").print_stats(22)
+    if args.flex:
+        from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+        compiled = torch.compile(flex_attention)
+        mask = create_block_mask(lambda b_, h_, q_, k_: q_ >= k_, 1, 1, n, n, device="cuda")
+
+        def flex_both():
+            return torch.autograd.grad(compiled(*leaves, block_mask=mask), leaves, do)
+
+        print(f"FlexAttention causal forward + backward: {per_call_us(flex_both):.0f} us")
+
+
+if __name__ == "__main__":
+    main()
