@@ -1654,6 +1654,29 @@ def _gluon_descriptor(x: torch.Tensor, rows: int) -> _GluonBlocks:
 _STAND_INS = (_GluonBlocks,)
 
 
+@triton.jit
+def _gluon_key_cols(q_lo, q_hi, n_ctx, head, num_heads, COLS: tl.constexpr):
+    """Keys [lo, hi) that queries q_lo .. q_hi may see, lo rounded down to a tile."""
+    lo = tl.maximum(q_lo - 128, 0) // COLS * COLS
+    hi = tl.minimum(q_hi + 128 + 1, n_ctx)
+    return lo, hi
+
+
+@triton.jit
+def _gluon_tile_class(q_lo, q_hi, k_lo, k_hi, head, num_heads):
+    """(whole, some): whether every pair of [q_lo, q_hi] x [k_lo, k_hi] is
+    visible, and whether one may be (interval analysis of the mask)."""
+    # k >= q - 128
+    m1_must = k_lo + 128 >= q_hi
+    m1_may = k_hi + 128 >= q_lo
+    # k <= q + 128
+    m2_must = k_hi <= q_lo + 128
+    m2_may = k_lo <= q_hi + 128
+    m3_must = (m1_must) & (m2_must)
+    m3_may = (m1_may) & (m2_may)
+    return m3_must, m3_may
+
+
 # --------------------------------------------------------------------------- #
 # The warp-specialized backward for Hopper (sm90), in Gluon.
 #
@@ -1688,29 +1711,6 @@ def _gluon_query_rows(k_lo, k_hi, n_ctx, head, num_heads, ROWS: tl.constexpr):
     lo = tl.maximum(k_lo - 128, 0) // ROWS * ROWS
     hi = tl.minimum(k_hi + 128 + 1, n_ctx)
     return lo, hi
-
-
-@triton.jit
-def _gluon_key_cols(q_lo, q_hi, n_ctx, head, num_heads, COLS: tl.constexpr):
-    """Keys [lo, hi) that queries q_lo .. q_hi may see, lo rounded down to a tile."""
-    lo = tl.maximum(q_lo - 128, 0) // COLS * COLS
-    hi = tl.minimum(q_hi + 128 + 1, n_ctx)
-    return lo, hi
-
-
-@triton.jit
-def _gluon_tile_class(q_lo, q_hi, k_lo, k_hi, head, num_heads):
-    """(whole, some): whether every pair of [q_lo, q_hi] x [k_lo, k_hi] is
-    visible, and whether one may be (interval analysis of the mask)."""
-    # k >= q - 128
-    m1_must = k_lo + 128 >= q_hi
-    m1_may = k_hi + 128 >= q_lo
-    # k <= q + 128
-    m2_must = k_hi <= q_lo + 128
-    m2_may = k_lo <= q_hi + 128
-    m3_must = (m1_must) & (m2_must)
-    m3_may = (m1_may) & (m2_may)
-    return m3_must, m3_may
 
 
 @gluon.jit

@@ -1652,6 +1652,35 @@ def _gluon_descriptor(x: torch.Tensor, rows: int) -> _GluonBlocks:
 _STAND_INS = (_GluonBlocks,)
 
 
+@triton.jit
+def _gluon_key_cols(q_lo, q_hi, n_ctx, head, num_heads, COLS: tl.constexpr):
+    """Keys [lo, hi) that queries q_lo .. q_hi may see, lo rounded down to a tile."""
+    lo = tl.maximum((q_lo >> 13) * 8192, 0) // COLS * COLS
+    hi = tl.minimum(tl.minimum(q_hi, (q_hi >> 13) * 8192 + 8191) + 1, n_ctx)
+    return lo, hi
+
+
+@triton.jit
+def _gluon_tile_class(q_lo, q_hi, k_lo, k_hi, head, num_heads):
+    """(whole, some): whether every pair of [q_lo, q_hi] x [k_lo, k_hi] is
+    visible, and whether one may be (interval analysis of the mask)."""
+    # k <= q
+    m1_must = k_hi <= q_lo
+    m1_may = k_lo <= q_hi
+    # q div 8192 == k div 8192
+    div2_lo = q_lo >> 13
+    div2_hi = q_hi >> 13
+    div3_lo = k_lo >> 13
+    div3_hi = k_hi >> 13
+    sub4_lo = div2_lo - (div3_hi)
+    sub4_hi = div2_hi - (div3_lo)
+    m5_must = (sub4_lo == 0) & (sub4_hi == 0)
+    m5_may = (sub4_lo <= 0) & (sub4_hi >= 0)
+    m6_must = (m1_must) & (m5_must)
+    m6_may = (m1_may) & (m5_may)
+    return m6_must, m6_may
+
+
 # --------------------------------------------------------------------------- #
 # The warp-specialized forward for Hopper (sm90), in Gluon.
 #
@@ -1966,35 +1995,6 @@ def _gluon_query_rows(k_lo, k_hi, n_ctx, head, num_heads, ROWS: tl.constexpr):
     lo = tl.maximum(tl.maximum(k_lo, (k_lo >> 13) * 8192), 0) // ROWS * ROWS
     hi = tl.minimum((k_hi >> 13) * 8192 + 8191 + 1, n_ctx)
     return lo, hi
-
-
-@triton.jit
-def _gluon_key_cols(q_lo, q_hi, n_ctx, head, num_heads, COLS: tl.constexpr):
-    """Keys [lo, hi) that queries q_lo .. q_hi may see, lo rounded down to a tile."""
-    lo = tl.maximum((q_lo >> 13) * 8192, 0) // COLS * COLS
-    hi = tl.minimum(tl.minimum(q_hi, (q_hi >> 13) * 8192 + 8191) + 1, n_ctx)
-    return lo, hi
-
-
-@triton.jit
-def _gluon_tile_class(q_lo, q_hi, k_lo, k_hi, head, num_heads):
-    """(whole, some): whether every pair of [q_lo, q_hi] x [k_lo, k_hi] is
-    visible, and whether one may be (interval analysis of the mask)."""
-    # k <= q
-    m1_must = k_hi <= q_lo
-    m1_may = k_lo <= q_hi
-    # q div 8192 == k div 8192
-    div2_lo = q_lo >> 13
-    div2_hi = q_hi >> 13
-    div3_lo = k_lo >> 13
-    div3_hi = k_hi >> 13
-    sub4_lo = div2_lo - (div3_hi)
-    sub4_hi = div2_hi - (div3_lo)
-    m5_must = (sub4_lo == 0) & (sub4_hi == 0)
-    m5_may = (sub4_lo <= 0) & (sub4_hi >= 0)
-    m6_must = (m1_must) & (m5_must)
-    m6_may = (m1_may) & (m5_may)
-    return m6_must, m6_may
 
 
 @gluon.jit

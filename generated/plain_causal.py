@@ -1683,6 +1683,24 @@ def _gluon_descriptor(x: torch.Tensor, rows: int) -> _GluonBlocks:
 _STAND_INS = (_GluonBlocks,)
 
 
+@triton.jit
+def _gluon_key_cols(q_lo, q_hi, n_ctx, head, num_heads, COLS: tl.constexpr):
+    """Keys [lo, hi) that queries q_lo .. q_hi may see, lo rounded down to a tile."""
+    lo = 0
+    hi = tl.minimum(q_hi + 1, n_ctx)
+    return lo, hi
+
+
+@triton.jit
+def _gluon_tile_class(q_lo, q_hi, k_lo, k_hi, head, num_heads):
+    """(whole, some): whether every pair of [q_lo, q_hi] x [k_lo, k_hi] is
+    visible, and whether one may be (interval analysis of the mask)."""
+    # k <= q
+    m1_must = k_hi <= q_lo
+    m1_may = k_lo <= q_hi
+    return m1_must, m1_may
+
+
 # --------------------------------------------------------------------------- #
 # The warp-specialized forward for Hopper (sm90), in Gluon.
 #
@@ -1970,24 +1988,6 @@ def _gluon_query_rows(k_lo, k_hi, n_ctx, head, num_heads, ROWS: tl.constexpr):
     lo = tl.maximum(k_lo, 0) // ROWS * ROWS
     hi = n_ctx
     return lo, hi
-
-
-@triton.jit
-def _gluon_key_cols(q_lo, q_hi, n_ctx, head, num_heads, COLS: tl.constexpr):
-    """Keys [lo, hi) that queries q_lo .. q_hi may see, lo rounded down to a tile."""
-    lo = 0
-    hi = tl.minimum(q_hi + 1, n_ctx)
-    return lo, hi
-
-
-@triton.jit
-def _gluon_tile_class(q_lo, q_hi, k_lo, k_hi, head, num_heads):
-    """(whole, some): whether every pair of [q_lo, q_hi] x [k_lo, k_hi] is
-    visible, and whether one may be (interval analysis of the mask)."""
-    # k <= q
-    m1_must = k_hi <= q_lo
-    m1_may = k_lo <= q_hi
-    return m1_must, m1_may
 
 
 @gluon.jit

@@ -36,7 +36,7 @@ from triton.compiler import ASTSource
 
 # The flashgen to compile: this checkout's, or FLASHGEN_TREE's (scripts/same_ptx.sh).
 sys.path.insert(0, os.environ.get("FLASHGEN_TREE") or os.path.join(os.path.dirname(__file__), ".."))
-from flashgen import api, kernel_choice, lower  # noqa: E402
+from flashgen import api, experiments, kernel_choice, lower  # noqa: E402
 
 _DTYPES = {"torch.float16": "fp16", "torch.bfloat16": "bf16", "torch.float32": "fp32"}
 _TENSORS = ("q", "k", "v", "o", "do", "dq", "dk", "dv")
@@ -413,6 +413,9 @@ def main() -> None:
     parser.add_argument("--no-tma", action="store_true", help="pointer loads in both passes")
     parser.add_argument("--json", action="store_true", help="one JSON object per kernel")
     parser.add_argument(
+        "--plan", nargs="+", default=[], metavar="KNOB=VALUE", help="plan knobs, as flashgen bench's"
+    )
+    parser.add_argument(
         "--seqs",
         action="store_true",
         help="the kernels of padded and varlen calls, with sinks and offsets (SEQS, HAS_SINKS, "
@@ -451,7 +454,7 @@ def main() -> None:
 
 
 def report(variant, args) -> None:
-    module = api.load_variant(variant)
+    module = api.load_variant(variant, experiments.parse_settings(args.plan))
     try:
         found = module_resources(
             module, args.forward_config, args.backward_config, not args.no_tma, args.seqs

@@ -70,6 +70,45 @@ def test_knobs_change_what_they_name():
     assert "def _gluon_forward(" not in off and "def _attn_fwd(" in off
 
 
+def _undefined_calls(source: str) -> set[str]:
+    """Names the module's functions call that it does not define or import."""
+    import ast
+    import builtins
+
+    tree = ast.parse(source)
+    defined = set(dir(builtins))
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.ClassDef)):
+            defined.add(node.name)
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            defined.update((a.asname or a.name).split(".")[0] for a in node.names)
+        elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+            defined.add(node.id)
+        elif isinstance(node, ast.arg):
+            defined.add(node.arg)
+    called = {
+        node.func.id
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
+    }
+    return called - defined
+
+
+@pytest.mark.parametrize(
+    "mask, score",
+    [("causal", "s"), ("window(300)", "log(1.0 + abs(s + alibi))"), ("full", "s * 0.5")],
+)
+@pytest.mark.parametrize("knobs", [[], ["gluon_backward=off"], ["gluon_forward=off"]])
+def test_either_gluon_pass_builds_without_the_other(mask, score, knobs):
+    """The any-mask Gluon forward calls the mask's key bounds and tile classes
+    (`_gluon_key_cols`, `_gluon_tile_class`), which it shares with the Gluon
+    backward: a module built with gluon_backward=off still defines them (its
+    forward failed to compile on the GPU, NameError, 2026-12-02)."""
+    variant = make_variant(mask, score=score, dtype=ir.DType.BF16, head_dim=128)
+    source = render_module(variant, None, parse_settings(knobs))
+    assert not _undefined_calls(source)
+
+
 def test_every_knob_is_a_plan_field():
     from flashgen.lower import KernelModel
 
