@@ -43,6 +43,7 @@ class Tuning:
 
 def gpu_config(head_dim_pad: int, dtype: ir.DType, masked: bool) -> LaunchConfig:
     """Forward block sizes that fit Hopper's 228 KB of shared memory per SM.
+    `masked`: the mask can cut a tile (it reads positions).
 
     Measured on the H200 (BENCHMARKS.md, sweeps 2-3): without a mask, large
     tiles win (128 x 64 at d64, 128 x 128 at d128); with a mask, 64 x 64 with

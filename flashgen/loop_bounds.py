@@ -5,7 +5,9 @@ loops walk out, as `flashgen.kernel_expr` trees over the other side's tile.
   affine function of q (causal, windows), and `q div C == k div C` (chunks),
   give the range of key positions a query tile can see at all (and the
   converse for queries); the loops run only over that range.  Anything else
-  leaves the range open and the per-tile test does the skipping.
+  leaves the range open and the per-tile test does the skipping.  A
+  comparison of heads alone (`h % 2 == 0`) holds for every tile of a
+  program or for none: all or nothing.
 
 * **Interior.**  The same comparisons, read the other way, give the keys
   that *every* query of a tile sees: tiles inside that interval run in a
@@ -17,6 +19,7 @@ from __future__ import annotations
 
 from flashgen import ir
 from flashgen import kernel_expr as kx
+from flashgen.element_code import ElementCode
 from flashgen.mask_forms import CONSTANT_TRUTH, FLIPPED, chunk_match, difference, is_comparison
 from flashgen.tiles import OTHER_RANGES, Truth, affine_bound, compare_interval
 
@@ -73,6 +76,10 @@ def _free_truth(e: ir.Binary, var: str) -> Truth | None:
     """(must, may) over the other variable's tile of an affine comparison
     that does not mention `var` (`k < P` when bounding queries), or None."""
     d = difference(e)
+    if d is None and _of_heads_only(e):
+        # h % 2 == 0, max(h, 3) > 5: one truth for every tile of a program.
+        cond = ElementCode().expr(e)
+        return cond, cond
     if d is None or var in d:
         return None
     if set(d) <= {""}:
@@ -80,6 +87,15 @@ def _free_truth(e: ir.Binary, var: str) -> Truth | None:
         return value, value
     ranges = OTHER_RANGES[var]
     return compare_interval(e.op, affine_bound(d, False, ranges), affine_bound(d, True, ranges))
+
+
+def _of_heads_only(e: ir.Expr) -> bool:
+    """Whether `e` reads no position, batch index, score or runtime data:
+    a function of the head and constants, a scalar in every kernel."""
+    return not ir.mentions(e, _PER_ELEMENT) and not ir.reads_runtime_data(e)
+
+
+_PER_ELEMENT = frozenset({"q", "k", "b", "s"})
 
 
 def _compare_bounds(e: ir.Binary, var: str) -> Bounds:

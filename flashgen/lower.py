@@ -578,6 +578,9 @@ def lower(v: ir.Variant, tuning: Tuning | None = None) -> KernelModel:
     classify = not (may == kx.TRUE or mask_is_full or positional is None or edges_dense(positional))
     merged = not (classify or mask_is_full) and merged_edges(mask, plan is not None)
     default_tma = gpu_tma(widest, v.dtype)
+    # A mask of heads (or the batch) alone leaves every tile whole or empty:
+    # the forward takes the unmasked tiles.
+    cuts_tiles = not mask_is_full and ir.mentions(mask, positions)
     gluon = gluon_forward(v)
     return KernelModel(
         name=v.name,
@@ -634,7 +637,7 @@ def lower(v: ir.Variant, tuning: Tuning | None = None) -> KernelModel:
         tanh_small_poly=tanh_small_poly(v),
         fast_math=fast,
         needs_log=score.needs_log,
-        gpu_config=(tuning.forward if tuning else gpu_config(widest, v.dtype, not mask_is_full)),
+        gpu_config=(tuning.forward if tuning else gpu_config(widest, v.dtype, cuts_tiles)),
         cpu_config=CPU_CONFIG,
         gpu_bwd_config=tuning.backward if tuning else gpu_bwd_config(widest, v.dtype, merged),
         gpu_tma=_pick(tuning.forward_tma if tuning else None, default_tma[0]),

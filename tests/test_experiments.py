@@ -109,6 +109,35 @@ def test_either_gluon_pass_builds_without_the_other(mask, score, knobs):
     assert not _undefined_calls(source)
 
 
+# One setting of each knob away from its default (the modules it builds must
+# define everything they call), and the --triton-only form.
+KNOB_SETTINGS = [
+    "gpu_config=32,32,4,2", "gpu_bwd_config=32,32,4,2", "gpu_tma=on", "gpu_tma=off",
+    "gpu_bwd_tma=on", "gpu_bwd_tma=off", "gluon_forward=off", "gluon_backward=off",
+    "gluon_stages=1", "gluon_bwd_stages=1,1", "gluon_min_keys=0", "gluon_dq_heavy_last=on",
+    "gluon_dq_heavy_last=off", "tanh_small_poly=on", "fast_math=off", "gather_unpipelined=on",
+    "hoist_reads=off", "merged_edges=on", "merged_edges=off",
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "name",
+    # The Gluon causal and any-mask forwards, runtime data, MLA, a learnable
+    # table, tanh (softcap).
+    ["plain_causal", "mistral_sliding", "llama3_packed_docs", "deepseek_mla", "t5_relative_bias",
+     "gemma2_local"],
+)  # fmt: skip
+def test_every_knob_setting_builds_modules_that_define_what_they_call(name):
+    from kernel_utils import example_variants
+
+    assert {s.split("=")[0] for s in KNOB_SETTINGS} == set(KNOBS)
+    (variant,) = [v for v in example_variants() if v.name == name]
+    builds = [(s, render_module(variant, None, parse_settings([s]))) for s in KNOB_SETTINGS]
+    builds.append(("--triton-only", render_module(variant, triton_only=True)))
+    problems = {setting: sorted(_undefined_calls(source)) for setting, source in builds}
+    assert not {k: v for k, v in problems.items() if v}
+
+
 def test_every_knob_is_a_plan_field():
     from flashgen.lower import KernelModel
 

@@ -85,6 +85,24 @@ def test_gqa_and_mqa_sum_over_the_group(kv_heads):
     assert_ok(run_grad_case(variant, Shape(2, 4, kv_heads, 45, 60), seed=kv_heads))
 
 
+@pytest.mark.parametrize(
+    "mask, align",
+    [
+        ("h % 2 == 0", "bottom_right"),
+        ("causal & max(h, 1) != 2", "top_left"),
+        ("!(h % 2 == 0 & (window(9) | prefix(5)))", "top_left"),
+        ("h % 3 == 1 | causal", "bottom_right"),
+    ],
+)
+def test_head_terms_bound_whole_programs(mask, align):
+    """A term of heads alone decides a program's whole range (loop_bounds:
+    all or nothing): forward and backward against the reference with GQA
+    (two query heads of one kv head, one seeing and one not), and Nq != Nk
+    across several tiles."""
+    variant = make_variant(mask, score="s * 0.5", dtype=ir.DType.FP32, align=align)
+    assert_ok(run_grad_case(variant, Shape(2, 4, 2, 37, 53), seed=3))
+
+
 @pytest.mark.parametrize("mask", ["causal", "h % 2 == 1 & causal", "!full"])
 def test_fully_masked_rows_have_zero_gradients(mask):
     variant = make_variant(mask, score="softcap(s, 10.0)")

@@ -1362,3 +1362,49 @@ def test_rows_known_short_take_one_loop(text, merged):
     variants, diags = check([spec])
     assert not diags, diags
     assert lower.lower(variants[0]).merged_edges is merged
+
+
+@pytest.mark.parametrize(
+    "mask, heads_seen",
+    [
+        ("h % 2 == 0", [True, False, True, False]),
+        ("max(h, 1) > 2", [False, False, False, True]),
+        ("!(h % 2 == 1 | h == 0)", [False, False, True, False]),
+    ],
+)
+def test_a_comparison_of_heads_bounds_a_program_all_or_nothing(mask, heads_seen):
+    """A mask term of heads alone (not affine: h % 2, max(h, 1)) holds for
+    every tile of a program or for none.  The bounds say so: all keys and
+    queries for a head that sees, an empty range for one that does not, and
+    every key tile of a seeing head lies in the interior (a loop with no
+    per-tile test, where the tile test would classify each tile)."""
+    variant = make_variant(mask)
+    nnf = nnf_of(variant.mask)
+    key_lo, key_hi = lower.key_bounds(nnf)
+    query_lo, query_hi = lower.query_bounds(nnf)
+    interior = lower.interior_bounds(nnf, "k")
+    assert interior is not None
+    assert lower.lower(variant).key_interior
+    for head, sees in enumerate(heads_seen):
+        env = _namespace(10, 25, 30, 45, head, len(heads_seen))
+        lo, hi = _value(key_lo, env), _value(key_hi, env)
+        q_lo, q_hi = _value(query_lo, env), _value(query_hi, env)
+        inner_lo, inner_hi = (_value(x, env) for x in interior)
+        if sees:
+            assert lo <= 0 and hi >= 10**6 and q_lo <= 0 and q_hi >= 10**6
+            assert inner_lo <= 0 and inner_hi >= 10**6
+        else:
+            assert lo > hi and q_lo > q_hi and inner_lo > inner_hi
+
+
+def test_a_mask_of_heads_alone_takes_the_unmasked_forward_tiles():
+    """Its tiles are whole or empty, never cut: the forward's default launch
+    configuration is the full mask's (the sweep's large tiles), not the
+    masked one's."""
+    from flashgen.launch import gpu_config
+
+    def config(mask):
+        return lower.lower(make_variant(mask, dtype=ir.DType.BF16, head_dim=128)).gpu_config
+
+    assert config("h % 2 == 0") == config("full") == gpu_config(128, ir.DType.BF16, False)
+    assert config("causal & h % 2 == 0") == gpu_config(128, ir.DType.BF16, True)
