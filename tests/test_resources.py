@@ -14,6 +14,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -88,8 +89,37 @@ def _sm90_resources(*args: str) -> tuple[list[dict], str]:
     return rows, out.stdout
 
 
-@pytest.fixture(scope="module")
-def resources() -> list[dict]:
+def _compiled_once(tmp_path_factory, name: str, compile_rows) -> list[dict]:
+    """compile_rows()'s rows, computed by one pytest-xdist worker for all of
+    them (the compiles take minutes of a CPU each): the first to get here
+    compiles and writes them, the others wait for the file."""
+    root = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        root = root.parent  # the session's directory, which every worker shares
+    done, lock = root / f"{name}.json", root / f"{name}.lock"
+    try:
+        os.close(os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+    except FileExistsError:  # another worker compiles
+        deadline = time.monotonic() + 1800
+        while not done.exists():
+            assert time.monotonic() < deadline, f"no {done} after 30 minutes"
+            time.sleep(1)
+        result = json.loads(done.read_text())
+        assert "error" not in result, result.get("error")
+        return result["rows"]
+    try:
+        result = {"rows": compile_rows()}
+    except BaseException as e:
+        result = {"error": f"the compiling worker failed: {type(e).__name__}: {e}"[:4000]}
+        raise
+    finally:
+        partial = done.with_suffix(".partial")
+        partial.write_text(json.dumps(result))
+        partial.rename(done)
+    return result["rows"]
+
+
+def _example_resources() -> list[dict]:
     rows, stdout = _sm90_resources(*SPECS, "--head-dim", "64", "128")
     # Forward and backward per spec and head dim, split-KV decoding's kernel at
     # two tiles, on a paged cache, and its merge, the plan kernel twice, the Gluon forwards at
@@ -99,6 +129,11 @@ def resources() -> list[dict]:
         expected += len(GLUON | GLUON_ANY) + 2 * len(GLUON_BACKWARD)
     assert len(rows) == expected, stdout[-2000:]
     return rows
+
+
+@pytest.fixture(scope="module")
+def resources(tmp_path_factory) -> list[dict]:
+    return _compiled_once(tmp_path_factory, "sm90_example_resources", _example_resources)
 
 
 # Forward kernels known to spill at their derived tiles.  t5_relative_bias
