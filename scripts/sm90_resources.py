@@ -413,7 +413,11 @@ def main() -> None:
     parser.add_argument("--no-tma", action="store_true", help="pointer loads in both passes")
     parser.add_argument("--json", action="store_true", help="one JSON object per kernel")
     parser.add_argument(
-        "--plan", nargs="+", default=[], metavar="KNOB=VALUE", help="plan knobs, as flashgen bench's"
+        "--plan",
+        nargs="+",
+        default=[],
+        metavar="KNOB=VALUE",
+        help="plan knobs, as flashgen bench's",
     )
     parser.add_argument(
         "--seqs",

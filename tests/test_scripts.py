@@ -132,6 +132,30 @@ def test_benchmarks_md_standing_is_the_latest_record(tmp_path):
     assert "[007. A thing](docs/decisions/007-a-thing.md)" in text
 
 
+def test_benchmarks_md_sums_up_each_random_run():
+    """The drawn-spec table: flashgen / Flex per pass over a run's specs
+    (median, minimum, points below 1), from the forward's ms and the
+    backward's bwd_ms; a run of flashgen alone (a plan knob's) has no row."""
+    import benchmarks_md
+
+    def record(run, spec, system, fwd, bwd):
+        base = dict(run=run, commit="abc1234", spec=spec, system=system, D=128, Nq=4096,
+                    random={"seed": 7, "index": 0, "text": ""}, error=None)  # fmt: skip
+        return [dict(base, direction="fwd", ms=fwd), dict(base, direction="fwd+bwd", bwd_ms=bwd)]
+
+    records = []
+    for spec, (ours, flex) in {"a": ((1.0, 2.0), (2.0, 1.0)), "b": ((1.0, 1.0), (1.5, 3.0)),
+                               "c": ((2.0, 1.0), (1.0, 2.5))}.items():  # fmt: skip
+        records += record("r", spec, "flashgen", *ours) + record("r", spec, "flex", *flex)
+    records += record("knob", "a", "flashgen", 1.0, 1.0)
+    lines = benchmarks_md.random_table(records)
+    # forward ratios 2.0, 1.5, 0.5; backward 0.5, 3.0, 2.5
+    assert lines[2:] == [
+        "| r | 7 | 128 | 4096 | 3 | 1.50× / 0.50× / 1 of 3 | 2.50× / 0.50× / 1 of 3 | abc1234 |"
+    ]
+    assert benchmarks_md.random_table(record("knob", "a", "flashgen", 1.0, 1.0)) == []
+
+
 def test_compare_bench_sets_host_paced_points_apart(tmp_path, capsys, monkeypatch):
     """scripts/compare_bench.py: head / base per point; a point where either
     run went at the host's pace counts apart from the kernels' points."""
