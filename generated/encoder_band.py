@@ -1524,7 +1524,7 @@ def _bind_context(device: int) -> None:
     encodes TMA descriptors before its launcher does, which failed ("invalid
     device context") in threads with no CUDA call yet (autograd's backward)."""
     torch.cuda.is_current_stream_capturing()  # a runtime call; legal while capturing
-    _THREAD.__dict__.setdefault("devices", set()).add(device)
+    _THREAD.devices = getattr(_THREAD, "devices", frozenset()) | {device}
 
 
 def _specialization(args) -> tuple:
@@ -1576,7 +1576,7 @@ def _launch(kernel, grid, *args, **options) -> None:
         kernel[grid](*_triton_args(args), **options)
         return
     device = _driver.active.get_current_device() if _driver else torch.cuda.current_device()
-    if device not in _THREAD.__dict__.get("devices", ()):
+    if device not in getattr(_THREAD, "devices", ()):
         _bind_context(device)
     if (
         not DIRECT_LAUNCH

@@ -21,6 +21,7 @@ import argparse
 import json
 import os
 import re
+import statistics
 import sys
 from collections.abc import Iterable
 
@@ -250,9 +251,8 @@ def random_table(records: Iterable[dict]) -> list[str]:
             if not ratios:
                 cells.append("—")
                 continue
-            mid = len(ratios) // 2
-            median = ratios[mid] if len(ratios) % 2 else (ratios[mid - 1] + ratios[mid]) / 2
             below = sum(x < 1 for x in ratios)
+            median = statistics.median(ratios)
             cells.append(f"{median:.2f}× / {ratios[0]:.2f}× / {below} of {len(ratios)}")
         if cells == ["—", "—"]:  # flashgen alone (a plan knob's run): no comparison
             continue

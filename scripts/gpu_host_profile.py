@@ -14,7 +14,6 @@ import cProfile
 import dataclasses
 import pstats
 import sys
-import time
 from pathlib import Path
 
 import torch
@@ -23,17 +22,8 @@ sys.path.insert(0, ".")
 from flashgen.api import _check_specs, load_variant  # noqa: E402
 from flashgen.verify import Shape, random_runtime_inputs  # noqa: E402
 
-
-def per_call_us(fn, calls: int = 300) -> float:
-    for _ in range(10):
-        fn()
-    torch.cuda.synchronize()
-    start = time.perf_counter()
-    for _ in range(calls):
-        fn()
-    host = (time.perf_counter() - start) / calls * 1e6
-    torch.cuda.synchronize()
-    return host
+sys.path.insert(0, str(Path(__file__).parent))
+from gpu_host_sync import per_call_us  # noqa: E402
 
 
 class Floor(torch.autograd.Function):

@@ -25,7 +25,7 @@ from flashgen.api import _check_specs, load_variant  # noqa: E402
 from flashgen.verify import Shape, random_runtime_inputs  # noqa: E402
 
 
-def per_call_us(fn, calls: int) -> float:
+def per_call_us(fn, calls: int = 300) -> float:
     for _ in range(5):
         fn()
     torch.cuda.synchronize()

@@ -6,8 +6,8 @@
 # parallel first does not help: ten warm-up processes on 16 cores finished no
 # spec in 300 s (each starts its own Inductor compile workers).
 #   bash scripts/gpu_random_bench.sh N SEED "DIMS" [SEQLEN] [FIRST] [LAST]
-# Records are appended to $OUT/random.jsonl; the end prints the ratios over
-# every record there.
+# Records are appended to $OUT/random.jsonl; the end sums up every run there
+# (scripts/benchmarks_md.py's drawn-spec table).
 source scripts/gpu_env.sh
 n=$1 seed=$2 dims=$3 seqlen=${4:-4096} first=${5:-0} last=${6:-$(($1 - 1))}
 names=$(seq "$first" "$last" | sed "s/^/rand${seed}_/")
@@ -15,21 +15,6 @@ names=$(seq "$first" "$last" | sed "s/^/rand${seed}_/")
 python3 -m flashgen bench --random "$n" --seed "$seed" --name $names --head-dim $dims \
   --seqlens "$seqlen" --systems flashgen flex --jsonl "$OUT/random.jsonl" 2>&1 \
   | grep -A80 "^flashgen / Flex"
-python3 - "$OUT/random.jsonl" <<'PY'
-import json, statistics, sys
-from collections import defaultdict
-points = defaultdict(dict)
-for line in open(sys.argv[1]):
-    r = json.loads(line)
-    points[(r["spec"], r["D"], r["Nq"])][(r["system"], r["direction"])] = r
-ratios = {"forward": [], "backward": []}
-for key, got in points.items():
-    for pass_, direction, field in (("forward", "fwd", "ms"), ("backward", "fwd+bwd", "bwd_ms")):
-        ours, flex = got.get(("flashgen", direction)), got.get(("flex", direction))
-        if ours and flex and ours.get(field) and flex.get(field):
-            ratios[pass_].append(flex[field] / ours[field])
-for pass_, values in ratios.items():
-    if values:
-        print(f"all records, {pass_}: {len(values)} points, median {statistics.median(values):.2f}, "
-              f"min {min(values):.2f}, below 1.0: {sum(x < 1 for x in values)}")
-PY
+# Every drawn-spec run in the file, as BENCHMARKS.md sums them up.
+PYTHONPATH=scripts:$PYTHONPATH python3 -c \
+  "import benchmarks_md as b; print('\n'.join(b.random_table(b.load('$OUT/random.jsonl'))))"
