@@ -12,7 +12,7 @@ from __future__ import annotations
 import enum
 import math
 
-from flashgen import ir
+from flashgen import grad, ir
 from flashgen.simplify import simplify
 from flashgen.mask_forms import (
     FLIPPED,
@@ -164,7 +164,7 @@ def gluon_forward(v: ir.Variant) -> GluonForward | None:
         return None
     if v.score == ir.IDENTITY_SCORE and v.mask in (ir.FULL, ir.Name("causal")):
         return GluonForward.FULL if v.mask == ir.FULL else GluonForward.CAUSAL
-    if not (GLUON_FORWARD_ANY and v.rescale_threshold == 0 and gluon_backward(v)):
+    if not (GLUON_FORWARD_ANY and v.rescale_threshold == 0 and _gluon_eligible(v)):
         return None
     span = key_span(negation_normal_form(desugar_mask(v.mask)))
     return GluonForward.ANY if span is None or span >= GLUON_ANY_MIN_KEYS else None
@@ -211,15 +211,64 @@ def gluon_min_keys(forward: GluonForward | None) -> int:
 def gluon_backward(v: ir.Variant) -> bool:
     """Whether the module gets the warp-specialized Gluon backward for sm90
     (docs/decisions/025): any mask and score, 16-bit inputs, head dim 64
-    or 128.  The module still checks each call's shapes and falls back to the
-    Triton kernel.  Not yet for a variant that reads runtime data, nor for
-    one whose v has another head dim than q (MLA's v_head_dim)."""
+    or 128, except at head dim 128 for a score whose derivative is heavy
+    (`heavy_derivative`; docs/decisions/060).  The module still checks each
+    call's shapes and falls back to the Triton kernel.  Not yet for a variant
+    that reads runtime data, nor for one whose v has another head dim than q
+    (MLA's v_head_dim)."""
+    return _gluon_eligible(v) and not (
+        v.head_dim > GLUON_HEAVY_MAX_HEAD_DIM and heavy_derivative(v.score)
+    )
+
+
+def _gluon_eligible(v: ir.Variant) -> bool:
+    """The variants the Gluon kernels are written for."""
     return (
         v.dtype is not ir.DType.FP32
         and v.head_dim in (64, 128)
         and v.v_dim == v.head_dim
         and not _runtime_data(v)
     )
+
+
+# The Gluon dK/dV kernel against the Triton backward on 30 drawn specs
+# (`scripts/gpu_backward_choice.sh 30 0 DIM`, H200, bf16, B4 H16 N4096,
+# 2026-12-02, docs/decisions/060).  At d128 its consumer threads hold two
+# 64 x 128 float32 accumulators in 168 registers, and a score whose
+# derivative computes an exp, a log or a quotient per element spills 1.3-3.8
+# KB there (sm_90a, offline): the Triton backward ran those 1.24-1.44x
+# faster where the backward took over a millisecond (8 specs), 0.82-0.86x on
+# two whose masks leave its loops without an interior.  Lighter scores (min,
+# max, softcap, linear terms: 0.1-1.3 KB) ran 0.53-1.03x there, and at d64
+# (no spills) the Gluon kernel led on all but three drawn specs.
+GLUON_HEAVY_MAX_HEAD_DIM = 64
+
+_PER_ELEMENT_NAMES = frozenset({"q", "k", "s", "alibi"})
+
+
+def heavy_derivative(score: ir.Expr) -> bool:
+    """Whether d score / d s, as the backward computes it per score element,
+    calls exp or log or divides by a value that varies over the tile
+    (sqrt's derivative 1 / (2 sqrt(a)) is such a quotient; softcap's
+    1 - tanh^2 is not)."""
+    score = simplify(score)
+    if not grad.depends_on_s(score):
+        return False
+    return _heavy(simplify(grad.derivative(score)))
+
+
+def _heavy(e: ir.Expr) -> bool:
+    if isinstance(e, ir.Call):
+        if e.fn in ("exp", "log") and ir.mentions(e, _PER_ELEMENT_NAMES):
+            return True
+        return any(_heavy(a) for a in e.args)
+    if isinstance(e, ir.Unary):
+        return _heavy(e.operand)
+    if isinstance(e, ir.Binary):
+        if e.op is ir.BinOp.DIV and ir.mentions(e.right, _PER_ELEMENT_NAMES):
+            return True
+        return _heavy(e.left) or _heavy(e.right)
+    return False
 
 
 def _runtime_data(v: ir.Variant) -> bool:

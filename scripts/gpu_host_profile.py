@@ -2,9 +2,13 @@
 forward(), backward(), attention() with and without autograd, beside the
 floor of any autograd.Function on that host (a Function whose forward and
 backward only allocate their outputs) and FlexAttention's compiled call;
-then cProfile's top entries for attention() forward + backward.
+then cProfile's top entries for attention() forward + backward.  With
+--trace, torch.profiler's view of one forward + backward through autograd
+and of the floor's: every operator and launch with its thread and its start
+and length in microseconds, so that time in autograd's device thread (which
+cProfile does not see) shows too.
 
-    python3 scripts/gpu_host_profile.py SPEC [SPEC ...] [--head-dim D] [--flex]
+    python3 scripts/gpu_host_profile.py SPEC [SPEC ...] [--head-dim D] [--flex] [--trace]
 """
 
 from __future__ import annotations
@@ -43,11 +47,51 @@ class Floor(torch.autograd.Function):
         return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
 
 
+def trace(name: str, call, calls: int = 3) -> None:
+    """The operators and launches of the last of `calls` calls, in start order:
+    thread, start (us from the call's start), length (us) and name, indented
+    by nesting; then each thread's time inside top-level events."""
+    from torch.profiler import ProfilerActivity, profile
+
+    for _ in range(10):
+        call()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for _ in range(calls):
+            torch.cuda.synchronize()
+            with torch.profiler.record_function("call"):
+                call()
+            torch.cuda.synchronize()
+    events = [e for e in prof.events() if str(e.device_type).endswith("CPU")]
+    events.sort(key=lambda e: e.time_range.start)
+    starts = [e for e in events if e.name == "call"]
+    t0 = starts[-1].time_range.start
+    last = [e for e in events if e.time_range.start >= t0]
+    threads = {}
+    print(f"--- {name}: one call through autograd")
+    for e in last:
+        depth, parent = 0, e.cpu_parent
+        while parent is not None:
+            depth, parent = depth + 1, parent.cpu_parent
+        if depth <= 3:
+            start = e.time_range.start - t0
+            length = e.time_range.end - e.time_range.start
+            print(f"  t{e.thread % 1000:03d} {start:8.1f} {length:8.1f} {'  ' * depth}{e.name}")
+        if e.cpu_parent is None:
+            threads[e.thread] = threads.get(e.thread, 0.0) + e.time_range.end - e.time_range.start
+    span = max(e.time_range.end for e in last) - t0
+    print(
+        f"  span {span:.1f} us; top-level time by thread:",
+        ", ".join(f"t{t % 1000:03d} {us:.1f} us" for t, us in threads.items()),
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("specs", nargs="+")
     parser.add_argument("--head-dim", type=int, default=128)
     parser.add_argument("--flex", action="store_true")
+    parser.add_argument("--trace", action="store_true")
     args = parser.parse_args()
     b, h, n, d = 1, 1, 128, args.head_dim
     q, k, v, do = (torch.randn(b, h, n, d, device="cuda", dtype=torch.bfloat16) for _ in range(4))
@@ -58,6 +102,8 @@ def main() -> None:
         return torch.autograd.grad(o, leaves, do)
 
     print(f"autograd floor (allocations only): {per_call_us(floor):.0f} us", flush=True)
+    if args.trace:
+        trace("floor", floor)
     for path in args.specs:
         (variant,) = _check_specs([Path(path)])
         variant = dataclasses.replace(variant, head_dim=d)
@@ -83,6 +129,8 @@ def main() -> None:
             "attention() forward + backward": per_call_us(both),
         }
         print(variant.name, ", ".join(f"{k_} {us:.0f} us" for k_, us in times.items()))
+        if args.trace:
+            trace(variant.name, both)
         profile = cProfile.Profile()
         profile.enable()
         for _ in range(200):

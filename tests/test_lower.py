@@ -546,6 +546,10 @@ def test_gluon_forward_own_code_only_for_plain_full_and_causal(
         ("full", None, ir.DType.BF16, 128, True),
         ("causal & window(64, 0)", "s + alibi", ir.DType.FP16, 64, True),  # any mask and score
         ("prefix(16)", "softcap(s, 20.0)", ir.DType.BF16, 128, True),
+        # A derivative with an exp (a quotient, a log) spills the d128 dK/dV
+        # consumers: the Triton backward (decision 060); d64 keeps Gluon.
+        ("causal", "exp(-abs(s))", ir.DType.BF16, 128, False),
+        ("causal", "exp(-abs(s))", ir.DType.FP16, 64, True),
         ("causal", None, ir.DType.FP32, 128, False),  # no 16-bit tensor-core path
         ("causal", None, ir.DType.BF16, 80, False),  # written for d64 and d128
         ("causal", None, ir.DType.BF16, 256, False),
@@ -567,6 +571,7 @@ def test_gluon_backward_for_16_bit_d64_and_d128(mask, score, dtype, head_dim, ex
         ("causal & chunk(8192)", None, "any"),
         ("causal | prefix(256)", None, "any"),
         ("causal", "s + alibi", "any"),
+        ("causal", "log(1.0 + abs(s))", "any"),  # whichever backward the module takes
         ("k <= q", None, "any"),
     ],
 )
@@ -585,6 +590,29 @@ def test_gluon_forward_for_any_mask(mask, score, expected, monkeypatch):
     assert forced.gluon_min_keys == 0
     monkeypatch.setattr(kernel_choice, "GLUON_FORWARD_ANY", False)
     assert lower.lower(variant).gluon_forward == plain
+
+
+@pytest.mark.parametrize(
+    "score, heavy",
+    [
+        ("exp(-s)", True),
+        ("log(1.0 + abs(s + alibi))", True),
+        ("sqrt(abs(s))", True),  # d/ds: a quotient by 2 sqrt(|s|)
+        ("tanh(s / (1.0 + 0.01 * abs(q - k)))", True),  # a quotient by a position term
+        ("s * exp(-0.1 * abs(q - k))", True),  # an exp of positions, per element
+        ("s / (1.0 + 0.5 * h)", False),  # a quotient by a head's constant
+        ("s / 2.0", False),
+        ("softcap(s, 20.0)", False),  # 1 - tanh^2
+        ("tanh(s) * 3.0", False),
+        ("max(s - 0.1 * abs(q - k), -2.0)", False),
+        ("s + exp(-0.1 * abs(q - k))", False),  # additive: the derivative is 1
+        ("2.0 * h", False),  # no s at all
+    ],
+)
+def test_heavy_derivative(score, heavy):
+    """Which scores' derivatives compute an exp, a log or a quotient per
+    element (kernel_choice.heavy_derivative, decision 060)."""
+    assert kernel_choice.heavy_derivative(make_variant("full", score).score) is heavy
 
 
 @settings(max_examples=200, deadline=None)
@@ -947,17 +975,20 @@ def test_wide_affine_forms_are_evaluated_in_int64():
 @pytest.mark.parametrize("head_dim", [64, 128])
 def test_spec_at_the_nesting_limit_takes_the_gluon_paths(head_dim, monkeypatch):
     """What tests/test_gpu.py's nesting-limit test relies on: in 16 bits the
-    deep spec gets the Gluon backward, and at head dim 128 the "any" Gluon
-    forward when GLUON_ANY_MIN_KEYS is 0; its module renders and imports."""
+    deep spec gets the Gluon backward at head dim 64 (at 128 its derivative,
+    with exp, log and quotients, takes the Triton one: decision 060), and at
+    head dim 128 the "any" Gluon forward when GLUON_ANY_MIN_KEYS is 0; its
+    module renders and imports."""
     from kernel_utils import build, deep_variant
 
     monkeypatch.setattr(kernel_choice, "GLUON_ANY_MIN_KEYS", 0)
     variant = deep_variant(ir.DType.FP16, head_dim)
     model = lower.lower(variant)
-    assert model.gluon_backward
+    assert model.gluon_backward is (head_dim == 64)
     assert model.gluon_forward == ("any" if head_dim == 128 else None)
     module = build(variant)
-    assert hasattr(module, "_gluon_backward")
+    assert hasattr(module, "_gluon_backward") is (head_dim == 64)
+    assert hasattr(module, "_gluon_forward") is (head_dim == 128)
 
 
 # --------------------------------------------------------------------------- #
