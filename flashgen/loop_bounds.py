@@ -174,60 +174,118 @@ def _chunk_end(a: kx.Expr, c: int) -> kx.Expr:
 
 def interior_bounds(e: ir.Expr, var: str) -> Bounds | None:
     """Inclusive (lo, hi) positions of `var` visible to *every* position of
-    the other variable's tile, or None where no such interval is found.
+    the other variable's tile, or None where no such interval is found: the
+    first of `interiors`."""
+    found = interiors(e, var)
+    return None if found is None else found[0]
+
+
+# Intervals an interior keeps: a union with a gap (`causal | k >= q + 27`,
+# `abs(q - k) >= 40`) has two, and the kernels run the tiles of each without
+# the mask.  More are dropped (an interior may always be smaller than the
+# truth), the ones that cover least of the sample tiles below first.
+MAX_INTERIORS = 2
+
+
+def interiors(e: ir.Expr, var: str) -> tuple[Bounds, ...] | None:
+    """Up to MAX_INTERIORS intervals of `var` positions visible to *every*
+    position of the other variable's tile, or None where none is found.
 
     `e` is a desugared mask in negation normal form; a side that is None is
-    unbounded.  Sound, not always tight: an `|` whose operands' intervals do
-    not touch keeps the first one.
+    unbounded.  Sound, not always tight: `&` intersects each interval of one
+    side with each of the other, `|` keeps the intervals of both (their hull
+    where two touch), and past MAX_INTERIORS intervals the narrowest go.
     """
     if isinstance(e, ir.Name):  # the mask `full`
-        return None, None
+        return ((None, None),)
     if isinstance(e, ir.Binary) and e.op is ir.BinOp.AND:
-        a, b = interior_bounds(e.left, var), interior_bounds(e.right, var)
+        a, b = interiors(e.left, var), interiors(e.right, var)
         if a is None or b is None:
             return None
-        return kx.combine(a[0], b[0], kx.Max), kx.combine(a[1], b[1], kx.Min)
+        return _widest(
+            [(kx.combine(x[0], y[0], kx.Max), kx.combine(x[1], y[1], kx.Min)) for x in a for y in b]
+        )
     if isinstance(e, ir.Binary) and e.op is ir.BinOp.OR:
         for one, other in ((e.left, e.right), (e.right, e.left)):
             free = _free_truth(one, var) if is_comparison(one) else None
             if free is not None:
                 # Everything where `one` holds for the whole tile, else other's.
-                rest = interior_bounds(other, var)
+                rest = interiors(other, var)
                 if rest is None or isinstance(free[0], kx.Bool):
-                    return _all_or_none(free[0])
-                lo, hi = rest
-                return (
+                    return (_all_or_none(free[0]),)
+                lo, hi = rest[0]
+                first = (
                     None if lo is None else kx.Where(free[0], kx.Neg(kx.FAR), lo),
                     None if hi is None else kx.Where(free[0], kx.FAR, hi),
                 )
-        a, b = interior_bounds(e.left, var), interior_bounds(e.right, var)
+                return (first, *rest[1:])
+        a, b = interiors(e.left, var), interiors(e.right, var)
         if a is None or b is None:
             return a or b
-        return _union(a, b)
+        if len(a) == len(b) == 1:
+            return _union(a[0], b[0])
+        return _widest([*a, *b])
     if is_comparison(e):
         free = _free_truth(e, var)
         if free is not None:
-            return _all_or_none(free[0])
-        return _compare_interior(e, var)
+            return (_all_or_none(free[0]),)
+        found = _compare_interior(e, var)
+        return None if found is None else (found,)
     return None
 
 
-def _union(a: Bounds, b: Bounds) -> Bounds:
-    """An interval inside the union of two: their hull where they touch."""
+def _union(a: Bounds, b: Bounds) -> tuple[Bounds, ...]:
+    """Intervals inside the union of two: their hull where they touch, else
+    both (the second empty where they touch)."""
     (alo, ahi), (blo, bhi) = a, b
     if (alo is None) != (blo is None) or (ahi is None) != (bhi is None):
-        return a
+        # (-inf, x] and [y, +inf): the order of the kernels' loops.
+        return (a, b) if alo is None or bhi is None else (b, a)
     touch = [
         kx.Cmp("<=", x, kx.add(y, kx.Int(1)))
         for x, y in ((alo, bhi), (blo, ahi))
         if x is not None and y is not None
     ]
     if not touch:  # both reach -inf or both reach +inf: they overlap
-        return kx.combine(alo, blo, kx.Min), kx.combine(ahi, bhi, kx.Max)
+        return ((kx.combine(alo, blo, kx.Min), kx.combine(ahi, bhi, kx.Max)),)
     cond = kx.And(*touch) if len(touch) == 2 else kx.Paren(touch[0])
     lo = None if alo is None else kx.Where(cond, kx.combine(alo, blo, kx.Min), alo)
     hi = None if ahi is None else kx.Where(cond, kx.combine(ahi, bhi, kx.Max), ahi)
-    return lo, hi
+    # Both are finite here: b where they do not touch, else nothing.
+    return (lo, hi), (kx.Where(cond, kx.FAR, blo), kx.Where(cond, kx.Neg(kx.FAR), bhi))
+
+
+# Tiles of the other side (positions, inclusive) at which `_widest` weighs
+# intervals: early, middle and late in a 4096-long sequence, 16 wide.
+_SAMPLE_TILES = ((0, 15), (1000, 1015), (2040, 2055), (3000, 3015), (4080, 4095))
+_SAMPLE_LENGTH = 4096
+
+
+def _widest(found: list[Bounds]) -> tuple[Bounds, ...]:
+    """The MAX_INTERIORS intervals of `found` that cover the most positions
+    of the sample tiles, in their order; an interval that covers none of
+    them goes when others remain.  Which intervals stay changes how many
+    tiles run without the mask, never what is computed."""
+    if len(found) <= 1:
+        return tuple(found)
+    widths = [_sample_width(bounds) for bounds in found]
+    ranked = sorted(range(len(found)), key=lambda i: -widths[i])
+    keep = sorted(i for i in ranked[:MAX_INTERIORS] if widths[i] > 0 or i == ranked[0])
+    return tuple(found[i] for i in keep)
+
+
+def _sample_width(bounds: Bounds) -> int:
+    total = 0
+    for other_lo, other_hi in _SAMPLE_TILES:
+        for head, heads in ((0, 2), (1, 2)):
+            env = {"q_lo": other_lo, "q_hi": other_hi, "k_lo": other_lo, "k_hi": other_hi}
+            env.update(head=head, num_heads=heads)
+            lo = 0 if bounds[0] is None else max(0, int(kx.evaluate(bounds[0], env)))
+            hi = _SAMPLE_LENGTH - 1
+            if bounds[1] is not None:
+                hi = min(hi, int(kx.evaluate(bounds[1], env)))
+            total += max(0, hi - lo + 1)
+    return total
 
 
 def _compare_interior(e: ir.Binary, var: str) -> Bounds | None:

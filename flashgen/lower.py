@@ -58,7 +58,7 @@ from flashgen.mask_forms import (
     positional_part,
 )
 from flashgen.printer import print_expr, print_variant
-from flashgen.loop_bounds import interior_bounds, key_bounds, query_bounds
+from flashgen.loop_bounds import MAX_INTERIORS, interior_bounds, interiors, key_bounds, query_bounds
 from flashgen.tiles import TileCode, visible_may
 
 __all__ = [
@@ -77,6 +77,8 @@ __all__ = [
     "edges_dense",
     "head_dim_pad",
     "interior_bounds",
+    "interiors",
+    "MAX_INTERIORS",
     "key_bounds",
     "key_span",
     "keys_before_queries",
@@ -358,6 +360,14 @@ class KernelModel:
     query_interior: bool
     query_interior_lo: str | None
     query_interior_hi: str | None
+    # A second such interval, for a mask whose interior has a gap
+    # (`causal | k >= q + 27`): its tiles run without the mask too.
+    key_interior2: bool
+    key_interior2_lo: str | None
+    key_interior2_hi: str | None
+    query_interior2: bool
+    query_interior2_lo: str | None
+    query_interior2_hi: str | None
     # Tiles outside a loop's interior are classified (the tile code) before
     # their masked step runs: not when every such tile may hold a visible
     # pair anyway (`tile_never_empty`) or the bounds are dense.
@@ -543,18 +553,24 @@ def lower(v: ir.Variant, tuning: Tuning | None = None) -> KernelModel:
         all_visible, may = kx.TRUE, kx.TRUE
         key_lo = key_hi = query_lo = query_hi = None
         key_interior = query_interior = (None, None)
+        key_interior2 = query_interior2 = None
     else:
         all_visible, may = tiles.truth(mask)
         may = visible_may(tiles, mask, may)
         key_lo, key_hi = key_bounds(mask)
         query_lo, query_hi = query_bounds(mask)
-        key_interior, query_interior = interior_bounds(mask, "k"), interior_bounds(mask, "q")
+        key_interior, key_interior2 = _two(interiors(mask, "k"))
+        query_interior, query_interior2 = _two(interiors(mask, "q"))
     plan = None if mask_is_full else data_plan(mask)
     if plan is not None:
         # The interior is where the plan finds every pair of a tile visible
         # (its classification covers the positional terms too).
         key_interior = _planned_interior(key_interior)
         query_interior = _planned_interior(query_interior)
+        if key_interior2 is not None:
+            key_interior2 = _planned_interior(key_interior2)
+        if query_interior2 is not None:
+            query_interior2 = _planned_interior(query_interior2)
     scalar_code = [
         *tiles.lines,
         key_lo,
@@ -563,6 +579,8 @@ def lower(v: ir.Variant, tuning: Tuning | None = None) -> KernelModel:
         query_hi,
         *(key_interior or ()),
         *(query_interior or ()),
+        *(key_interior2 or ()),
+        *(query_interior2 or ()),
     ]
     inputs = tuple(_input_model(i) for i in v.inputs)
     grads, grad_trees = _input_grad_models(v, inputs, keys_before_queries(mask), read_names)
@@ -632,6 +650,12 @@ def lower(v: ir.Variant, tuning: Tuning | None = None) -> KernelModel:
         query_interior=query_interior is not None,
         query_interior_lo=_source(query_interior[0]) if query_interior else None,
         query_interior_hi=_source(query_interior[1]) if query_interior else None,
+        key_interior2=key_interior2 is not None,
+        key_interior2_lo=_source(key_interior2[0]) if key_interior2 else None,
+        key_interior2_hi=_source(key_interior2[1]) if key_interior2 else None,
+        query_interior2=query_interior2 is not None,
+        query_interior2_lo=_source(query_interior2[0]) if query_interior2 else None,
+        query_interior2_hi=_source(query_interior2[1]) if query_interior2 else None,
         needs_floor_div=needs_floor_div,
         needs_tanh=score.needs_tanh or kx.calls(grad_trees, kx.TANH),
         tanh_small_poly=tanh_small_poly(v),
@@ -665,6 +689,13 @@ def _uses_alibi(trees: list[kx.Expr | None]) -> bool:
 
 
 _PLAN_FULL = (kx.Var("plan_full_lo"), kx.Var("plan_full_hi"))
+
+
+def _two(found: tuple | None) -> tuple:
+    """An interior's first interval and its second (None where it has none)."""
+    if found is None:
+        return None, None
+    return found[0], (found[1] if len(found) > 1 else None)
 
 
 def _planned_interior(bounds: tuple | None) -> tuple[kx.Expr, kx.Expr]:

@@ -325,15 +325,19 @@ def test_scores_use_the_mask_facts():
 
 
 def _full_interval(mask: ir.Expr, var: str, env: dict, n: int):
-    """The interior the analysis claims, as a boolean vector over 0 .. n-1."""
+    """The interior the analysis claims (every interval of it), as a boolean
+    vector over 0 .. n-1."""
     nnf = lower.negation_normal_form(lower.desugar_mask(mask))
-    bounds = lower.interior_bounds(nnf, var)
-    if bounds is None:
+    found = lower.interiors(nnf, var)
+    if found is None:
         return None
-    lo = 0 if bounds[0] is None else _value(bounds[0], env)
-    hi = n - 1 if bounds[1] is None else _value(bounds[1], env)
+    assert found[0] == lower.interior_bounds(nnf, var)
+    assert 1 <= len(found) <= lower.MAX_INTERIORS
     claimed = np.zeros(n, dtype=bool)
-    claimed[max(lo, 0) : max(min(hi, n - 1) + 1, 0)] = True
+    for bounds in found:
+        lo = 0 if bounds[0] is None else _value(bounds[0], env)
+        hi = n - 1 if bounds[1] is None else _value(bounds[1], env)
+        claimed[max(lo, 0) : max(min(hi, n - 1) + 1, 0)] = True
     return claimed
 
 
@@ -929,7 +933,7 @@ def test_tile_code_stays_in_int32(text):
     tiles = lower.TileCode()
     must, may = tiles.truth(nnf)
     key, query = lower.key_bounds(nnf), lower.query_bounds(nnf)
-    full_k, full_q = lower.interior_bounds(nnf, "k"), lower.interior_bounds(nnf, "q")
+    full = [*(lower.interiors(nnf, "k") or ()), *(lower.interiors(nnf, "q") or ())]
     q_offset, zero = kx.Var("q_offset"), kx.Int(0)
     for (q_lo, q_hi), (k_lo, k_hi) in [(a, b) for a in _TILES for b in _TILES]:
         for head, num_heads in [(0, 1), (ir.MAX_HEADS - 1, ir.MAX_HEADS)]:
@@ -948,11 +952,11 @@ def test_tile_code_stays_in_int32(text):
                     kx.Max(kx.sub(query[0], q_offset), zero) if query[0] else None,
                     plus(kx.sub(query[1], q_offset), kx.Int(1)) if query[1] else None,
                 ]
-                for full in (full_k, full_q):
-                    if full is not None and full[0] is not None:
-                        template.append(plus(kx.Max(kx.sub(full[0], q_offset), zero), kx.Int(255)))
-                    if full is not None and full[1] is not None:
-                        low = kx.Min(kx.sub(full[1], q_offset), kx.Int(1000))
+                for lo, hi in full:
+                    if lo is not None:
+                        template.append(plus(kx.Max(kx.sub(lo, q_offset), zero), kx.Int(255)))
+                    if hi is not None:
+                        low = kx.Min(kx.sub(hi, q_offset), kx.Int(1000))
                         template.append(plus(low, kx.Int(1)))
                 for code in template:
                     if code is not None:
@@ -1029,7 +1033,8 @@ def test_printed_code_computes_what_the_trees_do(mask, score, rects):
     must, may = tiles.truth(nnf)
     bounds = [*lower.key_bounds(nnf), *lower.query_bounds(nnf)]
     for var in ("k", "q"):
-        bounds += lower.interior_bounds(nnf, var) or ()
+        for interval in lower.interiors(nnf, var) or ():
+            bounds += interval
     results = [must, may, *(b for b in bounds if b is not None)]
     code = lower.score_code(score, lower.ElementCode(lower.keys_before_queries(nnf)))
     elements = [
