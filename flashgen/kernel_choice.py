@@ -238,9 +238,10 @@ def _gluon_eligible(v: ir.Variant) -> bool:
 # derivative computes an exp, a log or a quotient per element spills 1.3-3.8
 # KB there (sm_90a, offline): the Triton backward ran those 1.24-1.44x
 # faster where the backward took over a millisecond (8 specs), 0.82-0.86x on
-# two whose masks leave its loops without an interior.  Lighter scores (min,
-# max, softcap, linear terms: 0.1-1.3 KB) ran 0.53-1.03x there, and at d64
-# (no spills) the Gluon kernel led on all but three drawn specs.
+# two whose masks then left its loops without an interior.  Lighter scores
+# (min, max, softcap, linear terms: 0.1-1.3 KB) ran 0.53-1.03x there.  At d64
+# (no spills) the Gluon kernel led on 23 of the 30 drawn specs, heavy
+# derivatives among them (0.59-0.72x for four), so d64 keeps it.
 GLUON_HEAVY_MAX_HEAD_DIM = 64
 
 _PER_ELEMENT_NAMES = frozenset({"q", "k", "s", "alibi"})
