@@ -89,6 +89,8 @@ def desugar_mask(e: ir.Expr) -> ir.Expr:
         return _dedupe(ir.Binary(e.op, desugar_mask(e.left), desugar_mask(e.right)))
     if (split := _abs_split(e)) is not None:
         return split
+    if (split := _extremum_split(e)) is not None:
+        return split
     return e
 
 
@@ -108,6 +110,31 @@ def _abs_split(e: ir.Expr) -> ir.Expr | None:
     a = left.args[0]
     join = ir.BinOp.AND if op in (ir.BinOp.LT, ir.BinOp.LE) else ir.BinOp.OR
     return ir.Binary(join, _cmp(op, a, right), _cmp(op, ir.Unary(ir.UnaryOp.NEG, a), right))
+
+
+def _extremum_split(e: ir.Expr) -> ir.Expr | None:
+    """`max(A, B) > X` as `A > X | B > X` and `max(A, B) < X` as `A < X & B < X`;
+    `min` the other way round (<= and >= alike, the call on either side), for
+    X affine in positions, and A and B split again where they are such calls:
+    the same pairs, as comparisons that bound k by q (`max(q, k) > 37` is
+    `q > 37 | k > 37`, whose keys past 37 every query sees), where the whole
+    gave the loops neither bounds nor an interior.  None otherwise."""
+    order = (ir.BinOp.LT, ir.BinOp.LE, ir.BinOp.GT, ir.BinOp.GE)
+    if not isinstance(e, ir.Binary) or e.op not in order:
+        return None
+    op, left, right = e.op, e.left, e.right
+    if not _is_extremum(left):
+        op, left, right = FLIPPED[op], right, left
+    if not _is_extremum(left) or affine(right) is None:
+        return None
+    a, b = left.args
+    above = op in (ir.BinOp.GT, ir.BinOp.GE)
+    join = ir.BinOp.OR if (left.fn == "max") == above else ir.BinOp.AND
+    return desugar_mask(ir.Binary(join, _cmp(op, a, right), _cmp(op, b, right)))
+
+
+def _is_extremum(e: ir.Expr) -> bool:
+    return isinstance(e, ir.Call) and e.fn in ("max", "min") and len(e.args) == 2
 
 
 def _is_abs(e: ir.Expr) -> bool:

@@ -125,6 +125,26 @@ def test_interiors_with_a_gap(mask, align):
         assert_ok(run_grad_case(variant, shape, seed=i))
 
 
+@pytest.mark.parametrize(
+    "mask, align",
+    [
+        ("max(q, k) > 37", "bottom_right"),
+        ("min(q, k) < 20 | causal", "top_left"),
+        ("causal & max(q, k - 5) <= 60", "bottom_right"),
+        ("!(max(q, k) > 12 & causal)", "top_left"),
+        ("min(max(q, 3), k) >= 9 & abs(q - k) < 50", "bottom_right"),
+        ("max(h, 1) > 2 | min(q, k) > 70", "top_left"),
+    ],
+)
+def test_comparisons_of_max_and_min(mask, align):
+    """`max(A, B) > X` is split into `A > X | B > X` (mask_forms), so the
+    loops get bounds and an interior from it: forward and backward against
+    the reference (which reads the mask as written) with GQA, Nq != Nk."""
+    variant = make_variant(mask, score="s * 0.5", dtype=ir.DType.FP32, align=align)
+    for i, shape in enumerate([Shape(2, 4, 2, 45, 97), Shape(1, 2, 1, 130, 70)]):
+        assert_ok(run_grad_case(variant, shape, seed=i))
+
+
 @pytest.mark.parametrize("mask", ["causal", "h % 2 == 1 & causal", "!full"])
 def test_fully_masked_rows_have_zero_gradients(mask):
     variant = make_variant(mask, score="softcap(s, 10.0)")

@@ -1312,6 +1312,31 @@ def test_visited_tiles_of_any_mask_are_sound_and_near_exact(mask):
 @pytest.mark.parametrize(
     "spelled, plain",
     [
+        ("max(q, k) > 37", "q > 37 | k > 37"),
+        ("37 < max(k, q)", "k > 37 | q > 37"),
+        ("max(q, k) <= 37", "q <= 37 & k <= 37"),
+        ("min(q, k - 3) >= 5", "q >= 5 & k - 3 >= 5"),
+        ("min(q, k) < 5", "q < 5 | k < 5"),
+        ("max(max(q, 2), k) > 9", "q > 9 | 2 > 9 | k > 9"),
+        ("max(q, k) == 5", "max(q, k) == 5"),  # not split
+    ],
+)
+def test_comparisons_of_max_and_min_are_split(spelled, plain):
+    # The same pairs (the kernel tests compare them with the reference), as
+    # comparisons that give the loops bounds and an interior.
+    assert nnf_of(_mask(spelled)) == nnf_of(_mask(plain))
+
+
+def test_a_comparison_of_max_gets_an_interior():
+    """`max(q, k) > 37`: every key past 37 is seen by every query, and a
+    query tile past 37 sees every key."""
+    model = lower.lower(make_variant("max(q, k) > 37", dtype=ir.DType.FP16))
+    assert model.key_interior and model.key_interior_lo is not None
+
+
+@pytest.mark.parametrize(
+    "spelled, plain",
+    [
         ("abs(q - k) < 65", "q - k < 65 & k - q < 65"),
         ("abs(k - q) <= 64", "k - q <= 64 & q - k <= 64"),
         ("65 > abs(q - k)", "q - k < 65 & k - q < 65"),
