@@ -84,14 +84,161 @@ def desugar_mask(e: ir.Expr) -> ir.Expr:
             ir.Binary(ir.BinOp.FLOORDIV, K, c),
         )
     if isinstance(e, ir.Unary):
-        return ir.Unary(e.op, desugar_mask(e.operand))
+        inner = desugar_mask(e.operand)
+        truth = _truth(inner)
+        if truth is not None:
+            return constant(not truth)
+        if is_comparison(inner):  # `!(q == k)` is `q != k`, which may split
+            return desugar_mask(_cmp(NEGATED[inner.op], inner.left, inner.right))
+        return ir.Unary(e.op, inner)
     if isinstance(e, ir.Binary) and e.op in (ir.BinOp.AND, ir.BinOp.OR):
-        return _dedupe(ir.Binary(e.op, desugar_mask(e.left), desugar_mask(e.right)))
-    if (split := _abs_split(e)) is not None:
-        return split
-    if (split := _extremum_split(e)) is not None:
-        return split
+        return _junction(e.op, desugar_mask(e.left), desugar_mask(e.right))
+    if not is_comparison(e):
+        return e
+    e = _cmp(e.op, _fold_int(e.left), _fold_int(e.right))
+    truth = decided(e)
+    if truth is not None:
+        return constant(truth)
+    for split_rule in (_unequal_split, _abs_split, _extremum_split):
+        if (split := split_rule(e)) is not None:
+            return split
     return e
+
+
+# --------------------------------------------------------------------------- #
+# Folding by value ranges
+# --------------------------------------------------------------------------- #
+
+# The values the integer variables take in every call (docs/LANGUAGE.md,
+# Positions and alignment): keys from 0, queries anywhere (negative under
+# bottom-right alignment when Nq > Nk), heads and batch rows from 0, at least
+# one head.  The kernels evaluate masks past the last key or query too, but
+# those pairs are hidden by the bounds test, whatever the mask says there.
+VALUE_RANGES: dict[str, tuple[float, float]] = {
+    "q": (-math.inf, math.inf),
+    "k": (0, math.inf),
+    "h": (0, math.inf),
+    "H": (1, math.inf),
+    "b": (0, math.inf),
+}
+
+
+def constant(truth: bool) -> ir.Expr:
+    """The mask `full`, or `!full`: what a comparison decided by the value
+    ranges becomes."""
+    return ir.FULL if truth else ir.Unary(ir.UnaryOp.NOT, ir.FULL)
+
+
+def _truth(e: ir.Expr) -> bool | None:
+    if e == ir.FULL:
+        return True
+    if isinstance(e, ir.Unary) and e.op is ir.UnaryOp.NOT and e.operand == ir.FULL:
+        return False
+    return None
+
+
+def _junction(op: ir.BinOp, a: ir.Expr, b: ir.Expr) -> ir.Expr:
+    """a & b or a | b, a constant side folded in: `x & full` is x, `x | full`
+    is full.  A side that reads runtime data is kept beside an absorbing
+    constant, so that the kernels read every input the spec reads."""
+    for x, y in ((a, b), (b, a)):
+        truth = _truth(x)
+        if truth is None:
+            continue
+        if truth is (op is ir.BinOp.AND):  # the identity: full for &, !full for |
+            return y
+        if not ir.reads_inputs(y):
+            return x
+    return _dedupe(ir.Binary(op, a, b))
+
+
+def int_range(e: ir.Expr) -> tuple[float, float] | None:
+    """Inclusive (lo, hi) of an integer expression over VALUE_RANGES (either
+    side may be infinite), or None for what is not an integer expression of
+    the variables (a read of runtime data, a real)."""
+    if isinstance(e, ir.Num):
+        return (e.value, e.value) if isinstance(e.value, int) else None
+    if isinstance(e, ir.Name):
+        return VALUE_RANGES.get(e.id)
+    if isinstance(e, ir.Unary) and e.op is ir.UnaryOp.NEG:
+        r = int_range(e.operand)
+        return None if r is None else (-r[1], -r[0])
+    if isinstance(e, ir.Binary) and e.op in _INT_OPS:
+        a = int_range(e.left)
+        if e.op in (ir.BinOp.FLOORDIV, ir.BinOp.MOD):
+            c = e.right.value if isinstance(e.right, ir.Num) else None
+            if a is None or not isinstance(c, int) or c <= 0:
+                return None
+            if e.op is ir.BinOp.FLOORDIV:
+                return tuple(x if math.isinf(x) else x // c for x in a)
+            if not any(map(math.isinf, a)) and a[0] // c == a[1] // c:
+                return a[0] % c, a[1] % c
+            return 0, c - 1
+        b = int_range(e.right)
+        if a is None or b is None:
+            return None
+        if e.op is ir.BinOp.ADD:
+            return a[0] + b[0], a[1] + b[1]
+        if e.op is ir.BinOp.SUB:
+            return a[0] - b[1], a[1] - b[0]
+        corners = [0 if x == 0 or y == 0 else x * y for x in a for y in b]
+        return min(corners), max(corners)
+    if isinstance(e, ir.Call) and e.fn in ir.POLY_FUNCTIONS:
+        args = [int_range(x) for x in e.args]
+        if None in args:
+            return None
+        if e.fn == "abs":
+            lo, hi = args[0]
+            return (lo, hi) if lo >= 0 else (-hi, -lo) if hi <= 0 else (0, max(-lo, hi))
+        pick = min if e.fn == "min" else max
+        return pick(r[0] for r in args), pick(r[1] for r in args)
+    return None
+
+
+def _fold_int(e: ir.Expr) -> ir.Expr:
+    """`e` with every integer subexpression that has one value in every call
+    written as that value (`q % 1` is 0)."""
+    r = int_range(e)
+    if r is not None and r[0] == r[1]:
+        return ir.Num(int(r[0]))
+    if isinstance(e, ir.Unary) and e.op is ir.UnaryOp.NEG:
+        return ir.Unary(e.op, _fold_int(e.operand))
+    if isinstance(e, ir.Binary) and e.op in _INT_OPS and kind(e) is ir.Kind.INT:
+        return ir.Binary(e.op, _fold_int(e.left), _fold_int(e.right))
+    if isinstance(e, ir.Call) and e.fn in ir.POLY_FUNCTIONS and kind(e) is ir.Kind.INT:
+        return ir.Call(e.fn, tuple(_fold_int(x) for x in e.args))
+    return e
+
+
+def decided(e: ir.Binary) -> bool | None:
+    """The truth of a comparison of integers that the value ranges decide
+    (`-abs(h) <= 5` holds everywhere, `k < 0` nowhere), or None."""
+    a, b = int_range(e.left), int_range(e.right)
+    if a is None or b is None:
+        return None
+    lo, hi = a[0] - b[1], a[1] - b[0]  # of left - right
+    truth = {
+        ir.BinOp.LT: (hi < 0, lo >= 0),
+        ir.BinOp.LE: (hi <= 0, lo > 0),
+        ir.BinOp.GT: (lo > 0, hi <= 0),
+        ir.BinOp.GE: (lo >= 0, hi < 0),
+        ir.BinOp.EQ: (lo == hi == 0, lo > 0 or hi < 0),
+        ir.BinOp.NE: (lo > 0 or hi < 0, lo == hi == 0),
+    }[e.op]
+    return True if truth[0] else False if truth[1] else None
+
+
+def _unequal_split(e: ir.Binary) -> ir.Expr | None:
+    """`A != B` as `A < B | A > B`, for A and B affine with a position in
+    their difference: the same pairs, as two comparisons that bound k by q
+    (`q != k` gives the keys before and after a query tile as interiors, `k
+    != 0` every key past the first).  None otherwise."""
+    if e.op is not ir.BinOp.NE or affine(e.left) is None or affine(e.right) is None:
+        return None
+    if not {"q", "k"} & set(difference(e) or ()):
+        return None
+    below, above = _cmp(ir.BinOp.LT, e.left, e.right), _cmp(ir.BinOp.GT, e.left, e.right)
+    return _junction(ir.BinOp.OR, desugar_mask(below), desugar_mask(above))
 
 
 def _abs_split(e: ir.Expr) -> ir.Expr | None:

@@ -6,9 +6,14 @@ then cProfile's top entries for attention() forward + backward.  With
 --trace, torch.profiler's view of one forward + backward through autograd
 and of the floor's: every operator and launch with its thread and its start
 and length in microseconds, so that time in autograd's device thread (which
-cProfile does not see) shows too.
+cProfile does not see) shows too.  With --stamps, the forward + backward
+through autograd split by perf_counter stamps taken where the module's
+Python starts and ends in each direction (no profiler): the median time
+from the call to the forward's Python, in it, back to the caller, from
+torch.autograd.grad to the backward's Python (autograd's device thread),
+in it, and back to the caller; the floor's alike.
 
-    python3 scripts/gpu_host_profile.py SPEC [SPEC ...] [--head-dim D] [--flex] [--trace]
+    python3 scripts/gpu_host_profile.py SPEC [SPEC ...] [--head-dim D] [--flex] [--trace] [--stamps]
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ import cProfile
 import dataclasses
 import pstats
 import sys
+import time
 from pathlib import Path
 
 import torch
@@ -86,12 +92,59 @@ def trace(name: str, call, calls: int = 3) -> None:
     )
 
 
+SEGMENTS = (
+    "call -> forward",
+    "forward",
+    "forward -> caller",
+    "grad -> backward",
+    "backward",
+    "backward -> caller",
+)
+
+
+def stamped(name: str, call, enter_exit, calls: int = 200) -> None:
+    """Medians of SEGMENTS over `calls` calls of `call` (forward + backward
+    through autograd), whose `enter_exit` list the wrapped forward and
+    backward append their entry and exit stamps to."""
+    import statistics
+    import time
+
+    rows = []
+    for i in range(calls + 20):
+        enter_exit.clear()
+        t0 = time.perf_counter()
+        call(enter_exit)
+        t1 = time.perf_counter()
+        if i >= 20 and len(enter_exit) == 5:
+            fa, fb, ret, ba, bb = enter_exit
+            rows.append((fa - t0, fb - fa, ret - fb, ba - ret, bb - ba, t1 - bb))
+    medians = [statistics.median(r[j] for r in rows) * 1e6 for j in range(len(SEGMENTS))]
+    parts = ", ".join(f"{seg} {us:.0f}" for seg, us in zip(SEGMENTS, medians))
+    print(f"--- {name} stamps (us, medians of {len(rows)}): {parts}; sum {sum(medians):.0f}")
+
+
+def stamp_wrap(fn, enter_exit):
+    """fn, appending perf_counter stamps to `enter_exit` on entry and exit."""
+    import functools
+    import time
+
+    @functools.wraps(fn)
+    def wrapped(*args, **kwargs):
+        enter_exit.append(time.perf_counter())
+        out = fn(*args, **kwargs)
+        enter_exit.append(time.perf_counter())
+        return out
+
+    return wrapped
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("specs", nargs="+")
     parser.add_argument("--head-dim", type=int, default=128)
     parser.add_argument("--flex", action="store_true")
     parser.add_argument("--trace", action="store_true")
+    parser.add_argument("--stamps", action="store_true")
     args = parser.parse_args()
     b, h, n, d = 1, 1, 128, args.head_dim
     q, k, v, do = (torch.randn(b, h, n, d, device="cuda", dtype=torch.bfloat16) for _ in range(4))
@@ -104,6 +157,19 @@ def main() -> None:
     print(f"autograd floor (allocations only): {per_call_us(floor):.0f} us", flush=True)
     if args.trace:
         trace("floor", floor)
+    if args.stamps:
+        stamps: list[float] = []
+        plain_forward, plain_backward = Floor.forward, Floor.backward
+        Floor.forward = staticmethod(stamp_wrap(plain_forward, stamps))
+        Floor.backward = staticmethod(stamp_wrap(plain_backward, stamps))
+
+        def floor_stamped(enter_exit):
+            o, _ = Floor.apply(*leaves)
+            enter_exit.append(time.perf_counter())
+            return torch.autograd.grad(o, leaves, do)
+
+        stamped("floor", floor_stamped, stamps)
+        Floor.forward, Floor.backward = staticmethod(plain_forward), staticmethod(plain_backward)
     for path in args.specs:
         (variant,) = _check_specs([Path(path)])
         variant = dataclasses.replace(variant, head_dim=d)
@@ -131,6 +197,17 @@ def main() -> None:
         print(variant.name, ", ".join(f"{k_} {us:.0f} us" for k_, us in times.items()))
         if args.trace:
             trace(variant.name, both)
+        if args.stamps:
+            stamps = []
+            module._layout_forward = stamp_wrap(module._layout_forward, stamps)
+            module._layout_backward = stamp_wrap(module._layout_backward, stamps)
+
+            def both_stamped(enter_exit):
+                o = module.attention(*leaves, **data)
+                enter_exit.append(time.perf_counter())
+                return torch.autograd.grad(o, leaves, do)
+
+            stamped(variant.name, both_stamped, stamps)
         profile = cProfile.Profile()
         profile.enable()
         for _ in range(200):

@@ -145,6 +145,26 @@ def test_comparisons_of_max_and_min(mask, align):
         assert_ok(run_grad_case(variant, shape, seed=i))
 
 
+@pytest.mark.parametrize(
+    "mask, align",
+    [
+        ("q % 1 != k & (!q div 16 == k div 16 | -abs(h) <= 5 | prefix(233))", "bottom_right"),
+        ("q != k", "bottom_right"),
+        ("!(q == k + 3) & causal | k < 0", "top_left"),
+        ("(k != 64 | h > 0) & abs(q - k) % 3 >= 0", "bottom_right"),
+    ],
+)
+def test_masks_folded_by_value_ranges(mask, align):
+    """Comparisons the value ranges decide fold into `full` and `!full`, and
+    `A != B` splits into `A < B | A > B` (mask_forms), so the loops get
+    bounds and interiors: forward and backward against the reference (which
+    reads the mask as written) with GQA, Nq != Nk (negative query positions
+    under bottom-right alignment)."""
+    variant = make_variant(mask, score="s * 0.5", dtype=ir.DType.FP32, align=align)
+    for i, shape in enumerate([Shape(2, 4, 2, 97, 45), Shape(1, 2, 1, 70, 130)]):
+        assert_ok(run_grad_case(variant, shape, seed=i))
+
+
 @pytest.mark.parametrize("mask", ["causal", "h % 2 == 1 & causal", "!full"])
 def test_fully_masked_rows_have_zero_gradients(mask):
     variant = make_variant(mask, score="softcap(s, 10.0)")

@@ -1327,6 +1327,77 @@ def test_comparisons_of_max_and_min_are_split(spelled, plain):
     assert nnf_of(_mask(spelled)) == nnf_of(_mask(plain))
 
 
+@pytest.mark.parametrize(
+    "spelled, plain",
+    [
+        # Integer terms of one value in every call become that value.
+        ("q % 1 != k", "0 < k"),
+        ("(q + k) div 1 - k * 0 > h % 1", "(q + k) div 1 - 0 > 0"),
+        # Comparisons the value ranges decide fold into full and !full.
+        ("-abs(h) <= 5 & causal", "causal"),
+        ("causal | k < 0", "causal"),
+        ("causal | H >= 1", "full"),
+        ("causal & abs(q) < 0", "!full"),
+        ("!(k >= 0) | window(4)", "window(4)"),
+        ("q % 1 != k & (!q div 16 == k div 16 | -abs(h) <= 5 | prefix(233))", "0 < k"),
+        # Inequality of positions is a union of two comparisons.
+        ("q != k", "q < k | q > k"),
+        ("!(q == k + 3)", "q < k + 3 | q > k + 3"),
+        ("k != 0", "k > 0"),
+        # Not folded: the ranges do not decide them, or they do not bound positions.
+        ("q < 0", "q < 0"),
+        ("h != 2", "h != 2"),
+        ("max(q, k) == 5", "max(q, k) == 5"),
+        ("abs(q - k) % 3 >= 0 & causal", "causal"),
+    ],
+)
+def test_masks_fold_by_value_ranges(spelled, plain):
+    # Keys from 0, queries anywhere, heads from 0, H >= 1 (docs/LANGUAGE.md);
+    # the kernel tests compare the folded masks with the reference.
+    assert nnf_of(_mask(spelled)) == nnf_of(_mask(plain))
+
+
+@pytest.mark.parametrize(
+    "text, lo, hi",
+    [
+        ("q % 1", 0, 0),
+        ("-abs(h)", -math.inf, 0),
+        ("(k + 3) div 2", 1, math.inf),
+        ("(q - k) % 5", 0, 4),
+        ("min(k, 7) * -2", -14, 0),
+        ("max(h, H) - 1", 0, math.inf),
+        ("q * 0", 0, 0),
+    ],
+)
+def test_integer_ranges(text, lo, hi):
+    expr = _mask(f"{text} == 0").left
+    assert mask_forms.int_range(expr) == (lo, hi)
+
+
+def test_an_absorbed_term_that_reads_data_is_kept():
+    # `x | full` is full, but a term that reads an input stays, so that the
+    # kernels read every input the spec reads.
+    source = "attention t { head_dim = 16; dtype = fp32; doc: int32[B, Nk]; mask = m }"
+    from flashgen.parse import parse
+
+    for text, kept in (("doc[b, k] == 0 | k >= 0", True), ("doc[b, k] == 0 & k >= 0", True)):
+        spec, diags = parse(source.replace("mask = m", f"mask = {text}"))
+        assert not diags
+        (setting,) = [x for x in spec.blocks[0].settings if x.key == "mask"]
+        nnf = nnf_of(setting.value)
+        assert ir.reads_inputs(nnf) is kept
+        assert lower.ElementCode().expr(nnf) != kx.FALSE
+
+
+def test_a_mask_folded_to_full_key_bounds():
+    """`q % 1 != k` (rand0_16 of the random bench): every key past the first,
+    so the loops start at key 1 and every key tile past the first is interior."""
+    model = lower.lower(make_variant("q % 1 != k & -abs(h) <= 5", dtype=ir.DType.FP16))
+    assert model.key_lo is not None and model.key_interior_lo is not None
+    unequal = lower.lower(make_variant("q != k", dtype=ir.DType.FP16))
+    assert unequal.key_interior_hi is not None and unequal.key_interior2_lo is not None
+
+
 def test_a_comparison_of_max_gets_an_interior():
     """`max(q, k) > 37`: every key past 37 is seen by every query, and a
     query tile past 37 sees every key."""
