@@ -119,8 +119,16 @@ def stamped(name: str, call, enter_exit, calls: int = 200) -> None:
             fa, fb, ret, ba, bb = enter_exit
             rows.append((fa - t0, fb - fa, ret - fb, ba - ret, bb - ba, t1 - bb))
     medians = [statistics.median(r[j] for r in rows) * 1e6 for j in range(len(SEGMENTS))]
-    parts = ", ".join(f"{seg} {us:.0f}" for seg, us in zip(SEGMENTS, medians))
-    print(f"--- {name} stamps (us, medians of {len(rows)}): {parts}; sum {sum(medians):.0f}")
+    means = [statistics.fmean(r[j] for r in rows) * 1e6 for j in range(len(SEGMENTS))]
+    parts = ", ".join(
+        f"{seg} {us:.0f} ({mean:.0f})" for seg, us, mean in zip(SEGMENTS, medians, means)
+    )
+    totals = sorted(sum(r) * 1e6 for r in rows)
+    deciles = " ".join(f"{totals[len(totals) * i // 10]:.0f}" for i in range(10))
+    print(f"--- {name} stamps (us, median (mean) of {len(rows)}): {parts}; sum {sum(medians):.0f}")
+    print(
+        f"    call totals by decile: {deciles} max {totals[-1]:.0f}; mean {statistics.fmean(totals):.0f}"
+    )
 
 
 def stamp_wrap(fn, enter_exit):
@@ -208,6 +216,12 @@ def main() -> None:
                 return torch.autograd.grad(o, leaves, do)
 
             stamped(variant.name, both_stamped, stamps)
+            import gc
+
+            gc.disable()
+            stamped(variant.name + " (gc disabled)", both_stamped, stamps)
+            print(f"gc disabled: forward + backward {per_call_us(lambda: both_stamped([])):.0f} us")
+            gc.enable()
         profile = cProfile.Profile()
         profile.enable()
         for _ in range(200):
