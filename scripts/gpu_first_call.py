@@ -1,0 +1,137 @@
+"""Time to first result (issue 23, item 6): a cold first call, forward and
+backward, with every cache empty, flashgen against FlexAttention.
+
+Each system runs in a fresh process with its own empty Triton, Inductor and
+flashgen caches, and times, from before the module is built (flashgen) or
+the BlockMask is made (Flex) to the end of the first backward, synchronized:
+
+- flashgen: `flashgen.load` (parse, check, lower, render, import), the first
+  forward (compiling its kernels), the first backward (compiling its own);
+- Flex: create_block_mask, then the first call of torch.compile(flex_attention)
+  forward and backward.
+
+    python3 scripts/gpu_first_call.py SPEC [SPEC ...] [--head-dim D] [--seqlen N]
+
+Without a GPU there is nothing to time (exits with a message).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+CHILD = r"""
+import json, sys, time
+t0 = time.perf_counter()
+import torch
+sys.path.insert(0, ".")
+import flashgen
+from flashgen import flex, ir
+from flashgen.api import _check_specs
+from pathlib import Path
+import dataclasses
+
+path, system, d, n = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+(variant,) = _check_specs([Path(path)])
+variant = dataclasses.replace(variant, head_dim=d)
+g = torch.Generator(device="cuda").manual_seed(0)
+dtype = torch.bfloat16 if variant.dtype.value == "bf16" else torch.float16
+q, k, v, do = (torch.randn(1, 16, n, d, device="cuda", dtype=dtype, generator=g) for _ in range(4))
+leaves = [x.requires_grad_() for x in (q, k, v)]
+torch.cuda.synchronize()
+times = {"imports": time.perf_counter() - t0}
+import triton.runtime.jit as jit
+
+compiles = []
+plain_compile = jit.JITFunction._do_compile
+
+
+def timed_compile(self, *args, **kwargs):
+    begin = time.perf_counter()
+    kernel = plain_compile(self, *args, **kwargs)
+    compiles.append(f"{self.fn.__name__} {time.perf_counter() - begin:.2f}")
+    return kernel
+
+
+jit.JITFunction._do_compile = timed_compile
+start = time.perf_counter()
+if system == "flashgen":
+    from flashgen.api import load_variant
+
+    module = load_variant(variant)
+    times["build"] = time.perf_counter() - start
+    o = module.attention(*leaves)
+    torch.cuda.synchronize()
+    times["forward"] = time.perf_counter() - start - times["build"]
+    grads = torch.autograd.grad(o, leaves, do)
+else:
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+    mods = flex.flex_mods(variant, n, n, 16, device="cuda")
+    heads = 16 if ir.mentions(variant.mask, frozenset({"h"})) else None
+    mask = create_block_mask(mods.mask_mod, None, heads, n, n, device="cuda") if mods.mask_mod else None
+    torch.cuda.synchronize()
+    times["build"] = time.perf_counter() - start
+    compiled = torch.compile(flex_attention, dynamic=False)
+    scale = variant.scale if variant.scale is not None else d ** -0.5
+    o = compiled(*leaves, score_mod=mods.score_mod, block_mask=mask, scale=scale)
+    torch.cuda.synchronize()
+    times["forward"] = time.perf_counter() - start - times["build"]
+    grads = torch.autograd.grad(o, leaves, do)
+torch.cuda.synchronize()
+times["total"] = time.perf_counter() - start
+times["backward"] = times["total"] - times["build"] - times["forward"]
+times["compiles"] = compiles
+print("RESULT " + json.dumps(times))
+"""
+
+
+def first_call(path: str, system: str, d: int, n: int) -> dict:
+    with tempfile.TemporaryDirectory() as tmp:
+        env = dict(
+            os.environ,
+            TRITON_CACHE_DIR=f"{tmp}/triton",
+            TORCHINDUCTOR_CACHE_DIR=f"{tmp}/inductor",
+            FLASHGEN_CACHE_DIR=f"{tmp}/flashgen",
+        )
+        out = subprocess.run(
+            [sys.executable, "-c", CHILD, path, system, str(d), str(n)],
+            env=env,
+            capture_output=True,
+            text=True,
+        )
+    for line in out.stdout.splitlines():
+        if line.startswith("RESULT "):
+            return json.loads(line[len("RESULT ") :])
+    return {"error": (out.stderr or out.stdout)[-800:]}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("specs", nargs="+")
+    p.add_argument("--head-dim", type=int, default=128)
+    p.add_argument("--seqlen", type=int, default=4096)
+    p.add_argument("--systems", nargs="*", default=["flashgen", "flex"])
+    a = p.parse_args()
+    import torch
+
+    if not torch.cuda.is_available():
+        sys.exit("gpu_first_call.py: no CUDA device")
+    for path in a.specs:
+        for system in a.systems:
+            start = time.perf_counter()
+            times = first_call(path, system, a.head_dim, a.seqlen)
+            wall = time.perf_counter() - start
+            shown = ", ".join(
+                f"{k} {v:.2f} s" if isinstance(v, float) else f"{k} {v}" for k, v in times.items()
+            )
+            print(f"{path} d{a.head_dim} {system}: {shown} (process {wall:.1f} s)", flush=True)
+
+
+if __name__ == "__main__":
+    main()
