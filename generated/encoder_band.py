@@ -1578,6 +1578,9 @@ def _launch(kernel, grid, *args, **options) -> None:
     device = _driver.active.get_current_device() if _driver else torch.cuda.current_device()
     if device not in getattr(_THREAD, "devices", ()):
         _bind_context(device)
+    if getattr(_THREAD, "warmup", False):  # `_compile_ahead`: compile, do not launch
+        kernel.warmup(*_triton_args(args), grid=grid, **options)
+        return
     if (
         not DIRECT_LAUNCH
         or _knobs.runtime.launch_enter_hook.calls  # a profiler sees each launch
@@ -1596,6 +1599,58 @@ def _launch(kernel, grid, *args, **options) -> None:
     # JITFunction.run's own call; without hooks it needs no launch metadata.
     handles = (compiled.function, compiled.packed_metadata, None, None, None)
     compiled.run(*grid, *(1,) * (3 - len(grid)), stream, *handles, *args)
+
+
+# The first forward with a gradient on a device starts compiling the
+# backward's kernels in a worker thread (`_compile_ahead`); off: each kernel
+# compiles at its first launch.
+COMPILE_AHEAD = False
+_AHEAD: dict = {}  # device index -> the thread compiling ahead for it
+_AHEAD_LOCK = threading.Lock()
+
+
+def _compile_ahead(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> None:
+    """With COMPILE_AHEAD, the first forward with a gradient on a device runs
+    `_layout_backward` in a worker thread on q, k, v and stand-ins of o, lse
+    and do, its launches only compiling (`_THREAD.warmup`): the first
+    backward's kernels compile beside the forward's, and a cold first call
+    waits for the longer of the two, not their sum (Triton's passes release
+    the GIL).  That backward waits for the worker (`_await_ahead`).  Calls
+    with sequences, offsets, sinks or inputs compile at their launches."""
+    index = _ahead_device(q)
+    if index is None or index in _AHEAD:
+        return
+    o = torch.empty((*q.shape[:3], V_DIM), dtype=q.dtype, device=q.device)
+    lse = torch.empty(q.shape[:3], dtype=torch.float32, device=q.device)
+
+    def compile_backward() -> None:
+        _THREAD.warmup = True
+        try:
+            with torch.cuda.device(index):
+                _layout_backward(q, k, v, o, lse, torch.empty_like(o), None, scale, None, None)
+        except Exception:  # the backward compiles at its launches instead
+            pass
+
+    with _AHEAD_LOCK:
+        if index not in _AHEAD:
+            _AHEAD[index] = threading.Thread(target=compile_backward, name="flashgen-compile")
+            _AHEAD[index].start()
+
+
+def _ahead_device(q: torch.Tensor) -> int | None:
+    """q's CUDA device index where `_compile_ahead` may run, else None."""
+    if not COMPILE_AHEAD or q.device.type != "cuda" or _interpreting() or not DIRECT_LAUNCH:
+        return None
+    if torch.compiler.is_compiling() or torch.cuda.is_current_stream_capturing():
+        return None
+    return q.device.index
+
+
+def _await_ahead(q: torch.Tensor) -> None:
+    """Waits for the compile-ahead of q's device, if one runs."""
+    worker = _AHEAD.get(q.device.index) if q.device.type == "cuda" else None
+    if worker is not None and worker is not threading.current_thread():
+        worker.join()
 
 
 @functools.lru_cache(maxsize=None)
@@ -2355,6 +2410,8 @@ class _Attention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, scale, seqs, sinks, shifts):
         # attention() checked the arguments.
+        if seqs is None and shifts is None and sinks is None:
+            _compile_ahead(q, k, v, scale)
         o, lse = _layout_forward(q, k, v, scale, seqs, sinks, shifts)
         ctx.save_for_backward(q, k, v, o, lse, sinks)
         ctx.scale, ctx.seqs, ctx.shifts = scale, seqs, shifts
@@ -2364,6 +2421,7 @@ class _Attention(torch.autograd.Function):
     @staticmethod
     def backward(ctx, do, dlse):
         q, k, v, o, lse, sinks = ctx.saved_tensors
+        _await_ahead(q)
         args = (ctx.scale, ctx.seqs, ctx.shifts)
         dq, dk, dv = _layout_backward(q, k, v, o, lse, do, dlse, *args)
         dsinks = _sinks_grad(sinks, o, lse, do, dlse, ctx.seqs) if ctx.needs_input_grad[5] else None

@@ -1610,6 +1610,9 @@ def _launch(kernel, grid, *args, **options) -> None:
     device = _driver.active.get_current_device() if _driver else torch.cuda.current_device()
     if device not in getattr(_THREAD, "devices", ()):
         _bind_context(device)
+    if getattr(_THREAD, "warmup", False):  # `_compile_ahead`: compile, do not launch
+        kernel.warmup(*_triton_args(args), grid=grid, **options)
+        return
     if (
         not DIRECT_LAUNCH
         or _knobs.runtime.launch_enter_hook.calls  # a profiler sees each launch

@@ -2,7 +2,9 @@
 backward, with every cache empty, flashgen against FlexAttention.
 
 Each system runs in a fresh process with its own empty Triton, Inductor and
-flashgen caches, and times, from before the module is built (flashgen) or
+flashgen caches.  After the imports and a first torch.autograd.grad of a
+two-element tensor (torch's own one-time cost: that call imports sympy), it
+times, from before the module is built (flashgen) or
 the BlockMask is made (Flex) to the end of the first backward, synchronized:
 
 - flashgen: `flashgen.load` (parse, check, lower, render, import), the first
@@ -43,6 +45,11 @@ g = torch.Generator(device="cuda").manual_seed(0)
 dtype = torch.bfloat16 if variant.dtype.value == "bf16" else torch.float16
 q, k, v, do = (torch.randn(1, 16, n, d, device="cuda", dtype=dtype, generator=g) for _ in range(4))
 leaves = [x.requires_grad_() for x in (q, k, v)]
+# What every process pays once, whichever attention it runs, before the
+# timer starts: torch.autograd.grad with a given gradient imports sympy
+# (torch.fx.experimental.symbolic_shapes, 0.7-2.6 s) on its first call.
+x = torch.ones(2, device="cuda", requires_grad=True)
+torch.autograd.grad(x * 2, x, torch.ones_like(x))
 torch.cuda.synchronize()
 times = {"imports": time.perf_counter() - t0}
 import triton.runtime.jit as jit
@@ -65,6 +72,25 @@ if system == "flashgen":
 
     module = load_variant(variant)
     times["build"] = time.perf_counter() - start
+    launches = times["launches"] = []
+    plain_launch = module._launch
+
+    def timed_launch(kernel, *args, **kwargs):
+        begin = time.perf_counter()
+        plain_launch(kernel, *args, **kwargs)
+        launches.append(f"{kernel.fn.__name__} {time.perf_counter() - begin:.2f}")
+
+    module._launch = timed_launch
+    for name in ("_layout_forward", "_layout_backward"):
+        plain = getattr(module, name)
+
+        def timed(*args, _plain=plain, _name=name, **kwargs):
+            begin = time.perf_counter()
+            out = _plain(*args, **kwargs)
+            launches.append(f"{_name} {begin - start:.2f}..{time.perf_counter() - start:.2f}")
+            return out
+
+        setattr(module, name, timed)
     o = module.attention(*leaves)
     torch.cuda.synchronize()
     times["forward"] = time.perf_counter() - start - times["build"]

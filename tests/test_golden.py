@@ -232,6 +232,8 @@ def test_runtime_sections_are_copied_verbatim(variant):
         expected.add("input_grads")
     if "def _attn_decode(" in text:
         expected.add("decode")
+    if "_INPUTS = (" not in text:
+        expected.add("compile_ahead")
     for name, section in sections.items():
         assert (section in text) == (name in expected), name
 
@@ -327,7 +329,9 @@ def test_long_lowered_lines_are_marked_for_black():
 # New keys appended to a cache in the same call (k_new, v_new; issue 22), with their
 # checks and the value check of the lengths they make: ~60 (2,021-2,068). The
 # device context bound in a thread before its first launch (`_bind_context`): +14 (2,082).
-TRITON_ONLY_MAX_LINES = 2090
+# The backward's kernels compiled beside the first forward (COMPILE_AHEAD, modules
+# without inputs): +49 (2,117-2,137).
+TRITON_ONLY_MAX_LINES = 2140
 # Specs that read inputs carry what only they need (2026-12-02: 1,870-1,900 lines for
 # the three examples that read inputs): the per-call index checks (~100 lines), the
 # per-call tile plan of a mask that reads inputs (~135), the sums of learnable
@@ -336,14 +340,15 @@ TRITON_ONLY_MAX_LINES = 2090
 # Modules of specs with inputs have no decode path (decision 052); they refuse
 # KV-cache calls by name (decision 056, +9 lines). A learnable table's row sums
 # where a tile reads one element added ~25 (decision 054: t5_relative_bias, whose
-# bucket bounds now sit once in a helper, not twice).
-TRITON_ONLY_MAX_LINES_WITH_INPUTS = 2000
+# bucket bounds now sit once in a helper, not twice). `_launch`'s branch for a
+# compile-ahead's launches (COMPILE_AHEAD): +3 (2,001).
+TRITON_ONLY_MAX_LINES_WITH_INPUTS = 2005
 
 
 @pytest.mark.parametrize("variant", VARIANTS, ids=lambda v: v.name)
 def test_triton_only_module_is_short_clean_and_self_contained(variant):
     """A vendor who wants the shortest module builds it --triton-only: within
-    2,075 lines for every example (2,000 for one that reads inputs), no Gluon anywhere, black-clean as emitted,
+    2,140 lines for every example (2,005 for one that reads inputs), no Gluon anywhere, black-clean as emitted,
     and every global its functions read is defined."""
     import black
 

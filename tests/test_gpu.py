@@ -360,6 +360,50 @@ def test_first_launch_in_a_new_thread_on_gpu(name, direct, monkeypatch):
             assert torch.equal(a, b)
 
 
+@pytest.mark.parametrize("name", ["plain_causal", "gemma2_local"])
+def test_compile_ahead_on_gpu(name, monkeypatch):
+    """COMPILE_AHEAD: the first forward with a gradient compiles the
+    backward's kernels in a worker thread, the backward compiles nothing
+    more, and the gradients are the bits of a module without it."""
+    import threading
+
+    import torch
+    import triton.runtime.jit as jit
+
+    (variant,) = [v for v in example_variants() if v.name == name]
+    variant = dataclasses.replace(variant, dtype=ir.DType.BF16, head_dim=128)
+    compiles = []
+    plain_compile = jit.JITFunction._do_compile
+
+    def recorded(self, *args, **kwargs):
+        compiles.append((self.fn.__name__, threading.current_thread().name))
+        return plain_compile(self, *args, **kwargs)
+
+    monkeypatch.setattr(jit.JITFunction, "_do_compile", recorded)
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    shape = (1, 2, 512, 128)  # Nq = Nk a multiple of 128: the Gluon kernels on sm90
+    q, k, v, do = (
+        torch.randn(shape, device="cuda", dtype=torch.bfloat16, generator=gen) for _ in range(4)
+    )
+    grads = []
+    for ahead in (False, True):
+        module = build(variant)
+        monkeypatch.setattr(module, "COMPILE_AHEAD", ahead)
+        monkeypatch.setattr(module, "_AHEAD", {})
+        compiles.clear()
+        leaves = [x.clone().requires_grad_() for x in (q, k, v)]
+        o = module.attention(*leaves)
+        grads.append(torch.autograd.grad(o, leaves, do))
+        torch.cuda.synchronize()
+        workers = [name for _, name in compiles if name == "flashgen-compile"]
+        assert bool(workers) is ahead, compiles
+        if ahead:  # every backward kernel came from the worker
+            backward = {n for n, t in compiles if t != "flashgen-compile" and "bwd" in n}
+            assert not backward, compiles
+    for a, b in zip(*grads, strict=True):
+        assert torch.equal(a, b)
+
+
 @pytest.mark.parametrize("name", ["full", "mistral_sliding"])
 def test_inputs_on_another_gpu(name):
     """Inputs on a GPU other than the current one: the kernels launch on the

@@ -7,6 +7,7 @@ that record what they are asked to do; tests/test_gpu.py runs the real ones.
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import types
 
@@ -14,6 +15,7 @@ import pytest
 import torch
 import triton
 
+from flashgen import ir
 from kernel_utils import build, example_variants
 
 
@@ -28,7 +30,8 @@ class _Compiled:
 
 
 class _Kernel:
-    """kernel[grid](*args, **options) as Triton's JITFunction takes it."""
+    """kernel[grid](*args, **options) and kernel.warmup(*args, grid=grid,
+    **options) as Triton's JITFunction takes them."""
 
     def __init__(self):
         self.log = []
@@ -39,6 +42,10 @@ class _Kernel:
             return _Compiled(self.log)
 
         return launch
+
+    def warmup(self, *args, grid, **options):
+        self.log.append(("warmup", threading.current_thread().name, grid, args, options))
+        return _Compiled(self.log)
 
 
 @pytest.fixture
@@ -184,3 +191,70 @@ def test_gluon_descriptors_reach_triton_as_its_own(module):
     assert type(through_triton) is module.GluonTensorDescriptor
     assert type(direct[-2]) is module._GluonBlocks  # the stand-in, read by the launcher
     assert direct[-2].base is x and direct[-2][1:] == blocks[1:]
+
+
+_BACKWARD_KERNELS = (
+    "_attn_bwd_preprocess",
+    "_attn_bwd",
+    "_gluon_attn_bwd_dkdv",
+    "_gluon_attn_bwd_dq",
+)
+
+
+def test_compile_ahead_compiles_the_backward_in_a_worker(module, monkeypatch):
+    """The first forward with a gradient on a device starts a worker that
+    runs the backward with launches that only compile (Triton's warmup),
+    once per device; the backward then goes through Triton at its first
+    launch as before (the compiled kernel is Triton's to find in its cache),
+    and directly after.  tests/test_gpu.py runs the real kernels."""
+    import contextlib
+
+    kernels = {name: _Kernel() for name in _BACKWARD_KERNELS if hasattr(module, name)}
+    for name, kernel in kernels.items():
+        monkeypatch.setattr(module, name, kernel)
+    monkeypatch.setattr(module, "COMPILE_AHEAD", True)
+    monkeypatch.setattr(module, "_AHEAD", {})
+    monkeypatch.setattr(module, "_ahead_device", lambda q: 0)  # q on the CPU stands in
+    monkeypatch.setattr(torch.cuda, "device", lambda index: contextlib.nullcontext())
+    q, k, v, do = (torch.randn(1, 2, 64, module.HEAD_DIM, dtype=module.DTYPE) for _ in range(4))
+    module._compile_ahead(q, k, v, 0.125)
+    worker = module._AHEAD[0]
+    worker.join()
+    module._compile_ahead(q, k, v, 0.125)  # once per device
+    assert module._AHEAD[0] is worker
+    launched = {name: [entry[:2] for entry in k.log] for name, k in kernels.items() if k.log}
+    assert launched and all(log == [("warmup", "flashgen-compile")] for log in launched.values())
+    o, lse = torch.randn_like(q), torch.randn(q.shape[:3])
+    for _ in range(2):
+        module._layout_backward(q, k, v, o, lse, do, None, 0.125, None, None)
+    after = {name: [entry[0] for entry in kernels[name].log[1:]] for name in launched}
+    assert all(log == ["triton", "direct"] for log in after.values()), after
+
+
+def test_compile_ahead_is_off_by_default_and_on_the_cpu(module, monkeypatch):
+    x = torch.zeros(1, 2, 64, module.HEAD_DIM, dtype=module.DTYPE)
+    assert module.COMPILE_AHEAD is False and module._ahead_device(x) is None
+    monkeypatch.setattr(module, "COMPILE_AHEAD", True)
+    assert module._ahead_device(x) is None
+
+
+@pytest.mark.parametrize("call", ["plain", "sinks", "offsets", "no grad"])
+def test_forward_with_a_gradient_compiles_ahead(call, monkeypatch):
+    """attention() asks for a compile-ahead on plain calls with a gradient,
+    before the forward runs, and the backward waits for it."""
+    (variant,) = [v for v in example_variants() if v.name == "full"]
+    module = build(dataclasses.replace(variant, dtype=ir.DType.FP32))  # the CPU has no bf16 dot
+    calls = []
+    monkeypatch.setattr(module, "_compile_ahead", lambda *args: calls.append("ahead"))
+    monkeypatch.setattr(module, "_await_ahead", lambda q: calls.append("await"))
+    q, k, v = (
+        torch.randn(1, 2, 32, module.HEAD_DIM, dtype=module.DTYPE).requires_grad_(call != "no grad")
+        for _ in range(3)
+    )
+    options = {"sinks": torch.zeros(2)} if call == "sinks" else {}
+    options.update({"q_offset": 3, "k_offset": 3} if call == "offsets" else {})
+    o = module.attention(q, k, v, **options)
+    if call != "no grad":
+        o.sum().backward()
+    expected = {"plain": ["ahead", "await"], "no grad": []}.get(call, ["await"])
+    assert calls == expected
