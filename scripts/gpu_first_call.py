@@ -12,7 +12,7 @@ the BlockMask is made (Flex) to the end of the first backward, synchronized:
 - Flex: create_block_mask, then the first call of torch.compile(flex_attention)
   forward and backward.
 
-    python3 scripts/gpu_first_call.py SPEC [SPEC ...] [--head-dim D] [--seqlen N]
+    python3 scripts/gpu_first_call.py SPEC [SPEC ...] [--head-dim D] [--seqlen N] [--compile-ahead]
 
 Without a GPU there is nothing to time (exits with a message).
 """
@@ -39,6 +39,7 @@ from pathlib import Path
 import dataclasses
 
 path, system, d, n = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+ahead = sys.argv[5] == "1"
 (variant,) = _check_specs([Path(path)])
 variant = dataclasses.replace(variant, head_dim=d)
 g = torch.Generator(device="cuda").manual_seed(0)
@@ -71,6 +72,7 @@ if system == "flashgen":
     from flashgen.api import load_variant
 
     module = load_variant(variant)
+    module.COMPILE_AHEAD = ahead
     times["build"] = time.perf_counter() - start
     launches = times["launches"] = []
     plain_launch = module._launch
@@ -117,7 +119,7 @@ print("RESULT " + json.dumps(times))
 """
 
 
-def first_call(path: str, system: str, d: int, n: int) -> dict:
+def first_call(path: str, system: str, d: int, n: int, ahead: bool = False) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         env = dict(
             os.environ,
@@ -126,7 +128,7 @@ def first_call(path: str, system: str, d: int, n: int) -> dict:
             FLASHGEN_CACHE_DIR=f"{tmp}/flashgen",
         )
         out = subprocess.run(
-            [sys.executable, "-c", CHILD, path, system, str(d), str(n)],
+            [sys.executable, "-c", CHILD, path, system, str(d), str(n), str(int(ahead))],
             env=env,
             capture_output=True,
             text=True,
@@ -143,20 +145,29 @@ def main() -> None:
     p.add_argument("--head-dim", type=int, default=128)
     p.add_argument("--seqlen", type=int, default=4096)
     p.add_argument("--systems", nargs="*", default=["flashgen", "flex"])
+    p.add_argument(
+        "--compile-ahead",
+        action="store_true",
+        help="also time flashgen with COMPILE_AHEAD (its backward compiled beside the forward)",
+    )
     a = p.parse_args()
     import torch
 
     if not torch.cuda.is_available():
         sys.exit("gpu_first_call.py: no CUDA device")
+    runs = [(s, False) for s in a.systems]
+    if a.compile_ahead and "flashgen" in a.systems:
+        runs.insert(a.systems.index("flashgen") + 1, ("flashgen", True))
     for path in a.specs:
-        for system in a.systems:
+        for system, ahead in runs:
             start = time.perf_counter()
-            times = first_call(path, system, a.head_dim, a.seqlen)
+            times = first_call(path, system, a.head_dim, a.seqlen, ahead)
             wall = time.perf_counter() - start
             shown = ", ".join(
                 f"{k} {v:.2f} s" if isinstance(v, float) else f"{k} {v}" for k, v in times.items()
             )
-            print(f"{path} d{a.head_dim} {system}: {shown} (process {wall:.1f} s)", flush=True)
+            label = system + (" (compile ahead)" if ahead else "")
+            print(f"{path} d{a.head_dim} {label}: {shown} (process {wall:.1f} s)", flush=True)
 
 
 if __name__ == "__main__":

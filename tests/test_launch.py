@@ -258,3 +258,31 @@ def test_forward_with_a_gradient_compiles_ahead(call, monkeypatch):
         o.sum().backward()
     expected = {"plain": ["ahead", "await"], "no grad": []}.get(call, ["await"])
     assert calls == expected
+
+
+def test_compile_ahead_takes_the_gluon_backward(monkeypatch):
+    """As on an sm90 GPU (scripts/host_stub.py: the module's Python with stub
+    kernels), the worker compiles the Gluon backward's two kernels, their
+    descriptors made into Triton's own for its warmup."""
+    import contextlib
+    import os
+    import sys
+
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "scripts"))
+    import host_stub
+
+    module = host_stub.load(os.path.join(os.path.dirname(__file__), "..", "generated", "full.py"))
+    kernels = {name: _Kernel() for name in _BACKWARD_KERNELS if hasattr(module, name)}
+    for name, kernel in kernels.items():
+        monkeypatch.setattr(module, name, kernel)
+    monkeypatch.setattr(module, "COMPILE_AHEAD", True)
+    monkeypatch.setattr(module, "_ahead_device", lambda q: 0)
+    monkeypatch.setattr(torch.cuda, "device", lambda index: contextlib.nullcontext())
+    q, k, v = (torch.randn(1, 2, 128, module.HEAD_DIM, dtype=module.DTYPE) for _ in range(3))
+    module._compile_ahead(q, k, v, 0.125)
+    module._AHEAD[0].join()
+    warmed = {name for name, k in kernels.items() for entry in k.log if entry[0] == "warmup"}
+    assert warmed == {"_gluon_attn_bwd_dkdv", "_gluon_attn_bwd_dq"}
+    args = [a for k in kernels.values() for e in k.log for a in e[3]]
+    assert any(hasattr(a, "layout") for a in args)  # descriptors, Triton's own
+    assert not any(isinstance(a, module._GluonBlocks) for a in args)
