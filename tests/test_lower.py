@@ -1237,8 +1237,8 @@ def test_printed_trees_parse_as_the_trees(tree):
 @st.composite
 def position_masks(draw, depth: int = 3, mod: int | None = None) -> str:
     """Masks of the fragment `tiles.visible_may` decides exactly: & and | of
-    ranges of q, k and q - k (named, compared, through abs, min and max, or
-    negated), and congruences of q - k with one modulus; as .attn text."""
+    ranges of q, k and q - k (named, compared, through abs, min and max,
+    unequal, or negated), and congruences of q - k with one modulus; as .attn text."""
     c = st.integers(-40, 240).map(str)
     mod = mod or draw(st.sampled_from((2, 3, 5, 16)))
     ranges = st.one_of(
@@ -1250,6 +1250,7 @@ def position_masks(draw, depth: int = 3, mod: int | None = None) -> str:
         st.builds("abs(q - k) {} {}".format, st.sampled_from(("<", "<=", ">", ">=")), c),
         st.builds("{}(q, k) {} {}".format, st.sampled_from(("min", "max")),
                   st.sampled_from(("<", "<=", ">", ">=")), c),  # fmt: skip
+        st.builds("{} != {}".format, st.sampled_from(("q", "k", "q - k", "k")), c),
     )
     atoms = st.one_of(
         ranges,
