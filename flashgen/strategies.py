@@ -21,6 +21,8 @@ Public: `int_exprs()`, `masks()`, `scores()`, `variants(dtypes, head_dims)`,
 
 from __future__ import annotations
 
+import dataclasses
+
 import keyword
 import random
 from typing import TypeVar
@@ -213,9 +215,12 @@ def variants(
     dtypes: tuple[ir.DType, ...] = (ir.DType.FP32, ir.DType.FP16),
     head_dims: tuple[int, ...] = (16, 24, 32, 40, 64, 80),
     names: st.SearchStrategy[str] = block_names,
+    v_head_dims: tuple[int | None, ...] = (None,),
 ) -> ir.Variant:
-    """Valid checked Variants built directly as IR."""
-    return ir.Variant(
+    """Valid checked Variants built directly as IR.  `v_head_dims`: v's head
+    dims to draw from (None: the head dim), drawn last and only where there
+    is a choice, so that the other draws of a seed stay what they were."""
+    variant = ir.Variant(
         name=draw(names),
         head_dim=draw(st.sampled_from(head_dims)),
         dtype=draw(st.sampled_from(dtypes)),
@@ -225,6 +230,9 @@ def variants(
         align=draw(st.sampled_from(list(ir.Align))),
         rescale_threshold=draw(st.sampled_from([0.0, 4.0, 8.0])),
     )
+    if len(v_head_dims) > 1:
+        variant = dataclasses.replace(variant, v_head_dim=draw(st.sampled_from(v_head_dims)))
+    return variant
 
 
 # --------------------------------------------------------------------------- #

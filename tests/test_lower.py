@@ -1248,9 +1248,9 @@ def position_masks(draw, depth: int = 3, mod: int | None = None) -> str:
         st.builds("{} {} {}".format, st.sampled_from(("q", "k", "q - k", "k - q", "-q")),
                   st.sampled_from(("<", "<=", ">", ">=")), c),  # fmt: skip
         st.builds("abs(q - k) {} {}".format, st.sampled_from(("<", "<=", ">", ">=")), c),
+        st.builds("{} != {}".format, st.sampled_from(("q", "k", "q - k", "k")), c),
         st.builds("{}(q, k) {} {}".format, st.sampled_from(("min", "max")),
                   st.sampled_from(("<", "<=", ">", ">=")), c),  # fmt: skip
-        st.builds("{} != {}".format, st.sampled_from(("q", "k", "q - k", "k")), c),
     )
     atoms = st.one_of(
         ranges,
