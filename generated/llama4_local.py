@@ -1647,7 +1647,7 @@ def _ahead_device(q: torch.Tensor) -> int | None:
 def _await_ahead(q: torch.Tensor) -> None:
     """Waits for the compile-ahead of q's device, if one runs."""
     worker = _AHEAD.get(q.device.index) if q.device.type == "cuda" else None
-    if worker is not None and worker is not threading.current_thread():
+    if worker is not None:
         worker.join()
 
 

@@ -21,7 +21,10 @@ from __future__ import annotations
 import argparse
 import cProfile
 import dataclasses
+import functools
+import gc
 import pstats
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -106,9 +109,6 @@ def stamped(name: str, call, enter_exit, calls: int = 200) -> None:
     """Medians of SEGMENTS over `calls` calls of `call` (forward + backward
     through autograd), whose `enter_exit` list the wrapped forward and
     backward append their entry and exit stamps to."""
-    import statistics
-    import time
-
     rows = []
     for i in range(calls + 20):
         enter_exit.clear()
@@ -133,8 +133,6 @@ def stamped(name: str, call, enter_exit, calls: int = 200) -> None:
 
 def stamp_wrap(fn, enter_exit):
     """fn, appending perf_counter stamps to `enter_exit` on entry and exit."""
-    import functools
-    import time
 
     @functools.wraps(fn)
     def wrapped(*args, **kwargs):
@@ -216,8 +214,6 @@ def main() -> None:
                 return torch.autograd.grad(o, leaves, do)
 
             stamped(variant.name, both_stamped, stamps)
-            import gc
-
             gc.disable()
             stamped(variant.name + " (gc disabled)", both_stamped, stamps)
             print(f"gc disabled: forward + backward {per_call_us(lambda: both_stamped([])):.0f} us")
