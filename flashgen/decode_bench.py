@@ -14,7 +14,8 @@ its time is from reading them all.
 
 `page_sizes` times flashgen once more per point on the same cache held as
 shuffled pages (vLLM's layout, a block table per row), against its own
-contiguous output.  Points whose cache (B * Nk tokens) exceeds
+contiguous output, without the host's check of lengths and pages (one
+synchronization per call; a serving step skips it, as a CUDA graph does).  Points whose cache (B * Nk tokens) exceeds
 MAX_CACHED_TOKENS are skipped.
 """
 
@@ -201,9 +202,13 @@ def _paged_call(module, q, k, v, page_size: int) -> Callable[[], object]:
     table = order.view(b, nk // page_size).to(torch.int32)
     k_pages, v_pages = paged(k, page_size, order), paged(v, page_size, order)
     seqlens = torch.full((b,), nk, dtype=torch.int32, device=k.device)
+    # Called as a serving engine's step calls it (check_values=False, as in a
+    # captured CUDA graph): the lengths and the table, made here, are valid by
+    # construction, and the check's synchronization would time the host.
     return functools.partial(
-        module.attention, q, k_pages, v_pages, cache_seqlens=seqlens, block_table=table
-    )
+        module.attention, q, k_pages, v_pages, cache_seqlens=seqlens, block_table=table,
+        check_values=False,
+    )  # fmt: skip
 
 
 def _flex(variant, q, k, v, scale, create_block_mask, flex_attention) -> Callable[[], object]:

@@ -1536,8 +1536,20 @@ def _launch(kernel, grid, *args, **options) -> None:
     device = _driver.active.get_current_device() if _driver else torch.cuda.current_device()
     if device not in getattr(_THREAD, "devices", ()):
         _bind_context(device)
-    if getattr(_THREAD, "warmup", False):  # `_compile_ahead`: compile, do not launch
-        kernel.warmup(*_triton_args(args), grid=grid, **options)
+    compiles = getattr(_THREAD, "warmup", None)
+    if compiles is not None:  # `_compile_ahead`: compile in a thread of its own, do not launch
+
+        def compile_kernel() -> None:
+            try:
+                with torch.cuda.device(device):
+                    _bind_context(device)
+                    compiled = kernel.warmup(*_triton_args(args), grid=grid, **options)
+                    compiled._init_handles()  # its launcher built and its binary loaded too
+            except Exception:  # the kernel compiles at its launch instead
+                pass
+
+        compiles.append(threading.Thread(target=compile_kernel, name="flashgen-compile"))
+        compiles[-1].start()
         return
     if (
         not DIRECT_LAUNCH

@@ -1607,8 +1607,20 @@ def _launch(kernel, grid, *args, **options) -> None:
     device = _driver.active.get_current_device() if _driver else torch.cuda.current_device()
     if device not in getattr(_THREAD, "devices", ()):
         _bind_context(device)
-    if getattr(_THREAD, "warmup", False):  # `_compile_ahead`: compile, do not launch
-        kernel.warmup(*_triton_args(args), grid=grid, **options)
+    compiles = getattr(_THREAD, "warmup", None)
+    if compiles is not None:  # `_compile_ahead`: compile in a thread of its own, do not launch
+
+        def compile_kernel() -> None:
+            try:
+                with torch.cuda.device(device):
+                    _bind_context(device)
+                    compiled = kernel.warmup(*_triton_args(args), grid=grid, **options)
+                    compiled._init_handles()  # its launcher built and its binary loaded too
+            except Exception:  # the kernel compiles at its launch instead
+                pass
+
+        compiles.append(threading.Thread(target=compile_kernel, name="flashgen-compile"))
+        compiles[-1].start()
         return
     if (
         not DIRECT_LAUNCH
@@ -1630,10 +1642,10 @@ def _launch(kernel, grid, *args, **options) -> None:
     compiled.run(*grid, *(1,) * (3 - len(grid)), stream, *handles, *args)
 
 
-# The first forward with a gradient on a device starts compiling the
-# backward's kernels in a worker thread (`_compile_ahead`); off: each kernel
+# The first forward with a gradient on a device starts compiling the backward's
+# kernels in a worker thread (`_compile_ahead`, decision 062); off: each kernel
 # compiles at its first launch.
-COMPILE_AHEAD = False
+COMPILE_AHEAD = True
 _AHEAD: dict = {}  # device index -> the thread compiling ahead for it
 _AHEAD_LOCK = threading.Lock()
 
@@ -1641,10 +1653,10 @@ _AHEAD_LOCK = threading.Lock()
 def _compile_ahead(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> None:
     """With COMPILE_AHEAD, the first forward with a gradient on a device runs
     `_layout_backward` in a worker thread on q, k, v and stand-ins of o, lse
-    and do, its launches only compiling (`_THREAD.warmup`): the first
-    backward's kernels compile beside the forward's, and a cold first call
-    waits for the longer of the two, not their sum (Triton's passes release
-    the GIL).  That backward waits for the worker (`_await_ahead`).  Calls
+    and do, each launch only compiling its kernel, in a thread of its own
+    (`_THREAD.warmup`): the first backward's kernels compile beside the
+    forward's and each other, and a cold first call waits for the longest
+    compile, not their sum (Triton's passes release the GIL).  That backward waits for the worker (`_await_ahead`).  Calls
     with sequences, offsets, sinks or inputs compile at their launches."""
     index = _ahead_device(q)
     if index is None or index in _AHEAD:
@@ -1653,12 +1665,14 @@ def _compile_ahead(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: flo
     lse = torch.empty(q.shape[:3], dtype=torch.float32, device=q.device)
 
     def compile_backward() -> None:
-        _THREAD.warmup = True
+        _THREAD.warmup = compiles = []  # a thread per kernel (`_launch`)
         try:
             with torch.cuda.device(index):
                 _layout_backward(q, k, v, o, lse, torch.empty_like(o), None, scale, None, None)
         except Exception:  # the backward compiles at its launches instead
             pass
+        for thread in compiles:
+            thread.join()
 
     with _AHEAD_LOCK:
         if index not in _AHEAD:

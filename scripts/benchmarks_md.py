@@ -28,6 +28,7 @@ from collections.abc import Iterable
 ROOT = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 RESULTS = os.path.join("benchmarks", "results.jsonl")
 DECODE = os.path.join("benchmarks", "decode.jsonl")
+DECODE_BENCH = os.path.join("benchmarks", "decode_bench.jsonl")
 DECISIONS = os.path.join("docs", "decisions")
 SYSTEMS = ("flashgen", "flex", "sdpa-cudnn")
 # Rows in this order; specs not listed follow in alphabetical order.
@@ -223,6 +224,38 @@ def decode_table(records: Iterable[dict]) -> list[str]:
     return lines
 
 
+def decode_bench_table(records: Iterable[dict]) -> list[str]:
+    """The latest `flashgen bench --decode` record of each point (spec, B,
+    Nk, Nq) and system: TB/s of K and V, flashgen's over cuDNN's, and its
+    paged cache's over its contiguous one."""
+    points: dict[tuple, dict] = {}
+    for r in records:
+        if r.get("error") or not r.get("tb_per_s"):
+            continue
+        key = (r["variant"], r["batch"], r["n_keys"], r["n_queries"])
+        system = r["system"] if r["layout"] == "contiguous" else r["layout"]
+        points.setdefault(key, {})[system] = r
+    pages = sorted({s for p in points.values() for s in p if s.startswith("paged")})
+    systems = ("flashgen", *pages, "flex", "sdpa-cudnn", "sdpa-flash")
+    lines = [
+        "| spec | B · Nk | Nq | " + " | ".join(systems) + " | vs cuDNN | paged / contiguous |"
+        " commit |",
+        "|---|---|---|" + "---|" * (len(systems) + 3),
+    ]
+    for (spec, b, nk, nq), found in points.items():
+        tb = {s: found[s]["tb_per_s"] for s in systems if s in found}
+        cells = [f"{tb[s]:.2f}" if s in tb else "—" for s in systems]
+        ours = tb.get("flashgen")
+        ratio = f"{ours / tb['sdpa-cudnn']:.2f}×" if ours and "sdpa-cudnn" in tb else "—"
+        paged = " ".join(f"{tb[s] / ours:.2f}" for s in pages if ours and s in tb) or "—"
+        commit = (found.get("flashgen") or next(iter(found.values())))["commit"]
+        lines.append(
+            f"| {spec} | {b} · {nk // 1024}k | {nq} | " + " | ".join(cells)
+            + f" | {ratio} | {paged} | {commit} |"
+        )  # fmt: skip
+    return lines if len(lines) > 2 else []
+
+
 def random_table(records: Iterable[dict]) -> list[str]:
     """flashgen / FlexAttention over the drawn specs of each `bench --random`
     run (records with `random`), by seed, head dim and N: the points timed
@@ -307,6 +340,17 @@ def render(root: str = ROOT) -> str:
         "causal is top-left).",
         "",
         *decode_table(load(decode) if os.path.exists(decode := os.path.join(root, DECODE)) else []),
+        "",
+        "`flashgen bench --decode` (records in",
+        "[benchmarks/decode_bench.jsonl](benchmarks/decode_bench.jsonl)): the same shapes, every",
+        "system in one process on the same cache, FlexAttention compiled for each shape; the paged",
+        "column times flashgen on that cache as shuffled pages through a block table, without the",
+        "host's check of lengths and pages (as a serving step or a CUDA graph calls it). B · Nk",
+        "below 256k tokens runs at the host's pace: there the numbers are the host's.",
+        "",
+        *decode_bench_table(
+            load(bench) if os.path.exists(bench := os.path.join(root, DECODE_BENCH)) else []
+        ),
         "",
         "## Drawn specs",
         "",

@@ -330,8 +330,9 @@ def test_long_lowered_lines_are_marked_for_black():
 # checks and the value check of the lengths they make: ~60 (2,021-2,068). The
 # device context bound in a thread before its first launch (`_bind_context`): +14 (2,082).
 # The backward's kernels compiled beside the first forward (COMPILE_AHEAD, modules
-# without inputs): +49 (2,117-2,137).
-TRITON_ONLY_MAX_LINES = 2140
+# without inputs): +49 (2,117-2,137); each of them compiled and loaded in a thread of
+# its own (decision 062): +17 (2,080-2,154).
+TRITON_ONLY_MAX_LINES = 2155
 # Specs that read inputs carry what only they need (2026-12-02: 1,870-1,900 lines for
 # the three examples that read inputs): the per-call index checks (~100 lines), the
 # per-call tile plan of a mask that reads inputs (~135), the sums of learnable
@@ -341,14 +342,14 @@ TRITON_ONLY_MAX_LINES = 2140
 # KV-cache calls by name (decision 056, +9 lines). A learnable table's row sums
 # where a tile reads one element added ~25 (decision 054: t5_relative_bias, whose
 # bucket bounds now sit once in a helper, not twice). `_launch`'s branch for a
-# compile-ahead's launches (COMPILE_AHEAD): +3 (2,001).
-TRITON_ONLY_MAX_LINES_WITH_INPUTS = 2005
+# compile-ahead's launches (COMPILE_AHEAD): +3 (2,001); a thread per kernel: +12 (2,013).
+TRITON_ONLY_MAX_LINES_WITH_INPUTS = 2015
 
 
 @pytest.mark.parametrize("variant", VARIANTS, ids=lambda v: v.name)
 def test_triton_only_module_is_short_clean_and_self_contained(variant):
     """A vendor who wants the shortest module builds it --triton-only: within
-    2,140 lines for every example (2,005 for one that reads inputs), no Gluon anywhere, black-clean as emitted,
+    2,155 lines for every example (2,015 for one that reads inputs), no Gluon anywhere, black-clean as emitted,
     and every global its functions read is defined."""
     import black
 

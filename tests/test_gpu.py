@@ -387,7 +387,9 @@ def test_compile_ahead_on_gpu(name, monkeypatch):
     )
     grads = []
     for ahead in (False, True):
-        module = build(variant)
+        # A module of its own per pass (build memoizes by source): in one
+        # module, the second pass would find every kernel compiled.
+        module = build(dataclasses.replace(variant, name=f"{name}_ahead_{int(ahead)}"))
         monkeypatch.setattr(module, "COMPILE_AHEAD", ahead)
         monkeypatch.setattr(module, "_AHEAD", {})
         compiles.clear()

@@ -28,6 +28,9 @@ class _Compiled:
     def run(self, *args):
         self.log.append(("direct", args))
 
+    def _init_handles(self):  # Triton's: builds the launcher, loads the binary
+        self.log.append(("loaded", threading.current_thread().name))
+
 
 class _Kernel:
     """kernel[grid](*args, **options) and kernel.warmup(*args, grid=grid,
@@ -203,10 +206,10 @@ _BACKWARD_KERNELS = (
 
 def test_compile_ahead_compiles_the_backward_in_a_worker(module, monkeypatch):
     """The first forward with a gradient on a device starts a worker that
-    runs the backward with launches that only compile (Triton's warmup),
-    once per device; the backward then goes through Triton at its first
-    launch as before (the compiled kernel is Triton's to find in its cache),
-    and directly after.  tests/test_gpu.py runs the real kernels."""
+    runs the backward with launches that only compile (Triton's warmup) and
+    load the kernels, once per device; the backward then goes through Triton
+    at its first launch as before (the compiled kernel is Triton's to find in
+    its cache), and directly after.  tests/test_gpu.py runs the real kernels."""
     import contextlib
 
     kernels = {name: _Kernel() for name in _BACKWARD_KERNELS if hasattr(module, name)}
@@ -223,19 +226,18 @@ def test_compile_ahead_compiles_the_backward_in_a_worker(module, monkeypatch):
     module._compile_ahead(q, k, v, 0.125)  # once per device
     assert module._AHEAD[0] is worker
     launched = {name: [entry[:2] for entry in k.log] for name, k in kernels.items() if k.log}
-    assert launched and all(log == [("warmup", "flashgen-compile")] for log in launched.values())
+    compiled = [("warmup", "flashgen-compile"), ("loaded", "flashgen-compile")]
+    assert launched and all(log == compiled for log in launched.values())
     o, lse = torch.randn_like(q), torch.randn(q.shape[:3])
     for _ in range(2):
         module._layout_backward(q, k, v, o, lse, do, None, 0.125, None, None)
-    after = {name: [entry[0] for entry in kernels[name].log[1:]] for name in launched}
+    after = {name: [entry[0] for entry in kernels[name].log[2:]] for name in launched}
     assert all(log == ["triton", "direct"] for log in after.values()), after
 
 
-def test_compile_ahead_is_off_by_default_and_on_the_cpu(module, monkeypatch):
+def test_compile_ahead_is_on_by_default_but_not_on_the_cpu(module):
     x = torch.zeros(1, 2, 64, module.HEAD_DIM, dtype=module.DTYPE)
-    assert module.COMPILE_AHEAD is False and module._ahead_device(x) is None
-    monkeypatch.setattr(module, "COMPILE_AHEAD", True)
-    assert module._ahead_device(x) is None
+    assert module.COMPILE_AHEAD is True and module._ahead_device(x) is None
 
 
 @pytest.mark.parametrize("call", ["plain", "sinks", "offsets", "no grad"])
@@ -263,7 +265,8 @@ def test_forward_with_a_gradient_compiles_ahead(call, monkeypatch):
 def test_compile_ahead_takes_the_gluon_backward(monkeypatch):
     """As on an sm90 GPU (scripts/host_stub.py: the module's Python with stub
     kernels), the worker compiles the Gluon backward's two kernels, their
-    descriptors made into Triton's own for its warmup."""
+    descriptors made into Triton's own for its warmup, each in a thread of
+    its own at the same time (each waits for the other at a barrier)."""
     import contextlib
     import os
     import sys
@@ -272,7 +275,14 @@ def test_compile_ahead_takes_the_gluon_backward(monkeypatch):
     import host_stub
 
     module = host_stub.load(os.path.join(os.path.dirname(__file__), "..", "generated", "full.py"))
-    kernels = {name: _Kernel() for name in _BACKWARD_KERNELS if hasattr(module, name)}
+    both = threading.Barrier(2, timeout=30)
+
+    class Concurrent(_Kernel):
+        def warmup(self, *args, grid, **options):
+            both.wait()  # one compile after the other: broken after 30 s, nothing logged
+            return super().warmup(*args, grid=grid, **options)
+
+    kernels = {name: Concurrent() for name in _BACKWARD_KERNELS if hasattr(module, name)}
     for name, kernel in kernels.items():
         monkeypatch.setattr(module, name, kernel)
     monkeypatch.setattr(module, "COMPILE_AHEAD", True)
@@ -283,6 +293,6 @@ def test_compile_ahead_takes_the_gluon_backward(monkeypatch):
     module._AHEAD[0].join()
     warmed = {name for name, k in kernels.items() for entry in k.log if entry[0] == "warmup"}
     assert warmed == {"_gluon_attn_bwd_dkdv", "_gluon_attn_bwd_dq"}
-    args = [a for k in kernels.values() for e in k.log for a in e[3]]
+    args = [a for k in kernels.values() for e in k.log if e[0] == "warmup" for a in e[3]]
     assert any(hasattr(a, "layout") for a in args)  # descriptors, Triton's own
     assert not any(isinstance(a, module._GluonBlocks) for a in args)

@@ -156,6 +156,32 @@ def test_benchmarks_md_sums_up_each_random_run():
     assert benchmarks_md.random_table(record("knob", "a", "flashgen", 1.0, 1.0)) == []
 
 
+def test_benchmarks_md_decode_bench_table():
+    """`bench --decode`'s table: per point, the latest TB/s of each system,
+    flashgen's over cuDNN's and its paged cache's over its contiguous one;
+    an errored system is a dash."""
+    import benchmarks_md
+
+    def record(system, tb, layout="contiguous", commit="abc1234", error=""):
+        return dict(variant="full", batch=8, n_keys=32768, n_queries=1, system=system,
+                    layout=layout, tb_per_s=tb, commit=commit, error=error)  # fmt: skip
+
+    records = [
+        record("flashgen", 1.0, commit="old"),
+        record("flashgen", 4.0),
+        record("flashgen", 3.6, layout="paged64"),
+        record("flex", None, error="OutOfMemoryError"),
+        record("sdpa-cudnn", 5.0),
+        record("sdpa-flash", 2.0),
+    ]
+    lines = benchmarks_md.decode_bench_table(records)
+    assert lines[0].startswith("| spec | B · Nk | Nq | flashgen | paged64 | flex | sdpa-cudnn |")
+    assert lines[2:] == [
+        "| full | 8 · 32k | 1 | 4.00 | 3.60 | — | 5.00 | 2.00 | 0.80× | 0.90 | abc1234 |"
+    ]
+    assert benchmarks_md.decode_bench_table([]) == []
+
+
 def test_compare_bench_sets_host_paced_points_apart(tmp_path, capsys, monkeypatch):
     """scripts/compare_bench.py: head / base per point; a point where either
     run went at the host's pace counts apart from the kernels' points."""
