@@ -512,6 +512,10 @@ DECODE_MAX_ROWS = 64
 # workspace row per query row) costs less than the keys it reads.
 DECODE_MIN_TILES = 4
 DECODE_SPLIT_COST = 2  # key tiles' time: a split's prologue, partial o and merge
+# A paged cache's K and V loads wait for the block-table load that gives
+# their pages: Triton's pipeliner spends stages on it, so three more give
+# them the contiguous cache's buffers (sm_90a: 1 at 4 stages, 3 at 7).
+DECODE_PAGED_STAGES = 3
 
 
 @functools.lru_cache(maxsize=None)
@@ -569,14 +573,6 @@ def _check_cache_call(tensors: dict, options: dict) -> None:
             raise ValueError(f"{name} cannot be combined with cache_seqlens (a KV-cache call)")
 
 
-def _page_block(page_size: int, block_n: int) -> int:
-    """The key tile of a paged cache: the largest power of two up to block_n
-    that divides page_size, so that no tile straddles two pages."""
-    while page_size % block_n:
-        block_n //= 2
-    return block_n
-
-
 def _cache_view(k: torch.Tensor, block_table) -> tuple[torch.Tensor, int, int]:
     """A cache as `_attn_decode` reads it: (B or pages, Hkv, rows, D), its
     capacity (keys per batch row) and its page size (0: not paged)."""
@@ -617,14 +613,12 @@ def _append_to_cache(k, v, k_new, v_new, cache_seqlens, block_table) -> None:
             cache[page, slot] = new.transpose(1, 2)
 
 
-def _decode_plan(q: torch.Tensor, k: torch.Tensor, n_keys: int, page_size: int = 0) -> tuple:
+def _decode_plan(q: torch.Tensor, k: torch.Tensor, n_keys: int) -> tuple:
     """(BLOCK_M, BLOCK_N, row tiles, splits) of `_attn_decode` for q and the
     kernels' view of k with n_keys keys (a cache's capacity) per batch row:
-    shapes only.  More than DECODE_MAX_ROWS rows per group take several row
-    tiles (a grid axis)."""
+    shapes only, the same for a paged cache as for a contiguous one.  More
+    than DECODE_MAX_ROWS rows per group take several row tiles (a grid axis)."""
     block_n = _decode_config(q.device)[0]
-    if page_size:
-        block_n = _page_block(page_size, block_n)
     rows = _decode_rows(q, k)
     row_tiles = _cdiv(rows, DECODE_MAX_ROWS)
     block_m = max(16, triton.next_power_of_2(_cdiv(rows, row_tiles)))
@@ -657,8 +651,8 @@ def cache_workspace(q: torch.Tensor, k_cache: torch.Tensor, block_table=None) ->
     """A float32 workspace for KV-cache calls with q's shape and this cache
     (and block table's shape): pass it as workspace= so that the call
     allocates nothing but its outputs, e.g. inside a captured CUDA graph."""
-    k, n_keys, page_size = _cache_view(k_cache, block_table)
-    splits = _decode_plan(q, k, n_keys, page_size)[3]
+    k, n_keys, _ = _cache_view(k_cache, block_table)
+    splits = _decode_plan(q, k, n_keys)[3]
     rows = q.shape[0] * q.shape[1] * q.shape[2]
     return torch.empty(splits * rows * (V_DIM + 1), dtype=torch.float32, device=q.device)
 

@@ -327,7 +327,8 @@ def _attn_decode(
 
     With CACHE, n_keys is the cache's capacity and the row's own length is
     read from seqlens_ptr; with PAGE_SIZE > 0 its keys lie in the pages that
-    table_ptr lists (BLOCK_N divides PAGE_SIZE: a tile is in one page)."""
+    table_ptr lists, each key row's page loaded as a vector with the tile (a
+    load that Triton's pipeliner stages ahead with the K and V loads)."""
     split = tl.program_id(0)
     kv_heads = num_heads // kv_group
     batch = tl.program_id(1) // kv_heads
@@ -381,35 +382,50 @@ def _attn_decode(
     mid_lo = tl.minimum(tl.maximum((full_lo + BLOCK_N - 1) // BLOCK_N * BLOCK_N, lo), end)
     mid_hi = tl.minimum(tl.maximum((full_hi + 1) // BLOCK_N * BLOCK_N, mid_lo), end)
     for start_n in range(lo, mid_lo, BLOCK_N):
-        if PAGE_SIZE:  # paged: k_base + start_n rows lands in the tile's page
-            page = tl.load(table_ptr + batch.to(tl.int64) * stride_tb + start_n // PAGE_SIZE).to(tl.int64)  # fmt: skip
-            in_page = start_n % PAGE_SIZE - start_n  # within 32 bits: `_check_cache`
-            k_base = k_ptr + page * stride_kb + kv_head.to(tl.int64) * stride_kh + in_page * stride_kn  # fmt: skip
-            v_base = v_ptr + page * stride_vb + kv_head.to(tl.int64) * stride_vh + in_page * stride_vn  # fmt: skip
+        if PAGE_SIZE:  # paged: a base per key row, in its own page (a tile may span pages)
+            keys = start_n + tl.arange(0, BLOCK_N)
+            page = tl.load(table_ptr + batch.to(tl.int64) * stride_tb + keys // PAGE_SIZE, mask=keys < n_keys, other=0)  # fmt: skip
+            page = page.to(tl.int64)[:, None]
+            in_page = (keys % PAGE_SIZE - keys)[:, None]  # within 32 bits: `_check_cache`
+            k_rows = k_ptr + page * stride_kb + kv_head.to(tl.int64) * stride_kh + in_page * stride_kn  # fmt: skip
+            v_rows = v_ptr + page * stride_vb + kv_head.to(tl.int64) * stride_vh + in_page * stride_vn  # fmt: skip
+        else:
+            k_rows = k_base
+            v_rows = v_base
         acc, l_i, m_i = _attn_fwd_tile(
-            acc, l_i, m_i, q, q_pos, k_desc, v_desc, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
+            acc, l_i, m_i, q, q_pos, k_desc, v_desc, k_rows, v_rows, stride_kn, stride_kd, stride_vn, stride_vd,
             batch, kv_head, start_n, n_keys, k_offset, head, num_heads, alibi_slope, sm_scale,
             HEAD_DIM, HEAD_DIM_PAD, BLOCK_N, True, USE_TMA,
         )  # fmt: skip
     for start_n in range(mid_lo, mid_hi, BLOCK_N):
-        if PAGE_SIZE:  # paged: k_base + start_n rows lands in the tile's page
-            page = tl.load(table_ptr + batch.to(tl.int64) * stride_tb + start_n // PAGE_SIZE).to(tl.int64)  # fmt: skip
-            in_page = start_n % PAGE_SIZE - start_n  # within 32 bits: `_check_cache`
-            k_base = k_ptr + page * stride_kb + kv_head.to(tl.int64) * stride_kh + in_page * stride_kn  # fmt: skip
-            v_base = v_ptr + page * stride_vb + kv_head.to(tl.int64) * stride_vh + in_page * stride_vn  # fmt: skip
+        if PAGE_SIZE:  # paged: a base per key row, in its own page (a tile may span pages)
+            keys = start_n + tl.arange(0, BLOCK_N)
+            page = tl.load(table_ptr + batch.to(tl.int64) * stride_tb + keys // PAGE_SIZE, mask=keys < n_keys, other=0)  # fmt: skip
+            page = page.to(tl.int64)[:, None]
+            in_page = (keys % PAGE_SIZE - keys)[:, None]  # within 32 bits: `_check_cache`
+            k_rows = k_ptr + page * stride_kb + kv_head.to(tl.int64) * stride_kh + in_page * stride_kn  # fmt: skip
+            v_rows = v_ptr + page * stride_vb + kv_head.to(tl.int64) * stride_vh + in_page * stride_vn  # fmt: skip
+        else:
+            k_rows = k_base
+            v_rows = v_base
         acc, l_i, m_i = _attn_fwd_tile(
-            acc, l_i, m_i, q, q_pos, k_desc, v_desc, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
+            acc, l_i, m_i, q, q_pos, k_desc, v_desc, k_rows, v_rows, stride_kn, stride_kd, stride_vn, stride_vd,
             batch, kv_head, start_n, n_keys, k_offset, head, num_heads, alibi_slope, sm_scale,
             HEAD_DIM, HEAD_DIM_PAD, BLOCK_N, False, USE_TMA,
         )  # fmt: skip
     for start_n in range(mid_hi, hi, BLOCK_N):
-        if PAGE_SIZE:  # paged: k_base + start_n rows lands in the tile's page
-            page = tl.load(table_ptr + batch.to(tl.int64) * stride_tb + start_n // PAGE_SIZE).to(tl.int64)  # fmt: skip
-            in_page = start_n % PAGE_SIZE - start_n  # within 32 bits: `_check_cache`
-            k_base = k_ptr + page * stride_kb + kv_head.to(tl.int64) * stride_kh + in_page * stride_kn  # fmt: skip
-            v_base = v_ptr + page * stride_vb + kv_head.to(tl.int64) * stride_vh + in_page * stride_vn  # fmt: skip
+        if PAGE_SIZE:  # paged: a base per key row, in its own page (a tile may span pages)
+            keys = start_n + tl.arange(0, BLOCK_N)
+            page = tl.load(table_ptr + batch.to(tl.int64) * stride_tb + keys // PAGE_SIZE, mask=keys < n_keys, other=0)  # fmt: skip
+            page = page.to(tl.int64)[:, None]
+            in_page = (keys % PAGE_SIZE - keys)[:, None]  # within 32 bits: `_check_cache`
+            k_rows = k_ptr + page * stride_kb + kv_head.to(tl.int64) * stride_kh + in_page * stride_kn  # fmt: skip
+            v_rows = v_ptr + page * stride_vb + kv_head.to(tl.int64) * stride_vh + in_page * stride_vn  # fmt: skip
+        else:
+            k_rows = k_base
+            v_rows = v_base
         acc, l_i, m_i = _attn_fwd_tile(
-            acc, l_i, m_i, q, q_pos, k_desc, v_desc, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
+            acc, l_i, m_i, q, q_pos, k_desc, v_desc, k_rows, v_rows, stride_kn, stride_kd, stride_vn, stride_vd,
             batch, kv_head, start_n, n_keys, k_offset, head, num_heads, alibi_slope, sm_scale,
             HEAD_DIM, HEAD_DIM_PAD, BLOCK_N, True, USE_TMA,
         )  # fmt: skip
@@ -1275,6 +1291,10 @@ DECODE_MAX_ROWS = 64
 # workspace row per query row) costs less than the keys it reads.
 DECODE_MIN_TILES = 4
 DECODE_SPLIT_COST = 2  # key tiles' time: a split's prologue, partial o and merge
+# A paged cache's K and V loads wait for the block-table load that gives
+# their pages: Triton's pipeliner spends stages on it, so three more give
+# them the contiguous cache's buffers (sm_90a: 1 at 4 stages, 3 at 7).
+DECODE_PAGED_STAGES = 3
 
 
 @functools.lru_cache(maxsize=None)
@@ -1332,14 +1352,6 @@ def _check_cache_call(tensors: dict, options: dict) -> None:
             raise ValueError(f"{name} cannot be combined with cache_seqlens (a KV-cache call)")
 
 
-def _page_block(page_size: int, block_n: int) -> int:
-    """The key tile of a paged cache: the largest power of two up to block_n
-    that divides page_size, so that no tile straddles two pages."""
-    while page_size % block_n:
-        block_n //= 2
-    return block_n
-
-
 def _cache_view(k: torch.Tensor, block_table) -> tuple[torch.Tensor, int, int]:
     """A cache as `_attn_decode` reads it: (B or pages, Hkv, rows, D), its
     capacity (keys per batch row) and its page size (0: not paged)."""
@@ -1380,14 +1392,12 @@ def _append_to_cache(k, v, k_new, v_new, cache_seqlens, block_table) -> None:
             cache[page, slot] = new.transpose(1, 2)
 
 
-def _decode_plan(q: torch.Tensor, k: torch.Tensor, n_keys: int, page_size: int = 0) -> tuple:
+def _decode_plan(q: torch.Tensor, k: torch.Tensor, n_keys: int) -> tuple:
     """(BLOCK_M, BLOCK_N, row tiles, splits) of `_attn_decode` for q and the
     kernels' view of k with n_keys keys (a cache's capacity) per batch row:
-    shapes only.  More than DECODE_MAX_ROWS rows per group take several row
-    tiles (a grid axis)."""
+    shapes only, the same for a paged cache as for a contiguous one.  More
+    than DECODE_MAX_ROWS rows per group take several row tiles (a grid axis)."""
     block_n = _decode_config(q.device)[0]
-    if page_size:
-        block_n = _page_block(page_size, block_n)
     rows = _decode_rows(q, k)
     row_tiles = _cdiv(rows, DECODE_MAX_ROWS)
     block_m = max(16, triton.next_power_of_2(_cdiv(rows, row_tiles)))
@@ -1420,8 +1430,8 @@ def cache_workspace(q: torch.Tensor, k_cache: torch.Tensor, block_table=None) ->
     """A float32 workspace for KV-cache calls with q's shape and this cache
     (and block table's shape): pass it as workspace= so that the call
     allocates nothing but its outputs, e.g. inside a captured CUDA graph."""
-    k, n_keys, page_size = _cache_view(k_cache, block_table)
-    splits = _decode_plan(q, k, n_keys, page_size)[3]
+    k, n_keys, _ = _cache_view(k_cache, block_table)
+    splits = _decode_plan(q, k, n_keys)[3]
     rows = q.shape[0] * q.shape[1] * q.shape[2]
     return torch.empty(splits * rows * (V_DIM + 1), dtype=torch.float32, device=q.device)
 
@@ -2275,12 +2285,13 @@ def _decode(q, k, v, o, lse, scale: float, sinks=None, shifts=None, tma=None, sp
     KV-cache call (decision 056), k and v as `_cache_view`s (pointer loads)."""
     batch, num_heads, n_queries, _ = q.shape
     seqlens, table, n_keys, page_size = cache or (lse, None, k.shape[2], 0)
-    block_m, block_n, row_tiles, default_splits = _decode_plan(q, k, n_keys, page_size)
+    block_m, block_n, row_tiles, default_splits = _decode_plan(q, k, n_keys)
     splits = splits or default_splits
     rows = batch * num_heads * n_queries
     o_part, lse_part = _split_workspace(workspace, splits, rows, q.device)
     use_tma = cache is None and n_keys > 0 and _use_tma(tma, GPU_TMA, k, v)
     _, num_warps, num_stages = _decode_config(q.device)
+    num_stages += DECODE_PAGED_STAGES if table is not None else 0
     _launch(
         _attn_decode, (splits, batch * k.shape[1], row_tiles),
         q, k, v, o_part, lse_part, _alibi_or_placeholder(num_heads, lse), seqlens, lse if table is None else table,

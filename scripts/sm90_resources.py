@@ -304,9 +304,9 @@ def plan_resources(module, seqs: bool = False) -> list:
 def decode_resources(module, seqs: bool = False) -> list:
     """Resources of split-KV decoding (decision 052): `_attn_decode` at its
     largest and smallest tiles of query rows (64 and 16) and the module's
-    GPU_DECODE_CONFIG, the same at 16 rows on a paged KV cache of 64-key pages
-    (decision 056; pointer loads), and the merge (`_attn_decode_merge`, 64
-    splits)."""
+    GPU_DECODE_CONFIG, the same at 16 rows on paged KV caches of 64- and
+    16-key pages (decisions 056, 062; pointer loads, DECODE_PAGED_STAGES more
+    stages), and the merge (`_attn_decode_merge`, 64 splits)."""
     if not hasattr(module, "_attn_decode"):
         return []
     dtype = _DTYPES[str(module.DTYPE)]
@@ -330,12 +330,13 @@ def decode_resources(module, seqs: bool = False) -> list:
             v_in_k=V_IN_K,
         )
         found.append(Resources("_attn_decode", config, tma, *resources))
-    config = (16, block_n, warps, stages)
-    resources = compile_kernel(
-        module._attn_decode, config, dtype=dtype, head_dim=module.HEAD_DIM, head_dim_pad=pad,
-        tma=False, rows=block_n, pointers=dict(o_ptr="*fp32"), seqs=seqs, cache=64,
-    )  # fmt: skip
-    found.append(Resources("_attn_decode_paged", config, False, *resources))
+    config = (16, block_n, warps, stages + module.DECODE_PAGED_STAGES)
+    for page_size in (64, 16):
+        resources = compile_kernel(
+            module._attn_decode, config, dtype=dtype, head_dim=module.HEAD_DIM, head_dim_pad=pad,
+            tma=False, rows=block_n, pointers=dict(o_ptr="*fp32"), seqs=seqs, cache=page_size,
+        )  # fmt: skip
+        found.append(Resources(f"_attn_decode_paged{page_size}", config, False, *resources))
     fn = module._attn_decode_merge
     # The merge handles o only: its HEAD_DIM is o's, V_DIM.
     v_pad = lower.head_dim_pad(module.V_DIM)
