@@ -1283,6 +1283,7 @@ def _decode_rows(q: torch.Tensor, k: torch.Tensor) -> int:
     return q.shape[1] // k.shape[1] * q.shape[2]
 
 
+@functools.lru_cache(maxsize=1024)  # a cache's capacity repeats call after call
 def _decode_splits(programs: int, n_keys: int, block_n: int, sms: int) -> int:
     """Key splits per (batch, KV head), given `programs` of those: the fewest
     that minimise waves (two programs per SM) x (tiles per split + a split's
