@@ -512,10 +512,6 @@ DECODE_MAX_ROWS = 64
 # workspace row per query row) costs less than the keys it reads.
 DECODE_MIN_TILES = 4
 DECODE_SPLIT_COST = 2  # key tiles' time: a split's prologue, partial o and merge
-# A paged cache's K and V loads wait for the block-table load that gives
-# their pages: Triton's pipeliner spends stages on it, so three more give
-# them the contiguous cache's buffers (sm_90a: 1 at 4 stages, 3 at 7).
-DECODE_PAGED_STAGES = 3
 
 
 @functools.lru_cache(maxsize=None)
@@ -528,6 +524,28 @@ def _sm_count(device: torch.device) -> int:
 def _decode_config(device: torch.device) -> tuple[int, int, int]:
     """(BLOCK_N, num_warps, num_stages) of `_attn_decode`."""
     return GPU_DECODE_CONFIG if device.type == "cuda" else (INTERPRETER_CONFIG[1], 1, 1)
+
+
+def _paged_stages(num_stages: int, block_m: int) -> int:
+    """The stages of a paged cache's decode.  Tiles of up to 16 rows load
+    each key row's page as a vector, so their K and V loads wait for a
+    block-table load that Triton's pipeliner stages ahead of them: it keeps
+    (stages - 1) // 2 K/V buffers for such loads against stages - 1 for the
+    contiguous cache's (sm_90a, decision 062), and 2 * stages - 1 keeps the
+    contiguous cache's buffers and shared memory.  Wider tiles load one page
+    per key tile, as before: there the per-row pointers spilled (32 and 64
+    rows) or passed the 227 KB of shared memory (d576 at 64 rows)."""
+    return 2 * num_stages - 1 if block_m <= 16 else num_stages
+
+
+def _page_block(page_size: int, block_n: int, block_m: int) -> int:
+    """The key tile of a paged cache: the contiguous cache's where a tile of
+    up to 16 rows loads a page per key row; for wider tiles the largest power
+    of two up to block_n that divides page_size, so that no tile straddles
+    two pages."""
+    while block_m > 16 and page_size % block_n:
+        block_n //= 2
+    return block_n
 
 
 def _decode_rows(q: torch.Tensor, k: torch.Tensor) -> int:
@@ -614,15 +632,18 @@ def _append_to_cache(k, v, k_new, v_new, cache_seqlens, block_table) -> None:
             cache[page, slot] = new.transpose(1, 2)
 
 
-def _decode_plan(q: torch.Tensor, k: torch.Tensor, n_keys: int) -> tuple:
+def _decode_plan(q: torch.Tensor, k: torch.Tensor, n_keys: int, page_size: int = 0) -> tuple:
     """(BLOCK_M, BLOCK_N, row tiles, splits) of `_attn_decode` for q and the
     kernels' view of k with n_keys keys (a cache's capacity) per batch row:
-    shapes only, the same for a paged cache as for a contiguous one.  More
-    than DECODE_MAX_ROWS rows per group take several row tiles (a grid axis)."""
+    shapes only.  More than DECODE_MAX_ROWS rows per group take several row
+    tiles (a grid axis).  A paged cache's tiles of up to 16 rows are the
+    contiguous cache's (`_page_block`)."""
     block_n = _decode_config(q.device)[0]
     rows = _decode_rows(q, k)
     row_tiles = _cdiv(rows, DECODE_MAX_ROWS)
     block_m = max(16, triton.next_power_of_2(_cdiv(rows, row_tiles)))
+    if page_size:
+        block_n = _page_block(page_size, block_n, block_m)
     splits = _decode_splits(
         q.shape[0] * k.shape[1] * row_tiles, n_keys, block_n, _sm_count(q.device)
     )
@@ -652,8 +673,8 @@ def cache_workspace(q: torch.Tensor, k_cache: torch.Tensor, block_table=None) ->
     """A float32 workspace for KV-cache calls with q's shape and this cache
     (and block table's shape): pass it as workspace= so that the call
     allocates nothing but its outputs, e.g. inside a captured CUDA graph."""
-    k, n_keys, _ = _cache_view(k_cache, block_table)
-    splits = _decode_plan(q, k, n_keys)[3]
+    k, n_keys, page_size = _cache_view(k_cache, block_table)
+    splits = _decode_plan(q, k, n_keys, page_size)[3]
     rows = q.shape[0] * q.shape[1] * q.shape[2]
     return torch.empty(splits * rows * (V_DIM + 1), dtype=torch.float32, device=q.device)
 

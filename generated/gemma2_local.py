@@ -311,8 +311,9 @@ def _attn_decode(
 
     With CACHE, n_keys is the cache's capacity and the row's own length is
     read from seqlens_ptr; with PAGE_SIZE > 0 its keys lie in the pages that
-    table_ptr lists, each key row's page loaded as a vector with the tile (a
-    load that Triton's pipeliner stages ahead with the K and V loads)."""
+    table_ptr lists.  Tiles of up to 16 rows load each key row's page as a
+    vector (a load that Triton's pipeliner stages ahead with the K and V
+    loads; a tile may span pages); wider ones load one page per key tile."""
     split = tl.program_id(0)
     kv_heads = num_heads // kv_group
     batch = tl.program_id(1) // kv_heads
@@ -366,11 +367,16 @@ def _attn_decode(
     mid_lo = tl.minimum(tl.maximum((full_lo + BLOCK_N - 1) // BLOCK_N * BLOCK_N, lo), end)
     mid_hi = tl.minimum(tl.maximum((full_hi + 1) // BLOCK_N * BLOCK_N, mid_lo), end)
     for start_n in range(lo, mid_lo, BLOCK_N):
-        if PAGE_SIZE:  # paged: a base per key row, in its own page (a tile may span pages)
+        if PAGE_SIZE and BLOCK_M <= 16:  # a base per key row, in its own page (`_paged_stages`)
             keys = start_n + tl.arange(0, BLOCK_N)
             page = tl.load(table_ptr + batch.to(tl.int64) * stride_tb + keys // PAGE_SIZE, mask=keys < n_keys, other=0)  # fmt: skip
             page = page.to(tl.int64)[:, None]
             in_page = (keys % PAGE_SIZE - keys)[:, None]  # within 32 bits: `_check_cache`
+            k_rows = k_ptr + page * stride_kb + kv_head.to(tl.int64) * stride_kh + in_page * stride_kn  # fmt: skip
+            v_rows = v_ptr + page * stride_vb + kv_head.to(tl.int64) * stride_vh + in_page * stride_vn  # fmt: skip
+        elif PAGE_SIZE:  # wider tiles: one base per tile (BLOCK_N divides PAGE_SIZE)
+            page = tl.load(table_ptr + batch.to(tl.int64) * stride_tb + start_n // PAGE_SIZE).to(tl.int64)  # fmt: skip
+            in_page = start_n % PAGE_SIZE - start_n  # within 32 bits: `_check_cache`
             k_rows = k_ptr + page * stride_kb + kv_head.to(tl.int64) * stride_kh + in_page * stride_kn  # fmt: skip
             v_rows = v_ptr + page * stride_vb + kv_head.to(tl.int64) * stride_vh + in_page * stride_vn  # fmt: skip
         else:
@@ -382,11 +388,16 @@ def _attn_decode(
             HEAD_DIM, HEAD_DIM_PAD, BLOCK_N, True, USE_TMA,
         )  # fmt: skip
     for start_n in range(mid_lo, mid_hi, BLOCK_N):
-        if PAGE_SIZE:  # paged: a base per key row, in its own page (a tile may span pages)
+        if PAGE_SIZE and BLOCK_M <= 16:  # a base per key row, in its own page (`_paged_stages`)
             keys = start_n + tl.arange(0, BLOCK_N)
             page = tl.load(table_ptr + batch.to(tl.int64) * stride_tb + keys // PAGE_SIZE, mask=keys < n_keys, other=0)  # fmt: skip
             page = page.to(tl.int64)[:, None]
             in_page = (keys % PAGE_SIZE - keys)[:, None]  # within 32 bits: `_check_cache`
+            k_rows = k_ptr + page * stride_kb + kv_head.to(tl.int64) * stride_kh + in_page * stride_kn  # fmt: skip
+            v_rows = v_ptr + page * stride_vb + kv_head.to(tl.int64) * stride_vh + in_page * stride_vn  # fmt: skip
+        elif PAGE_SIZE:  # wider tiles: one base per tile (BLOCK_N divides PAGE_SIZE)
+            page = tl.load(table_ptr + batch.to(tl.int64) * stride_tb + start_n // PAGE_SIZE).to(tl.int64)  # fmt: skip
+            in_page = start_n % PAGE_SIZE - start_n  # within 32 bits: `_check_cache`
             k_rows = k_ptr + page * stride_kb + kv_head.to(tl.int64) * stride_kh + in_page * stride_kn  # fmt: skip
             v_rows = v_ptr + page * stride_vb + kv_head.to(tl.int64) * stride_vh + in_page * stride_vn  # fmt: skip
         else:
@@ -398,11 +409,16 @@ def _attn_decode(
             HEAD_DIM, HEAD_DIM_PAD, BLOCK_N, False, USE_TMA,
         )  # fmt: skip
     for start_n in range(mid_hi, hi, BLOCK_N):
-        if PAGE_SIZE:  # paged: a base per key row, in its own page (a tile may span pages)
+        if PAGE_SIZE and BLOCK_M <= 16:  # a base per key row, in its own page (`_paged_stages`)
             keys = start_n + tl.arange(0, BLOCK_N)
             page = tl.load(table_ptr + batch.to(tl.int64) * stride_tb + keys // PAGE_SIZE, mask=keys < n_keys, other=0)  # fmt: skip
             page = page.to(tl.int64)[:, None]
             in_page = (keys % PAGE_SIZE - keys)[:, None]  # within 32 bits: `_check_cache`
+            k_rows = k_ptr + page * stride_kb + kv_head.to(tl.int64) * stride_kh + in_page * stride_kn  # fmt: skip
+            v_rows = v_ptr + page * stride_vb + kv_head.to(tl.int64) * stride_vh + in_page * stride_vn  # fmt: skip
+        elif PAGE_SIZE:  # wider tiles: one base per tile (BLOCK_N divides PAGE_SIZE)
+            page = tl.load(table_ptr + batch.to(tl.int64) * stride_tb + start_n // PAGE_SIZE).to(tl.int64)  # fmt: skip
+            in_page = start_n % PAGE_SIZE - start_n  # within 32 bits: `_check_cache`
             k_rows = k_ptr + page * stride_kb + kv_head.to(tl.int64) * stride_kh + in_page * stride_kn  # fmt: skip
             v_rows = v_ptr + page * stride_vb + kv_head.to(tl.int64) * stride_vh + in_page * stride_vn  # fmt: skip
         else:
@@ -1266,10 +1282,6 @@ DECODE_MAX_ROWS = 64
 # workspace row per query row) costs less than the keys it reads.
 DECODE_MIN_TILES = 4
 DECODE_SPLIT_COST = 2  # key tiles' time: a split's prologue, partial o and merge
-# A paged cache's K and V loads wait for the block-table load that gives
-# their pages: Triton's pipeliner spends stages on it, so three more give
-# them the contiguous cache's buffers (sm_90a: 1 at 4 stages, 3 at 7).
-DECODE_PAGED_STAGES = 3
 
 
 @functools.lru_cache(maxsize=None)
@@ -1282,6 +1294,28 @@ def _sm_count(device: torch.device) -> int:
 def _decode_config(device: torch.device) -> tuple[int, int, int]:
     """(BLOCK_N, num_warps, num_stages) of `_attn_decode`."""
     return GPU_DECODE_CONFIG if device.type == "cuda" else (INTERPRETER_CONFIG[1], 1, 1)
+
+
+def _paged_stages(num_stages: int, block_m: int) -> int:
+    """The stages of a paged cache's decode.  Tiles of up to 16 rows load
+    each key row's page as a vector, so their K and V loads wait for a
+    block-table load that Triton's pipeliner stages ahead of them: it keeps
+    (stages - 1) // 2 K/V buffers for such loads against stages - 1 for the
+    contiguous cache's (sm_90a, decision 062), and 2 * stages - 1 keeps the
+    contiguous cache's buffers and shared memory.  Wider tiles load one page
+    per key tile, as before: there the per-row pointers spilled (32 and 64
+    rows) or passed the 227 KB of shared memory (d576 at 64 rows)."""
+    return 2 * num_stages - 1 if block_m <= 16 else num_stages
+
+
+def _page_block(page_size: int, block_n: int, block_m: int) -> int:
+    """The key tile of a paged cache: the contiguous cache's where a tile of
+    up to 16 rows loads a page per key row; for wider tiles the largest power
+    of two up to block_n that divides page_size, so that no tile straddles
+    two pages."""
+    while block_m > 16 and page_size % block_n:
+        block_n //= 2
+    return block_n
 
 
 def _decode_rows(q: torch.Tensor, k: torch.Tensor) -> int:
@@ -1368,15 +1402,18 @@ def _append_to_cache(k, v, k_new, v_new, cache_seqlens, block_table) -> None:
             cache[page, slot] = new.transpose(1, 2)
 
 
-def _decode_plan(q: torch.Tensor, k: torch.Tensor, n_keys: int) -> tuple:
+def _decode_plan(q: torch.Tensor, k: torch.Tensor, n_keys: int, page_size: int = 0) -> tuple:
     """(BLOCK_M, BLOCK_N, row tiles, splits) of `_attn_decode` for q and the
     kernels' view of k with n_keys keys (a cache's capacity) per batch row:
-    shapes only, the same for a paged cache as for a contiguous one.  More
-    than DECODE_MAX_ROWS rows per group take several row tiles (a grid axis)."""
+    shapes only.  More than DECODE_MAX_ROWS rows per group take several row
+    tiles (a grid axis).  A paged cache's tiles of up to 16 rows are the
+    contiguous cache's (`_page_block`)."""
     block_n = _decode_config(q.device)[0]
     rows = _decode_rows(q, k)
     row_tiles = _cdiv(rows, DECODE_MAX_ROWS)
     block_m = max(16, triton.next_power_of_2(_cdiv(rows, row_tiles)))
+    if page_size:
+        block_n = _page_block(page_size, block_n, block_m)
     splits = _decode_splits(
         q.shape[0] * k.shape[1] * row_tiles, n_keys, block_n, _sm_count(q.device)
     )
@@ -1406,8 +1443,8 @@ def cache_workspace(q: torch.Tensor, k_cache: torch.Tensor, block_table=None) ->
     """A float32 workspace for KV-cache calls with q's shape and this cache
     (and block table's shape): pass it as workspace= so that the call
     allocates nothing but its outputs, e.g. inside a captured CUDA graph."""
-    k, n_keys, _ = _cache_view(k_cache, block_table)
-    splits = _decode_plan(q, k, n_keys)[3]
+    k, n_keys, page_size = _cache_view(k_cache, block_table)
+    splits = _decode_plan(q, k, n_keys, page_size)[3]
     rows = q.shape[0] * q.shape[1] * q.shape[2]
     return torch.empty(splits * rows * (V_DIM + 1), dtype=torch.float32, device=q.device)
 
@@ -1776,13 +1813,13 @@ def _decode(q, k, v, o, lse, scale: float, sinks=None, shifts=None, tma=None, sp
     KV-cache call (decision 056), k and v as `_cache_view`s (pointer loads)."""
     batch, num_heads, n_queries, _ = q.shape
     seqlens, table, n_keys, page_size = cache or (lse, None, k.shape[2], 0)
-    block_m, block_n, row_tiles, default_splits = _decode_plan(q, k, n_keys)
+    block_m, block_n, row_tiles, default_splits = _decode_plan(q, k, n_keys, page_size)
     splits = splits or default_splits
     rows = batch * num_heads * n_queries
     o_part, lse_part = _split_workspace(workspace, splits, rows, q.device)
     use_tma = cache is None and n_keys > 0 and _use_tma(tma, GPU_TMA, k, v)
     _, num_warps, num_stages = _decode_config(q.device)
-    num_stages += DECODE_PAGED_STAGES if table is not None else 0
+    num_stages = num_stages if table is None else _paged_stages(num_stages, block_m)
     _launch(
         _attn_decode, (splits, batch * k.shape[1], row_tiles),
         q, k, v, o_part, lse_part, _alibi_or_placeholder(num_heads, lse), seqlens, lse if table is None else table,

@@ -304,9 +304,10 @@ def plan_resources(module, seqs: bool = False) -> list:
 def decode_resources(module, seqs: bool = False) -> list:
     """Resources of split-KV decoding (decision 052): `_attn_decode` at its
     largest and smallest tiles of query rows (64 and 16) and the module's
-    GPU_DECODE_CONFIG, the same at 16 rows on paged KV caches of 64- and
-    16-key pages (decisions 056, 062; pointer loads, DECODE_PAGED_STAGES more
-    stages), and the merge (`_attn_decode_merge`, 64 splits)."""
+    GPU_DECODE_CONFIG, the same on paged KV caches (decisions 056, 062;
+    pointer loads, `_paged_stages`) at 64 rows with pages of 64 (a page per
+    key tile) and at 16 rows with pages of 16 (a page per key row, tiles
+    spanning pages), and the merge (`_attn_decode_merge`, 64 splits)."""
     if not hasattr(module, "_attn_decode"):
         return []
     dtype = _DTYPES[str(module.DTYPE)]
@@ -330,11 +331,12 @@ def decode_resources(module, seqs: bool = False) -> list:
             v_in_k=V_IN_K,
         )
         found.append(Resources("_attn_decode", config, tma, *resources))
-    config = (16, block_n, warps, stages + module.DECODE_PAGED_STAGES)
-    for page_size in (64, 16):
+    for rows, page_size in ((module.DECODE_MAX_ROWS, 64), (16, 16)):
+        config = (rows, block_n, warps, module._paged_stages(stages, rows))
         resources = compile_kernel(
             module._attn_decode, config, dtype=dtype, head_dim=module.HEAD_DIM, head_dim_pad=pad,
             tma=False, rows=block_n, pointers=dict(o_ptr="*fp32"), seqs=seqs, cache=page_size,
+            v_dim=module.V_DIM, v_in_k=V_IN_K,
         )  # fmt: skip
         found.append(Resources(f"_attn_decode_paged{page_size}", config, False, *resources))
     fn = module._attn_decode_merge

@@ -136,6 +136,23 @@ def test_paged_caches_of_any_page_size_and_order(page_size):
 
 
 @pytest.mark.kernels
+def test_paged_caches_under_wide_row_tiles():
+    """Tiles of more than 16 rows load one page per key tile: pages of 16
+    narrow the interpreter's 32-key tile to 16 (`_page_block`)."""
+    variant = make_variant("causal & window(40)", dtype=ir.DType.FP16, head_dim=HEAD_DIM)
+    module = build(variant)
+    lengths = [129, 0, 64, 17]
+    q, k, v = _tensors(4, 8, 1, 3, 192, torch.float16, seed=7)  # 24 rows: a 32-row tile
+    assert module._decode_plan(q, k, 192, 16)[:2] == (32, 16)
+    seqlens = torch.tensor(lengths, dtype=torch.int32, device=DEVICE)
+    k_pages, v_pages, table = _paged(k, v, 16, seed=7)
+    o, lse = module.attention(
+        q, k_pages, v_pages, cache_seqlens=seqlens, block_table=table, return_lse=True
+    )  # fmt: skip
+    _judge_rows(variant, q, k, v, lengths, o, lse)
+
+
+@pytest.mark.kernels
 def test_sinks_and_groups_of_more_than_one_tile_of_rows():
     # 8 query heads per KV head x 9 rows = 72 rows: two row tiles of 36.
     variant = make_variant("causal", dtype=ir.DType.FP32, head_dim=HEAD_DIM)
@@ -267,6 +284,12 @@ def test_the_cache_path_never_synchronizes_the_host(monkeypatch):
 def test_decode_plans_follow_shapes():
     device = torch.device("cpu")
     q, k = torch.empty(2, 32, 4, 8), torch.empty(2, 8, 100, 8)
+    # Tiles of up to 16 rows keep their key tile whatever the page size (a page
+    # per key row); wider ones narrow it to a power of two that divides the page.
+    assert runtime._page_block(16, 64, 16) == 64 and runtime._page_block(48, 32, 16) == 32
+    assert runtime._page_block(16, 64, 32) == 16 and runtime._page_block(48, 64, 64) == 16
+    assert runtime._page_block(256, 64, 64) == 64
+    assert runtime._paged_stages(4, 16) == 7 and runtime._paged_stages(2, 64) == 2
     pages = torch.empty(10, 16, 8, 8)
     view, capacity, page_size = runtime._cache_view(pages, torch.zeros(2, 5, dtype=torch.int32))
     assert view.shape == (10, 8, 16, 8) and (capacity, page_size) == (80, 16)

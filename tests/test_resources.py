@@ -130,9 +130,10 @@ def _example_resources() -> list[dict]:
     rows = [row for part_rows, _ in parts for row in part_rows]
     stdout = "".join(part_stdout for _, part_stdout in parts)
     # Forward and backward per spec and head dim, split-KV decoding's kernel at
-    # two tiles, on a paged cache, and its merge, the plan kernel twice, the Gluon forwards at
-    # d128, and the two Gluon backward kernels (none where modules leave Gluon off).
-    expected = 2 * 2 * len(SPECS) + 4 * 2 * len(DECODE_SPECS) + 2 * 2 * len(PLAN_SPECS)
+    # two tiles, on paged caches at two tiles, and its merge, the plan kernel twice, the
+    # Gluon forwards at d128, and the two Gluon backward kernels (none where modules leave
+    # Gluon off).
+    expected = 2 * 2 * len(SPECS) + 5 * 2 * len(DECODE_SPECS) + 2 * 2 * len(PLAN_SPECS)
     if HAS_GLUON:
         expected += len(GLUON | GLUON_ANY) + 2 * len(GLUON_BACKWARD)
     assert len(rows) == expected, stdout[-2000:]
@@ -162,10 +163,11 @@ def test_forward_kernels_do_not_spill(resources):
 
 
 def test_decode_kernels_do_not_spill(resources):
-    """Split-KV decoding (decision 052) at 16 and 64 query rows, at 16 on a
-    paged KV cache (decision 056), and its merge."""
+    """Split-KV decoding (decision 052) at 16 and 64 query rows, on paged KV
+    caches (decisions 056, 062) at 64 rows with pages of 64 and at 16 with
+    pages of 16, and its merge."""
     decode = [r for r in resources if r["kernel"].startswith("_attn_decode")]
-    assert len(decode) == 4 * 2 * len(DECODE_SPECS)
+    assert len(decode) == 5 * 2 * len(DECODE_SPECS)
     assert not [r for r in decode if r["spill_stores"]]
 
 
