@@ -15,8 +15,8 @@ its time is from reading them all.
 `page_sizes` times flashgen once more per point on the same cache held as
 shuffled pages (vLLM's layout, a block table per row), against its own
 contiguous output, without the host's check of lengths and pages (one
-synchronization per call; a serving step skips it, as a CUDA graph does).  Points whose cache (B * Nk tokens) exceeds
-MAX_CACHED_TOKENS are skipped.
+synchronization per call; a serving step skips it, as a CUDA graph does).
+Points whose cache (B * Nk tokens) exceeds MAX_CACHED_TOKENS are skipped.
 """
 
 from __future__ import annotations

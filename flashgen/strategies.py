@@ -22,7 +22,6 @@ Public: `int_exprs()`, `masks()`, `scores()`, `variants(dtypes, head_dims)`,
 from __future__ import annotations
 
 import dataclasses
-
 import keyword
 import random
 from typing import TypeVar

@@ -373,7 +373,7 @@ def _attn_decode(
     mid_lo = tl.minimum(tl.maximum((full_lo + BLOCK_N - 1) // BLOCK_N * BLOCK_N, lo), end)
     mid_hi = tl.minimum(tl.maximum((full_hi + 1) // BLOCK_N * BLOCK_N, mid_lo), end)
     for start_n in range(lo, mid_lo, BLOCK_N):
-        if PAGE_SIZE and BLOCK_M <= 16:  # a base per key row, in its own page (`_paged_stages`)
+        if PAGE_SIZE and BLOCK_M <= 16:  # DECODE_ROW_PAGES: a base per key row, in its own page
             keys = start_n + tl.arange(0, BLOCK_N)
             page = tl.load(table_ptr + batch.to(tl.int64) * stride_tb + keys // PAGE_SIZE, mask=keys < n_keys, other=0)  # fmt: skip
             page = page.to(tl.int64)[:, None]
@@ -394,7 +394,7 @@ def _attn_decode(
             HEAD_DIM, HEAD_DIM_PAD, BLOCK_N, True, USE_TMA,
         )  # fmt: skip
     for start_n in range(mid_lo, mid_hi, BLOCK_N):
-        if PAGE_SIZE and BLOCK_M <= 16:  # a base per key row, in its own page (`_paged_stages`)
+        if PAGE_SIZE and BLOCK_M <= 16:  # DECODE_ROW_PAGES: a base per key row, in its own page
             keys = start_n + tl.arange(0, BLOCK_N)
             page = tl.load(table_ptr + batch.to(tl.int64) * stride_tb + keys // PAGE_SIZE, mask=keys < n_keys, other=0)  # fmt: skip
             page = page.to(tl.int64)[:, None]
@@ -415,7 +415,7 @@ def _attn_decode(
             HEAD_DIM, HEAD_DIM_PAD, BLOCK_N, False, USE_TMA,
         )  # fmt: skip
     for start_n in range(mid_hi, hi, BLOCK_N):
-        if PAGE_SIZE and BLOCK_M <= 16:  # a base per key row, in its own page (`_paged_stages`)
+        if PAGE_SIZE and BLOCK_M <= 16:  # DECODE_ROW_PAGES: a base per key row, in its own page
             keys = start_n + tl.arange(0, BLOCK_N)
             page = tl.load(table_ptr + batch.to(tl.int64) * stride_tb + keys // PAGE_SIZE, mask=keys < n_keys, other=0)  # fmt: skip
             page = page.to(tl.int64)[:, None]
@@ -1276,6 +1276,7 @@ DECODE_MAX_ROWS = 64
 # workspace row per query row) costs less than the keys it reads.
 DECODE_MIN_TILES = 4
 DECODE_SPLIT_COST = 2  # key tiles' time: a split's prologue, partial o and merge
+DECODE_ROW_PAGES = 16  # paged tiles of up to this many rows: a page per key row (decision 062)
 
 
 @functools.lru_cache(maxsize=None)
@@ -1291,23 +1292,22 @@ def _decode_config(device: torch.device) -> tuple[int, int, int]:
 
 
 def _paged_stages(num_stages: int, block_m: int) -> int:
-    """The stages of a paged cache's decode.  Tiles of up to 16 rows load
-    each key row's page as a vector, so their K and V loads wait for a
+    """The stages of a paged cache's decode.  Tiles of up to DECODE_ROW_PAGES
+    rows load each key row's page as a vector, so their K and V loads wait for a
     block-table load that Triton's pipeliner stages ahead of them: it keeps
     (stages - 1) // 2 K/V buffers for such loads against stages - 1 for the
     contiguous cache's (sm_90a, decision 062), and 2 * stages - 1 keeps the
     contiguous cache's buffers and shared memory.  Wider tiles load one page
     per key tile, as before: there the per-row pointers spilled (32 and 64
     rows) or passed the 227 KB of shared memory (d576 at 64 rows)."""
-    return 2 * num_stages - 1 if block_m <= 16 else num_stages
+    return 2 * num_stages - 1 if block_m <= DECODE_ROW_PAGES else num_stages
 
 
 def _page_block(page_size: int, block_n: int, block_m: int) -> int:
-    """The key tile of a paged cache: the contiguous cache's where a tile of
-    up to 16 rows loads a page per key row; for wider tiles the largest power
-    of two up to block_n that divides page_size, so that no tile straddles
-    two pages."""
-    while block_m > 16 and page_size % block_n:
+    """The key tile of a paged cache: the contiguous cache's where a tile
+    loads a page per key row; for wider tiles the largest power of two up to
+    block_n that divides page_size, so that no tile straddles two pages."""
+    while block_m > DECODE_ROW_PAGES and page_size % block_n:
         block_n //= 2
     return block_n
 
@@ -1673,8 +1673,9 @@ def _compile_ahead(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: flo
     and do, each launch only compiling its kernel, in a thread of its own
     (`_THREAD.warmup`): the first backward's kernels compile beside the
     forward's and each other, and a cold first call waits for the longest
-    compile, not their sum (Triton's passes release the GIL).  That backward waits for the worker (`_await_ahead`).  Calls
-    with sequences, offsets, sinks or inputs compile at their launches."""
+    compile, not their sum (Triton's passes release the GIL).  That backward
+    waits for the worker (`_await_ahead`).  Calls with sequences, offsets,
+    sinks or inputs compile at their launches."""
     index = _ahead_device(q)
     if index is None or index in _AHEAD:
         return
