@@ -4,7 +4,11 @@ bands) and many (causal, full): the data behind the configurations that
 `flashgen.launch` derives from a mask's tiles.
 
     python3 scripts/gpu_config_sweep.py OUT.jsonl [--workers 12] [--masks NAME ...]
-        [--plan NAME=VALUE ...]
+        [--plan NAME=VALUE ...] [--head-dims D ...] [--v-head-dim DV] [--wide]
+
+--v-head-dim gives the specs v's own head dim (MLA: --head-dims 192
+--v-head-dim 128); --wide sweeps the candidates for heads wider than 128
+(WIDE_FORWARD, WIDE_BACKWARD) instead.
 
 Each worker process first compiles its share of the (spec, head dim, config)
 cases into Triton's cache, in parallel; then one process times every case
@@ -53,22 +57,52 @@ BACKWARD = (
     (128, 64, 8, 2),
     (128, 128, 8, 2),
 )
+# Heads wider than 128 (MLA's 192 / 128 pads q and k to 256).
+WIDE_FORWARD = (
+    (64, 32, 8, 2),
+    (64, 32, 4, 2),
+    (64, 64, 4, 2),
+    (64, 64, 8, 2),
+    (128, 32, 8, 2),
+    (128, 64, 8, 2),
+    (64, 32, 4, 3),
+    (64, 64, 8, 3),
+    (128, 64, 8, 1),
+    (64, 64, 4, 3),  # FlexAttention's default for d192 on sm90 (inductor's heuristics)
+)
+WIDE_BACKWARD = (
+    (32, 32, 8, 2),
+    (32, 32, 4, 2),
+    (32, 64, 4, 2),
+    (32, 64, 8, 2),
+    (64, 32, 4, 2),
+    (64, 32, 8, 2),
+    (64, 64, 8, 2),
+    (64, 64, 8, 1),
+    (32, 32, 4, 3),
+    (64, 128, 8, 1),
+    (64, 64, 4, 2),  # FlexAttention's default for d > 128 on sm90
+    (64, 64, 4, 3),
+)
 DOC_MEAN = 1000
+V_HEAD_DIM: dict = {"value": None}
 
 
 def spec_text(name: str, mask: str, d: int) -> str:
     inputs = "doc: int32[B, Nk]; " if "doc[" in mask else ""
-    return f"attention {name} {{ head_dim = {d}; dtype = bf16; {inputs}mask = {mask} }}"
+    dv = V_HEAD_DIM["value"]
+    v_dim = f"v_head_dim = {dv}; " if dv else ""
+    return f"attention {name} {{ head_dim = {d}; {v_dim}dtype = bf16; {inputs}mask = {mask} }}"
 
 
-def cases(names=None):
+def cases(names=None, head_dims=HEAD_DIMS, wide=False):
     for name, mask, n in MASKS:
         if names and name not in names:
             continue
-        for d in HEAD_DIMS:
-            for c in FORWARD:
+        for d in head_dims:
+            for c in WIDE_FORWARD if wide else FORWARD:
                 yield (name, mask, n, d, "forward", c)
-            for c in BACKWARD:
+            for c in WIDE_BACKWARD if wide else BACKWARD:
                 yield (name, mask, n, d, "backward", c)
 
 
@@ -96,8 +130,8 @@ def setup(name, mask, n, d):
         b, h = 16384 // n, 16
         gen = torch.Generator(device="cuda").manual_seed(n)
         q, k, v, do = (
-            torch.randn(b, h, n, d, device="cuda", dtype=torch.bfloat16, generator=gen)
-            for _ in range(4)
+            torch.randn(b, h, n, width, device="cuda", dtype=torch.bfloat16, generator=gen)
+            for width in (d, d, variant.v_dim, variant.v_dim)
         )
         data = random_runtime_inputs(
             variant, Shape(b, h, h, n, n), "cuda",
@@ -129,6 +163,11 @@ def run_case(case, timed: bool):
         return f"{type(e).__name__}: {str(e)[:120]}"
 
 
+def _init(knobs: dict, v_head_dim) -> None:
+    KNOBS.update(knobs)
+    V_HEAD_DIM["value"] = v_head_dim
+
+
 def warm(share):
     for case in share:
         run_case(case, timed=False)
@@ -141,18 +180,24 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=12)
     parser.add_argument("--masks", nargs="*", help="only these (default: all)")
     parser.add_argument("--plan", nargs="*", default=[], help="plan knobs NAME=VALUE")
+    parser.add_argument("--head-dims", type=int, nargs="*", default=list(HEAD_DIMS))
+    parser.add_argument("--v-head-dim", type=int, default=None)
+    parser.add_argument("--wide", action="store_true", help="WIDE_FORWARD and WIDE_BACKWARD")
     args = parser.parse_args()
     KNOBS.update(parse_settings(args.plan))
-    all_cases = list(cases(args.masks))
+    V_HEAD_DIM["value"] = args.v_head_dim
+    all_cases = list(cases(args.masks, args.head_dims, args.wide))
     shares = [all_cases[i :: args.workers] for i in range(args.workers)]
     ctx = multiprocessing.get_context("spawn")
-    with ctx.Pool(args.workers, initializer=KNOBS.update, initargs=(dict(KNOBS),)) as pool:
+    with ctx.Pool(args.workers, initializer=_init, initargs=(dict(KNOBS), args.v_head_dim)) as pool:
         print("compiled", sum(pool.map(warm, shares)), "cases", flush=True)
     with open(args.out, "a") as f:
         for case in all_cases:
             name, mask, n, d, which, c = case
             ms = run_case(case, timed=True)
             record = dict(spec=name, mask=mask, n=n, d=d, passes=which, config=c, plan=args.plan)
+            if args.v_head_dim:
+                record["v_head_dim"] = args.v_head_dim
             record.update(ms=ms) if isinstance(ms, float) else record.update(error=ms)
             f.write(json.dumps(record) + "\n")
             f.flush()
