@@ -41,9 +41,12 @@ class Tuning:
     backward_tma: bool | None = None
 
 
-def gpu_config(head_dim_pad: int, dtype: ir.DType, masked: bool) -> LaunchConfig:
+def gpu_config(
+    head_dim_pad: int, dtype: ir.DType, masked: bool, v_dim_pad: int | None = None
+) -> LaunchConfig:
     """Forward block sizes that fit Hopper's 228 KB of shared memory per SM.
-    `masked`: the mask can cut a tile (it reads positions).
+    `masked`: the mask can cut a tile (it reads positions).  `v_dim_pad`: v's
+    padded head dim where it is narrower than q's and k's (MLA).
 
     Measured on the H200 (BENCHMARKS.md, sweeps 2-3): without a mask, large
     tiles win (128 x 64 at d64, 128 x 128 at d128); with a mask, 64 x 64 with
@@ -63,6 +66,13 @@ def gpu_config(head_dim_pad: int, dtype: ir.DType, masked: bool) -> LaunchConfig
         return LaunchConfig(64, 16, 4, 2) if head_dim_pad <= 256 else LaunchConfig(16, 16, 4, 1)
     if head_dim_pad > 256:  # MLA's 576-wide K (1024-wide tiles; not yet measured)
         return LaunchConfig(16, 16, 8, 1)
+    if head_dim_pad > 128 and v_dim_pad is not None and v_dim_pad <= 128:
+        # MLA's 192 / 128 (q and k padded to 256): 64 x 32 with 4 warps and 3
+        # stages took 1.04 ms against 2.30 for 64 x 32 x 8 x 2, causal, B = 4,
+        # H = 16, N = 4096 (scripts/gpu_config_sweep.py --head-dims 192
+        # --v-head-dim 128 --wide, 2026-12-03, decision 063); 128 x 32 x 8 x 2
+        # tied (1.035), the narrower tile wastes less where a mask cuts it.
+        return LaunchConfig(64, 32, 4, 3)
     if head_dim_pad > 128:
         return LaunchConfig(64, 32, 8, 2)
     if masked:
@@ -70,7 +80,9 @@ def gpu_config(head_dim_pad: int, dtype: ir.DType, masked: bool) -> LaunchConfig
     return LaunchConfig(128, 64, 8, 3) if head_dim_pad <= 64 else LaunchConfig(128, 128, 8, 3)
 
 
-def gpu_bwd_config(head_dim_pad: int, dtype: ir.DType, short_rows: bool = False) -> LaunchConfig:
+def gpu_bwd_config(
+    head_dim_pad: int, dtype: ir.DType, short_rows: bool = False, v_dim_pad: int | None = None
+) -> LaunchConfig:
     """Backward tiles.  The dK/dV kernel keeps two BLOCK_N x HEAD_DIM fp32
     accumulators in registers, so wide heads get narrower key tiles.
 
@@ -80,7 +92,8 @@ def gpu_bwd_config(head_dim_pad: int, dtype: ir.DType, short_rows: bool = False)
     1.10 ms against 1.26 for packed documents of ~1000 tokens, 0.60 against
     0.64 for causal chunks of 1024, 1.03 against 1.10 for a 1024-key window,
     0.31 against 0.42 for a 129-key band; it loses at causal N = 16384
-    (7.26 ms against 6.77).  At d64 the default was best or within 6%."""
+    (7.26 ms against 6.77).  At d64 the default was best or within 6%.
+    `v_dim_pad`: as in `gpu_config`."""
     wide = dtype is ir.DType.FP32
     if head_dim_pad <= 64:
         return LaunchConfig(64, 64, 4, 2 if wide else 3)
@@ -92,6 +105,11 @@ def gpu_bwd_config(head_dim_pad: int, dtype: ir.DType, short_rows: bool = False)
         return LaunchConfig(64, 64, 4, 2) if short_rows else LaunchConfig(64, 128, 8, 3)
     if head_dim_pad > 256:  # MLA's 576-wide K (1024-wide tiles; not yet measured)
         return LaunchConfig(16, 16, 8, 1)
+    if not wide and v_dim_pad is not None and v_dim_pad <= 128:
+        # MLA's 192 / 128: 32 x 64 with 4 warps took 4.02 ms against 14.39 for
+        # 32 x 32 x 8 x 2 (the sweep of `gpu_config`; 12 candidates, the next
+        # best 5.49 ms at 64 x 64 x 8 x 2).
+        return LaunchConfig(32, 64, 4, 2)
     return LaunchConfig(16 if wide else 32, 16 if wide else 32, 8, 1 if wide else 2)
 
 
@@ -107,16 +125,27 @@ def gpu_tma(head_dim_pad: int, dtype: ir.DType) -> tuple[bool, bool]:
 
 
 def gpu_decode_config(head_dim_pad: int, dtype: ir.DType) -> LaunchConfig:
-    """Split-KV decoding's launch (decision 052; not yet measured): block_m is the
-    largest tile of query rows it takes (a call's own is its rows rounded up to a
-    power of two), block_n the key tile.  Decoding streams K and V once, so the
-    stages keep several key tiles in flight; fp32 and d256 get narrower key tiles
-    for their registers."""
-    if head_dim_pad > 256:  # MLA's absorbed 576-wide latent (not yet measured)
+    """Split-KV decoding's launch (decision 052): block_m is the largest tile of
+    query rows it takes (a call's own is its rows rounded up to a power of two),
+    block_n the key tile.  Decoding streams K and V once, so the stages keep
+    several key tiles in flight; fp32 and d256 get narrower key tiles for their
+    registers.
+
+    Swept on the H200 (scripts/gpu_decode_sweep.py, 2026-12-03, decision 063,
+    CUDA-graph replays, bf16, Nq = 1): at d128 GQA 32/8, 64 keys with 4 warps
+    and 3 stages was the fastest of six at 1 x 128k, 8 x 32k and 32 x 8k,
+    contiguous (3.82-4.25 TB/s) and paged (pages of 16 and 64: 0.96-0.98x
+    contiguous, from 0.94-0.95x at 4 stages).  The absorbed 576 / 512 latent
+    keeps 16 keys, 8 warps, 2 stages: at its 16-row tiles (16 heads, one KV
+    head, Nq = 1) 64 x 4 x 2 was 1.6-2.3x faster, but at 64 rows (Nq = 4) it
+    and every 4-warp candidate spill 6-10 KB on sm_90a and, with v a copy,
+    need 327-524 KB of shared memory: a faster latent needs a configuration
+    per row tile (decision 063)."""
+    if head_dim_pad > 256:  # MLA's absorbed 576-wide latent
         return LaunchConfig(64, 16, 8, 2)
     if dtype is ir.DType.FP32 or head_dim_pad > 128:
         return LaunchConfig(64, 32, 4, 3)
-    return LaunchConfig(64, 64, 4, 4)
+    return LaunchConfig(64, 64, 4, 3)
 
 
 # The Gluon forward for any mask and score ("any" below) against the Triton

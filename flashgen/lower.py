@@ -661,9 +661,11 @@ def lower(v: ir.Variant, tuning: Tuning | None = None) -> KernelModel:
         tanh_small_poly=tanh_small_poly(v),
         fast_math=fast,
         needs_log=score.needs_log,
-        gpu_config=(tuning.forward if tuning else gpu_config(widest, v.dtype, cuts_tiles)),
+        gpu_config=(tuning.forward if tuning else gpu_config(widest, v.dtype, cuts_tiles, v_pad)),
         cpu_config=CPU_CONFIG,
-        gpu_bwd_config=tuning.backward if tuning else gpu_bwd_config(widest, v.dtype, merged),
+        gpu_bwd_config=(
+            tuning.backward if tuning else gpu_bwd_config(widest, v.dtype, merged, v_pad)
+        ),
         gpu_tma=_pick(tuning.forward_tma if tuning else None, default_tma[0]),
         gpu_bwd_tma=_pick(tuning.backward_tma if tuning else None, default_tma[1]),
         tuned_on=tuning.device if tuning else None,

@@ -51,8 +51,8 @@ MAX_SEQ_LEN = 16777216
 MAX_HEADS = 65536
 
 # (BLOCK_M, BLOCK_N, num_warps, num_stages)
-GPU_CONFIG = (64, 32, 8, 2)
-GPU_BWD_CONFIG = (32, 32, 8, 2)
+GPU_CONFIG = (64, 32, 4, 3)
+GPU_BWD_CONFIG = (32, 64, 4, 2)
 # Whether the forward and the backward load tiles through TMA descriptors by
 # default on sm90+ GPUs (measured: flashgen's defaults, or `flashgen tune`).
 GPU_TMA = False

@@ -85,7 +85,7 @@ GPU_TMA = False
 GPU_BWD_TMA = False
 INTERPRETER_CONFIG = (32, 32, 1, 1)
 # Split-KV decoding's (BLOCK_N, num_warps, num_stages); its BLOCK_M is the call's rows.
-GPU_DECODE_CONFIG = (64, 4, 4)
+GPU_DECODE_CONFIG = (64, 4, 3)
 
 
 @triton.jit

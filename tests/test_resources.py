@@ -306,8 +306,11 @@ def test_kernels_with_inputs_in_padded_and_varlen_calls_compile_for_sm90(tmp_pat
 
 def test_mla_kernels_compile_for_sm90(tmp_path):
     """v_head_dim (decision 055) compiles for sm_90a: deepseek_mla (d192, v 128)
-    free of spills at its tiles, with TMA in the backward (v's and dO's boxes 128
-    wide, q's and k's 256); DeepSeek's absorbed 576/512 latent within the H200's
+    free of spills at its tiles but the backward's, with TMA in the backward (v's
+    and dO's boxes 128 wide, q's and k's 256).  Its backward at 32 x 64 x 4 x 2
+    spills 572 B and took 4.02 ms on the H200 against 14.39 for the spill-free
+    32 x 32 x 8 x 2; every faster candidate spilled (decision 063), as
+    encoder_band's tuned tiles do (SPILL_FREE_BACKWARD).  DeepSeek's absorbed 576/512 latent within the H200's
     227 KB of shared memory per block (its backward and 64-row decode spill
     today: 16 x 16 tiles 1024 wide, not yet measured)."""
     spec = tmp_path / "latent.attn"
@@ -321,7 +324,7 @@ def test_mla_kernels_compile_for_sm90(tmp_path):
         for kernel in ("_attn_fwd", "_attn_bwd", "_attn_decode", "_attn_decode_merge"):
             assert (name, kernel) in kernels, stdout[-2000:]
     mla = [r for r in rows if r["name"] == "deepseek_mla"]
-    assert all(r["spill_stores"] == 0 for r in mla), stdout
+    assert all(r["spill_stores"] == 0 for r in mla if r["kernel"] != "_attn_bwd"), stdout
     assert [r["tma"] for r in mla if r["kernel"] == "_attn_bwd"] == [True]
     assert all(r["shared"] <= 232448 for r in rows), stdout
     # v = k[..., :512]: the forward and decode read the latent's first 512 columns once.
