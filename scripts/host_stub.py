@@ -27,6 +27,8 @@ KERNELS = (
     "_attn_plan",
     "_attn_bwd_preprocess",
     "_attn_bwd",
+    "_attn_decode",
+    "_attn_decode_merge",
     "_gluon_attn_fwd",
     "_gluon_attn_bwd_dkdv",
     "_gluon_attn_bwd_dq",
