@@ -124,28 +124,32 @@ def gpu_tma(head_dim_pad: int, dtype: ir.DType) -> tuple[bool, bool]:
     return False, 128 <= head_dim_pad <= 256 and dtype is not ir.DType.FP32
 
 
-def gpu_decode_config(head_dim_pad: int, dtype: ir.DType) -> LaunchConfig:
-    """Split-KV decoding's launch (decision 052): block_m is the largest tile of
-    query rows it takes (a call's own is its rows rounded up to a power of two),
-    block_n the key tile.  Decoding streams K and V once, so the stages keep
-    several key tiles in flight; fp32 and d256 get narrower key tiles for their
-    registers.
+def gpu_decode_configs(head_dim_pad: int, dtype: ir.DType) -> tuple[LaunchConfig, ...]:
+    """Split-KV decoding's launches (decision 052), one per tile of query rows:
+    a call takes the first whose block_m holds its rows (its own tile is its
+    rows rounded up to a power of two), and the last holds the largest tile
+    (`DECODE_MAX_ROWS`).  block_n is the key tile.  Decoding streams K and V
+    once, so the stages keep several key tiles in flight; fp32 and d256 get
+    narrower key tiles for their registers.
 
     Swept on the H200 (scripts/gpu_decode_sweep.py, 2026-12-03, decision 063,
     CUDA-graph replays, bf16, Nq = 1): at d128 GQA 32/8, 64 keys with 4 warps
     and 3 stages was the fastest of six at 1 x 128k, 8 x 32k and 32 x 8k,
     contiguous (3.82-4.25 TB/s) and paged (pages of 16 and 64: 0.96-0.98x
-    contiguous, from 0.94-0.95x at 4 stages).  The absorbed 576 / 512 latent
-    keeps 16 keys, 8 warps, 2 stages: at its 16-row tiles (16 heads, one KV
-    head, Nq = 1) 64 x 4 x 2 was 1.6-2.3x faster, but at 64 rows (Nq = 4) it
-    and every 4-warp candidate spill 6-10 KB on sm_90a and, with v a copy,
-    need 327-524 KB of shared memory: a faster latent needs a configuration
-    per row tile (decision 063)."""
+    contiguous, from 0.94-0.95x at 4 stages).
+
+    The absorbed 576 / 512 latent (decision 064): at its 16-row tiles (16
+    heads, one KV head, Nq = 1) 32 keys with 4 warps and 3 stages took 0.069,
+    0.044 and 0.092 ms at 1 x 32k, 8 x 8k and 32 x 8k against 0.081, 0.072
+    and 0.215 for 16 x 8 x 2; 64 x 4 x 2 was as fast or faster but spills
+    436 B on sm_90a as a paged cache's tile (5 stages there: no spills).
+    Tiles of 32 and 64 rows keep 16 x 8 x 2: the faster candidates spill 6-10
+    KB there, or need more than 227 KB of shared memory."""
     if head_dim_pad > 256:  # MLA's absorbed 576-wide latent
-        return LaunchConfig(64, 16, 8, 2)
+        return LaunchConfig(16, 32, 4, 3), LaunchConfig(64, 16, 8, 2)
     if dtype is ir.DType.FP32 or head_dim_pad > 128:
-        return LaunchConfig(64, 32, 4, 3)
-    return LaunchConfig(64, 64, 4, 3)
+        return (LaunchConfig(64, 32, 4, 3),)
+    return (LaunchConfig(64, 64, 4, 3),)
 
 
 # The Gluon forward for any mask and score ("any" below) against the Triton

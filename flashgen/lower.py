@@ -46,7 +46,7 @@ from flashgen.launch import (
     Tuning,
     gpu_bwd_config,
     gpu_config,
-    gpu_decode_config,
+    gpu_decode_configs,
     gpu_tma,
 )
 from flashgen.mask_forms import (
@@ -439,7 +439,7 @@ class KernelModel:
     # classes (not where the mask reads h: a decode tile holds several heads).
     decode: bool = False
     decode_bounds: bool = False
-    gpu_decode_config: LaunchConfig | None = None
+    gpu_decode_configs: tuple[LaunchConfig, ...] = ()
 
     @property
     def hoisting(self) -> bool:
@@ -682,7 +682,7 @@ def lower(v: ir.Variant, tuning: Tuning | None = None) -> KernelModel:
         data_plan=plan,
         decode=not reads_runtime_data(v),
         decode_bounds=not ir.mentions(mask, frozenset({"h"})),
-        gpu_decode_config=gpu_decode_config(widest, v.dtype),
+        gpu_decode_configs=gpu_decode_configs(widest, v.dtype),
     )
 
 

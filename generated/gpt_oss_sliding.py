@@ -84,8 +84,9 @@ GPU_BWD_CONFIG = (64, 64, 4, 3)
 GPU_TMA = False
 GPU_BWD_TMA = False
 INTERPRETER_CONFIG = (32, 32, 1, 1)
-# Split-KV decoding's (BLOCK_N, num_warps, num_stages); its BLOCK_M is the call's rows.
-GPU_DECODE_CONFIG = (64, 4, 3)
+# Split-KV decoding's (BLOCK_M, BLOCK_N, num_warps, num_stages) per tile of query
+# rows: a call takes the first whose BLOCK_M holds its rows.
+GPU_DECODE_CONFIGS = ((64, 64, 4, 3),)
 
 
 @triton.jit
@@ -1286,9 +1287,12 @@ def _sm_count(device: torch.device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count
 
 
-def _decode_config(device: torch.device) -> tuple[int, int, int]:
-    """(BLOCK_N, num_warps, num_stages) of `_attn_decode`."""
-    return GPU_DECODE_CONFIG if device.type == "cuda" else (INTERPRETER_CONFIG[1], 1, 1)
+def _decode_config(device: torch.device, block_m: int) -> tuple[int, int, int]:
+    """(BLOCK_N, num_warps, num_stages) of `_attn_decode` at tiles of block_m
+    query rows: GPU_DECODE_CONFIGS' first that holds them."""
+    if device.type != "cuda":
+        return INTERPRETER_CONFIG[1], 1, 1
+    return next(c[1:] for c in GPU_DECODE_CONFIGS if block_m <= c[0])
 
 
 def _paged_stages(num_stages: int, block_m: int) -> int:
@@ -1402,10 +1406,10 @@ def _decode_plan(q: torch.Tensor, k: torch.Tensor, n_keys: int, page_size: int =
     shapes only.  More than DECODE_MAX_ROWS rows per group take several row
     tiles (a grid axis).  A paged cache's tiles of up to 16 rows are the
     contiguous cache's (`_page_block`)."""
-    block_n = _decode_config(q.device)[0]
     rows = _decode_rows(q, k)
     row_tiles = _cdiv(rows, DECODE_MAX_ROWS)
     block_m = max(16, triton.next_power_of_2(_cdiv(rows, row_tiles)))
+    block_n = _decode_config(q.device, block_m)[0]
     if page_size:
         block_n = _page_block(page_size, block_n, block_m)
     splits = _decode_splits(
@@ -2298,7 +2302,7 @@ def _decode(q, k, v, o, lse, scale: float, sinks=None, shifts=None, tma=None, sp
     rows = batch * num_heads * n_queries
     o_part, lse_part = _split_workspace(workspace, splits, rows, q.device)
     use_tma = cache is None and n_keys > 0 and _use_tma(tma, GPU_TMA, k, v)
-    _, num_warps, num_stages = _decode_config(q.device)
+    _, num_warps, num_stages = _decode_config(q.device, block_m)
     num_stages = num_stages if table is None else _paged_stages(num_stages, block_m)
     _launch(
         _attn_decode, (splits, batch * k.shape[1], row_tiles),

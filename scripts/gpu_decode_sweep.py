@@ -6,7 +6,7 @@ call's host time goes (issue 22; docs/decisions/052 and 056).
    without the host's check of lengths (check_values), contiguous and paged;
    then cProfile's top entries for the unchecked cache call.
 2. d128 GQA 32/8 bf16: each candidate (BLOCK_N, num_warps, num_stages) of
-   `_attn_decode` (the module's GPU_DECODE_CONFIG patched) at B * Nk in
+   `_attn_decode` (the module's GPU_DECODE_CONFIGS patched) at B * Nk in
    1 * 128k, 8 * 32k, 32 * 8k, Nq = 1, contiguous and in pages of 16 and 64,
    timed from a captured CUDA graph: TB/s of K and V read.
 3. DeepSeek's absorbed MLA decode (16 heads against one 576-wide latent, v =
@@ -116,12 +116,12 @@ def _case_inputs(kind, batch, n_keys, page):
 
 def _call(module, kind, batch, n_keys, page, config):
     q, k, v, lengths, table = _case_inputs(kind, batch, n_keys, page)
-    module.GPU_DECODE_CONFIG = config
+    configs = ((module.DECODE_MAX_ROWS, *config),)  # this config at every tile of rows
+    module.GPU_DECODE_CONFIGS = configs
     workspace = module.cache_workspace(q, k, table)
-    module.GPU_DECODE_CONFIG = config
 
     def step():
-        module.GPU_DECODE_CONFIG = config
+        module.GPU_DECODE_CONFIGS = configs
         return module.attention(
             q, k, v, cache_seqlens=lengths, block_table=table, workspace=workspace,
             check_values=False,

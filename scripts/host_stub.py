@@ -8,7 +8,10 @@ allocations, descriptors, launch keys, and autograd's hand-off.  No GPU is
 needed; the absolute numbers belong to this CPU (the H200 machine's host is
 about twice as slow), the differences between two builds carry over.
 
-    python3 scripts/host_stub.py MODULE.py [MODULE.py ...] [--profile]
+    python3 scripts/host_stub.py MODULE.py [MODULE.py ...] [--profile] [--decode]
+
+--decode times a decode step instead (`measure_decode`): issue 22's B = 1,
+Nk = 1024 point, without a cache and as KV-cache calls.
 """
 
 from __future__ import annotations
@@ -108,16 +111,53 @@ def measure(path: str, profile: bool) -> None:
             module.attention(*inputs, **data), inputs, do
         ),
     }
+    _report(path, calls, "autograd forward + backward" if profile else None)
+
+
+def _report(path: str, calls: dict, profiled: str | None) -> None:
+    """Each call's time (best of five runs of 2000), then cProfile's top
+    entries for calls[profiled] where given."""
     for name, fn in calls.items():
         fn()
         us = min(timeit.repeat(fn, number=2000, repeat=5)) / 2000 * 1e6
         print(f"{path}: {name}: {us:.1f} us")
-    if profile:
+    if profiled is not None:
         stats = cProfile.Profile()
-        stats.runcall(lambda: [calls["autograd forward + backward"]() for _ in range(2000)])
-        pstats.Stats(stats).sort_stats("tottime").print_stats(20)
+        stats.runcall(lambda: [calls[profiled]() for _ in range(2000)])
+        pstats.Stats(stats).sort_stats("tottime").print_stats(25)
+
+
+def measure_decode(path: str, profile: bool) -> None:
+    """One decode step as issue 22 times it: B = 1, H = 32, Hkv = 8, Nq = 1,
+    1024 cached keys, through attention() under no_grad: without a cache, and
+    as KV-cache calls (contiguous, and in pages of 16 in a shuffled order)."""
+    module = load(path)
+    d, n = module.HEAD_DIM, 1024
+    q = torch.randn(1, 32, 1, d, dtype=module.DTYPE)
+    k, v = (torch.randn(1, 8, n, d, dtype=module.DTYPE) for _ in "kv")
+    lengths = torch.tensor([n], dtype=torch.int32)
+    k_pages, v_pages = (torch.randn(n // 16, 16, 8, d, dtype=module.DTYPE) for _ in "kv")
+    table = torch.randperm(n // 16, dtype=torch.int32)[None]
+    workspace = module.cache_workspace(q, k)
+    paged_workspace = module.cache_workspace(q, k_pages, table)
+    calls = {
+        "decode": lambda: module.attention(q, k, v),
+        "cache": lambda: module.attention(
+            q, k, v, cache_seqlens=lengths, workspace=workspace, check_values=False
+        ),
+        "cache, values checked": lambda: module.attention(
+            q, k, v, cache_seqlens=lengths, workspace=workspace, check_values=True
+        ),
+        "paged cache (16)": lambda: module.attention(
+            q, k_pages, v_pages, cache_seqlens=lengths, block_table=table,
+            workspace=paged_workspace, check_values=False,
+        ),
+    }  # fmt: skip
+    with torch.no_grad():
+        _report(path, calls, "cache" if profile else None)
 
 
 if __name__ == "__main__":
-    for path in [a for a in sys.argv[1:] if a != "--profile"]:
-        measure(path, "--profile" in sys.argv)
+    run = measure_decode if "--decode" in sys.argv else measure
+    for path in [a for a in sys.argv[1:] if not a.startswith("--")]:
+        run(path, "--profile" in sys.argv)

@@ -304,7 +304,7 @@ def plan_resources(module, seqs: bool = False) -> list:
 def decode_resources(module, seqs: bool = False) -> list:
     """Resources of split-KV decoding (decision 052): `_attn_decode` at its
     largest and smallest tiles of query rows (64 and 16) and the module's
-    GPU_DECODE_CONFIG, the same on paged KV caches (decisions 056, 062;
+    GPU_DECODE_CONFIGS for them, the same on paged KV caches (decisions 056, 062;
     pointer loads, `_paged_stages`) at 64 rows with pages of 64 (a page per
     key tile) and at 16 rows with pages of 16 (a page per key row, tiles
     spanning pages), and the merge (`_attn_decode_merge`, 64 splits)."""
@@ -312,9 +312,13 @@ def decode_resources(module, seqs: bool = False) -> list:
         return []
     dtype = _DTYPES[str(module.DTYPE)]
     pad = lower.head_dim_pad(module.HEAD_DIM)
-    block_n, warps, stages = module.GPU_DECODE_CONFIG
     found = []
+
+    def launch(rows: int) -> tuple:  # (BLOCK_N, num_warps, num_stages) at rows
+        return next(c[1:] for c in module.GPU_DECODE_CONFIGS if rows <= c[0])
+
     for rows in (module.DECODE_MAX_ROWS, 16):
+        block_n, warps, stages = launch(rows)
         config = (rows, block_n, warps, stages)
         tma = module.GPU_TMA and not seqs
         resources = compile_kernel(
@@ -332,6 +336,7 @@ def decode_resources(module, seqs: bool = False) -> list:
         )
         found.append(Resources("_attn_decode", config, tma, *resources))
     for rows, page_size in ((module.DECODE_MAX_ROWS, 64), (16, 16)):
+        block_n, warps, stages = launch(rows)
         config = (rows, block_n, warps, module._paged_stages(stages, rows))
         resources = compile_kernel(
             module._attn_decode, config, dtype=dtype, head_dim=module.HEAD_DIM, head_dim_pad=pad,

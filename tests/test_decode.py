@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from flashgen import ir, runtime
+from flashgen.lower import lower
 from flashgen.reference import attention_ref
 from flashgen.verify import max_visible_score, tolerance
 
@@ -54,6 +55,20 @@ def test_splits_are_the_cheapest_of_the_wave_model(programs):
         allowed = range(1, max(1, tiles // runtime.DECODE_MIN_TILES) + 1)
         cheapest = min(_split_cost(programs, tiles, s) for s in allowed)
         assert _split_cost(programs, tiles, splits) <= 1.02 * cheapest
+
+
+def test_each_tile_of_rows_takes_the_first_launch_that_holds_it(monkeypatch):
+    # Every module's table ends at DECODE_MAX_ROWS, so every tile finds a launch;
+    # the latent's 16-row tiles take their own (decision 064).
+    for dtype, head_dim in ((ir.DType.BF16, 128), (ir.DType.FP32, 64), (ir.DType.BF16, 576)):
+        configs = lower(make_variant("full", dtype=dtype, head_dim=head_dim)).gpu_decode_configs
+        assert [c.block_m for c in configs] == sorted({c.block_m for c in configs})
+        assert configs[-1].block_m == runtime.DECODE_MAX_ROWS
+    monkeypatch.setattr(runtime, "GPU_DECODE_CONFIGS", ((16, 32, 4, 3), (64, 16, 8, 2)))
+    gpu = torch.device("cuda")  # a device name: nothing runs on it
+    assert runtime._decode_config(gpu, 16) == (32, 4, 3)
+    assert runtime._decode_config(gpu, 32) == runtime._decode_config(gpu, 64) == (16, 8, 2)
+    assert runtime._decode_config(torch.device("cpu"), 16) == (runtime.INTERPRETER_CONFIG[1], 1, 1)
 
 
 # (mask, score, settings): the masks' bounds and tile classes, the score's

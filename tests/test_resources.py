@@ -312,7 +312,9 @@ def test_mla_kernels_compile_for_sm90(tmp_path):
     32 x 32 x 8 x 2; every faster candidate spilled (decision 063), as
     encoder_band's tuned tiles do (SPILL_FREE_BACKWARD).  DeepSeek's absorbed 576/512 latent within the H200's
     227 KB of shared memory per block (its backward and 64-row decode spill
-    today: 16 x 16 tiles 1024 wide, not yet measured)."""
+    today: 16 x 16 tiles 1024 wide, not yet measured); its 16-row decode tiles,
+    contiguous and paged, take a launch of their own free of spills (decision
+    064: 64 x 4 x 2 was faster contiguous but spilled 436 B paged)."""
     spec = tmp_path / "latent.attn"
     spec.write_text(
         "attention deepseek_latent { head_dim = 576; v_head_dim = 512; dtype = bf16; mask = causal }"
@@ -332,3 +334,5 @@ def test_mla_kernels_compile_for_sm90(tmp_path):
     assert "failed" not in stdout, stdout[-2000:]
     assert {"_attn_fwd", "_attn_decode"} <= {r["kernel"] for r in rows}, stdout
     assert all(r["shared"] <= 232448 for r in rows), stdout
+    narrow = [r for r in rows if r["kernel"].startswith("_attn_decode") and r["config"][0] == 16]
+    assert len(narrow) == 2 and not [r for r in narrow if r["spill_stores"]], stdout
