@@ -523,11 +523,10 @@ def _sm_count(device: torch.device) -> int:
 
 
 def _decode_config(device: torch.device, block_m: int) -> tuple[int, int, int]:
-    """(BLOCK_N, num_warps, num_stages) of `_attn_decode` at tiles of block_m
-    query rows: GPU_DECODE_CONFIGS' first that holds them."""
-    if device.type != "cuda":
-        return INTERPRETER_CONFIG[1], 1, 1
-    return next(c[1:] for c in GPU_DECODE_CONFIGS if block_m <= c[0])
+    """(BLOCK_N, num_warps, num_stages) of `_attn_decode` for tiles of block_m rows."""
+    interpreter = ((block_m, INTERPRETER_CONFIG[1], 1, 1),)
+    configs = GPU_DECODE_CONFIGS if device.type == "cuda" else interpreter
+    return next(c[1:] for c in configs if block_m <= c[0])
 
 
 def _paged_stages(num_stages: int, block_m: int) -> int:

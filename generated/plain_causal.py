@@ -84,8 +84,7 @@ GPU_BWD_CONFIG = (64, 128, 8, 3)
 GPU_TMA = False
 GPU_BWD_TMA = True
 INTERPRETER_CONFIG = (32, 32, 1, 1)
-# Split-KV decoding's (BLOCK_M, BLOCK_N, num_warps, num_stages) per tile of query
-# rows: a call takes the first whose BLOCK_M holds its rows.
+# Split-KV decoding's (BLOCK_M, BLOCK_N, num_warps, num_stages): the first holding a call's rows.
 GPU_DECODE_CONFIGS = ((64, 64, 4, 3),)
 
 
@@ -1319,11 +1318,10 @@ def _sm_count(device: torch.device) -> int:
 
 
 def _decode_config(device: torch.device, block_m: int) -> tuple[int, int, int]:
-    """(BLOCK_N, num_warps, num_stages) of `_attn_decode` at tiles of block_m
-    query rows: GPU_DECODE_CONFIGS' first that holds them."""
-    if device.type != "cuda":
-        return INTERPRETER_CONFIG[1], 1, 1
-    return next(c[1:] for c in GPU_DECODE_CONFIGS if block_m <= c[0])
+    """(BLOCK_N, num_warps, num_stages) of `_attn_decode` for tiles of block_m rows."""
+    interpreter = ((block_m, INTERPRETER_CONFIG[1], 1, 1),)
+    configs = GPU_DECODE_CONFIGS if device.type == "cuda" else interpreter
+    return next(c[1:] for c in configs if block_m <= c[0])
 
 
 def _paged_stages(num_stages: int, block_m: int) -> int:
