@@ -167,32 +167,18 @@ def warm(share):
 
 
 def _graph_ms(step):
-    import torch
     import triton.testing
+    from gpu_kv_cache import _graph
 
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        step()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        step()
-    return triton.testing.do_bench(graph.replay, warmup=25, rep=100, return_mode="median")
+    return triton.testing.do_bench(_graph(step).replay, warmup=25, rep=100, return_mode="median")
 
 
 def _host_us(step, calls=200):
-    import torch
+    from gpu_kv_cache import _host_us
 
     for _ in range(5):
         step()
-    torch.cuda.synchronize()
-    start = time.perf_counter()
-    for _ in range(calls):
-        step()
-    host = (time.perf_counter() - start) / calls * 1e6
-    torch.cuda.synchronize()
-    return host
+    return _host_us(step, calls)
 
 
 def host_profile(emit):

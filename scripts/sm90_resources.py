@@ -313,12 +313,9 @@ def decode_resources(module, seqs: bool = False) -> list:
     dtype = _DTYPES[str(module.DTYPE)]
     pad = lower.head_dim_pad(module.HEAD_DIM)
     found = []
-
-    def launch(rows: int) -> tuple:  # (BLOCK_N, num_warps, num_stages) at rows
-        return next(c[1:] for c in module.GPU_DECODE_CONFIGS if rows <= c[0])
-
+    gpu = torch.device("cuda")  # the GPU's launch (`_decode_config`); nothing runs on it
     for rows in (module.DECODE_MAX_ROWS, 16):
-        block_n, warps, stages = launch(rows)
+        block_n, warps, stages = module._decode_config(gpu, rows)
         config = (rows, block_n, warps, stages)
         tma = module.GPU_TMA and not seqs
         resources = compile_kernel(
@@ -336,7 +333,7 @@ def decode_resources(module, seqs: bool = False) -> list:
         )
         found.append(Resources("_attn_decode", config, tma, *resources))
     for rows, page_size in ((module.DECODE_MAX_ROWS, 64), (16, 16)):
-        block_n, warps, stages = launch(rows)
+        block_n, warps, stages = module._decode_config(gpu, rows)
         config = (rows, block_n, warps, module._paged_stages(stages, rows))
         resources = compile_kernel(
             module._attn_decode, config, dtype=dtype, head_dim=module.HEAD_DIM, head_dim_pad=pad,
