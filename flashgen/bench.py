@@ -413,6 +413,11 @@ def _measure(
         if reference is not None:
             diff = (out.float() - reference.float()).abs().max().item()
         leaves = [*inputs, *learned]
+        # One forward + backward before any timing: every kernel is compiled,
+        # and a module's compile ahead (which the first forward with a
+        # gradient starts in worker threads that take the GIL for stretches)
+        # has finished, rather than slowing the forward's timed calls.
+        torch.autograd.grad(fn(*inputs), leaves, do)
         fwd = timer(lambda: fn(*inputs))
         both = timer(lambda: torch.autograd.grad(fn(*inputs), leaves, do))
         bwd = max(both - fwd, 0.0)

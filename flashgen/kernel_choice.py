@@ -21,8 +21,10 @@ from flashgen.mask_forms import (
     K,
     affine,
     clean,
+    constant,
     desugar_mask,
     difference,
+    hides_every_pair,
     int_arg,
     is_comparison,
     k_minus_q,
@@ -56,7 +58,7 @@ def key_span(e: ir.Expr) -> int | None:
 
     A band lo <= k - q <= hi (the comparisons of an & chain) sees at most
     hi - lo + 1 keys, `abs(q - k) < c` 2c - 1, a chunk C (q div C == k div C)
-    at most C, k < P at most P; & keeps the smallest bound of its operands,
+    at most C, k < P at most P, `!full` none; & keeps the smallest bound of its operands,
     | adds its operands' bounds.
     """
     if isinstance(e, ir.Binary) and e.op is ir.BinOp.OR:
@@ -80,7 +82,7 @@ def key_span(e: ir.Expr) -> int | None:
         if near is not None:  # -near <= k - q <= near
             lo, hi = max(lo, -near), min(hi, near)
             return
-        few = _chunk_size(x)
+        few = 0 if x == constant(False) else _chunk_size(x)
         if few is None:
             few = _keys_below(x)
         if few is not None:
@@ -222,12 +224,17 @@ def gluon_backward(v: ir.Variant) -> bool:
 
 
 def _gluon_eligible(v: ir.Variant) -> bool:
-    """The variants the Gluon kernels are written for."""
+    """The variants the Gluon kernels are written for.  Not a mask that hides
+    every pair (`!full`, `causal & !causal`): the Gluon kernels' tile loops
+    then never run, and Triton 3.6 failed to compile the Gluon dK/dV kernel
+    so (PassManager::run failed, H200, 2026-12-03); the Triton kernels take
+    it, as they take every fully masked row."""
     return (
         v.dtype is not ir.DType.FP32
         and v.head_dim in (64, 128)
         and v.v_dim == v.head_dim
         and not _runtime_data(v)
+        and not hides_every_pair(negation_normal_form(desugar_mask(v.mask)))
     )
 
 

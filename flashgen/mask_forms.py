@@ -129,6 +129,16 @@ def constant(truth: bool) -> ir.Expr:
     return ir.FULL if truth else ir.Unary(ir.UnaryOp.NOT, ir.FULL)
 
 
+def hides_every_pair(e: ir.Expr) -> bool:
+    """Does the (desugared, NNF) mask hide every pair: `!full`, an `&` with
+    such an operand (reads of runtime data may stand beside it), or an `|`
+    of such operands?"""
+    if isinstance(e, ir.Binary) and e.op in (ir.BinOp.AND, ir.BinOp.OR):
+        sides = hides_every_pair(e.left), hides_every_pair(e.right)
+        return any(sides) if e.op is ir.BinOp.AND else all(sides)
+    return _truth(e) is False
+
+
 def _truth(e: ir.Expr) -> bool | None:
     if e == ir.FULL:
         return True
@@ -289,21 +299,158 @@ def _is_abs(e: ir.Expr) -> bool:
 
 
 def _dedupe(e: ir.Binary) -> ir.Expr:
-    """Drop repeated operands of an & or | chain (`causal & window(L)`)."""
-
-    def operands(x: ir.Expr) -> list[ir.Expr]:
-        if isinstance(x, ir.Binary) and x.op is e.op:
-            return operands(x.left) + operands(x.right)
-        return [x]
-
+    """Drop repeated operands of an & or | chain (`causal & window(L)`), and
+    merge its comparisons of one affine form with constants (`_merged`)."""
     unique: list[ir.Expr] = []
-    for x in operands(e):
+    for x in _operands(e, e.op):
         if x not in unique:
             unique.append(x)
-    out = unique[0]
-    for x in unique[1:]:
-        out = ir.Binary(e.op, out, x)
+    return _chain(e.op, _merged(e.op, unique))
+
+
+def _operands(e: ir.Expr, op: ir.BinOp) -> list[ir.Expr]:
+    """The operands of the `op` chain `e`, left to right."""
+    if isinstance(e, ir.Binary) and e.op is op:
+        return _operands(e.left, op) + _operands(e.right, op)
+    return [e]
+
+
+def _chain(op: ir.BinOp, items: list[ir.Expr]) -> ir.Expr:
+    """items[0] op items[1] op ..., grouped from the left."""
+    out = items[0]
+    for x in items[1:]:
+        out = ir.Binary(op, out, x)
     return out
+
+
+def _values(e: ir.Expr) -> tuple[tuple[tuple[str, int], ...], float, float] | None:
+    """A comparison of an affine form with a constant (`k < 288`, `q - k >= 3`)
+    as (L, lo, hi): its linear part L (variables and coefficients, the first
+    coefficient positive) and the integers lo .. hi (inclusive, either side may
+    be infinite) that L takes where it holds, clipped to L's range over
+    VALUE_RANGES.  None for other expressions and for `!=`."""
+    if not is_comparison(e) or e.op is ir.BinOp.NE:
+        return None
+    d = difference(e)
+    if d is None or not set(d) - {""}:
+        return None
+    c, op = d.pop("", 0), e.op
+    terms = tuple(sorted(d.items()))
+    if terms[0][1] < 0:  # L + c op 0 with L negated: -L - c flipped op 0
+        terms, c, op = tuple((v, -x) for v, x in terms), -c, FLIPPED[op]
+    lo, hi = {
+        ir.BinOp.LT: (-math.inf, -c - 1),
+        ir.BinOp.LE: (-math.inf, -c),
+        ir.BinOp.GT: (-c + 1, math.inf),
+        ir.BinOp.GE: (-c, math.inf),
+        ir.BinOp.EQ: (-c, -c),
+    }[op]
+    low, high = _linear_range(terms)
+    return terms, max(lo, low), min(hi, high)
+
+
+def _linear_range(terms: tuple[tuple[str, int], ...]) -> tuple[float, float]:
+    """The values sum(x * v) takes over VALUE_RANGES (either side may be infinite)."""
+    ends = [
+        (x * VALUE_RANGES[v][0], x * VALUE_RANGES[v][1])[:: 1 if x > 0 else -1] for v, x in terms
+    ]
+    return sum(e[0] for e in ends), sum(e[1] for e in ends)
+
+
+def _merged(op: ir.BinOp, items: list[ir.Expr]) -> list[ir.Expr]:
+    """The operands of an & (op AND) or | chain with its comparisons of one
+    affine form L with constants merged, as sets of integers: a comparison
+    whose set holds (for |) or lies in (for &) another's is dropped (`k < 9
+    | k < 5` is `k < 9`, `k >= 3 & k >= 5` is `k >= 5`); comparisons whose
+    sets cover every value of L (for |: `k < 288 | k >= 247`) or share none
+    (for &: `k < 5 & k > 9`) become the absorbing constant, beside the
+    operands that read runtime data (`_junction`).  Then each nested `|` of an
+    `&` chain (`&` of an `|` chain) is read where the chain's comparisons
+    leave it open (`_in_context`).  Exact over all integers, so every pair
+    keeps its visibility."""
+    values = [_values(x) for x in items]
+    dropped = set()
+    for i, a in enumerate(values):
+        for j, b in enumerate(values):
+            if a is None or b is None or i == j or j in dropped or a[0] != b[0]:
+                continue
+            inner, outer = (a, b) if op is ir.BinOp.OR else (b, a)
+            if outer[1] <= inner[1] and inner[2] <= outer[2] and (inner != outer or j < i):
+                dropped.add(i)
+                break
+    groups: dict[tuple, list[tuple[float, float]]] = {}
+    for i, a in enumerate(values):
+        if a is not None and i not in dropped:
+            groups.setdefault(a[0], []).append(a[1:])
+    for terms, spans in groups.items():
+        if op is ir.BinOp.AND:
+            absorbed = max(s[0] for s in spans) > min(s[1] for s in spans)
+        else:  # the spans leave no value of L out
+            absorbed = not _gaps(terms, spans)
+        if absorbed:
+            return [constant(op is ir.BinOp.OR)] + [x for x in items if ir.reads_inputs(x)]
+    kept = [x for i, x in enumerate(items) if i not in dropped]
+    identity, absorbing = constant(op is ir.BinOp.AND), constant(op is ir.BinOp.OR)
+    # Where the other operands leave the chain's value open (where an & chain's
+    # comparisons all hold, where an | chain's all fail), each form L lies in
+    # one interval, when it does.
+    context = {}
+    for terms, spans in groups.items():
+        if op is ir.BinOp.AND:
+            context[terms] = max(s[0] for s in spans), min(s[1] for s in spans)
+        elif len(gaps := _gaps(terms, spans)) == 1:
+            context[terms] = gaps[0]
+    kept = [x for x in (_in_context(x, op, context) for x in kept) if x != identity]
+    if absorbing in kept:
+        return [absorbing] + [x for x in kept if ir.reads_inputs(x)]
+    return kept or [identity]
+
+
+def _gaps(terms: tuple, spans: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    """The values of L (over VALUE_RANGES) in none of `spans`, as inclusive
+    intervals in increasing order."""
+    low, high = _linear_range(terms)
+    gaps, reach = [], low - 1
+    for lo, hi in sorted(spans):
+        if lo > reach + 1:
+            gaps.append((reach + 1, lo - 1))
+        reach = max(reach, hi)
+    if reach < high:
+        gaps.append((reach + 1, high))
+    return gaps
+
+
+def _in_context(e: ir.Expr, op: ir.BinOp, context: dict[tuple, tuple[float, float]]) -> ir.Expr:
+    """An operand of an `op` chain, read where the chain's own comparisons
+    leave its value open, that is where form L lies in `context[L]`.
+
+    - For an `|` inside an `&` chain: the disjuncts that cannot hold there are
+      dropped (`k > q & (q div 12 == k div 12 | k <= q)` is `k > q & q div 12
+      == k div 12`). If one disjunct holds throughout, the `|` is `full`
+      (`k > q & (k < q - 268 | k > q)`). If none is left, it is `!full`.
+    - For an `&` inside an `|` chain, the other way round: the conjuncts that
+      hold throughout are dropped (`k <= q | k > q & q % 3 == 0` is `k <= q |
+      q % 3 == 0`). If one cannot hold there, the `&` is `!full`. If none is
+      left, it is `full`.
+
+    An operand that reads runtime data is not folded to a constant."""
+    inner = ir.BinOp.OR if op is ir.BinOp.AND else ir.BinOp.AND
+    if not (isinstance(e, ir.Binary) and e.op is inner):
+        return e
+    kept = []
+    for x in _operands(e, inner):
+        values = _values(x)
+        span = context.get(values[0]) if values is not None else None
+        if span is None:
+            kept.append(x)
+            continue
+        covers = values[1] <= span[0] and span[1] <= values[2]
+        meets = values[2] >= span[0] and values[1] <= span[1]
+        if covers if inner is ir.BinOp.OR else not meets:  # decides the operand
+            return e if ir.reads_inputs(e) else constant(inner is ir.BinOp.OR)
+        if meets if inner is ir.BinOp.OR else not covers:  # may still matter
+            kept.append(x)
+    return _chain(inner, kept) if kept else constant(inner is ir.BinOp.AND)
 
 
 NEGATED = {
@@ -317,18 +464,16 @@ NEGATED = {
 
 
 def negation_normal_form(e: ir.Expr, negate: bool = False) -> ir.Expr:
-    """Push `!` down to the comparisons of a desugared mask (De Morgan)."""
+    """Push `!` down to the comparisons of a desugared mask (De Morgan),
+    folding and merging the junctions it rebuilds as `desugar_mask` does."""
     if isinstance(e, ir.Unary) and e.op is ir.UnaryOp.NOT:
         return negation_normal_form(e.operand, not negate)
     if isinstance(e, ir.Binary) and e.op in (ir.BinOp.AND, ir.BinOp.OR):
         op = e.op
         if negate:
             op = ir.BinOp.OR if op is ir.BinOp.AND else ir.BinOp.AND
-        return ir.Binary(
-            op,
-            negation_normal_form(e.left, negate),
-            negation_normal_form(e.right, negate),
-        )
+        left, right = negation_normal_form(e.left, negate), negation_normal_form(e.right, negate)
+        return _junction(op, left, right)
     if negate and isinstance(e, ir.Binary) and e.op in NEGATED:
         return ir.Binary(NEGATED[e.op], e.left, e.right)
     if negate:

@@ -13,8 +13,8 @@ in --out.
     python3 scripts/gpu_kv_cache.py --out $OUT/kv_cache.jsonl    # after scripts/gpu_env.sh
 
 Shapes as scripts/gpu_decode.py: bf16, d128, H = 32, Hkv = 8, causal,
-B * Nk in 32 * 8k, 8 * 32k, 1 * 128k, Nq in 1 and 4.  Exit status 1 when a
-check fails.
+B * Nk in 32 * 8k, 8 * 32k, 1 * 128k, Nq in 1 and 4 (--shapes 128x32768,
+--nq, --page-sizes pick others).  Exit status 1 when a check fails.
 """
 
 from __future__ import annotations
@@ -87,14 +87,19 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", required=True)
     parser.add_argument("--nq", type=int, nargs="+", default=[1, 4])
+    parser.add_argument(
+        "--shapes", nargs="+", default=[f"{b}x{n}" for b, n in SHAPES], help="B x Nk, as 8x32768"
+    )
+    parser.add_argument("--page-sizes", type=int, nargs="+", default=PAGE_SIZES)
     args = parser.parse_args()
+    shapes = [tuple(int(x) for x in shape.split("x")) for shape in args.shapes]
     failed = 0
     heads, kv_heads, d = 32, 8, 128
     text = f"attention causal {{ head_dim = {d}; dtype = bf16; mask = causal }}"
     mod, variant = flashgen.load(text), _variant(text)
     started = time.time()
     with open(args.out, "a") as out, torch.no_grad():
-        for batch, capacity in SHAPES:
+        for batch, capacity in shapes:
             g = torch.Generator(device="cuda").manual_seed(0)
             k, v = (
                 torch.randn(batch, kv_heads, capacity, d, device="cuda", generator=g).bfloat16()
@@ -115,7 +120,7 @@ def main() -> int:
                 )  # fmt: skip
                 dense = attention_ref(variant, *one, dtype=torch.bfloat16, offsets=(n0 - nq, 0))
                 contiguous = None
-                for page_size in [0] + PAGE_SIZES:
+                for page_size in [0] + args.page_sizes:
                     if page_size:
                         pages = order[: batch * capacity // page_size]
                         pages = pages.argsort().argsort()  # a permutation of these pages

@@ -192,6 +192,25 @@ def test_host_paced_points_are_measured_and_marked(monkeypatch):
     assert [r["host_ms"] for r in rows] == [0.5, 1.9]
 
 
+def test_every_kernel_is_compiled_before_any_timing(monkeypatch):
+    """A forward + backward runs untimed before the first timed call, so that
+    neither compiles nor a module's compile ahead (worker threads started by
+    the first forward with a gradient, decision 062) fall into the timings."""
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    variant = _variant("attention tiny { head_dim = 16; dtype = fp32; mask = causal }")
+    grads, seen = [], []
+    real_grad = torch.autograd.grad
+    monkeypatch.setattr(
+        torch.autograd, "grad", lambda *a, **kw: grads.append(1) or real_grad(*a, **kw)
+    )
+    monkeypatch.setitem(bench.TIMERS, "cuda-graph", lambda fn: seen.append(len(grads)) or 1.0)
+    bench.bench(
+        [variant], seqlens=[32], batch=1, heads=2, device="cpu", timer="cuda-graph",
+        systems=("flashgen",), progress=False,
+    )  # fmt: skip
+    assert seen == [1, 1]  # both timings after one untimed forward + backward
+
+
 def test_bench_cli_needs_a_gpu(tmp_path, capsys):
     if torch.cuda.is_available():
         pytest.skip("has a GPU")

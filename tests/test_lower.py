@@ -25,6 +25,7 @@ from hypothesis import strategies as st
 
 from flashgen import element_code, ir, kernel_choice, lower, mask_forms
 from flashgen import kernel_expr as kx
+from flashgen.printer import print_expr
 from flashgen.reference import mask_matrix
 from flashgen.tiles import visible_may
 from kernel_utils import make_variant
@@ -298,6 +299,136 @@ def test_score_derivative_matches_autograd(variant, n_queries, n_keys):
         )
 
 
+_FORMS = ("k", "q", "k - q", "q + k", "2 * k - q", "h")
+_ORDERS = st.sampled_from(("<", "<=", ">", ">=", "=="))
+_ALIGNS = st.sampled_from(("bottom_right", "top_left"))
+
+
+@st.composite
+def _comparison_chains(draw, depth: int = 2):
+    """& | ! over comparisons of a few affine forms with constants near the
+    edges of a small grid, several on one form, so that their sets overlap,
+    nest, cover every value or share none."""
+    if depth == 0 or draw(st.integers(0, 2)) == 0:
+        form = draw(st.sampled_from(_FORMS))
+        return f"{form} {draw(_ORDERS)} {draw(st.integers(-6, 30))}"
+    if draw(st.integers(0, 4)) == 0:
+        return f"!({draw(_comparison_chains(depth - 1))})"
+    parts = draw(st.lists(_comparison_chains(depth - 1), min_size=2, max_size=4))
+    return "(" + f" {draw(st.sampled_from('&|'))} ".join(parts) + ")"
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    mask=_comparison_chains(),
+    align=_ALIGNS,
+    n_queries=st.integers(1, 30),
+    n_keys=st.integers(1, 30),
+)
+def test_merged_comparisons_keep_every_pairs_visibility(mask, align, n_queries, n_keys):
+    """The merged mask (comparisons of one form as sets of integers: nested
+    ones dropped, covering or disjoint ones folded to a constant) gives every
+    pair, over negative query positions too, the reference's verdict on the
+    mask as written."""
+    _assert_reference_verdicts(mask, align, n_queries, n_keys)
+
+
+def _assert_reference_verdicts(mask: str, align: str, n_queries: int, n_keys: int) -> None:
+    from flashgen.reference import positions
+
+    variant = make_variant(mask, align=align)
+    heads = 3
+    expected = mask_matrix(variant, n_queries, n_keys, heads).numpy()
+    code = lower.ElementCode().expr(nnf_of(variant.mask))
+    q_pos, k_pos = (p.numpy() for p in positions(n_queries, n_keys, variant.align))
+    for h in range(heads):
+        got = _eval_element(code, None, q_pos[:, None], k_pos[None, :], h, heads, None)
+        np.testing.assert_array_equal(got, expected[h], err_msg=mask)
+
+
+@st.composite
+def _contexts(draw):
+    """`A & (B | C)`, `A | (B & C)` and their mirrors, A and B comparisons of one form
+    whose constants lie a few apart, so that B's set meets A's at an edge,
+    inside it, past it or around it, and C another comparison or a periodic
+    term."""
+    form = draw(st.sampled_from(_FORMS[:4]))
+    c = draw(st.integers(-2, 12))
+    a = f"{form} {draw(_ORDERS)} {c}"
+    b = f"{form} {draw(_ORDERS)} {c + draw(st.integers(-2, 2))}"
+    other = draw(st.sampled_from(("q % 3 == 0", "k > 5", f"{form} < {c - 3}", "h == 1")))
+    inner, outer = draw(st.sampled_from((("|", "&"), ("&", "|"))))
+    junction = f"({b} {inner} {other})" if draw(st.booleans()) else f"({other} {inner} {b})"
+    return f"{a} {outer} {junction}" if draw(st.booleans()) else f"{junction} {outer} {a}"
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    mask=_contexts(),
+    align=_ALIGNS,
+    n_queries=st.integers(1, 16),
+    n_keys=st.integers(1, 16),
+)
+def test_an_or_read_where_its_and_holds_keeps_every_pairs_visibility(
+    mask, align, n_queries, n_keys
+):
+    """An operand read where its chain's comparisons leave the chain open (an
+    `|` inside an `&`, an `&` inside an `|`): every pair keeps the
+    reference's verdict on the mask as written."""
+    _assert_reference_verdicts(mask, align, n_queries, n_keys)
+
+
+@pytest.mark.parametrize(
+    ("mask", "merged"),
+    [
+        ("prefix(288) | !prefix(247)", "full"),
+        ("max(q, k) > 19 | prefix(288) | !prefix(247)", "full"),
+        (
+            "((q - k) % 2 == 1 | !causal) & (max(q, k) > 19 | prefix(288) | !prefix(247))",
+            "(q - k) % 2 == 1 | k > q",
+        ),
+        ("k < 9 | k < 5", "k < 9"),
+        ("k >= 3 & causal & k >= 5", "k <= q & k >= 5"),
+        ("k == 3 & k < 9", "k == 3"),
+        ("k < 0 | k == 0 | k > 0", "full"),
+        ("k - q >= -2 | q - k >= 3", "full"),
+        ("causal & !causal", "!full"),
+        ("k < 5 & k > 9 & causal", "!full"),
+        ("!(k < 5 & q > 3) | k >= 5", "k >= 5 | q <= 3"),
+        ("k < 5 | k > 5", "k < 5 | k > 5"),  # k != 5: no half-line holds it
+        ("prefix(4) | k > 4", "k < 4 | k > 4"),
+        ("k < 4 | q > 4", "k < 4 | q > 4"),  # two forms: nothing to merge
+        # An | inside an & chain, read where the chain's comparisons hold:
+        ("!causal & (q div 12 == k div 12 | causal)", "k > q & q div 12 == k div 12"),
+        ("(k < q - 268 | k > q) & k > q & q % 5 != 0", "k > q & q % 5 != 0"),
+        ("causal & (k < 5 | q > 9) & k >= 7", "k <= q & q > 9 & k >= 7"),
+        ("!causal & (causal | k < q - 5)", "!full"),
+        ("k <= q | k > q & (q - k >= 27 | k - q >= 27)", "k <= q | k - q >= 27"),
+        # An & inside an | chain, read where the chain's comparisons fail:
+        ("causal | !causal & q % 3 == 0", "k <= q | q % 3 == 0"),
+        ("causal | (!causal & h == 1) | (k < q - 5 & h == 0)", "k <= q | h == 1"),
+        ("k < 3 | k > 9 | (k >= 2 & k <= 10 & q > 2)", "k < 3 | k > 9 | q > 2"),
+        ("k < 3 | k > 9 | (k >= 4 & q > 2)", "k < 3 | k > 9 | k >= 4 & q > 2"),  # 3 is open
+    ],
+)
+def test_comparisons_of_one_form_merge(mask, merged):
+    assert print_expr(nnf_of(make_variant(mask).mask)) == merged
+
+
+def test_a_folded_mask_keeps_its_runtime_reads():
+    """`k < 5 | k >= 5` is full, but the document ids beside it are still
+    read: the kernels read every input the spec reads."""
+    from flashgen.check import check
+    from flashgen.parse import parse
+
+    mask = "(k < 5 | k >= 5 | doc[b, q] == doc[b, k]) & causal"
+    spec, diags = parse(f"attention t {{ head_dim = 32; dtype = fp32; doc: int32[B, Nk]; mask = {mask} }}")  # fmt: skip
+    assert not diags, diags
+    (variant,), diags = check([spec])
+    assert not diags, diags
+    assert print_expr(nnf_of(variant.mask)) == "(full | doc[b, q] == doc[b, k]) & k <= q"
+
+
 def test_scores_use_the_mask_facts():
     """Under a mask that hides k > q, |q - k| and ALiBi skip the abs."""
     n = ir.Name
@@ -557,6 +688,12 @@ def test_gluon_forward_own_code_only_for_plain_full_and_causal(
         ("causal", None, ir.DType.FP32, 128, False),  # no 16-bit tensor-core path
         ("causal", None, ir.DType.BF16, 80, False),  # written for d64 and d128
         ("causal", None, ir.DType.BF16, 256, False),
+        # A mask that hides every pair leaves the Gluon loops empty, which
+        # Triton 3.6 did not compile: the Triton kernels take it.
+        ("!full", None, ir.DType.BF16, 64, False),
+        ("causal & !causal", None, ir.DType.BF16, 64, False),
+        ("k < 5 & k > 9 | h < 0", None, ir.DType.FP16, 128, False),
+        ("k < 5 | k >= 5", None, ir.DType.BF16, 64, True),  # every pair: full
     ],
 )
 def test_gluon_backward_for_16_bit_d64_and_d128(mask, score, dtype, head_dim, expected):
