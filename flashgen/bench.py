@@ -142,6 +142,13 @@ class Measurement:
     note: str = ""
     # v's (and o's) head dim where it differs from q's (MLA); None: head_dim.
     v_head_dim: int | None = None
+    # flashgen's tile plan of a spec whose mask reads runtime data: built once
+    # per case outside the timed calls and passed to each ("per batch", as
+    # FlexAttention's block mask is), or built inside each call ("per call");
+    # None where the module has no plan.  plan_ms: tile_plan()'s own time,
+    # by the same timer (per batch only).
+    tile_plan: str | None = None
+    plan_ms: float | None = None
 
     def host_paced(self) -> bool:
         """Whether the forward + backward time measured is the host's pace."""
@@ -243,6 +250,8 @@ TIMERS: dict[str, Callable[[Callable[[], object]], float]] = {
     "do_bench": _do_bench,
     "cuda-graph": _do_bench_graph,
 }
+# Where a module's tile plan is built in a timed call (`bench`'s tile_plan).
+TILE_PLANS = ("per-batch", "per-call")
 
 
 def bench(
@@ -260,6 +269,7 @@ def bench(
     experiments: Mapping[str, object] | None = None,
     document_length: float = DOCUMENT_LENGTH,
     on_result: Callable[[Measurement], None] | None = None,
+    tile_plan: str = "per-batch",
 ) -> list[Measurement]:
     """Time every variant at every sequence length on every system.
 
@@ -275,12 +285,21 @@ def bench(
     names one of TIMERS, or is a function that times a call (in ms).
     `progress` shows each case on stderr as it runs (`display.Progress`: a
     live bar on a terminal, a plain line per case elsewhere).
+
+    `tile_plan`, for a module whose mask reads runtime data (it has
+    `tile_plan()`, decision 058): "per-batch" builds the plan once per case,
+    outside the timed calls, and passes it to each, as FlexAttention's block
+    mask is built once and passed (both serve every layer of a batch); its
+    own time is measured apart (`Measurement.plan_ms`).  "per-call": every
+    timed call builds its own, as a call without plan= does.
     """
     from torch.nn.attention import SDPBackend, sdpa_kernel
     from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
     from flashgen.api import load_variant
 
+    if tile_plan not in TILE_PLANS:
+        raise ValueError(f"tile_plan must be one of {', '.join(TILE_PLANS)}, got {tile_plan!r}")
     if isinstance(timer, str):
         if timer not in TIMERS:
             raise ValueError(f"timer must be one of {', '.join(TIMERS)}, got {timer!r}")
@@ -330,7 +349,8 @@ def bench(
                         timer=timer, reference=reference, timer_name=timer_name, learned=learned,
                     )  # fmt: skip
                     if system == "flashgen":
-                        fn = lambda a, b_, c: module.attention(a, b_, c, **data)  # noqa: E731
+                        fn, planned = _flashgen_call(module, tile_plan, q, k, v, data)
+                        measure = functools.partial(measure, **planned)
                     elif system == "flex":
                         # One block mask for all heads unless the mask reads `h`.
                         mask_heads = heads if ir.mentions(variant.mask, frozenset({"h"})) else None
@@ -381,6 +401,17 @@ def bench(
     return results
 
 
+def _flashgen_call(module, tile_plan: str, q, k, v, data: dict) -> tuple[Callable, dict]:
+    """flashgen's call on a case, and `_measure`'s arguments for its tile plan
+    (`bench`'s `tile_plan`): none for a module without one."""
+    if not hasattr(module, "tile_plan"):
+        return (lambda a, b_, c: module.attention(a, b_, c, **data)), {}
+    if tile_plan == "per-call":
+        return (lambda a, b_, c: module.attention(a, b_, c, **data)), {"tile_plan": "per call"}
+    fn = lambda a, b_, c, plan=None: module.attention(a, b_, c, plan=plan, **data)  # noqa: E731
+    return fn, {"tile_plan": "per batch", "plan": lambda: module.tile_plan(q, k, v, **data)}
+
+
 def _measure(
     name,
     system,
@@ -395,19 +426,26 @@ def _measure(
     timer_name="do_bench",
     learned=(),
     reraise: Callable[[BaseException], bool] | None = None,
+    tile_plan: str | None = None,
+    plan: Callable[[], object] | None = None,
 ) -> Measurement:
     """Forward and forward + backward times of `fn` on q, k, v; the backward
     also takes the gradients of the `learned` tensors that `fn` reads.  An
-    error is reported in the measurement, unless `reraise` says to raise it."""
+    error is reported in the measurement, unless `reraise` says to raise it.
+    `plan` builds a tile plan, once, untimed, for `fn(q, k, v, plan)` (then
+    timed alone: `plan_ms`); `tile_plan` says how the plan was built."""
     b, h, n, d = q.shape
     base = dict(variant=name, system=system, batch=b, heads=h, seqlen=n, head_dim=d, density=frac)
     if v.shape[-1] != d:
         base["v_head_dim"] = v.shape[-1]
     base["timer"] = timer_name
     inputs = [x.detach().requires_grad_() for x in (q, k, v)]
-    diff = fwd = bwd = host = None
+    diff = fwd = bwd = host = plan_ms = None
     error = ""
     try:  # a system that cannot run a case is reported, not fatal
+        if plan is not None:
+            fn = functools.partial(fn, plan=plan())
+            plan_ms = timer(plan)
         with torch.no_grad():
             out = fn(q, k, v)
         if reference is not None:
@@ -427,7 +465,10 @@ def _measure(
         if reraise is not None and reraise(exc):
             raise
         error = f"{type(exc).__name__}: {exc}"[:200]
-    return Measurement(**base, fwd_ms=fwd, bwd_ms=bwd, max_diff=diff, error=error, host_ms=host)
+    return Measurement(
+        **base, fwd_ms=fwd, bwd_ms=bwd, max_diff=diff, error=error, host_ms=host,
+        tile_plan=tile_plan, plan_ms=plan_ms,
+    )  # fmt: skip
 
 
 def out_of_resources(exc: BaseException) -> bool:
@@ -540,6 +581,12 @@ def table(results: Sequence[Measurement]) -> str:
             "not the kernels' (--timer cuda-graph times the kernels)"
         )
     for r in results:
+        if r.plan_ms is not None and r.fwd_ms:
+            lines.append(
+                f"plan: {r.variant} N={r.seqlen} {r.system}: tile plan built once per batch, "
+                f"outside the timed calls (as FlexAttention's block mask): {r.plan_ms:.3f} ms, "
+                f"{r.plan_ms / r.fwd_ms:.1%} of a forward"
+            )
         if r.note:
             lines.append(f"note: {r.variant} N={r.seqlen} {r.system}: {r.note}")
         if r.error:
@@ -713,6 +760,8 @@ def records(
     "; ", where it has one: FlexAttention's kernel options), spec (block
     name), spec_hash, the shape B, H, Hkv, Nq, Nk, D, dtype, system, timer,
     density and error (None when it ran).
+    flashgen's records of a module with a tile plan also hold tile_plan ("per
+    batch" or "per call") and plan_ms (tile_plan()'s time, per batch only).
     direction "fwd": ms (forward time), tflops, max_diff (against flashgen's
     output).  direction "fwd+bwd": ms (forward + backward), bwd_ms (the
     backward's share: that minus the forward), bwd_tflops (the backward's
@@ -748,6 +797,8 @@ def records(
             density=r.density,
             command=context["command"],
         )
+        if r.tile_plan is not None:
+            base.update(tile_plan=r.tile_plan, plan_ms=r.plan_ms)
         error = r.error or None
         # The run's note, then the measurement's (FlexAttention's kernel options).
         note = "; ".join(n for n in (context["note"], r.note) if n) or None

@@ -11,7 +11,8 @@ files, no GPU for bench or tune).
     flashgen verify SPEC... [--device cpu|cuda] [--examples N] [--seed S] [--name NAME]
                     [--accept-partial]
     flashgen bench SPEC... [--seqlens N...] [--head-dim D...] [--systems ...]
-                   [--timer do_bench|cuda-graph] [--json PATH] [--jsonl PATH] [--plot PNG]
+                   [--timer do_bench|cuda-graph] [--tile-plan per-batch|per-call]
+                   [--json PATH] [--jsonl PATH] [--plot PNG]
     flashgen bench --random N [--seed S] [--dtype bf16|fp16] [the options above]
     flashgen tune SPEC... [--head-dim D...] [--passes forward|backward] [--quick]
 
@@ -289,6 +290,15 @@ def _parser() -> argparse.ArgumentParser:
         default=list(SYSTEMS),
         help="what to time (default: all)",
     )
+    bench.add_argument(
+        "--tile-plan",
+        choices=("per-batch", "per-call"),
+        default="per-batch",
+        help="for a spec whose mask reads runtime data: per-batch builds flashgen's tile plan "
+        "once per case outside the timed calls and passes it to each (plan=), as "
+        "FlexAttention's block mask is, and times it apart (default); per-call times calls "
+        "that build their own",
+    )
     _add_plan_argument(bench)
     bench.set_defaults(run=_bench)
 
@@ -402,6 +412,7 @@ def _bench(args: argparse.Namespace) -> int:
             timer=args.timer,
             experiments=experiments,
             on_result=keep if args.jsonl else None,
+            tile_plan=args.tile_plan,
         )
     print(bench.table(results))
     if drawn:

@@ -211,6 +211,85 @@ def test_every_kernel_is_compiled_before_any_timing(monkeypatch):
     assert seen == [1, 1]  # both timings after one untimed forward + backward
 
 
+@pytest.mark.parametrize("tile_plan", bench.TILE_PLANS)
+def test_a_data_masks_tile_plan_is_built_once_per_case_or_in_every_call(monkeypatch, tile_plan):
+    """For a mask that reads runtime data, the default builds flashgen's tile
+    plan once per case, outside the timed calls (as FlexAttention's block
+    mask), and times it apart: the timed calls launch no plan kernel.
+    per-call times calls that build their own: one plan in a forward, three in
+    a forward + backward (decision 058)."""
+    import flashgen.api
+
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    variant = _variant(
+        "attention docs { head_dim = 16; dtype = fp32; doc: int32[B, Nk]\n"
+        "mask = causal & doc[b, q] == doc[b, k] }"
+    )
+    modules, plans_per_timing = [], []
+    load = flashgen.api.load_variant
+
+    def loaded(*args, **kwargs):
+        module = load(*args, **kwargs)
+        launch = module._launch
+
+        def counted(kernel, *a, **kw):
+            plans[0] += kernel is module._attn_plan
+            return launch(kernel, *a, **kw)
+
+        monkeypatch.setattr(module, "_launch", counted)
+        modules.append(module)
+        return module
+
+    plans = [0]
+
+    def timer(fn):
+        plans[0] = 0
+        fn()
+        plans_per_timing.append(plans[0])
+        return 2.0
+
+    monkeypatch.setattr(flashgen.api, "load_variant", loaded)
+    (measured,) = bench.bench(
+        [variant], seqlens=[32], batch=1, heads=2, device="cpu", timer=timer,
+        systems=("flashgen",), progress=False, tile_plan=tile_plan,
+    )  # fmt: skip
+    assert not measured.error, measured.error
+    if tile_plan == "per-batch":
+        # tile_plan() timed alone (a plan per distinct tile shape of the forward
+        # and the backward's two sides), then forward and forward + backward.
+        assert plans_per_timing[0] > 0 and plans_per_timing[1:] == [0, 0]
+        assert measured.tile_plan == "per batch" and measured.plan_ms == 2.0
+        assert "tile plan built once per batch" in bench.table([measured])
+    else:
+        assert plans_per_timing == [1, 3]
+        assert measured.tile_plan == "per call" and measured.plan_ms is None
+        assert "tile plan" not in bench.table([measured])
+    context = dict(commit="c", date="d", run="r", gpu="g", triton="t", torch="t", command="x")
+    for record in bench.records([measured], [variant], dict(context, note=None)):
+        assert record["tile_plan"] == measured.tile_plan
+        assert record["plan_ms"] == measured.plan_ms
+
+
+def test_a_module_without_a_tile_plan_records_none(monkeypatch):
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    variant = _variant("attention tiny { head_dim = 16; dtype = fp32; mask = causal }")
+    (measured,) = bench.bench(
+        [variant], seqlens=[32], batch=1, heads=2, device="cpu", timer=lambda fn: fn() or 1.0,
+        systems=("flashgen",), progress=False,
+    )  # fmt: skip
+    assert measured.tile_plan is None and measured.plan_ms is None
+    context = dict(commit="c", date="d", run="r", gpu="g", triton="t", torch="t", command="x")
+    assert all(
+        "tile_plan" not in r for r in bench.records([measured], [variant], dict(context, note=None))
+    )
+
+
+def test_bench_refuses_an_unknown_tile_plan():
+    variant = _variant("attention tiny { head_dim = 16; dtype = fp32; mask = causal }")
+    with pytest.raises(ValueError, match="tile_plan must be one of per-batch, per-call"):
+        bench.bench([variant], seqlens=[32], device="cpu", tile_plan="never", progress=False)
+
+
 def test_bench_cli_needs_a_gpu(tmp_path, capsys):
     if torch.cuda.is_available():
         pytest.skip("has a GPU")
