@@ -50,6 +50,14 @@ class GluonForward(str, enum.Enum):
 # must allow that many (`key_span`), the call's sequence must be that long.
 GLUON_FORWARD_ANY = True
 GLUON_ANY_MIN_KEYS = 4096
+# The head dims that get the Gluon forward.  Its kernel takes the head dim
+# from its descriptors; at 64 it compiles for sm_90a without spills (168
+# registers, 115 KB of shared memory at 3 stages; scripts/sm90_resources.py
+# --gluon-forward-head-dims 64 128, 2026-12-03) but has not been timed: the
+# Triton forward there runs at 0.89-0.94x cuDNN (issue 23 asks for 1.0x).
+# `bash scripts/gpu_gluon_d64.sh` checks it against the reference and times
+# it beside the Triton forward, FlexAttention and cuDNN.
+GLUON_FORWARD_HEAD_DIMS = (128,)
 
 
 def key_span(e: ir.Expr) -> int | None:
@@ -155,14 +163,20 @@ def gluon_forward(v: ir.Variant) -> GluonForward | None:
     (docs/decisions/013, 016 and 029), and which, or None.
 
     Written for the plain variants that race cuDNN: a full or causal mask,
-    the score s, 16-bit inputs, head dim 128.  With GLUON_FORWARD_ANY, ANY
-    for every other mask and score at 16 bits and head dim 128 without a
-    rescale threshold (it reuses the Gluon backward's mask functions) whose
-    query rows may see GLUON_ANY_MIN_KEYS keys or more.  The module still
+    the score s, 16-bit inputs, a head dim of GLUON_FORWARD_HEAD_DIMS (128).
+    With GLUON_FORWARD_ANY, ANY for every other mask and score at 16 bits and
+    those head dims without a rescale threshold (it reuses the Gluon
+    backward's mask functions) whose query rows may see GLUON_ANY_MIN_KEYS
+    keys or more.  The module still
     checks each call's shapes and falls back to the Triton kernel.  Its tiles
     assume v's head dim is q's: a v_head_dim (MLA) takes the Triton kernel.
     """
-    if v.dtype is ir.DType.FP32 or v.head_dim != 128 or v.v_dim != 128 or _runtime_data(v):
+    if (
+        v.dtype is ir.DType.FP32
+        or v.head_dim not in GLUON_FORWARD_HEAD_DIMS
+        or v.v_dim != v.head_dim
+        or _runtime_data(v)
+    ):
         return None
     if v.score == ir.IDENTITY_SCORE and v.mask in (ir.FULL, ir.Name("causal")):
         return GluonForward.FULL if v.mask == ir.FULL else GluonForward.CAUSAL

@@ -443,6 +443,14 @@ def main() -> None:
         " (kernel_choice.GLUON_ANY_MIN_KEYS = 0)",
     )
     parser.add_argument(
+        "--gluon-forward-head-dims",
+        type=int,
+        nargs="+",
+        metavar="D",
+        help="the head dims that get the Gluon forward (kernel_choice.GLUON_FORWARD_HEAD_DIMS; "
+        "default: the module's own choice)",
+    )
+    parser.add_argument(
         "--v-in-k",
         action="store_true",
         help="the forward and decode kernels' path for v a view of k's first columns (V_IN_K)",
@@ -452,6 +460,8 @@ def main() -> None:
     V_IN_K = args.v_in_k
     if args.gluon_forward_any:
         kernel_choice.GLUON_ANY_MIN_KEYS = 0
+    if args.gluon_forward_head_dims:
+        kernel_choice.GLUON_FORWARD_HEAD_DIMS = tuple(args.gluon_forward_head_dims)
     if os.environ.get("TRITON_INTERPRET") == "1":
         parser.error("unset TRITON_INTERPRET: the kernels must be compiled, not interpreted")
     for path in args.specs:

@@ -256,6 +256,46 @@ def test_gluon_forward_any_mask_on_gpu(mask, score, dtype, monkeypatch):
     assert_ok(result)
 
 
+# The Gluon forward at head dim 64, not on by default (kernel_choice.
+# GLUON_FORWARD_HEAD_DIMS): full and causal (its cuDNN race), and masks and
+# scores of the any-mask kernel.
+GLUON_FORWARD_D64_CASES = [
+    ("full", None),
+    ("causal", None),
+    ("causal & window(200)", None),
+    ("k + 200 <= q", None),  # rows below 200 see no key
+    ("causal & (q - k) % 3 != 1 & (h != 1 | k >= 64)", None),
+    ("causal", "s + alibi"),
+    ("full", "softcap(s, 20.0)"),
+]
+
+
+@pytest.mark.parametrize("mask, score", GLUON_FORWARD_D64_CASES)
+@pytest.mark.parametrize("dtype", [ir.DType.FP16, ir.DType.BF16])
+def test_gluon_forward_at_head_dim_64_on_gpu(mask, score, dtype, monkeypatch):
+    """The Gluon forward with GLUON_FORWARD_HEAD_DIMS extended to 64 and on at
+    every length (GLUON_ANY_MIN_KEYS = 0), as scripts/gpu_gluon_d64.sh times
+    it: forward against the float64 reference, GQA, several tiles per CTA,
+    and gradients through its log-sum-exp.  Counts its launches."""
+    from flashgen import kernel_choice
+
+    monkeypatch.setattr(kernel_choice, "GLUON_FORWARD_HEAD_DIMS", (64, 128))
+    monkeypatch.setattr(kernel_choice, "GLUON_ANY_MIN_KEYS", 0)
+    variant = make_variant(mask, score, dtype=dtype, head_dim=64)
+    module = build(variant)
+    launches = _count_calls(monkeypatch, module, "_gluon_forward")
+    shapes = [Shape(1, 2, 2, 128, 128), Shape(2, 4, 2, 384, 384), Shape(1, 2, 1, 2048, 2048)]
+    for i, shape in enumerate(shapes):
+        for magnitude in (1.0, 5.0):
+            result = run_case(variant, shape, seed=i, device="cuda", magnitude=magnitude)
+            _record(variant, result)
+            assert_ok(result)
+    assert len(launches) == 2 * len(shapes)
+    result = run_grad_case(variant, Shape(1, 4, 2, 512, 512), seed=7, device="cuda")
+    _record(variant, result)
+    assert_ok(result)
+
+
 @pytest.mark.parametrize("name", ["mistral_sliding", "llama4_local", "bloom_alibi"])
 def test_gluon_forward_any_mask_dispatch_on_gpu(name, monkeypatch):
     """The example modules as generated: the Gluon forward from

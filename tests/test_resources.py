@@ -220,6 +220,20 @@ def test_gluon_forward_for_any_mask_compiles_for_sm90():
     assert all(r["spill_stores"] <= 64 for r in gluon.values()), gluon
 
 
+@needs_gluon
+def test_gluon_forward_at_head_dim_64_compiles_for_sm90():
+    """The Gluon forward at head dim 64 (`kernel_choice.GLUON_FORWARD_HEAD_DIMS`
+    extended to it, as scripts/gpu_gluon_d64.sh measures it): full, causal and
+    a window with ALiBi compile for sm_90a without spills."""
+    specs = ["examples/full.attn", "examples/plain_causal.attn", "examples/bloom_alibi.attn"]
+    rows, stdout = _sm90_resources(
+        *specs, "--head-dim", "64", "--gluon-forward-head-dims", "64", "128", "--gluon-forward-any"
+    )
+    gluon = {r["name"]: r for r in rows if r["kernel"] == "_gluon_attn_fwd"}
+    assert set(gluon) == {"full", "plain_causal", "bloom_alibi"}, stdout[-2000:]
+    assert all(r["head_dim"] == 64 and r["spill_stores"] == 0 for r in gluon.values()), gluon
+
+
 DATA_MASKS = """\
 attention packed_docs {
     head_dim = 128
