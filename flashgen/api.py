@@ -50,6 +50,7 @@ import stat
 import sys
 import types
 import uuid
+import warnings
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Union
@@ -58,7 +59,7 @@ import platformdirs
 
 from flashgen import __version__, ir
 from flashgen.check import check
-from flashgen.diagnostics import Diagnostic, SpecError
+from flashgen.diagnostics import Diagnostic, SpecError, SpecWarning
 from flashgen.emit import render_module
 from flashgen.files import READ_FLAGS, file_kind, read_at_most
 from flashgen.lower import Tuning
@@ -269,12 +270,25 @@ def check_sources(
 
 
 def _check_specs(specs: Spec | Sequence[Spec]) -> tuple[ir.Variant, ...]:
+    """The specs' variants; each warning diagnostic is issued as a SpecWarning
+    (shown once per place by Python's default filter)."""
     sources = _read_specs(specs)
     try:
-        variants, _ = check_sources(sources)
+        variants, warned = check_sources(sources)
     except SpecError as e:
         raise _with_path_hint(e) from None
+    for diagnostic in warned:
+        warning = SpecWarning(diagnostic, sources.get(diagnostic.path))
+        warnings.warn(warning, stacklevel=_caller_level())
     return variants
+
+
+def _caller_level() -> int:
+    """warnings.warn's stacklevel of the first caller outside flashgen."""
+    level, frame = 2, sys._getframe(2)
+    while frame is not None and frame.f_globals.get("__name__", "").startswith("flashgen"):
+        level, frame = level + 1, frame.f_back
+    return level
 
 
 def _with_path_hint(error: SpecError) -> SpecError:

@@ -46,6 +46,7 @@ from dataclasses import replace
 
 from flashgen import index_ranges, input_grads, ir
 from flashgen.diagnostics import Diagnostic, expression_too_deep, expression_too_large
+from flashgen.mask_forms import desugar_mask, hides_every_pair, negation_normal_form
 from flashgen.printer import print_expr, print_input
 
 __all__ = ["check", "integer_magnitude", "reserved_block_name"]
@@ -130,8 +131,31 @@ def check(
             file_diagnostics += report.diagnostics
             if variant is not None and not report.diagnostics:
                 variants.append(variant)
+                file_diagnostics += _warnings(variant, block, spec.path)
         diagnostics += sorted(file_diagnostics, key=_position)
     return tuple(variants), diagnostics
+
+
+def _warnings(variant: ir.Variant, block: ir.Block, path: str) -> list[Diagnostic]:
+    """What an accepted block may not mean: a mask that hides every (query,
+    key) pair whatever the sizes, heads and data (`mask_forms.hides_every_pair`
+    of the mask as the kernels take it; e.g. `causal & !causal`, `k < 5 & k >
+    9`).  Its outputs are all 0 (a row that sees no key is defined so), so
+    the block is kept, with a warning at its mask."""
+    if not hides_every_pair(negation_normal_form(desugar_mask(variant.mask))):
+        return []
+    (setting,) = [s for s in block.settings if s.key == "mask"]
+    return [
+        Diagnostic(
+            path,
+            setting.value.span,
+            "this mask hides every (query, key) pair: every output row is 0, its "
+            "log-sum-exp -inf, and every gradient 0",
+            severity="warning",
+            note="a row that sees no key is defined so (docs/LANGUAGE.md); if the mask is "
+            "meant to show some pairs, one of its terms contradicts another",
+        )
+    ]
 
 
 def _position(d: Diagnostic) -> tuple[int, int]:

@@ -92,6 +92,17 @@ class SpecError(Exception):
         return str(self).split("\n")
 
 
+class SpecWarning(UserWarning):
+    """Issued by the Python API (`warnings.warn`) for a spec that checks but
+    may not mean what it says (a mask that hides every pair); `diagnostic`
+    is the warning, `str(warning)` its rendered text, as `flashgen check`
+    prints it."""
+
+    def __init__(self, diagnostic: Diagnostic, source: str | None) -> None:
+        self.diagnostic = diagnostic
+        super().__init__(render(diagnostic, source).rstrip("\n"))
+
+
 def expression_too_deep() -> tuple[str, str]:
     """Message and note for an expression nested deeper than the limit."""
     return (

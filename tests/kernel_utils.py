@@ -133,7 +133,8 @@ def make_variant(
     head_dim: int = 32,
     **settings,
 ) -> ir.Variant:
-    """A checked Variant named `t` from spec fragments, through the real parser."""
+    """A checked Variant named `t` from spec fragments, through the real parser
+    (warnings allowed: a mask that hides every pair is a case too)."""
     from flashgen.check import check
     from flashgen.parse import parse
 
@@ -145,7 +146,7 @@ def make_variant(
     spec, diags = parse(text + " }")
     assert not diags, diags
     (variant,), diags = check([spec])
-    assert not diags, diags
+    assert all(d.severity == "warning" for d in diags), diags
     return variant
 
 

@@ -492,3 +492,69 @@ def test_errors_in_several_operands_are_all_reported():
         "unknown function 'bar'",
         "unknown name 'baz'",
     ]
+
+
+# --------------------------------------------------------------------------- #
+# Warnings: accepted blocks that may not mean what they say
+# --------------------------------------------------------------------------- #
+
+HIDING = [
+    "!full",
+    "causal & !causal",
+    "k < 5 & k > 9",
+    "q - k > 3 & q - k < 4 | !full",  # no integer between 3 and 4
+    "causal & !(q - k < 8) & q - k < 8",
+]
+SHOWING = ["causal", "!causal", "k < 5 | k > 9", "causal & k > 9", "q - k > 3 & q - k < 5"]
+
+
+def _checked(mask: str, inputs: str = "") -> tuple[tuple[ir.Variant, ...], list]:
+    text = f"attention v {{\n    head_dim = 64\n    dtype = fp16\n{inputs}    mask = {mask}\n}}\n"
+    return check([spec(text)])
+
+
+@pytest.mark.parametrize("mask", HIDING)
+def test_a_mask_that_hides_every_pair_is_kept_with_a_warning_at_it(mask):
+    variants, diagnostics = _checked(mask)
+    assert len(variants) == 1  # kept: its outputs are defined (all 0)
+    (d,) = diagnostics
+    assert d.severity == "warning" and "hides every (query, key) pair" in d.message
+    assert (d.span.line, d.span.column) == (4, 12)  # the mask, after `mask = `
+    assert d.span.end_column == 12 + len(mask)
+
+
+def test_a_mask_with_reads_that_hides_every_pair_is_warned_too():
+    variants, diagnostics = _checked("doc[b, q] == doc[b, k] & !full", "    doc: int32[B, Nk]\n")
+    assert len(variants) == 1 and [d.severity for d in diagnostics] == ["warning"]
+    variants, diagnostics = _checked("doc[b, q] == doc[b, k] & causal", "    doc: int32[B, Nk]\n")
+    assert len(variants) == 1 and diagnostics == []
+
+
+@pytest.mark.parametrize("mask", SHOWING)
+def test_a_mask_that_shows_some_pair_gets_no_warning(mask):
+    variants, diagnostics = _checked(mask)
+    assert len(variants) == 1 and diagnostics == []
+
+
+def test_a_warning_does_not_stop_the_cli_or_the_api(tmp_path, capsys):
+    import warnings
+
+    import flashgen
+    from flashgen.cli import main
+
+    text = "attention v {\n    head_dim = 64\n    dtype = fp16\n    mask = causal & !causal\n}\n"
+    path = tmp_path / "v.attn"
+    path.write_text(text)
+    assert main(["check", str(path)]) == 0
+    out, err = capsys.readouterr()
+    assert out == "ok: 1 attention block in 1 file\n"
+    assert err.startswith(f"{path}:4:12: warning: this mask hides every (query, key) pair")
+    assert "    mask = causal & !causal\n           ^^^^^^^^^^^^^^^^\n" in err
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        sources = flashgen.build_sources(text)
+    assert list(sources) == ["v"]
+    (w,) = caught
+    assert w.category is flashgen.SpecWarning and w.filename == __file__  # the caller's line
+    assert w.message.diagnostic.severity == "warning"
+    assert str(w.message).startswith("<string>:4:12: warning: this mask hides every")

@@ -24,7 +24,8 @@ def reparse(text: str) -> tuple[ir.Variant, ...]:
     spec, diagnostics = parse(text, "printed.attn")
     assert diagnostics == [], (text, diagnostics)
     result, diagnostics = check([spec])
-    assert diagnostics == [], (text, [d.message for d in diagnostics])
+    # Warnings (a drawn mask that hides every pair) do not stop a round trip.
+    assert all(d.severity == "warning" for d in diagnostics), (text, diagnostics)
     return result
 
 
