@@ -56,6 +56,11 @@ GPU_TMA = False
 GPU_BWD_TMA = True
 INTERPRETER_CONFIG = (32, 32, 1, 1)
 _NO_CACHE = "this module's spec reads declared inputs: it takes no KV-cache calls (decision 056)"
+# The per-call plan (`_attn_plan`): about this many programs, each classifying
+# a group of at most PLAN_GROUP_MAX tiles (a power of two) against the other
+# side's tiles, whose reads the group shares.
+PLAN_PROGRAMS = 128
+PLAN_GROUP_MAX = 16
 
 
 @triton.jit
@@ -141,24 +146,27 @@ def _scores_log2(
 
 @triton.jit
 def _attn_plan(
-    plan_ptr, seq_ptr, n_queries, n_keys, num_heads, q_shift, k_shift, doc_ptr, doc_stride0, doc_stride1, doc_size0, doc_size1,
-    OUTER: tl.constexpr, INNER: tl.constexpr, CHUNK: tl.constexpr, KEYS_INNER: tl.constexpr,
-    SEQS: tl.constexpr, SHIFTED: tl.constexpr,
+    plan_ptr, seq_ptr, n_tiles, n_queries, n_keys, num_heads, q_shift, k_shift, doc_ptr, doc_stride0, doc_stride1, doc_size0, doc_size1,
+    OUTER: tl.constexpr, INNER: tl.constexpr, CHUNK: tl.constexpr, GROUP: tl.constexpr,
+    KEYS_INNER: tl.constexpr, SEQS: tl.constexpr, SHIFTED: tl.constexpr,
 ):  # fmt: skip
-    """Grid: (tiles of OUTER rows or keys, batch).
+    """Grid: (groups of GROUP tiles of OUTER rows or keys, batch).
 
-    For one query tile (KEYS_INNER) or key tile, classify every tile of
-    INNER positions of the other side by interval analysis of the mask, with
-    each read of an input bounded by its values over the tile, and write
-    (lo, hi, full_lo, full_hi): the positions of the first and past the last
-    tile that may hold a visible pair, and of the first run of tiles whose
-    every pair is visible.  CHUNK tiles are classified at a time.  With
-    SEQS, the grid's batch axis counts sequences, each with its own lengths
-    and positions from 0 (`seq_ptr`, as in `_attn_fwd`); with SHIFTED, the
+    For each of its GROUP query tiles (KEYS_INNER) or key tiles (of the
+    plan's n_tiles), classify every tile of INNER positions of the other side
+    by interval analysis of the mask, with each read of an input bounded by
+    its values over the tile, and write (lo, hi, full_lo, full_hi): the
+    positions of the first and past the last tile that may hold a visible
+    pair, and of the first run of tiles whose every pair is visible.  CHUNK
+    tiles are classified at a time, for the whole group at once: each read
+    of the other side is loaded once per group, so a program's loads do not
+    grow with GROUP (every program still reads that whole side).  With SEQS,
+    the grid's batch axis counts sequences, each with its own lengths and
+    positions from 0 (`seq_ptr`, as in `_attn_fwd`); with SHIFTED, the
     call's offsets place the positions.  Key bounds are rows, query bounds
     and every whole-tile bound positions, as the attention kernels take them.
     """
-    tile = tl.program_id(0)
+    tiles = tl.program_id(0) * GROUP + tl.arange(0, GROUP)
     batch = tl.program_id(1)
     if SEQS:
         n_queries = tl.load(seq_ptr + batch * 4 + 1)
@@ -172,40 +180,42 @@ def _attn_plan(
 
     doc_strides = (doc_stride0, doc_stride1)
     doc_sizes = (doc_size0, doc_size1)
+    # The group's tiles down axis 0 ([GROUP, 1]), the other side's across axis 1.
     if KEYS_INNER:
-        rows = tile * OUTER + tl.arange(0, OUTER)
+        rows = tiles[:, None] * OUTER + tl.arange(0, OUTER)[None, :]
         outer_valid = rows < n_queries
         q_pos = rows + q_offset
-        q_lo = tile * OUTER + q_offset
-        q_hi = tl.minimum(tile * OUTER + OUTER, n_queries) - 1 + q_offset
-        r0_doc_lo = tl.min(tl.where(outer_valid, _read_doc(batch, q_pos, doc_ptr, doc_strides, doc_sizes), 2**62))  # fmt: skip
-        r0_doc_hi = tl.max(tl.where(outer_valid, _read_doc(batch, q_pos, doc_ptr, doc_strides, doc_sizes), -(2**62)))  # fmt: skip
+        q_lo = (tiles * OUTER + q_offset)[:, None]
+        q_hi = (tl.minimum(tiles * OUTER + OUTER, n_queries) - 1 + q_offset)[:, None]
+        r0_doc_lo = tl.min(tl.where(outer_valid, _read_doc(batch, q_pos, doc_ptr, doc_strides, doc_sizes), 2**62), 1)[:, None]  # fmt: skip
+        r0_doc_hi = tl.max(tl.where(outer_valid, _read_doc(batch, q_pos, doc_ptr, doc_strides, doc_sizes), -(2**62)), 1)[:, None]  # fmt: skip
         n_inner = tl.cdiv(n_keys, INNER)
         n_positions = n_keys
     else:
-        keys = tile * OUTER + tl.arange(0, OUTER)
+        keys = tiles[:, None] * OUTER + tl.arange(0, OUTER)[None, :]
         outer_valid = keys < n_keys
         k_pos = keys + k_offset
-        k_lo = tile * OUTER + k_offset
-        k_hi = tl.minimum(tile * OUTER + OUTER, n_keys) - 1 + k_offset
-        r1_doc_lo = tl.min(tl.where(outer_valid, _read_doc(batch, k_pos, doc_ptr, doc_strides, doc_sizes), 2**62))  # fmt: skip
-        r1_doc_hi = tl.max(tl.where(outer_valid, _read_doc(batch, k_pos, doc_ptr, doc_strides, doc_sizes), -(2**62)))  # fmt: skip
+        k_lo = (tiles * OUTER + k_offset)[:, None]
+        k_hi = (tl.minimum(tiles * OUTER + OUTER, n_keys) - 1 + k_offset)[:, None]
+        r1_doc_lo = tl.min(tl.where(outer_valid, _read_doc(batch, k_pos, doc_ptr, doc_strides, doc_sizes), 2**62), 1)[:, None]  # fmt: skip
+        r1_doc_hi = tl.max(tl.where(outer_valid, _read_doc(batch, k_pos, doc_ptr, doc_strides, doc_sizes), -(2**62)), 1)[:, None]  # fmt: skip
         n_inner = tl.cdiv(n_queries, INNER)
         n_positions = n_queries
-    first_may = n_inner
-    last_may = -1
-    first_must = n_inner
-    run_end = n_inner
+    first_may = tl.zeros([GROUP], tl.int32) + n_inner
+    last_may = tl.zeros([GROUP], tl.int32) - 1
+    first_must = tl.zeros([GROUP], tl.int32) + n_inner
+    run_end = tl.zeros([GROUP], tl.int32) + n_inner
     for start in range(0, n_inner, CHUNK):
-        t = start + tl.arange(0, CHUNK)
-        inner = (t * INNER)[:, None] + tl.arange(0, INNER)[None, :]
+        tile_ids = start + tl.arange(0, CHUNK)
+        inner = (tile_ids * INNER)[:, None] + tl.arange(0, INNER)[None, :]
         inner_valid = inner < n_positions
+        t = tile_ids[None, :]
         if KEYS_INNER:
             k_pos = inner + k_offset
             k_lo = t * INNER + k_offset
             k_hi = tl.minimum(t * INNER + INNER, n_keys) - 1 + k_offset
-            r1_doc_lo = tl.min(tl.where(inner_valid, _read_doc(batch, k_pos, doc_ptr, doc_strides, doc_sizes), 2**62), 1)  # fmt: skip
-            r1_doc_hi = tl.max(tl.where(inner_valid, _read_doc(batch, k_pos, doc_ptr, doc_strides, doc_sizes), -(2**62)), 1)  # fmt: skip
+            r1_doc_lo = tl.min(tl.where(inner_valid, _read_doc(batch, k_pos, doc_ptr, doc_strides, doc_sizes), 2**62), 1)[None, :]  # fmt: skip
+            r1_doc_hi = tl.max(tl.where(inner_valid, _read_doc(batch, k_pos, doc_ptr, doc_strides, doc_sizes), -(2**62)), 1)[None, :]  # fmt: skip
             # k <= q
             m1_must = k_hi <= q_lo
             m1_may = k_lo <= q_hi
@@ -220,8 +230,8 @@ def _attn_plan(
             q_pos = inner + q_offset
             q_lo = t * INNER + q_offset
             q_hi = tl.minimum(t * INNER + INNER, n_queries) - 1 + q_offset
-            r0_doc_lo = tl.min(tl.where(inner_valid, _read_doc(batch, q_pos, doc_ptr, doc_strides, doc_sizes), 2**62), 1)  # fmt: skip
-            r0_doc_hi = tl.max(tl.where(inner_valid, _read_doc(batch, q_pos, doc_ptr, doc_strides, doc_sizes), -(2**62)), 1)  # fmt: skip
+            r0_doc_lo = tl.min(tl.where(inner_valid, _read_doc(batch, q_pos, doc_ptr, doc_strides, doc_sizes), 2**62), 1)[None, :]  # fmt: skip
+            r0_doc_hi = tl.max(tl.where(inner_valid, _read_doc(batch, q_pos, doc_ptr, doc_strides, doc_sizes), -(2**62)), 1)[None, :]  # fmt: skip
             # k <= q
             m1_must = k_hi <= q_lo
             m1_may = k_lo <= q_hi
@@ -232,22 +242,24 @@ def _attn_plan(
             m3_may = (m1_may) & (m2_may)
             may = (m3_may) & (t < n_inner)
             must = (m3_must) & (t < n_inner)
-        first_may = tl.minimum(first_may, tl.min(tl.where(may, t, n_inner)))
-        last_may = tl.maximum(last_may, tl.max(tl.where(may, t, -1)))
-        first_must = tl.minimum(first_must, tl.min(tl.where(must, t, n_inner)))
+        first_may = tl.minimum(first_may, tl.min(tl.where(may, t, n_inner), 1))
+        last_may = tl.maximum(last_may, tl.max(tl.where(may, t, -1), 1))
+        first_must = tl.minimum(first_must, tl.min(tl.where(must, t, n_inner), 1))
         # The first run of whole tiles ends at the first tile after its start that is not.
-        run_end = tl.minimum(run_end, tl.min(tl.where(~must & (t > first_must), t, n_inner)))
+        after = ~must & (t > first_must[:, None])
+        run_end = tl.minimum(run_end, tl.min(tl.where(after, t, n_inner), 1))
     offset = q_offset if not KEYS_INNER else 0  # (lo, hi): query positions, key rows
     lo = tl.where(last_may >= 0, first_may * INNER, 0) + offset
     hi = tl.minimum((last_may + 1) * INNER, n_positions) + offset
     offset = q_offset if not KEYS_INNER else k_offset  # (full_lo, full_hi): positions
     full_lo = first_must * INNER + offset
     full_hi = tl.where(first_must < n_inner, run_end * INNER - 1 + offset, -1 - n_positions)
-    out = plan_ptr + (tl.program_id(1).to(tl.int64) * tl.num_programs(0) + tile) * 4
-    tl.store(out, lo)
-    tl.store(out + 1, hi)
-    tl.store(out + 2, full_lo)
-    tl.store(out + 3, full_hi)
+    out = plan_ptr + (tl.program_id(1).to(tl.int64) * n_tiles + tiles) * 4
+    inside = tiles < n_tiles
+    tl.store(out, lo, mask=inside)
+    tl.store(out + 1, hi, mask=inside)
+    tl.store(out + 2, full_lo, mask=inside)
+    tl.store(out + 3, full_hi, mask=inside)
 
 
 @triton.jit
@@ -1396,11 +1408,14 @@ def _data_plan(q, k, outer: int, inner: int, keys_inner: bool, inputs: tuple = (
     rows = batch
     plan = torch.empty((rows, tiles, 4), dtype=torch.int32, device=q.device)
     chunk = max(1, 4096 // inner)  # tiles classified at a time
+    # Tiles per program: each program reads the other side whole, so a group
+    # of tiles shares those reads; about PLAN_PROGRAMS programs in all.
+    group = min(PLAN_GROUP_MAX, 1 << max(0, (tiles * rows // PLAN_PROGRAMS).bit_length() - 1))
     if plan.numel():
         _launch(
-            _attn_plan, (tiles, rows),
-            plan, plan if seqs is None else seqs[0], n_queries, n_keys, num_heads, *(shifts or (0, 0)), *_input_args(inputs),
-            outer, inner, chunk, keys_inner, seqs is not None, shifts is not None,
+            _attn_plan, (_cdiv(tiles, group), rows),
+            plan, plan if seqs is None else seqs[0], tiles, n_queries, n_keys, num_heads, *(shifts or (0, 0)), *_input_args(inputs),
+            outer, inner, chunk, group, keys_inner, seqs is not None, shifts is not None,
         )  # fmt: skip
     return plan
 

@@ -278,10 +278,12 @@ def plan_resources(module, seqs: bool = False) -> list:
     inputs = getattr(module, "_INPUTS", ())
     pointers = {f"{name}_ptr": _POINTER_TYPES[dtype] for name, dtype, _ in inputs}
     found = []
-    for outer, inner, keys_inner in (module.GPU_CONFIG[:2] + (True,), (64, 128, False)):
+    # A group of 2 tiles a program (N = 16384, B = 1 at 64-row tiles), and of the most.
+    shapes = [(*module.GPU_CONFIG[:2], True, 2), (64, 128, False, module.PLAN_GROUP_MAX)]
+    for outer, inner, keys_inner, group in shapes:
         constants = dict(
-            OUTER=outer, INNER=inner, CHUNK=max(1, 4096 // inner), KEYS_INNER=keys_inner,
-            SEQS=seqs, SHIFTED=seqs,
+            OUTER=outer, INNER=inner, CHUNK=max(1, 4096 // inner), GROUP=group,
+            KEYS_INNER=keys_inner, SEQS=seqs, SHIFTED=seqs,
         )  # fmt: skip
         signature = {}
         for p in fn.params:

@@ -474,11 +474,15 @@ def test_tune_draws_the_documents_the_bench_draws(monkeypatch):
 
 @pytest.mark.kernels
 @pytest.mark.parametrize("align", ["bottom_right", "top_left"])
-def test_the_plan_skips_exactly_the_tiles_that_cross_documents(align, _interpreter):
+@pytest.mark.parametrize("programs", [1, 10**6])  # groups of up to 8 tiles a program, or 1
+def test_the_plan_skips_exactly_the_tiles_that_cross_documents(
+    align, programs, _interpreter, monkeypatch
+):
     """Packed documents (ids non-decreasing): for every query tile, the plan's
     key range runs from the first to past the last key tile that holds a
     visible pair, and its whole tiles are the tiles whose every pair is visible
-    (from the dense mask of the reference); likewise for key tiles."""
+    (from the dense mask of the reference); likewise for key tiles.  Whether
+    a program classifies one tile or a group of them (PLAN_PROGRAMS)."""
     from flashgen.api import load_variant
 
     variant = _variant(
@@ -486,6 +490,7 @@ def test_the_plan_skips_exactly_the_tiles_that_cross_documents(align, _interpret
         "mask = causal & doc[b, q] == doc[b, k] }"
     )
     module = load_variant(variant)
+    monkeypatch.setattr(module, "PLAN_PROGRAMS", programs)
     lengths = [[40, 5, 1, 50, 32], [128, 0, 0, 0, 0]]
     doc = torch.tensor(
         [[d for d, n in enumerate(row) for _ in range(n)] for row in lengths], dtype=torch.int32
@@ -524,6 +529,52 @@ def test_the_plan_skips_exactly_the_tiles_that_cross_documents(align, _interpret
                     ), (b, tile)
                 else:
                     assert full_lo > full_hi
+
+
+# Masks whose plans read inputs of each side, of neither side, per head, and
+# sequences with offsets.
+PLANNED_MASKS = [
+    ("doc: int32[B, Nk]", "causal & doc[b, q] == doc[b, k]"),
+    ("prefix_len: int64[B]", "causal | k < prefix_len[b]"),
+    ("t: int32[H]; d: int32[B, Nk]", "causal & k <= q + t[h] & d[b, k] >= d[b, q] - 1"),
+    ("d: int32[B, Nk]", "!(d[b, k] > d[b, q] + 2) & (q - k) % 3 != 1"),
+]
+
+
+@pytest.mark.kernels
+@pytest.mark.parametrize("declared, mask", PLANNED_MASKS)
+def test_a_plan_is_the_same_whatever_tiles_a_program_groups(
+    declared, mask, _interpreter, monkeypatch
+):
+    """`_attn_plan` classifies GROUP tiles a program against the other side's
+    tiles, loaded once for the group: the plan has the same bits for groups of
+    1, 2, 4 and 8 tiles (ragged groups at the end included), for the forward's
+    and the backward's tile shapes, with and without position offsets."""
+    from flashgen.api import load_variant
+    from flashgen.verify import Shape, random_runtime_inputs
+
+    variant = _variant(
+        f"attention p {{ head_dim = 16; dtype = fp32; align = top_left; {declared}; mask = {mask} }}"
+    )
+    module = load_variant(variant)
+    nq, nk = 75, 130
+    q, k = torch.zeros(2, 2, nq, 16), torch.zeros(2, 1, nk, 16)
+    data = random_runtime_inputs(
+        variant, Shape(2, 2, 1, nq, nk), "cpu", generator=torch.Generator().manual_seed(3),
+        mean_run=9,
+    )  # fmt: skip
+    inputs = module._check_runtime_inputs(q, k, tuple(data.values()))
+    for shifts in (None, (5, 0)):
+        for outer, inner, keys_inner in ((16, 16, True), (32, 16, False), (16, 32, True)):
+            plans = []
+            for programs in (10**6, 4, 2, 1):  # groups of 1 tile, then of up to 8
+                module.PLAN_PROGRAMS = programs
+                plans.append(
+                    module._data_plan(q, k, outer, inner, keys_inner, inputs, None, shifts)
+                )
+            module.PLAN_PROGRAMS = 128
+            for plan in plans[1:]:
+                assert torch.equal(plan, plans[0]), (shifts, outer, inner, keys_inner)
 
 
 @pytest.mark.kernels

@@ -350,3 +350,21 @@ def test_mla_kernels_compile_for_sm90(tmp_path):
     assert all(r["shared"] <= 232448 for r in rows), stdout
     narrow = [r for r in rows if r["kernel"].startswith("_attn_decode") and r["config"][0] == 16]
     assert len(narrow) == 2 and not [r for r in narrow if r["spill_stores"]], stdout
+
+
+def test_drawn_specs_compile_for_sm90():
+    """scripts/sm90_drawn.py: specs drawn from the whole language compile for
+    sm_90a, every kernel of their modules (Gluon ones where the Triton in use
+    enables them); one line per spec, exit 0."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    out = subprocess.run(
+        [sys.executable, "scripts/sm90_drawn.py", "--first", "0", "--count", "3"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert out.returncode == 0, (out.stdout + out.stderr)[-3000:]
+    lines = out.stdout.splitlines()
+    assert [line.split()[:2] for line in lines] == [["ok", "c0"], ["ok", "c1"], ["ok", "c2"]]
