@@ -1569,6 +1569,12 @@ except ImportError:  # pragma: no cover
 DIRECT_LAUNCH = _driver is not None and triton.__version__.startswith(TESTED_TRITON)
 # Compiled kernels by (kernel, device, specialization, launch options).
 _COMPILED: dict = {}
+try:
+    from triton.runtime.errors import PTXASError as _PTXAS_ERROR
+except ImportError:  # pragma: no cover
+    _PTXAS_ERROR = ()  # catches nothing
+# Launch options ptxas failed on -> the ones that compiled (`_through_triton`).
+_FEWER_STAGES: dict = {}
 # The devices whose CUDA context this thread has made current (`_bind_context`).
 _THREAD = threading.local()
 
@@ -1615,6 +1621,23 @@ def _triton_args(args) -> tuple:
     return tuple(a.descriptor() if isinstance(a, _STAND_INS) else a for a in args)
 
 
+def _through_triton(kernel, grid, args: tuple, options: dict):
+    """kernel[grid](*args, **options) through Triton (compiling on a first launch).
+    Where ptxas fails on the kernel (Triton 3.6's crashed on the pipelined key loops
+    of masks such as `k < 8`, decision 067), again with a stage fewer, down to 1:
+    the same arithmetic, unpipelined loads; the options that compiled are kept."""
+    key = (kernel, *options.items())
+    options = _FEWER_STAGES.get(key, options)
+    while True:
+        try:
+            return kernel[grid](*_triton_args(args), **options)
+        except _PTXAS_ERROR:
+            stages = options.get("num_stages", 3)
+            if stages <= 1:
+                raise
+            options = _FEWER_STAGES[key] = dict(options, num_stages=stages - 1)
+
+
 def _launch(kernel, grid, *args, **options) -> None:
     """kernel[grid](*args, **options), constexprs passed by position.
 
@@ -1627,7 +1650,7 @@ def _launch(kernel, grid, *args, **options) -> None:
     Triton.
     """
     if _interpreting() or torch.compiler.is_compiling():  # let a tracer see the kernel launch
-        kernel[grid](*_triton_args(args), **options)
+        _through_triton(kernel, grid, args, options)
         return
     device = _driver.active.get_current_device() if _driver else torch.cuda.current_device()
     if device not in getattr(_THREAD, "devices", ()):
@@ -1639,7 +1662,8 @@ def _launch(kernel, grid, *args, **options) -> None:
             try:
                 with torch.cuda.device(device):
                     _bind_context(device)
-                    compiled = kernel.warmup(*_triton_args(args), grid=grid, **options)
+                    compiles_with = _FEWER_STAGES.get((kernel, *options.items()), options)
+                    compiled = kernel.warmup(*_triton_args(args), grid=grid, **compiles_with)
                     compiled._init_handles()  # its launcher built and its binary loaded too
             except Exception:  # the kernel compiles at its launch instead
                 pass
@@ -1652,14 +1676,14 @@ def _launch(kernel, grid, *args, **options) -> None:
         or _knobs.runtime.launch_enter_hook.calls  # a profiler sees each launch
         or _knobs.runtime.launch_exit_hook.calls
     ):
-        kernel[grid](*_triton_args(args), **options)
+        _through_triton(kernel, grid, args, options)
         return
     key = (kernel, device, _specialization(args), *options.items())
     compiled = _COMPILED.get(key)
     if compiled is None:
         if len(_COMPILED) >= 4096:  # e.g. a new sequence length on every call
             _COMPILED.clear()
-        _COMPILED[key] = kernel[grid](*_triton_args(args), **options)
+        _COMPILED[key] = _through_triton(kernel, grid, args, options)
         return
     stream = _driver.active.get_current_stream(device)
     # JITFunction.run's own call; without hooks it needs no launch metadata.

@@ -51,6 +51,7 @@ def main() -> int:
     for index in range(args.first, args.first + args.count):
         variant = drawn(index)
         start = time.perf_counter()
+        sm90_resources.FEWER_STAGES.clear()
         try:
             found = sm90_resources.module_resources(api.load_variant(variant))
         except Exception as e:  # noqa: BLE001 - a report, keep going
@@ -59,9 +60,14 @@ def main() -> int:
             print(print_variant(variant), flush=True)
             continue
         spills = {r.kernel: r.spill_stores for r in found if r.spill_stores}
+        fewer = "".join(
+            f", {kernel} {config} compiled at {stages} stages (ptxas failed with more)"
+            for kernel, config, stages in sm90_resources.FEWER_STAGES
+        )
         print(
             f"ok c{index} d{variant.head_dim} {variant.dtype.value} "
-            f"{time.perf_counter() - start:.1f} s, {len(found)} kernels, spill stores {spills}",
+            f"{time.perf_counter() - start:.1f} s, {len(found)} kernels, spill stores {spills}"
+            f"{fewer}",
             flush=True,
         )
     return 1 if failed else 0

@@ -33,6 +33,7 @@ import torch
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
+from triton.runtime.errors import PTXASError
 
 # The flashgen to compile: this checkout's, or FLASHGEN_TREE's (scripts/same_ptx.sh).
 sys.path.insert(0, os.environ.get("FLASHGEN_TREE") or os.path.join(os.path.dirname(__file__), ".."))
@@ -43,6 +44,10 @@ _TENSORS = ("q", "k", "v", "o", "do", "dq", "dk", "dv")
 
 
 V_IN_K = False  # --v-in-k
+# (kernel, config, stages it compiled at) of each kernel that ptxas failed to
+# compile at its config's stages, compiled again with fewer as a module's
+# launch does (`_through_triton` in flashgen/runtime.py).
+FEWER_STAGES: list = []
 
 
 def compile_kernel(
@@ -111,11 +116,22 @@ def compile_kernel(
             attrs[(i,)] = [["tt.divisibility", 16]]
     constants = {k: v for k, v in constants.items() if k in names}
     signature.update({k: "constexpr" for k in constants})
-    kernel = triton.compile(
-        ASTSource(fn, signature, constants, attrs),
-        target=GPUTarget("cuda", 90, 32),
-        options=dict(num_warps=warps, num_stages=stages),
-    )
+    try:
+        kernel = triton.compile(
+            ASTSource(fn, signature, constants, attrs),
+            target=GPUTarget("cuda", 90, 32),
+            options=dict(num_warps=warps, num_stages=stages),
+        )
+    except PTXASError:
+        if stages <= 1:
+            raise
+        # As a module's launch does (`_through_triton`): one stage fewer.
+        FEWER_STAGES.append((fn.__name__, tuple(config), stages - 1))
+        config = (block_m, block_n, warps, stages - 1)
+        return compile_kernel(
+            fn, config, dtype=dtype, head_dim=head_dim, head_dim_pad=head_dim_pad, tma=tma,
+            rows=rows, pointers=pointers, seqs=seqs, v_dim=v_dim, v_in_k=v_in_k, cache=cache,
+        )  # fmt: skip
     return (*ptxas_report(kernel.asm["ptx"]), kernel.metadata.shared, kernel.asm["ptx"])
 
 

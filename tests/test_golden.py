@@ -334,8 +334,9 @@ def test_long_lowered_lines_are_marked_for_black():
 # its own (decision 062): +17 (2,080-2,154). A paged cache's key rows each read from
 # their own page, with more stages, in tiles of up to 16 rows, one page per key tile in
 # wider ones (decision 062): +38 (2,129-2,203). A decode launch per tile of rows
-# (decision 064): +3 (2,132-2,206).
-TRITON_ONLY_MAX_LINES = 2210
+# (decision 064): +3 (2,132-2,206). A launch that ptxas fails on compiles again with
+# fewer stages (`_through_triton`, decision 067): +24 (2,156-2,230).
+TRITON_ONLY_MAX_LINES = 2235
 # Specs that read inputs carry what only they need (2026-12-02: 1,870-1,900 lines for
 # the three examples that read inputs): the per-call index checks (~100 lines), the
 # per-call tile plan of a mask that reads inputs (~135), the sums of learnable
@@ -346,13 +347,15 @@ TRITON_ONLY_MAX_LINES = 2210
 # where a tile reads one element added ~25 (decision 054: t5_relative_bias, whose
 # bucket bounds now sit once in a helper, not twice). `_launch`'s branch for a
 # compile-ahead's launches (COMPILE_AHEAD): +3 (2,001); a thread per kernel: +12 (2,013).
-TRITON_ONLY_MAX_LINES_WITH_INPUTS = 2015
+# Plan programs that classify groups of tiles (decision 066): +10; fewer stages where
+# ptxas fails (decision 067): +24 (1,993-2,037).
+TRITON_ONLY_MAX_LINES_WITH_INPUTS = 2040
 
 
 @pytest.mark.parametrize("variant", VARIANTS, ids=lambda v: v.name)
 def test_triton_only_module_is_short_clean_and_self_contained(variant):
     """A vendor who wants the shortest module builds it --triton-only: within
-    2,210 lines for every example (2,015 for one that reads inputs), no Gluon anywhere, black-clean as emitted,
+    2,235 lines for every example (2,040 for one that reads inputs), no Gluon anywhere, black-clean as emitted,
     and every global its functions read is defined."""
     import black
 

@@ -217,6 +217,22 @@ def test_gluon_backward_on_gpu(mask, score, head_dim, dtype, monkeypatch):
     assert len(launches) == len(_magnitudes(score)) * len(shapes) + 1
 
 
+@pytest.mark.parametrize("mask", ["k < 8", "k == 63", "k >= 4 & k < 100"])
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_kernels_ptxas_fails_on_compile_with_fewer_stages_on_gpu(mask, head_dim):
+    """Triton 3.6's ptxas crashed compiling the pipelined key loops of these
+    masks (decision 067): the launch compiles them again with fewer stages,
+    and the forward, a decode call and the backward match the reference."""
+    variant = make_variant(mask, dtype=ir.DType.BF16, head_dim=head_dim)
+    for i, shape in enumerate([Shape(1, 2, 1, 200, 200), Shape(2, 4, 2, 1, 300)]):
+        result = run_case(variant, shape, seed=i, device="cuda")
+        _record(variant, result)
+        assert_ok(result)
+    result = run_grad_case(variant, Shape(1, 2, 2, 256, 256), seed=3, device="cuda")
+    _record(variant, result)
+    assert_ok(result)
+
+
 @pytest.mark.parametrize("mask", ["!full", "causal & !causal", "k < 5 & k > 9"])
 @pytest.mark.parametrize("head_dim", [64, 128])
 def test_masks_that_hide_every_pair_on_gpu(mask, head_dim):

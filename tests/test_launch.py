@@ -296,3 +296,46 @@ def test_compile_ahead_takes_the_gluon_backward(monkeypatch):
     args = [a for k in kernels.values() for e in k.log if e[0] == "warmup" for a in e[3]]
     assert any(hasattr(a, "layout") for a in args)  # descriptors, Triton's own
     assert not any(isinstance(a, module._GluonBlocks) for a in args)
+
+
+class _PtxasCrashes(_Kernel):
+    """A kernel that ptxas fails to compile with more than `most` stages."""
+
+    def __init__(self, module, most: int):
+        super().__init__()
+        self.error, self.most = module._PTXAS_ERROR, most
+
+    def __getitem__(self, grid):
+        def launch(*args, **options):
+            self.log.append(("triton", grid, args, options))
+            if options.get("num_stages", 3) > self.most:
+                raise self.error("ptxas failed with error code -11")
+            return _Compiled(self.log)
+
+        return launch
+
+
+@pytest.mark.parametrize("direct", [True, False])
+def test_a_kernel_ptxas_fails_on_compiles_with_fewer_stages(module, monkeypatch, direct):
+    """Triton 3.6's ptxas crashed on the pipelined key loops of a few masks
+    (`k < 8` at d64, decision 067): the launch compiles the kernel again with
+    one stage fewer until it compiles, and keeps those options for its later
+    launches (also where every launch goes through Triton)."""
+    monkeypatch.setattr(module, "_FEWER_STAGES", {})
+    monkeypatch.setattr(module, "DIRECT_LAUNCH", direct)
+    kernel, x = _PtxasCrashes(module, most=1), torch.zeros(64)
+    module._launch(kernel, (3, 4), *_args(x), num_warps=4, num_stages=3)
+    assert [entry[3]["num_stages"] for entry in kernel.log] == [3, 2, 1]
+    kernel.log.clear()
+    module._launch(kernel, (3, 4), *_args(x), num_warps=4, num_stages=3)
+    assert [entry[0] for entry in kernel.log] == ["direct" if direct else "triton"]
+    if not direct:
+        assert kernel.log[0][3] == {"num_warps": 4, "num_stages": 1}
+
+
+def test_a_kernel_ptxas_fails_on_at_one_stage_raises(module, monkeypatch):
+    monkeypatch.setattr(module, "_FEWER_STAGES", {})
+    kernel, x = _PtxasCrashes(module, most=0), torch.zeros(64)
+    with pytest.raises(module._PTXAS_ERROR, match="error code -11"):
+        module._launch(kernel, (3, 4), *_args(x), num_stages=2)
+    assert [entry[3]["num_stages"] for entry in kernel.log] == [2, 1]
