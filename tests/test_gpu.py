@@ -222,12 +222,27 @@ def test_gluon_backward_on_gpu(mask, score, head_dim, dtype, monkeypatch):
 def test_kernels_ptxas_fails_on_compile_with_fewer_stages_on_gpu(mask, head_dim):
     """Triton 3.6's ptxas crashed compiling the pipelined key loops of these
     masks (decision 067): the launch compiles them again with fewer stages,
-    and the forward, a decode call and the backward match the reference."""
+    and the forward, a split-KV decode call and the backward match the
+    float64 reference."""
+    from test_decode import _judge
+
     variant = make_variant(mask, dtype=ir.DType.BF16, head_dim=head_dim)
-    for i, shape in enumerate([Shape(1, 2, 1, 200, 200), Shape(2, 4, 2, 1, 300)]):
+    for i, shape in enumerate([Shape(1, 2, 1, 200, 200), Shape(2, 4, 2, 3, 300)]):
         result = run_case(variant, shape, seed=i, device="cuda")
         _record(variant, result)
         assert_ok(result)
+    module = build(variant)
+    g = torch.Generator(device="cuda").manual_seed(5)
+    q, k, v = (
+        torch.randn(2, 8, n, head_dim, device="cuda", generator=g).to(torch.bfloat16)
+        for n in (1, 2000, 2000)
+    )
+    k, v = k[:, :2], v[:, :2]  # GQA 8 / 2
+    o = torch.empty_like(q)
+    lse = torch.empty(q.shape[:3], dtype=torch.float32, device="cuda")
+    module._decode(q, k, v, o, lse, module.DEFAULT_SCALE, splits=4)
+    for check in _judge(variant, q, k, v, o, lse):
+        assert check.ok, check
     result = run_grad_case(variant, Shape(1, 2, 2, 256, 256), seed=3, device="cuda")
     _record(variant, result)
     assert_ok(result)
