@@ -50,14 +50,18 @@ class GluonForward(str, enum.Enum):
 # must allow that many (`key_span`), the call's sequence must be that long.
 GLUON_FORWARD_ANY = True
 GLUON_ANY_MIN_KEYS = 4096
-# The head dims that get the Gluon forward.  Its kernel takes the head dim
-# from its descriptors; at 64 it compiles for sm_90a without spills (168
-# registers, 115 KB of shared memory at 3 stages; scripts/sm90_resources.py
-# --gluon-forward-head-dims 64 128, 2026-12-03) but has not been timed: the
-# Triton forward there runs at 0.89-0.94x cuDNN (issue 23 asks for 1.0x).
-# `bash scripts/gpu_gluon_d64.sh` checks it against the reference and times
-# it beside the Triton forward, FlexAttention and cuDNN.
-GLUON_FORWARD_HEAD_DIMS = (128,)
+# The head dims that get the Gluon forward for the full and causal masks with
+# the score s, those that also get it for any other mask and score, and the
+# fewest keys a call needs for the full or causal one, by head dim (absent:
+# any number).  At d64 against the Triton forward (H200, bf16, B*N = 16384,
+# `bash scripts/gpu_gluon_d64.sh bench` on 221375c, 2026-12-03, decision
+# 068): full 0.94x at N = 1024, 1.05x at 4096, 1.11x at 16384; causal 0.70x,
+# 1.06x, 1.15x (0.93-1.03x cuDNN from 4096 on, against 0.89-0.94x); for other
+# masks and scores it lost or tied (a 4096-key window 0.86x / 0.95x at N =
+# 4096 / 16384, ALiBi 0.91x / 1.05x, a softcapped window 1.00x / 1.01x).
+GLUON_FORWARD_HEAD_DIMS = (64, 128)
+GLUON_FORWARD_ANY_HEAD_DIMS = (128,)
+GLUON_PLAIN_MIN_KEYS = {64: 4096}
 
 
 def key_span(e: ir.Expr) -> int | None:
@@ -163,11 +167,11 @@ def gluon_forward(v: ir.Variant) -> GluonForward | None:
     (docs/decisions/013, 016 and 029), and which, or None.
 
     Written for the plain variants that race cuDNN: a full or causal mask,
-    the score s, 16-bit inputs, a head dim of GLUON_FORWARD_HEAD_DIMS (128).
+    the score s, 16-bit inputs, a head dim of GLUON_FORWARD_HEAD_DIMS.
     With GLUON_FORWARD_ANY, ANY for every other mask and score at 16 bits and
-    those head dims without a rescale threshold (it reuses the Gluon
-    backward's mask functions) whose query rows may see GLUON_ANY_MIN_KEYS
-    keys or more.  The module still
+    a head dim of GLUON_FORWARD_ANY_HEAD_DIMS without a rescale threshold (it
+    reuses the Gluon backward's mask functions) whose query rows may see
+    GLUON_ANY_MIN_KEYS keys or more.  The module still
     checks each call's shapes and falls back to the Triton kernel.  Its tiles
     assume v's head dim is q's: a v_head_dim (MLA) takes the Triton kernel.
     """
@@ -180,7 +184,12 @@ def gluon_forward(v: ir.Variant) -> GluonForward | None:
         return None
     if v.score == ir.IDENTITY_SCORE and v.mask in (ir.FULL, ir.Name("causal")):
         return GluonForward.FULL if v.mask == ir.FULL else GluonForward.CAUSAL
-    if not (GLUON_FORWARD_ANY and v.rescale_threshold == 0 and _gluon_eligible(v)):
+    if not (
+        GLUON_FORWARD_ANY
+        and v.head_dim in GLUON_FORWARD_ANY_HEAD_DIMS
+        and v.rescale_threshold == 0
+        and _gluon_eligible(v)
+    ):
         return None
     span = key_span(negation_normal_form(desugar_mask(v.mask)))
     return GluonForward.ANY if span is None or span >= GLUON_ANY_MIN_KEYS else None
@@ -219,9 +228,14 @@ def _documents(e: ir.Expr) -> bool:
     )
 
 
-def gluon_min_keys(forward: GluonForward | None) -> int:
-    """The fewest keys a call needs for the Gluon forward (0: any number)."""
-    return GLUON_ANY_MIN_KEYS if forward is GluonForward.ANY else 0
+def gluon_min_keys(forward: GluonForward | None, head_dim: int) -> int:
+    """The fewest keys a call needs for the Gluon forward `forward` at
+    `head_dim` (0: any number)."""
+    if forward is None:
+        return 0
+    if forward is GluonForward.ANY:
+        return GLUON_ANY_MIN_KEYS
+    return GLUON_PLAIN_MIN_KEYS.get(head_dim, 0)
 
 
 def gluon_backward(v: ir.Variant) -> bool:

@@ -111,6 +111,8 @@ def measure(path: str, profile: bool) -> None:
             module.attention(*inputs, **data), inputs, do
         ),
     }
+    if hasattr(module, "tile_plan"):
+        calls["tile_plan"] = lambda: module.tile_plan(q, k, v, **data)
     _report(path, calls, "autograd forward + backward" if profile else None)
 
 

@@ -465,7 +465,8 @@ def main() -> None:
         type=int,
         nargs="+",
         metavar="D",
-        help="the head dims that get the Gluon forward (kernel_choice.GLUON_FORWARD_HEAD_DIMS; "
+        help="the head dims that get the Gluon forward, for any mask and score as for full and "
+        "causal (kernel_choice.GLUON_FORWARD_HEAD_DIMS and GLUON_FORWARD_ANY_HEAD_DIMS; "
         "default: the module's own choice)",
     )
     parser.add_argument(
@@ -479,7 +480,8 @@ def main() -> None:
     if args.gluon_forward_any:
         kernel_choice.GLUON_ANY_MIN_KEYS = 0
     if args.gluon_forward_head_dims:
-        kernel_choice.GLUON_FORWARD_HEAD_DIMS = tuple(args.gluon_forward_head_dims)
+        dims = tuple(args.gluon_forward_head_dims)
+        kernel_choice.GLUON_FORWARD_HEAD_DIMS = kernel_choice.GLUON_FORWARD_ANY_HEAD_DIMS = dims
     if os.environ.get("TRITON_INTERPRET") == "1":
         parser.error("unset TRITON_INTERPRET: the kernels must be compiled, not interpreted")
     for path in args.specs:

@@ -294,9 +294,9 @@ def _check_gluon_forward(variant, longest: int, monkeypatch) -> None:
     assert_ok(result)
 
 
-# The Gluon forward at head dim 64, not on by default (kernel_choice.
-# GLUON_FORWARD_HEAD_DIMS): full and causal (its cuDNN race), and masks and
-# scores of the any-mask kernel.
+# The Gluon forward at head dim 64: full and causal (its cuDNN race, on by
+# default from kernel_choice.GLUON_PLAIN_MIN_KEYS keys), and masks and scores
+# of the any-mask kernel (off by default there: GLUON_FORWARD_ANY_HEAD_DIMS).
 GLUON_FORWARD_D64_CASES = [
     ("full", None),
     ("causal", None),
@@ -311,13 +311,15 @@ GLUON_FORWARD_D64_CASES = [
 @pytest.mark.parametrize("mask, score", GLUON_FORWARD_D64_CASES)
 @pytest.mark.parametrize("dtype", [ir.DType.FP16, ir.DType.BF16])
 def test_gluon_forward_at_head_dim_64_on_gpu(mask, score, dtype, monkeypatch):
-    """The Gluon forward with GLUON_FORWARD_HEAD_DIMS extended to 64 and on at
-    every length (GLUON_ANY_MIN_KEYS = 0), as scripts/gpu_gluon_d64.sh times
-    it: forward against the float64 reference, GQA, several tiles per CTA,
-    and gradients through its log-sum-exp.  Counts its launches."""
+    """The Gluon forward at head dim 64 for every mask and score and on at
+    every length (GLUON_FORWARD_ANY_HEAD_DIMS extended to 64, no fewest keys),
+    as scripts/gpu_gluon_d64.sh times it: forward against the float64
+    reference, GQA, several tiles per CTA, and gradients through its
+    log-sum-exp.  Counts its launches."""
     from flashgen import kernel_choice
 
-    monkeypatch.setattr(kernel_choice, "GLUON_FORWARD_HEAD_DIMS", (64, 128))
+    monkeypatch.setattr(kernel_choice, "GLUON_FORWARD_ANY_HEAD_DIMS", (64, 128))
+    monkeypatch.setattr(kernel_choice, "GLUON_PLAIN_MIN_KEYS", {})
     monkeypatch.setattr(kernel_choice, "GLUON_ANY_MIN_KEYS", 0)
     _check_gluon_forward(make_variant(mask, score, dtype=dtype, head_dim=64), 2048, monkeypatch)
 
@@ -556,7 +558,7 @@ def test_spec_at_the_nesting_limit_on_gpu(dtype, head_dim, monkeypatch):
     for i, shape in enumerate([Shape(1, 2, 1, 203, 239), Shape(1, 4, 2, 384, 384)]):
         for result in check_spec_both_ways(variant, shape, seed=i, device="cuda"):
             _record(variant, result)
-    if dtype is not ir.DType.FP32:  # the Gluon forward is for head dim 128 only
+    if dtype is not ir.DType.FP32:  # the any-mask Gluon forward is for head dim 128 only
         module = build(variant)
         gluon = "_gluon_forward" if head_dim == 128 else "_gluon_backward"
         launches = _count_calls(monkeypatch, module, gluon)

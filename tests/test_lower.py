@@ -660,7 +660,10 @@ def test_band_recognition():
         ("causal", None, ir.DType.FP16, 128, "causal"),
         ("causal", "s", ir.DType.BF16, 128, "causal"),
         ("causal", None, ir.DType.FP32, 128, None),  # no 16-bit tensor-core path
-        ("causal", None, ir.DType.BF16, 64, None),  # written and measured at d128 only
+        ("causal", None, ir.DType.BF16, 64, "causal"),  # from 4096 keys (decision 068)
+        ("full", None, ir.DType.FP16, 64, "full"),
+        ("causal", "s + 1", ir.DType.BF16, 64, None),  # the general mode: d128 only
+        ("causal & window(8192)", None, ir.DType.BF16, 64, None),
         ("causal", None, ir.DType.BF16, 120, None),
         ("causal", "s + 1", ir.DType.BF16, 128, "any"),
         ("k <= q", None, ir.DType.BF16, 128, "any"),  # causal spelled out: the general mode
@@ -724,7 +727,9 @@ def test_gluon_forward_for_any_mask(mask, score, expected, monkeypatch):
     rescaled = make_variant(mask, score, dtype=ir.DType.BF16, head_dim=128, rescale_threshold=8.0)
     plain = expected if expected != "any" else None
     assert lower.lower(rescaled).gluon_forward == plain  # conditional rescale: Triton only
-    assert lower.lower(dataclasses.replace(variant, head_dim=64)).gluon_forward is None
+    at_64 = lower.lower(dataclasses.replace(variant, head_dim=64))
+    assert at_64.gluon_forward == plain  # the general mode at d128 only
+    assert at_64.gluon_min_keys == (4096 if plain else 0)  # the plain ones from 4096 keys
     monkeypatch.setattr(kernel_choice, "GLUON_ANY_MIN_KEYS", 0)  # forced on: every mask
     forced = lower.lower(variant)
     assert forced.gluon_forward == (plain or "any")

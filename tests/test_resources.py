@@ -56,7 +56,7 @@ SPILL_FREE_BACKWARD = {("full", 128), ("full", 64), ("plain_causal", 64), ("enco
 # its own code for full and causal, and its mode for any other mask at d128
 # whose rows may see 4096 keys (not encoder_band's 257-key band, nor
 # gemma2_local with its rescale threshold).
-GLUON = {("full", 128), ("plain_causal", 128)}
+GLUON = {(name, d) for name in ("full", "plain_causal") for d in (64, 128)}  # decision 068
 GLUON_ANY = {
     (name, 128) for name in ("bloom_alibi", "llama4_local", "mistral_sliding", "prefix_lm")
 }
@@ -130,9 +130,10 @@ def _example_resources() -> list[dict]:
     rows = [row for part_rows, _ in parts for row in part_rows]
     stdout = "".join(part_stdout for _, part_stdout in parts)
     # Forward and backward per spec and head dim, split-KV decoding's kernel at
-    # two tiles, on paged caches at two tiles, and its merge, the plan kernel twice, the
-    # Gluon forwards at d128, and the two Gluon backward kernels (none where modules leave
-    # Gluon off).
+    # two tiles, on paged caches at two tiles, and its merge, the plan kernel
+    # twice, the Gluon forwards (full and causal at d64 and d128, the rest at
+    # d128), and the two Gluon backward kernels (none where modules leave Gluon
+    # off).
     expected = 2 * 2 * len(SPECS) + 5 * 2 * len(DECODE_SPECS) + 2 * 2 * len(PLAN_SPECS)
     if HAS_GLUON:
         expected += len(GLUON | GLUON_ANY) + 2 * len(GLUON_BACKWARD)

@@ -62,6 +62,36 @@ def test_any_mask_gluon_forward_from_4096_keys(name):
     assert taken == [4096, 4224]
 
 
+@pytest.mark.parametrize("name", ["full", "plain_causal"])
+def test_plain_gluon_forward_at_head_dim_64_from_4096_keys(name, tmp_path):
+    """At head dim 64 the full and causal modules carry the Gluon forward and
+    take it, as on an sm90 GPU, from GLUON_MIN_KEYS (4096) keys on, the
+    Triton forward below (decision 068: it lost at N = 1024 there); at head
+    dim 128 from any length; a window at d64 gets no Gluon forward."""
+    import dataclasses
+
+    import host_stub
+    import torch
+    from flashgen.emit import render_module
+    from kernel_utils import example_variants, make_variant
+
+    (variant,) = [v for v in example_variants() if v.name == name]
+    for head_dim, fewest in ((64, 4096), (128, 0)):
+        path = tmp_path / f"{name}_{head_dim}.py"
+        path.write_text(render_module(dataclasses.replace(variant, head_dim=head_dim)))
+        module = host_stub.load(str(path))
+        assert getattr(module, "GLUON_MIN_KEYS", 0) == fewest
+        taken = []
+        fn = module._gluon_forward
+        module._gluon_forward = lambda q, *a: taken.append(q.shape[2]) or fn(q, *a)
+        for n in (1024, 3968, 4096, 8192):
+            q, k, v = (torch.randn(1, 2, n, head_dim, dtype=module.DTYPE) for _ in range(3))
+            module._forward(q, k, v, 0.1)
+        assert taken == [n for n in (1024, 3968, 4096, 8192) if n >= fewest]
+    window = make_variant("causal & window(4096)", None, dtype=variant.dtype, head_dim=64)
+    assert "def _gluon_forward(" not in render_module(window)
+
+
 def test_benchmarks_md_is_generated_from_the_results():
     """BENCHMARKS.md is scripts/benchmarks_md.py's output for the committed
     benchmarks/results.jsonl and docs/decisions/: the tables cannot drift from
