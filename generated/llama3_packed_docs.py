@@ -146,11 +146,32 @@ def _scores_log2(
 
 @triton.jit
 def _attn_plan(
-    plan_ptr, seq_ptr, n_tiles, n_queries, n_keys, num_heads, q_shift, k_shift, doc_ptr, doc_stride0, doc_stride1, doc_size0, doc_size1,
+    q_plan_ptr, k_plan_ptr, seq_ptr, n_q_tiles, n_k_tiles, q_groups, n_queries, n_keys, num_heads, q_shift, k_shift, doc_ptr, doc_stride0, doc_stride1, doc_size0, doc_size1,
+    OUTER: tl.constexpr, INNER: tl.constexpr, CHUNK: tl.constexpr, GROUP: tl.constexpr,
+    SEQS: tl.constexpr, SHIFTED: tl.constexpr,
+):  # fmt: skip
+    """Grid: (q_groups groups of GROUP query tiles, then groups of key tiles,
+    batch): both sides' plans (`_plan_tiles`) in one launch."""
+    group = tl.program_id(0)
+    if group < q_groups:
+        _plan_tiles(
+            q_plan_ptr, seq_ptr, n_q_tiles, group, n_queries, n_keys, num_heads, q_shift, k_shift, doc_ptr, doc_stride0, doc_stride1, doc_size0, doc_size1,
+            OUTER, INNER, CHUNK, GROUP, True, SEQS, SHIFTED,
+        )  # fmt: skip
+    else:
+        _plan_tiles(
+            k_plan_ptr, seq_ptr, n_k_tiles, group - q_groups, n_queries, n_keys, num_heads, q_shift, k_shift, doc_ptr, doc_stride0, doc_stride1, doc_size0, doc_size1,
+            OUTER, INNER, CHUNK, GROUP, False, SEQS, SHIFTED,
+        )  # fmt: skip
+
+
+@triton.jit
+def _plan_tiles(
+    plan_ptr, seq_ptr, n_tiles, group, n_queries, n_keys, num_heads, q_shift, k_shift, doc_ptr, doc_stride0, doc_stride1, doc_size0, doc_size1,
     OUTER: tl.constexpr, INNER: tl.constexpr, CHUNK: tl.constexpr, GROUP: tl.constexpr,
     KEYS_INNER: tl.constexpr, SEQS: tl.constexpr, SHIFTED: tl.constexpr,
 ):  # fmt: skip
-    """Grid: (groups of GROUP tiles of OUTER rows or keys, batch).
+    """One program of `_attn_plan`: tiles group * GROUP onwards of one side.
 
     For each of its GROUP query tiles (KEYS_INNER) or key tiles (of the
     plan's n_tiles), classify every tile of INNER positions of the other side
@@ -166,7 +187,7 @@ def _attn_plan(
     call's offsets place the positions.  Key bounds are rows, query bounds
     and every whole-tile bound positions, as the attention kernels take them.
     """
-    tiles = tl.program_id(0) * GROUP + tl.arange(0, GROUP)
+    tiles = group * GROUP + tl.arange(0, GROUP)
     batch = tl.program_id(1)
     if SEQS:
         n_queries = tl.load(seq_ptr + batch * 4 + 1)
@@ -1391,33 +1412,42 @@ def _index_interval(node: tuple, env: dict) -> tuple[int, int]:
     return max(alo, blo), max(ahi, bhi)
 
 
-def _data_plan(q, k, outer: int, inner: int, keys_inner: bool, inputs: tuple = (), seqs=None, shifts=None, plan=None) -> torch.Tensor:  # fmt: skip
-    """The tiles of each query tile of `outer` rows (keys_inner) or key tile of
-    `outer` keys that the call's data leaves visible, in tiles of `inner` of the
-    other side: (batch, tiles, 4) int32, see `_attn_plan`.
-    With `seqs` and `shifts` as `_forward` takes them: per sequence, with its
-    own lengths and the call's offsets.  `plan`: a checked TilePlan, whose
-    tiles are taken where it has them for these tile sizes."""
-    if plan is not None and (tiles := plan.tiles.get((outer, inner, keys_inner))) is not None:
-        return tiles
+def _data_plans(q, k, outer: int, inner: int, sides: tuple, inputs: tuple = (), seqs=None, shifts=None, plan=None) -> tuple:  # fmt: skip
+    """The tiles that the call's data leaves visible, for each side in
+    `sides`: of each query tile of `outer` rows (True: keys inner) or key tile
+    of `outer` keys (False), in tiles of `inner` of the other side, one
+    (batch, tiles, 4) int32 plan a side, see `_plan_tiles`; both
+    sides in one launch.  With `seqs` and `shifts` as `_forward` takes them:
+    per sequence, with its own lengths and the call's offsets.  `plan`: a
+    checked TilePlan, whose tiles are taken where it has them."""
+    if plan is not None:
+        found = tuple(plan.tiles.get((outer, inner, side)) for side in sides)
+        if None not in found:
+            return found
     batch, num_heads, n_queries, _ = q.shape
     n_keys = k.shape[2]
     if seqs is not None:
         batch, n_queries, n_keys = seqs[0].shape[0], seqs[1], seqs[2]
-    tiles = _cdiv(n_queries if keys_inner else n_keys, outer)
     rows = batch
-    plan = torch.empty((rows, tiles, 4), dtype=torch.int32, device=q.device)
+    q_tiles = _cdiv(n_queries, outer) if True in sides else 0
+    k_tiles = _cdiv(n_keys, outer) if False in sides else 0
+    q_plan = torch.empty((rows, q_tiles, 4), dtype=torch.int32, device=q.device)
+    k_plan = torch.empty((rows, k_tiles, 4), dtype=torch.int32, device=q.device)
     chunk = max(1, 4096 // inner)  # tiles classified at a time
     # Tiles per program: each program reads the other side whole, so a group
     # of tiles shares those reads; about PLAN_PROGRAMS programs in all.
-    group = min(PLAN_GROUP_MAX, 1 << max(0, (tiles * rows // PLAN_PROGRAMS).bit_length() - 1))
-    if plan.numel():
+    group = min(PLAN_GROUP_MAX, 1 << max(0, ((q_tiles + k_tiles) * rows // PLAN_PROGRAMS).bit_length() - 1))  # fmt: skip
+    q_groups = _cdiv(q_tiles, group)
+    if rows and q_tiles + k_tiles:
+        # A side not asked for is written nowhere: the other's plan stands in
+        # for its pointer (an empty tensor's may be null).
+        some = q_plan if q_tiles else k_plan
         _launch(
-            _attn_plan, (_cdiv(tiles, group), rows),
-            plan, plan if seqs is None else seqs[0], tiles, n_queries, n_keys, num_heads, *(shifts or (0, 0)), *_input_args(inputs),
-            outer, inner, chunk, group, keys_inner, seqs is not None, shifts is not None,
+            _attn_plan, (q_groups + _cdiv(k_tiles, group), rows),
+            q_plan if q_tiles else some, k_plan if k_tiles else some, some if seqs is None else seqs[0], q_tiles, k_tiles, q_groups, n_queries, n_keys, num_heads, *(shifts or (0, 0)), *_input_args(inputs),
+            outer, inner, chunk, group, seqs is not None, shifts is not None,
         )  # fmt: skip
-    return plan
+    return tuple(q_plan if side else k_plan for side in sides)
 
 
 class TilePlan(NamedTuple):
@@ -1655,7 +1685,7 @@ def _forward(
         q, k, v, o, lse, _alibi_or_placeholder(num_heads, lse), lse if seqs is None else seqs[0],
         lse if sinks is None else sinks, *_descriptors(use_tma, block_n, k, v),
         *q.stride(), *k.stride(), *v.stride(), *o.stride(), *lse.stride()[:2],
-        num_heads, num_heads // k.shape[1], n_queries, n_keys, scale, *(shifts or (0, 0)), *_input_args(inputs), _data_plan(q, k, block_m, block_n, True, inputs, seqs, shifts, plan),
+        num_heads, num_heads // k.shape[1], n_queries, n_keys, scale, *(shifts or (0, 0)), *_input_args(inputs), *_data_plans(q, k, block_m, block_n, (True,), inputs, seqs, shifts, plan),
         HEAD_DIM, HEAD_DIM_PAD, block_m, block_n, use_tma, seqs is not None, sinks is not None, shifts is not None,  # the constexprs
         num_warps=num_warps or default[2],
         num_stages=num_stages or default[3],
@@ -1757,8 +1787,8 @@ def _backward(
         *_descriptors(use_tma, block_m, q, do, k, v),
         *q.stride(), *k.stride(), *v.stride(), *do.stride(), *dq.stride(), *dk.stride(), *dv.stride(),
         *lse.stride()[:2], num_heads, num_heads // kv_heads, n_queries, n_keys, scale, *(shifts or (0, 0)), *_input_args(inputs),
-        _data_plan(q, k, block_n, block_m, False, inputs, seqs, shifts, plan),  # dK/dV: key tiles
-        _data_plan(q, k, block_n, block_m, True, inputs, seqs, shifts, plan),  # dQ: query tiles
+        # dK/dV's key tiles and dQ's query tiles
+        *_data_plans(q, k, block_n, block_m, (False, True), inputs, seqs, shifts, plan),
         HEAD_DIM, HEAD_DIM_PAD, block_m, block_n, use_tma, seqs is not None, shifts is not None,  # the constexprs
         num_warps=num_warps, num_stages=num_stages,
     )  # fmt: skip
@@ -1891,8 +1921,15 @@ def tile_plan(
     shifts = _check_shifts(q_offset, k_offset, q, k, seqs)
     inputs = _check_runtime_inputs(q, k, (doc,), seqs, shifts)
     forward, backward = _launch_config(q.device), _launch_config(q.device, backward=True)
-    shapes = {(forward[0], forward[1], True), (backward[1], backward[0], False), (backward[1], backward[0], True)}  # fmt: skip
-    tiles = {shape: _data_plan(q, k, *shape, inputs, seqs, shifts) for shape in shapes}
+    # The forward's query tiles, the backward's key and query tiles: one
+    # launch where the forward's tile shape is the backward's.
+    shapes = {(backward[1], backward[0]): {False, True}}
+    shapes.setdefault((forward[0], forward[1]), set()).add(True)
+    tiles = {}
+    for (outer, inner), sides in shapes.items():
+        sides = tuple(sides)
+        plans = _data_plans(q, k, outer, inner, sides, inputs, seqs, shifts)
+        tiles.update(((outer, inner, side), plan) for side, plan in zip(sides, plans))
     return TilePlan(_plan_key(q, k, inputs, seqs, shifts), tiles, (inputs, seqs))
 
 

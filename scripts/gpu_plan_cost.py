@@ -1,5 +1,5 @@
-"""What the per-call plan of a data-reading mask costs on a GPU: the three
-plans one forward + backward builds (`_data_plan`), against the forward and
+"""What the per-call plan of a data-reading mask costs on a GPU: tile_plan(),
+the plans of one forward + backward (`_data_plans`), against the forward and
 the forward + backward they serve, for packed documents of about 1000 tokens.
 
     python3 scripts/gpu_plan_cost.py     # after scripts/gpu_env.sh
@@ -29,23 +29,14 @@ for n in (4096, 16384):
         variant, Shape(b, h, h, n, n), "cuda", generator=torch.Generator().manual_seed(n),
         mean_run=1000,
     )  # fmt: skip
-    fwd = module.GPU_CONFIG
-    bwd = module.GPU_BWD_CONFIG
-    inputs = (data["doc"],)
-
-    def plans():
-        module._data_plan(q, k, fwd[0], fwd[1], True, inputs)
-        module._data_plan(q, k, bwd[1], bwd[0], False, inputs)
-        module._data_plan(q, k, bwd[1], bwd[0], True, inputs)
-
-    plan_ms = triton.testing.do_bench(plans)
+    plan_ms = triton.testing.do_bench(lambda: module.tile_plan(q, k, v, **data))
     forward_ms = triton.testing.do_bench(lambda: module.attention(q, k, v, **data))
     both_ms = triton.testing.do_bench(
         lambda: torch.autograd.grad(module.attention(q, k, v, **data), (q, k, v), do)
     )
     print(
-        f"N={n} B={b} H={h}: three plans {plan_ms * 1000:.1f} us; forward {forward_ms:.3f} ms "
-        f"(one plan ~{plan_ms / 3 / forward_ms:.1%} of it); forward + backward {both_ms:.3f} ms "
+        f"N={n} B={b} H={h}: tile_plan {plan_ms * 1000:.1f} us; forward {forward_ms:.3f} ms "
+        f"({plan_ms / forward_ms:.1%} of it); forward + backward {both_ms:.3f} ms "
         f"(plans {plan_ms / both_ms:.1%})",
         flush=True,
     )

@@ -5,8 +5,9 @@
   with cu_seqlens_q/k, which checks them at every call;
 * flashgen packed_docs: `causal & doc[b, q] == doc[b, k]`, B = 1, N = T, the
   document ids an input (the per-call tile plan skips cross-document tiles);
-* FlexAttention: the same document mask as a mask_mod, compiled, its block
-  mask built outside the timed region;
+* FlexAttention: the same document mask as a mask_mod, compiled afresh for
+  each case (dynamic=False, as `flashgen bench` compiles it), its block mask
+  built outside the timed region;
 
 and, for the question "what does the runtime data cost", the same causal
 module on dense batches of equal-length documents (B = T / L, N = L).
@@ -78,7 +79,6 @@ def main() -> None:
     args = parser.parse_args()
     from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
-    flex = torch.compile(flex_attention)
     commit = (
         args.commit
         or subprocess.run(
@@ -127,6 +127,11 @@ def main() -> None:
                 return (q >= k) & (doc[q] == doc[k])
 
             block_mask = create_block_mask(doc_mask, 1, None, total, total, device="cuda")
+            # A fresh compilation per case, for its shapes: one compiled function
+            # called at several shapes recompiles with dynamic shapes (the
+            # records of 2026-12-02 and 2026-12-04, decision 069).
+            torch._dynamo.reset()
+            flex = torch.compile(flex_attention, dynamic=False)
             dense_len = args.mean
             dense_b = total // dense_len
             dense = [rand(dense_b, HEADS, dense_len, head_dim) for _ in range(4)]

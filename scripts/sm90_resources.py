@@ -285,9 +285,10 @@ _POINTER_TYPES = {
 
 
 def plan_resources(module, seqs: bool = False) -> list:
-    """Resources of the plan kernel of a data-reading mask (`_attn_plan`), for
-    the forward's plan (key tiles inner) and the dK/dV one (query tiles inner);
-    `seqs`: the plan of padded and varlen calls with offsets (SEQS, SHIFTED)."""
+    """Resources of the plan kernel of a data-reading mask (`_attn_plan`, which
+    classifies query tiles and key tiles in one launch) at the forward's tile
+    shape and at the backward's widest; `seqs`: the plan of padded and varlen
+    calls with offsets (SEQS, SHIFTED)."""
     if not hasattr(module, "_attn_plan"):
         return []
     fn = module._attn_plan
@@ -295,17 +296,17 @@ def plan_resources(module, seqs: bool = False) -> list:
     pointers = {f"{name}_ptr": _POINTER_TYPES[dtype] for name, dtype, _ in inputs}
     found = []
     # A group of 2 tiles a program (N = 16384, B = 1 at 64-row tiles), and of the most.
-    shapes = [(*module.GPU_CONFIG[:2], True, 2), (64, 128, False, module.PLAN_GROUP_MAX)]
-    for outer, inner, keys_inner, group in shapes:
+    shapes = [(*module.GPU_CONFIG[:2], 2), (128, 64, module.PLAN_GROUP_MAX)]
+    for outer, inner, group in shapes:
         constants = dict(
             OUTER=outer, INNER=inner, CHUNK=max(1, 4096 // inner), GROUP=group,
-            KEYS_INNER=keys_inner, SEQS=seqs, SHIFTED=seqs,
+            SEQS=seqs, SHIFTED=seqs,
         )  # fmt: skip
         signature = {}
         for p in fn.params:
             if p.name in constants:
                 signature[p.name] = "constexpr"
-            elif p.name in ("plan_ptr", "seq_ptr"):
+            elif p.name in ("q_plan_ptr", "k_plan_ptr", "seq_ptr"):
                 signature[p.name] = "*i32"
             else:
                 signature[p.name] = pointers.get(p.name, "i32")

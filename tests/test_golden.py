@@ -348,14 +348,15 @@ TRITON_ONLY_MAX_LINES = 2235
 # bucket bounds now sit once in a helper, not twice). `_launch`'s branch for a
 # compile-ahead's launches (COMPILE_AHEAD): +3 (2,001); a thread per kernel: +12 (2,013).
 # Plan programs that classify groups of tiles (decision 066): +10; fewer stages where
-# ptxas fails (decision 067): +24 (1,993-2,037).
-TRITON_ONLY_MAX_LINES_WITH_INPUTS = 2040
+# ptxas fails (decision 067): +24 (1,993-2,037). Both sides' plans in one launch
+# (`_attn_plan` over `_plan_tiles`, decision 069): +14 (2,051).
+TRITON_ONLY_MAX_LINES_WITH_INPUTS = 2055
 
 
 @pytest.mark.parametrize("variant", VARIANTS, ids=lambda v: v.name)
 def test_triton_only_module_is_short_clean_and_self_contained(variant):
     """A vendor who wants the shortest module builds it --triton-only: within
-    2,235 lines for every example (2,040 for one that reads inputs), no Gluon anywhere, black-clean as emitted,
+    2,235 lines for every example (2,055 for one that reads inputs), no Gluon anywhere, black-clean as emitted,
     and every global its functions read is defined."""
     import black
 

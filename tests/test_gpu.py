@@ -347,6 +347,31 @@ def test_gluon_forward_any_mask_dispatch_on_gpu(name, monkeypatch):
     assert len(launches) == 2
 
 
+@pytest.mark.parametrize("mask", ["full", "causal"])
+def test_gluon_forward_d64_plain_dispatch_on_gpu(mask, monkeypatch):
+    """Full and causal at head dim 64 as generated (decision 068): the
+    Triton forward below GLUON_PLAIN_MIN_KEYS[64] keys, the Gluon forward
+    from there, both against the float64 reference, forward and gradients."""
+    from flashgen import kernel_choice
+
+    variant = make_variant(mask, dtype=ir.DType.BF16, head_dim=64)
+    module = build(variant)
+    assert module.GLUON_MIN_KEYS == kernel_choice.GLUON_PLAIN_MIN_KEYS[64] == 4096
+    launches = _count_calls(monkeypatch, module, "_gluon_forward")
+    result = run_case(variant, Shape(1, 2, 1, 4095, 4095), seed=0, device="cuda")
+    _record(variant, result)
+    assert_ok(result)
+    assert not launches
+    result = run_case(variant, Shape(1, 2, 1, 4096, 4096), seed=1, device="cuda", magnitude=5.0)
+    _record(variant, result)
+    assert_ok(result)
+    assert len(launches) == 1
+    result = run_grad_case(variant, Shape(1, 2, 2, 4096, 4096), seed=2, device="cuda")
+    _record(variant, result)
+    assert_ok(result)
+    assert len(launches) == 2
+
+
 @pytest.mark.parametrize("name", ["full", "mistral_sliding"])
 def test_direct_launches_on_gpu(name, monkeypatch):
     """Repeat launches call the compiled kernels directly (`_launch`): Triton's

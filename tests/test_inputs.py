@@ -501,7 +501,7 @@ def test_the_plan_skips_exactly_the_tiles_that_cross_documents(
     visible = mask_matrix(variant, nq, nk, 1, batch=2, inputs={"doc": doc})[:, 0]
     offset = nk - nq if align == "bottom_right" else 0
     for outer, inner, keys_inner in ((32, 16, True), (16, 32, True), (32, 16, False)):
-        plan = module._data_plan(q, k, outer, inner, keys_inner, (doc,))
+        plan = module._data_plans(q, k, outer, inner, (keys_inner,), (doc,))[0]
         for b in range(2):
             grid = visible[b] if keys_inner else visible[b].T
             n_inner = grid.shape[1]
@@ -549,7 +549,8 @@ def test_a_plan_is_the_same_whatever_tiles_a_program_groups(
     """`_attn_plan` classifies GROUP tiles a program against the other side's
     tiles, loaded once for the group: the plan has the same bits for groups of
     1, 2, 4 and 8 tiles (ragged groups at the end included), for the forward's
-    and the backward's tile shapes, with and without position offsets."""
+    and the backward's tile shapes, with and without position offsets, and
+    whether one launch classifies one side or both (Nq != Nk)."""
     from flashgen.api import load_variant
     from flashgen.verify import Shape, random_runtime_inputs
 
@@ -570,11 +571,21 @@ def test_a_plan_is_the_same_whatever_tiles_a_program_groups(
             for programs in (10**6, 4, 2, 1):  # groups of 1 tile, then of up to 8
                 module.PLAN_PROGRAMS = programs
                 plans.append(
-                    module._data_plan(q, k, outer, inner, keys_inner, inputs, None, shifts)
+                    module._data_plans(q, k, outer, inner, (keys_inner,), inputs, None, shifts)[0]
                 )
             module.PLAN_PROGRAMS = 128
             for plan in plans[1:]:
                 assert torch.equal(plan, plans[0]), (shifts, outer, inner, keys_inner)
+            # Both sides in one launch: each the same bits as its side alone.
+            for programs in (10**6, 2):
+                module.PLAN_PROGRAMS = programs
+                both = module._data_plans(q, k, outer, inner, (False, True), inputs, None, shifts)
+                module.PLAN_PROGRAMS = 128
+                alone = module._data_plans(
+                    q, k, outer, inner, (not keys_inner,), inputs, None, shifts
+                )
+                assert torch.equal(both[int(keys_inner)], plans[0]), (shifts, outer, inner)
+                assert torch.equal(both[int(not keys_inner)], alone[0]), (shifts, outer, inner)
 
 
 @pytest.mark.kernels
@@ -611,7 +622,7 @@ def test_a_plan_built_once_serves_every_layer_with_the_same_bits(_interpreter, m
             o, lse = module.attention(*leaves, doc=doc, plan=given, return_lse=True)
             grads = torch.autograd.grad((o, lse), leaves, (do, torch.ones_like(lse)))
             plans = sum(kernel is module._attn_plan for kernel in launched)
-            assert plans == (3 if given is None else 0)
+            assert plans == (2 if given is None else 0)  # the forward's, the backward's
             results.append((o, lse, *grads))
         for a, b in zip(*results):
             assert torch.equal(a, b)
