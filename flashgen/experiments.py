@@ -86,6 +86,7 @@ KNOBS: dict[str, Callable[[str], object]] = {
     "gather_unpipelined": _bool,  # on: input reads kept out of the software pipeline
     "hoist_reads": _bool,  # off: no score read loaded once for a tile it is constant over
     "merged_edges": _bool,  # one loop per program, edge tiles masked in a branch (or three loops)
+    "heads_first": _bool,  # the Triton forward's grid (batch * heads, query tiles), or not
 }
 
 

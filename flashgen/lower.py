@@ -36,6 +36,7 @@ from flashgen.kernel_choice import (
     gluon_backward,
     gluon_forward,
     gluon_min_keys,
+    heads_first,
     key_span,
     merged_edges,
     tanh_small_poly,
@@ -431,6 +432,9 @@ class KernelModel:
     # indices are constant over it (`tile_reads`), with the score's log2 code
     # over their variables; off only as an experiment (decision 050).
     hoist_reads: bool = True
+    # The Triton forward's grid is (batch * heads, query tiles), one query tile
+    # of every head after another (`kernel_choice.heads_first`, decision 069).
+    heads_first: bool = False
     tile_reads: tuple[TileRead, ...] = ()
     score_log2_hoisted_code: str = ""
     # Split-KV decoding (decision 052): a no-gradient call with few query rows
@@ -644,6 +648,7 @@ def lower(v: ir.Variant, tuning: Tuning | None = None) -> KernelModel:
         query_hi=_source(query_hi),
         classify_edge_tiles=classify,
         merged_edges=merged,
+        heads_first=heads_first(mask, plan is not None),
         key_interior=key_interior is not None,
         key_interior_lo=_source(key_interior[0]) if key_interior else None,
         key_interior_hi=_source(key_interior[1]) if key_interior else None,

@@ -337,8 +337,10 @@ def _attn_fwd(
     see the most keys, and they start first.  With SEQS, the grid's batch
     axis counts sequences (`seq_ptr`: their first rows and lengths).
     """
-    start_m = (tl.num_programs(0) - 1 - tl.program_id(0)) * BLOCK_M
-    batch_head = tl.program_id(1)
+    # Heads first (an experiment): the grid is (batch * heads, query tiles),
+    # so consecutive programs take one query tile of every head.
+    start_m = (tl.num_programs(1) - 1 - tl.program_id(1)) * BLOCK_M
+    batch_head = tl.program_id(0)
     batch = batch_head // num_heads
     head = batch_head % num_heads
     kv_head = head // kv_group
@@ -384,7 +386,7 @@ def _attn_fwd(
     hi = tl.minimum(q_hi + 1 - k_offset, n_keys)
 
     # Narrowed to the tiles the call's data leaves visible (`_attn_plan`).
-    plan = plan_ptr + (batch.to(tl.int64) * tl.num_programs(0) + start_m // BLOCK_M) * 4
+    plan = plan_ptr + (batch.to(tl.int64) * tl.num_programs(1) + start_m // BLOCK_M) * 4
     lo = tl.maximum(lo, tl.load(plan))
     hi = tl.minimum(hi, tl.load(plan + 1))
     plan_full_lo = tl.load(plan + 2)
@@ -1679,7 +1681,7 @@ def _forward(
     if o.numel() == 0 or batch * n_queries == 0:
         return o, lse.fill_(float("-inf"))
     use_tma = n_keys > 0 and seqs is None and _use_tma(tma, GPU_TMA, k, v)
-    grid = (_cdiv(n_queries, block_m), batch * num_heads)
+    grid = (batch * num_heads, _cdiv(n_queries, block_m))
     _launch(
         _attn_fwd, grid,
         q, k, v, o, lse, _alibi_or_placeholder(num_heads, lse), lse if seqs is None else seqs[0],

@@ -116,7 +116,7 @@ KNOB_SETTINGS = [
     "gpu_bwd_tma=on", "gpu_bwd_tma=off", "gluon_forward=off", "gluon_backward=off",
     "gluon_stages=1", "gluon_bwd_stages=1,1", "gluon_min_keys=0", "gluon_dq_heavy_last=on",
     "gluon_dq_heavy_last=off", "tanh_small_poly=on", "fast_math=off", "gather_unpipelined=on",
-    "hoist_reads=off", "merged_edges=on", "merged_edges=off",
+    "hoist_reads=off", "merged_edges=on", "merged_edges=off", "heads_first=on",
 ]  # fmt: skip
 
 
@@ -168,11 +168,13 @@ def test_a_module_built_with_knobs_computes_the_variant():
 
 
 @pytest.mark.kernels
-@pytest.mark.parametrize("knob", ["gather_unpipelined", "hoist_reads"])
+@pytest.mark.parametrize("knob", ["gather_unpipelined", "hoist_reads", "heads_first"])
 def test_knobs_on_input_reads_compute_the_same_bits(knob):
     """gather_unpipelined moves every input read into an always-taken branch;
     hoist_reads (on by default) loads a score read once for a tile where its
-    indices are constant over it.  Forward and backward give the same bits
+    indices are constant over it; heads_first launches the forward's programs
+    in another order (its plan row found from the grid's other axis).
+    Forward and backward give the same bits
     with the knob and without, on tiles on and off the diagonal and across
     documents."""
     from flashgen.check import check
@@ -190,7 +192,11 @@ def test_knobs_on_input_reads_compute_the_same_bits(knob):
         doc=(torch.arange(100) // 40).repeat(2, 1).to(torch.int32),
     )
     runs = []
-    marker = "if sizes[0] > 0:" if knob == "gather_unpipelined" else "read0 = tl.zeros_like"
+    marker = {
+        "gather_unpipelined": "if sizes[0] > 0:",
+        "hoist_reads": "read0 = tl.zeros_like",
+        "heads_first": "batch_head = tl.program_id(0)",
+    }[knob]
     for setting in ("off", "on"):
         source = render_module(variant, None, parse_settings([f"{knob}={setting}"]))
         assert (marker in source) == (setting == "on")

@@ -1637,6 +1637,9 @@ def test_rows_known_short_take_one_loop(text, merged):
     variants, diags = check([spec])
     assert not diags, diags
     assert lower.lower(variants[0]).merged_edges is merged
+    # One query tile of every head after another only where documents bound the
+    # rows (decision 069: a per-example prefix's long rows ran slower so at d128).
+    assert lower.lower(variants[0]).heads_first is ("doc[" in text)
 
 
 @pytest.mark.parametrize(
