@@ -61,6 +61,9 @@ _NO_CACHE = "this module's spec reads declared inputs: it takes no KV-cache call
 # side's tiles, whose reads the group shares.
 PLAN_PROGRAMS = 128
 PLAN_GROUP_MAX = 16
+# The forward launches one query tile of every head after another (decision
+# 069) up to this many query tiles, the most a grid's second axis holds.
+HEADS_FIRST_MAX_TILES = 2**16 - 1
 
 
 @triton.jit
@@ -329,18 +332,23 @@ def _attn_fwd(
     stride_lb, stride_lh,
     num_heads, kv_group, n_queries, n_keys, sm_scale, q_shift, k_shift, doc_ptr, doc_stride0, doc_stride1, doc_size0, doc_size1, plan_ptr,
     HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    USE_TMA: tl.constexpr, SEQS: tl.constexpr, HAS_SINKS: tl.constexpr, SHIFTED: tl.constexpr,
+    USE_TMA: tl.constexpr, SEQS: tl.constexpr, HAS_SINKS: tl.constexpr, SHIFTED: tl.constexpr, HEADS_FIRST: tl.constexpr,
 ):  # fmt: skip
-    """Grid: (query tiles, batch * heads).  Writes o and the log-sum-exp.
+    """Grid: (query tiles, batch * heads), or with HEADS_FIRST (batch * heads, query
+    tiles).  Writes o and the log-sum-exp.
 
     Query tiles run last to first: under causal-like masks the last tiles
     see the most keys, and they start first.  With SEQS, the grid's batch
     axis counts sequences (`seq_ptr`: their first rows and lengths).
     """
-    # Heads first (an experiment): the grid is (batch * heads, query tiles),
-    # so consecutive programs take one query tile of every head.
-    start_m = (tl.num_programs(1) - 1 - tl.program_id(1)) * BLOCK_M
-    batch_head = tl.program_id(0)
+    if HEADS_FIRST:  # one query tile of every head after another (`kernel_choice.heads_first`)
+        q_tiles = tl.num_programs(1)
+        start_m = (q_tiles - 1 - tl.program_id(1)) * BLOCK_M
+        batch_head = tl.program_id(0)
+    else:
+        q_tiles = tl.num_programs(0)
+        start_m = (q_tiles - 1 - tl.program_id(0)) * BLOCK_M
+        batch_head = tl.program_id(1)
     batch = batch_head // num_heads
     head = batch_head % num_heads
     kv_head = head // kv_group
@@ -386,7 +394,7 @@ def _attn_fwd(
     hi = tl.minimum(q_hi + 1 - k_offset, n_keys)
 
     # Narrowed to the tiles the call's data leaves visible (`_attn_plan`).
-    plan = plan_ptr + (batch.to(tl.int64) * tl.num_programs(1) + start_m // BLOCK_M) * 4
+    plan = plan_ptr + (batch.to(tl.int64) * q_tiles + start_m // BLOCK_M) * 4
     lo = tl.maximum(lo, tl.load(plan))
     hi = tl.minimum(hi, tl.load(plan + 1))
     plan_full_lo = tl.load(plan + 2)
@@ -1681,14 +1689,18 @@ def _forward(
     if o.numel() == 0 or batch * n_queries == 0:
         return o, lse.fill_(float("-inf"))
     use_tma = n_keys > 0 and seqs is None and _use_tma(tma, GPU_TMA, k, v)
-    grid = (batch * num_heads, _cdiv(n_queries, block_m))
+    # One query tile of every head after another where the grid's second axis
+    # holds the query tiles (HEADS_FIRST_MAX_TILES).
+    q_tiles = _cdiv(n_queries, block_m)
+    heads_first = q_tiles <= HEADS_FIRST_MAX_TILES
+    grid = (batch * num_heads, q_tiles) if heads_first else (q_tiles, batch * num_heads)
     _launch(
         _attn_fwd, grid,
         q, k, v, o, lse, _alibi_or_placeholder(num_heads, lse), lse if seqs is None else seqs[0],
         lse if sinks is None else sinks, *_descriptors(use_tma, block_n, k, v),
         *q.stride(), *k.stride(), *v.stride(), *o.stride(), *lse.stride()[:2],
         num_heads, num_heads // k.shape[1], n_queries, n_keys, scale, *(shifts or (0, 0)), *_input_args(inputs), *_data_plans(q, k, block_m, block_n, (True,), inputs, seqs, shifts, plan),
-        HEAD_DIM, HEAD_DIM_PAD, block_m, block_n, use_tma, seqs is not None, sinks is not None, shifts is not None,  # the constexprs
+        HEAD_DIM, HEAD_DIM_PAD, block_m, block_n, use_tma, seqs is not None, sinks is not None, shifts is not None, heads_first,  # the constexprs
         num_warps=num_warps or default[2],
         num_stages=num_stages or default[3],
     )  # fmt: skip

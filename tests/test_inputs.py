@@ -695,6 +695,42 @@ def test_drawn_masks_over_inputs_plan_every_visible_pair_and_only_whole_tiles(_i
 
 
 @pytest.mark.kernels
+def test_a_document_forward_launches_heads_first_and_falls_back_past_the_grid_axis(
+    _interpreter, monkeypatch
+):
+    """A document mask's forward takes one query tile of every head after
+    another (decision 069); where its query tiles would not fit the grid's
+    second axis (HEADS_FIRST_MAX_TILES) it takes them as other modules do:
+    the same bits either way, forward and gradients."""
+    from flashgen.api import load_variant
+
+    module = load_variant(_variant(PACKED))
+    assert module.HEADS_FIRST_MAX_TILES == 2**16 - 1
+    launched = []
+    launch = module._launch
+
+    def counted(kernel, grid, *args, **options):
+        if kernel is module._attn_fwd:
+            launched.append(grid)
+        return launch(kernel, grid, *args, **options)
+
+    monkeypatch.setattr(module, "_launch", counted)
+    doc = torch.tensor([[0] * 30 + [1] * 41 + [2] * 29, [0] * 100], dtype=torch.int32)
+    generator = torch.Generator().manual_seed(2)
+    q, k, v, do = (torch.randn(2, 3, 100, 16, generator=generator) for _ in range(4))
+    runs = []
+    for limit in (2**16 - 1, 1):
+        monkeypatch.setattr(module, "HEADS_FIRST_MAX_TILES", limit)
+        leaves = [x.clone().requires_grad_() for x in (q, k, v)]
+        o = module.attention(*leaves, doc=doc)
+        runs.append((o, *torch.autograd.grad(o, leaves, do)))
+    tiles = -(-100 // module.INTERPRETER_CONFIG[0])
+    assert launched == [(6, tiles), (tiles, 6)]  # (batch * heads, query tiles), then the other
+    for a, b in zip(*runs):
+        assert torch.equal(a, b)
+
+
+@pytest.mark.kernels
 def test_a_plan_built_once_serves_every_layer_with_the_same_bits(_interpreter, monkeypatch):
     """tile_plan(): the per-call plan of issue 21, built once per batch and
     passed to each layer's attention() as plan=: the same outputs and
