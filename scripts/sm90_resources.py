@@ -91,6 +91,7 @@ def compile_kernel(
         SHIFTED=seqs,
         CACHE=cache is not None,
         PAGE_SIZE=cache or 0,
+        HEADS_FIRST=True,  # a document mask's forward grid (decision 069)
     )
     signature, attrs = {}, {}
     names = [p.name for p in fn.params]
