@@ -70,8 +70,8 @@ def test_knobs_change_what_they_name():
     assert "def _gluon_forward(" not in off and "def _attn_fwd(" in off
 
 
-def _undefined_calls(source: str) -> set[str]:
-    """Names the module's functions call that it does not define or import."""
+def _undefined_names(source: str) -> set[str]:
+    """Names the module's code reads or calls that it does not define or import."""
     import ast
     import builtins
 
@@ -86,12 +86,14 @@ def _undefined_calls(source: str) -> set[str]:
             defined.add(node.id)
         elif isinstance(node, ast.arg):
             defined.add(node.arg)
-    called = {
-        node.func.id
+        elif isinstance(node, ast.ExceptHandler) and node.name:
+            defined.add(node.name)
+    read = {
+        node.id
         for node in ast.walk(tree)
-        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
+        if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load)
     }
-    return called - defined
+    return read - defined
 
 
 @pytest.mark.parametrize(
@@ -106,7 +108,7 @@ def test_either_gluon_pass_builds_without_the_other(mask, score, knobs):
     forward failed to compile on the GPU, NameError, 2026-12-02)."""
     variant = make_variant(mask, score=score, dtype=ir.DType.BF16, head_dim=128)
     source = render_module(variant, None, parse_settings(knobs))
-    assert not _undefined_calls(source)
+    assert not _undefined_names(source)
 
 
 # One setting of each knob away from its default (the modules it builds must
@@ -127,14 +129,14 @@ KNOB_SETTINGS = [
     ["plain_causal", "mistral_sliding", "llama3_packed_docs", "deepseek_mla", "t5_relative_bias",
      "gemma2_local"],
 )  # fmt: skip
-def test_every_knob_setting_builds_modules_that_define_what_they_call(name):
+def test_every_knob_setting_builds_modules_that_define_what_they_read(name):
     from kernel_utils import example_variants
 
     assert {s.split("=")[0] for s in KNOB_SETTINGS} == set(KNOBS)
     (variant,) = [v for v in example_variants() if v.name == name]
     builds = [(s, render_module(variant, None, parse_settings([s]))) for s in KNOB_SETTINGS]
     builds.append(("--triton-only", render_module(variant, triton_only=True)))
-    problems = {setting: sorted(_undefined_calls(source)) for setting, source in builds}
+    problems = {setting: sorted(_undefined_names(source)) for setting, source in builds}
     assert not {k: v for k, v in problems.items() if v}
 
 
