@@ -1450,18 +1450,19 @@ def _data_plans(q, k, outer: int, inner: int, sides: tuple, inputs: tuple = (), 
     if seqs is not None:
         batch, n_queries, n_keys = seqs[0].shape[0], seqs[1], seqs[2]
     rows = batch
+    # Only the sides asked for are allocated (a forward's call asks for one).
     q_tiles = _cdiv(n_queries, outer) if True in sides else 0
     k_tiles = _cdiv(n_keys, outer) if False in sides else 0
-    q_plan = torch.empty((rows, q_tiles, 4), dtype=torch.int32, device=q.device)
-    k_plan = torch.empty((rows, k_tiles, 4), dtype=torch.int32, device=q.device)
+    q_plan = torch.empty((rows, q_tiles, 4), dtype=torch.int32, device=q.device) if True in sides else None  # fmt: skip
+    k_plan = torch.empty((rows, k_tiles, 4), dtype=torch.int32, device=q.device) if False in sides else None  # fmt: skip
     chunk = max(1, 4096 // inner)  # tiles classified at a time
     # Tiles per program: each program reads the other side whole, so a group
     # of tiles shares those reads; about PLAN_PROGRAMS programs in all.
     group = min(PLAN_GROUP_MAX, 1 << max(0, ((q_tiles + k_tiles) * rows // PLAN_PROGRAMS).bit_length() - 1))  # fmt: skip
     q_groups = _cdiv(q_tiles, group)
     if rows and q_tiles + k_tiles:
-        # A side not asked for is written nowhere: the other's plan stands in
-        # for its pointer (an empty tensor's may be null).
+        # A side without tiles is written nowhere: the other's plan stands in
+        # for its pointer (it may be None, or an empty tensor's null pointer).
         some = q_plan if q_tiles else k_plan
         _launch(
             _attn_plan, (q_groups + _cdiv(k_tiles, group), rows),

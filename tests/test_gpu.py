@@ -324,16 +324,15 @@ def test_gluon_forward_at_head_dim_64_on_gpu(mask, score, dtype, monkeypatch):
     _check_gluon_forward(make_variant(mask, score, dtype=dtype, head_dim=64), 2048, monkeypatch)
 
 
-@pytest.mark.parametrize("name", ["mistral_sliding", "llama4_local", "bloom_alibi"])
-def test_gluon_forward_any_mask_dispatch_on_gpu(name, monkeypatch):
-    """The example modules as generated: the Gluon forward from
-    GLUON_MIN_KEYS keys on (checked against the float64 reference, forward
-    and gradients), the Triton forward below."""
-    (variant,) = [v for v in example_variants() if v.name == name]
+def _check_gluon_dispatch(variant, below: int, monkeypatch) -> None:
+    """The module as generated takes the Triton forward at `below` keys and the
+    Gluon forward at GLUON_MIN_KEYS (4096), each against the float64
+    reference, then the gradients through the Gluon forward; counts its
+    launches."""
     module = build(variant)
     assert module.GLUON_MIN_KEYS == 4096
     launches = _count_calls(monkeypatch, module, "_gluon_forward")
-    result = run_case(variant, Shape(1, 2, 1, 2048, 2048), seed=0, device="cuda")
+    result = run_case(variant, Shape(1, 2, 1, below, below), seed=0, device="cuda")
     _record(variant, result)
     assert_ok(result)
     assert not launches
@@ -345,6 +344,15 @@ def test_gluon_forward_any_mask_dispatch_on_gpu(name, monkeypatch):
     _record(variant, result)
     assert_ok(result)
     assert len(launches) == 2
+
+
+@pytest.mark.parametrize("name", ["mistral_sliding", "llama4_local", "bloom_alibi"])
+def test_gluon_forward_any_mask_dispatch_on_gpu(name, monkeypatch):
+    """The example modules as generated: the Gluon forward from
+    GLUON_MIN_KEYS keys on (checked against the float64 reference, forward
+    and gradients), the Triton forward below."""
+    (variant,) = [v for v in example_variants() if v.name == name]
+    _check_gluon_dispatch(variant, 2048, monkeypatch)
 
 
 @pytest.mark.parametrize("mask", ["full", "causal"])
@@ -354,22 +362,8 @@ def test_gluon_forward_d64_plain_dispatch_on_gpu(mask, monkeypatch):
     from there, both against the float64 reference, forward and gradients."""
     from flashgen import kernel_choice
 
-    variant = make_variant(mask, dtype=ir.DType.BF16, head_dim=64)
-    module = build(variant)
-    assert module.GLUON_MIN_KEYS == kernel_choice.GLUON_PLAIN_MIN_KEYS[64] == 4096
-    launches = _count_calls(monkeypatch, module, "_gluon_forward")
-    result = run_case(variant, Shape(1, 2, 1, 4095, 4095), seed=0, device="cuda")
-    _record(variant, result)
-    assert_ok(result)
-    assert not launches
-    result = run_case(variant, Shape(1, 2, 1, 4096, 4096), seed=1, device="cuda", magnitude=5.0)
-    _record(variant, result)
-    assert_ok(result)
-    assert len(launches) == 1
-    result = run_grad_case(variant, Shape(1, 2, 2, 4096, 4096), seed=2, device="cuda")
-    _record(variant, result)
-    assert_ok(result)
-    assert len(launches) == 2
+    assert kernel_choice.GLUON_PLAIN_MIN_KEYS[64] == 4096
+    _check_gluon_dispatch(make_variant(mask, dtype=ir.DType.BF16, head_dim=64), 4095, monkeypatch)
 
 
 @pytest.mark.parametrize("name", ["full", "mistral_sliding"])
