@@ -87,6 +87,7 @@ KNOBS: dict[str, Callable[[str], object]] = {
     "hoist_reads": _bool,  # off: no score read loaded once for a tile it is constant over
     "merged_edges": _bool,  # one loop per program, edge tiles masked in a branch (or three loops)
     "heads_first": _bool,  # the Triton forward's grid (batch * heads, query tiles), or not
+    "bwd_heads_first": _bool,  # the Triton backward's grid (batch * heads, tiles), or not
 }
 
 

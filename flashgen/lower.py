@@ -435,6 +435,10 @@ class KernelModel:
     # The Triton forward's grid is (batch * heads, query tiles), one query tile
     # of every head after another (`kernel_choice.heads_first`, decision 069).
     heads_first: bool = False
+    # The same for the Triton backward's one launch: (batch * heads, key tiles
+    # + query tiles), every head's dK/dV of a key tile after another, then
+    # the dQ programs.
+    bwd_heads_first: bool = False
     tile_reads: tuple[TileRead, ...] = ()
     score_log2_hoisted_code: str = ""
     # Split-KV decoding (decision 052): a no-gradient call with few query rows

@@ -119,6 +119,7 @@ KNOB_SETTINGS = [
     "gluon_stages=1", "gluon_bwd_stages=1,1", "gluon_min_keys=0", "gluon_dq_heavy_last=on",
     "gluon_dq_heavy_last=off", "tanh_small_poly=on", "fast_math=off", "gather_unpipelined=on",
     "hoist_reads=off", "merged_edges=on", "merged_edges=off", "heads_first=on",
+    "bwd_heads_first=on",
 ]  # fmt: skip
 
 
@@ -170,15 +171,17 @@ def test_a_module_built_with_knobs_computes_the_variant():
 
 
 @pytest.mark.kernels
-@pytest.mark.parametrize("knob", ["gather_unpipelined", "hoist_reads", "heads_first"])
+@pytest.mark.parametrize(
+    "knob", ["gather_unpipelined", "hoist_reads", "heads_first", "bwd_heads_first"]
+)
 def test_knobs_on_input_reads_compute_the_same_bits(knob):
     """gather_unpipelined moves every input read into an always-taken branch;
     hoist_reads (on by default) loads a score read once for a tile where its
     indices are constant over it; heads_first launches the forward's programs
-    in another order (its plan row found from the grid's other axis).
-    Forward and backward give the same bits
-    with the knob and without, on tiles on and off the diagonal and across
-    documents."""
+    in another order (its plan row found from the grid's other axis), and
+    bwd_heads_first the backward's (under GQA, where some of its programs
+    have nothing to do).  Forward and backward give the same bits with the
+    knob and without, on tiles on and off the diagonal and across documents."""
     from flashgen.check import check
     from flashgen.parse import parse
 
@@ -188,7 +191,10 @@ def test_knobs_on_input_reads_compute_the_same_bits(knob):
     )
     (variant,), _ = check([parse(text)[0]])
     gen = torch.Generator().manual_seed(0)
-    q, k, v = (torch.randn(2, 2, n, 16, generator=gen).requires_grad_() for n in (70, 100, 100))
+    q, k, v = (
+        torch.randn(2, h, n, 16, generator=gen).requires_grad_()
+        for h, n in ((2, 70), (1, 100), (1, 100))
+    )
     data = dict(
         rel=torch.randn(2, 32, generator=gen),
         doc=(torch.arange(100) // 40).repeat(2, 1).to(torch.int32),
@@ -198,6 +204,7 @@ def test_knobs_on_input_reads_compute_the_same_bits(knob):
         "gather_unpipelined": "if sizes[0] > 0:",
         "hoist_reads": "read0 = tl.zeros_like",
         "heads_first": "batch_head = tl.program_id(0)",
+        "bwd_heads_first": "tile, tiles = tl.program_id(1), tl.num_programs(1)",
     }[knob]
     for setting in ("off", "on"):
         source = render_module(variant, None, parse_settings([f"{knob}={setting}"]))
