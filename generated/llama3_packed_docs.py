@@ -61,8 +61,8 @@ _NO_CACHE = "this module's spec reads declared inputs: it takes no KV-cache call
 # side's tiles, whose reads the group shares.
 PLAN_PROGRAMS = 128
 PLAN_GROUP_MAX = 16
-# The forward launches one query tile of every head after another (decision
-# 069) up to this many query tiles, the most a grid's second axis holds.
+# The Triton kernels launch one tile of every head after another (decision
+# 069) up to this many tiles, the most a grid's second axis holds.
 HEADS_FIRST_MAX_TILES = 2**16 - 1
 
 
