@@ -226,10 +226,13 @@ def merged_edges(mask: ir.Expr, planned: bool) -> bool:
 # graphs, decision 069): 1.10-1.11x at d64 and 1.06x at d128 for N = 16384,
 # 1.05x and 1.01x at 65536, the same bits.  Not for long rows: a per-example
 # prefix over causal rows ran 0.94x at d128 N = 16384 (the heads' keys no
-# longer share the L2 cache), though 1.16-1.22x at 4096.
+# longer share the L2 cache), though 1.16-1.22x at 4096.  The Triton
+# backward's one launch likewise (batch * heads, key tiles + query tiles),
+# decision 070: 1.05x at d64 and 1.01x at d128 for N = 16384, 1.02x at 65536.
 def heads_first(mask: ir.Expr, planned: bool) -> bool:
     """Whether the Triton forward launches one query tile of every head after
-    another: a mask whose call plan bounds rows by documents (`_documents`).
+    another, and the backward one tile: a mask whose call plan bounds rows by
+    documents (`_documents`).
     `mask` desugared, in negation normal form."""
     return planned and _documents(mask)
 

@@ -437,7 +437,7 @@ class KernelModel:
     heads_first: bool = False
     # The same for the Triton backward's one launch: (batch * heads, key tiles
     # + query tiles), every head's dK/dV of a key tile after another, then
-    # the dQ programs.
+    # the dQ programs (decision 070).
     bwd_heads_first: bool = False
     tile_reads: tuple[TileRead, ...] = ()
     score_log2_hoisted_code: str = ""
@@ -653,6 +653,7 @@ def lower(v: ir.Variant, tuning: Tuning | None = None) -> KernelModel:
         classify_edge_tiles=classify,
         merged_edges=merged,
         heads_first=heads_first(mask, plan is not None),
+        bwd_heads_first=heads_first(mask, plan is not None),
         key_interior=key_interior is not None,
         key_interior_lo=_source(key_interior[0]) if key_interior else None,
         key_interior_hi=_source(key_interior[1]) if key_interior else None,

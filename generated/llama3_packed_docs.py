@@ -777,9 +777,10 @@ def _attn_bwd(
     stride_lb, stride_lh,
     num_heads, kv_group, n_queries, n_keys, sm_scale, q_shift, k_shift, doc_ptr, doc_stride0, doc_stride1, doc_size0, doc_size1, dkdv_plan_ptr, dq_plan_ptr,
     HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    USE_TMA: tl.constexpr, SEQS: tl.constexpr, SHIFTED: tl.constexpr,
+    USE_TMA: tl.constexpr, SEQS: tl.constexpr, SHIFTED: tl.constexpr, HEADS_FIRST: tl.constexpr,
 ):  # fmt: skip
-    """Grid: (key tiles + query tiles of BLOCK_N, batch * heads).
+    """Grid: (key tiles + query tiles of BLOCK_N, batch * heads), or with
+    HEADS_FIRST (batch * heads, key tiles + query tiles).
 
     The first programs compute the dK and dV of a key tile (the second grid
     axis then counts batch * kv heads, and the programs past those have
@@ -789,11 +790,16 @@ def _attn_bwd(
     last dK/dV programs finish.
     """
     n_key_tiles = tl.cdiv(n_keys, BLOCK_N)
-    tile = tl.program_id(0)
+    if HEADS_FIRST:  # one tile of every head after another (`kernel_choice.heads_first`)
+        tile, tiles = tl.program_id(1), tl.num_programs(1)
+        batch_head, batch_heads = tl.program_id(0), tl.num_programs(0)
+    else:
+        tile, tiles = tl.program_id(0), tl.num_programs(0)
+        batch_head, batch_heads = tl.program_id(1), tl.num_programs(1)
     if tile < n_key_tiles:
-        if tl.program_id(1) < tl.num_programs(1) // kv_group:
+        if batch_head < batch_heads // kv_group:
             _attn_bwd_dkdv(
-                tile, tl.program_id(1),
+                tile, batch_head,
                 q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dk_ptr, dv_ptr, alibi_slopes_ptr, seq_ptr, q_desc, do_desc,
                 stride_qb, stride_qh, stride_qm, stride_qd,
                 stride_kb, stride_kh, stride_kn, stride_kd,
@@ -807,7 +813,7 @@ def _attn_bwd(
             )  # fmt: skip
     else:
         _attn_bwd_dq(
-            tl.num_programs(0) - 1 - tile, tl.program_id(1),
+            tiles - 1 - tile, batch_head,
             q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dq_ptr, alibi_slopes_ptr, seq_ptr, k_desc, v_desc,
             stride_qb, stride_qh, stride_qm, stride_qd,
             stride_kb, stride_kh, stride_kn, stride_kd,
@@ -1795,7 +1801,11 @@ def _backward(
     if seqs is not None:
         batch, n_queries, n_keys = seqs[0].shape[0], seqs[1], seqs[2]
     use_tma = seqs is None and _use_tma(tma, GPU_BWD_TMA, q, k, v, do)
-    grid = (_cdiv(n_keys, block_n) + _cdiv(n_queries, block_n), batch * num_heads)
+    # One tile of every head after another where the grid's second axis holds
+    # the tiles (HEADS_FIRST_MAX_TILES).
+    tiles = _cdiv(n_keys, block_n) + _cdiv(n_queries, block_n)
+    heads_first = tiles <= HEADS_FIRST_MAX_TILES
+    grid = (batch * num_heads, tiles) if heads_first else (tiles, batch * num_heads)
     _launch(
         _attn_bwd, grid,
         q, k, v, do, lse, delta, dq, dk, dv, alibi_slopes, lse if seqs is None else seqs[0],
@@ -1804,7 +1814,7 @@ def _backward(
         *lse.stride()[:2], num_heads, num_heads // kv_heads, n_queries, n_keys, scale, *(shifts or (0, 0)), *_input_args(inputs),
         # dK/dV's key tiles and dQ's query tiles
         *_data_plans(q, k, block_n, block_m, (False, True), inputs, seqs, shifts, plan),
-        HEAD_DIM, HEAD_DIM_PAD, block_m, block_n, use_tma, seqs is not None, shifts is not None,  # the constexprs
+        HEAD_DIM, HEAD_DIM_PAD, block_m, block_n, use_tma, seqs is not None, shifts is not None, heads_first,  # the constexprs
         num_warps=num_warps, num_stages=num_stages,
     )  # fmt: skip
     return dq, dk, dv

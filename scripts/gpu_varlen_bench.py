@@ -15,10 +15,13 @@ module on dense batches of equal-length documents (B = T / L, N = L).
 Document lengths are drawn uniformly from [1, 2 * mean - 1] (mean `mean`)
 until they fill T tokens (the last one cut).  FLOPs count visible pairs only:
 4 * D * H * sum(L (L + 1) / 2) forward, 2.5 times that backward, whose time
-is (forward + backward) - forward; medians of triton.testing.do_bench.
+is (forward + backward) - forward; medians of triton.testing.do_bench, or
+with `--timer cuda-graph` of CUDA-graph replays (the kernels alone).  The
+packed_docs module takes a tile plan built once per case, outside the timed
+region, as FlexAttention's block mask is.
 
     python3 scripts/gpu_varlen_bench.py [--tokens 16384 65536] [--head-dim 64 128]
-        [--mean 1000] [--jsonl PATH] [--run NAME] [--commit SHA]
+        [--mean 1000] [--jsonl PATH] [--run NAME] [--commit SHA] [--timer cuda-graph]
 """
 
 from __future__ import annotations
@@ -54,17 +57,31 @@ def spec(name: str, head_dim: int, body: str) -> str:
     return f"attention {name} {{ head_dim = {head_dim}; dtype = bf16; {body} }}"
 
 
-def timed(fn, q, k, v, do):
-    """(forward ms, forward + backward ms)."""
+def timed(fn, q, k, v, do, timer):
+    """(forward ms, forward + backward ms, the timer that took them): medians of
+    do_bench, or of CUDA-graph replays (`timer` "cuda-graph"), the kernels
+    alone; a call that cannot be captured (one that reads a tensor back to
+    the host) is timed with do_bench."""
     inputs = [x.detach().requires_grad_() for x in (q, k, v)]
 
     def both():
         o = fn(*inputs)
         torch.autograd.grad(o, inputs, do)
 
-    with torch.no_grad():
-        fwd = triton.testing.do_bench(lambda: fn(q, k, v), warmup=50, rep=200, return_mode="median")
-    return fwd, triton.testing.do_bench(both, warmup=50, rep=200, return_mode="median")
+    def forward():
+        with torch.no_grad():
+            fn(q, k, v)
+
+    if timer == "cuda-graph":
+        try:
+            bench = triton.testing.do_bench_cudagraph
+            return bench(forward, return_mode="median"), bench(both, return_mode="median"), timer
+        except RuntimeError as e:  # torch's capture errors are RuntimeErrors
+            print(f"  not captured ({str(e).splitlines()[0][:80]}): do_bench", flush=True)
+            torch.cuda.synchronize()
+    bench = triton.testing.do_bench
+    fwd = bench(forward, warmup=50, rep=200, return_mode="median")
+    return fwd, bench(both, warmup=50, rep=200, return_mode="median"), "do_bench"
 
 
 def main() -> None:
@@ -76,6 +93,7 @@ def main() -> None:
     parser.add_argument("--jsonl")
     parser.add_argument("--run", default="varlen")
     parser.add_argument("--commit")
+    parser.add_argument("--timer", choices=["do_bench", "cuda-graph"], default="do_bench")
     args = parser.parse_args()
     from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
@@ -137,20 +155,22 @@ def main() -> None:
             dense = [rand(dense_b, HEADS, dense_len, head_dim) for _ in range(4)]
             dense_flops = 4 * head_dim * HEADS * dense_b * dense_len * (dense_len + 1) // 2
             once = causal.sequences(cu_seqlens_q=cu, cu_seqlens_k=cu)  # checked once per batch
+            # built once per batch, as the block mask is
+            plan = docs_mod.tile_plan(q4, k4, v4, doc=doc[None])
             systems = [
                 ("flashgen varlen", lambda a, b, c: causal.attention(
                     a, b, c, sequences=once), (q3, k3, v3, do3), flops),
                 ("flashgen varlen, cu_seqlens", lambda a, b, c: causal.attention(
                     a, b, c, cu_seqlens_q=cu, cu_seqlens_k=cu), (q3, k3, v3, do3), flops),
                 ("flashgen packed_docs", lambda a, b, c: docs_mod.attention(
-                    a, b, c, doc=doc[None]), (q4, k4, v4, do4), flops),
+                    a, b, c, doc=doc[None], plan=plan), (q4, k4, v4, do4), flops),
                 ("flex", lambda a, b, c: flex(a, b, c, block_mask=block_mask),
                  (q4, k4, v4, do4), flops),
                 (f"flashgen dense B{dense_b} N{dense_len}", causal.attention, dense, dense_flops),
             ]  # fmt: skip
             reference = None
             for name, fn, (a, b, c, do), work in systems:
-                fwd, both = timed(fn, a, b, c, do)
+                fwd, both, timer = timed(fn, a, b, c, do, args.timer)
                 bwd = both - fwd
                 diff = None
                 if not name.startswith("flashgen dense"):
@@ -168,7 +188,7 @@ def main() -> None:
                 base = dict(
                     context, spec=name, documents=len(lengths), mean_length=args.mean,
                     tokens=total, H=HEADS, Hkv=HEADS, D=head_dim, dtype="bf16",
-                    density=pairs / total**2 if "dense" not in name else None, timer="do_bench",
+                    density=pairs / total**2 if "dense" not in name else None, timer=timer,
                 )  # fmt: skip
                 records.append(dict(base, direction="fwd", ms=fwd, tflops=tf, max_diff=diff))
                 records.append(dict(base, direction="fwd+bwd", ms=both, bwd_ms=bwd, bwd_tflops=btf))

@@ -695,13 +695,14 @@ def test_drawn_masks_over_inputs_plan_every_visible_pair_and_only_whole_tiles(_i
 
 
 @pytest.mark.kernels
-def test_a_document_forward_launches_heads_first_and_falls_back_past_the_grid_axis(
+def test_a_document_mask_launches_heads_first_and_falls_back_past_the_grid_axis(
     _interpreter, monkeypatch
 ):
     """A document mask's forward takes one query tile of every head after
-    another (decision 069); where its query tiles would not fit the grid's
-    second axis (HEADS_FIRST_MAX_TILES) it takes them as other modules do:
-    the same bits either way, forward and gradients."""
+    another (decision 069), its backward one tile (decision 070); where the
+    tiles would not fit the grid's second axis (HEADS_FIRST_MAX_TILES) each
+    takes them as other modules do: the same bits either way, forward and
+    gradients."""
     from flashgen.api import load_variant
 
     module = load_variant(_variant(PACKED))
@@ -710,7 +711,7 @@ def test_a_document_forward_launches_heads_first_and_falls_back_past_the_grid_ax
     launch = module._launch
 
     def counted(kernel, grid, *args, **options):
-        if kernel is module._attn_fwd:
+        if kernel in (module._attn_fwd, module._attn_bwd):
             launched.append(grid)
         return launch(kernel, grid, *args, **options)
 
@@ -725,7 +726,9 @@ def test_a_document_forward_launches_heads_first_and_falls_back_past_the_grid_ax
         o = module.attention(*leaves, doc=doc)
         runs.append((o, *torch.autograd.grad(o, leaves, do)))
     tiles = -(-100 // module.INTERPRETER_CONFIG[0])
-    assert launched == [(6, tiles), (tiles, 6)]  # (batch * heads, query tiles), then the other
+    bwd_tiles = 2 * -(-100 // module.INTERPRETER_CONFIG[1])  # key tiles + query tiles
+    # (batch * heads, tiles), then the other
+    assert launched == [(6, tiles), (6, bwd_tiles), (tiles, 6), (bwd_tiles, 6)]
     for a, b in zip(*runs):
         assert torch.equal(a, b)
 

@@ -1638,8 +1638,10 @@ def test_rows_known_short_take_one_loop(text, merged):
     assert not diags, diags
     assert lower.lower(variants[0]).merged_edges is merged
     # One query tile of every head after another only where documents bound the
-    # rows (decision 069: a per-example prefix's long rows ran slower so at d128).
-    assert lower.lower(variants[0]).heads_first is ("doc[" in text)
+    # rows (decision 069: a per-example prefix's long rows ran slower so at d128),
+    # in the forward and the backward (decision 070).
+    model = lower.lower(variants[0])
+    assert model.heads_first is model.bwd_heads_first is ("doc[" in text)
 
 
 @pytest.mark.parametrize(
