@@ -156,14 +156,15 @@ def main() -> None:
             dense_flops = 4 * head_dim * HEADS * dense_b * dense_len * (dense_len + 1) // 2
             once = causal.sequences(cu_seqlens_q=cu, cu_seqlens_k=cu)  # checked once per batch
             # built once per batch, as the block mask is
-            plan = docs_mod.tile_plan(q4, k4, v4, doc=doc[None])
+            doc2 = doc[None]  # the tensor the plan was built for, at every call
+            plan = docs_mod.tile_plan(q4, k4, v4, doc=doc2)
             systems = [
                 ("flashgen varlen", lambda a, b, c: causal.attention(
                     a, b, c, sequences=once), (q3, k3, v3, do3), flops),
                 ("flashgen varlen, cu_seqlens", lambda a, b, c: causal.attention(
                     a, b, c, cu_seqlens_q=cu, cu_seqlens_k=cu), (q3, k3, v3, do3), flops),
                 ("flashgen packed_docs", lambda a, b, c: docs_mod.attention(
-                    a, b, c, doc=doc[None], plan=plan), (q4, k4, v4, do4), flops),
+                    a, b, c, doc=doc2, plan=plan), (q4, k4, v4, do4), flops),
                 ("flex", lambda a, b, c: flex(a, b, c, block_mask=block_mask),
                  (q4, k4, v4, do4), flops),
                 (f"flashgen dense B{dense_b} N{dense_len}", causal.attention, dense, dense_flops),
