@@ -113,16 +113,6 @@ def gpu_bwd_config(
     return LaunchConfig(16 if wide else 32, 16 if wide else 32, 8, 1 if wide else 2)
 
 
-# A padded or varlen call whose sequences hold at most this many keys each
-# runs the backward at `gpu_bwd_config(short_rows=True)`'s tiles: each
-# program then sees few tiles, as under the masks that bound a row's keys.
-# The same sequences called through the causal module at d128 ran 211
-# TFLOP/s backward at 64 x 128 x 8 x 3 against 240 for the packed-document
-# module's 64 x 64 x 4 x 2 (scripts/gpu_varlen_bench.py --timer cuda-graph,
-# documents of ~1,000 tokens, 2026-12-04, decision 070).
-SHORT_ROWS_MAX_KEYS = 2048
-
-
 def gpu_tma(head_dim_pad: int, dtype: ir.DType) -> tuple[bool, bool]:
     """Whether (forward, backward) load tiles through TMA descriptors by default.
 

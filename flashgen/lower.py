@@ -45,7 +45,6 @@ from flashgen.launch import (
     CPU_CONFIG,
     LaunchConfig,
     Tuning,
-    SHORT_ROWS_MAX_KEYS,
     gpu_bwd_config,
     gpu_config,
     gpu_decode_configs,
@@ -394,10 +393,6 @@ class KernelModel:
     gpu_config: LaunchConfig
     cpu_config: LaunchConfig
     gpu_bwd_config: LaunchConfig
-    # The backward's tiles for padded and varlen calls whose sequences hold at
-    # most `short_rows_max_keys` keys each (`launch.gpu_bwd_short_config`).
-    gpu_bwd_short_config: LaunchConfig
-    short_rows_max_keys: int
     gpu_tma: bool
     gpu_bwd_tma: bool
     tuned_on: str | None  # GPU name when the configs come from `flashgen tune`
@@ -681,10 +676,6 @@ def lower(v: ir.Variant, tuning: Tuning | None = None) -> KernelModel:
         gpu_bwd_config=(
             tuning.backward if tuning else gpu_bwd_config(widest, v.dtype, merged, v_pad)
         ),
-        gpu_bwd_short_config=(
-            tuning.backward if tuning else gpu_bwd_config(widest, v.dtype, True, v_pad)
-        ),
-        short_rows_max_keys=SHORT_ROWS_MAX_KEYS,
         gpu_tma=_pick(tuning.forward_tma if tuning else None, default_tma[0]),
         gpu_bwd_tma=_pick(tuning.backward_tma if tuning else None, default_tma[1]),
         tuned_on=tuning.device if tuning else None,

@@ -51,8 +51,6 @@ MAX_SEQ_LEN = 2**24
 MAX_HEADS = 2**16
 GPU_CONFIG = (128, 64, 4, 3)
 GPU_BWD_CONFIG = (64, 64, 4, 2)
-GPU_BWD_SHORT_CONFIG = (64, 64, 4, 2)
-SHORT_ROWS_MAX_KEYS = 2048
 INTERPRETER_CONFIG = (32, 32, 1, 1)
 GPU_DECODE_CONFIGS = ((64, 64, 4, 3),)
 BOTTOM_RIGHT = True
@@ -193,21 +191,10 @@ def _resolve_scale(scale) -> float:
     return float(scale)
 
 
-def _launch_config(
-    device: torch.device, backward: bool = False, seqs=None
-) -> tuple[int, int, int, int]:
-    """The default (BLOCK_M, BLOCK_N, num_warps, num_stages) of a launch; the
-    backward of a call whose sequences (`seqs`, as the kernels take them)
-    hold at most SHORT_ROWS_MAX_KEYS keys each takes the short-rows tiles."""
+def _launch_config(device: torch.device, backward: bool = False) -> tuple[int, int, int, int]:
     if device.type != "cuda":
         return INTERPRETER_CONFIG
-    if not backward:
-        return GPU_CONFIG
-    return (
-        GPU_BWD_SHORT_CONFIG
-        if seqs is not None and seqs[2] <= SHORT_ROWS_MAX_KEYS
-        else GPU_BWD_CONFIG
-    )
+    return GPU_BWD_CONFIG if backward else GPU_CONFIG
 
 
 def _tma_supported(*tensors: torch.Tensor) -> bool:

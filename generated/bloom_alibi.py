@@ -79,10 +79,6 @@ MAX_HEADS = 65536
 # (BLOCK_M, BLOCK_N, num_warps, num_stages)
 GPU_CONFIG = (64, 64, 4, 3)
 GPU_BWD_CONFIG = (64, 128, 8, 3)
-# The backward's of a padded or varlen call whose sequences hold at most
-# SHORT_ROWS_MAX_KEYS keys each (decision 070).
-GPU_BWD_SHORT_CONFIG = (64, 64, 4, 2)
-SHORT_ROWS_MAX_KEYS = 2048
 # Whether the forward and the backward load tiles through TMA descriptors by
 # default on sm90+ GPUs (measured: flashgen's defaults, or `flashgen tune`).
 GPU_TMA = False
@@ -993,17 +989,10 @@ def _resolve_scale(scale) -> float:
     return float(scale)
 
 
-def _launch_config(
-    device: torch.device, backward: bool = False, seqs=None
-) -> tuple[int, int, int, int]:
-    """The default (BLOCK_M, BLOCK_N, num_warps, num_stages) of a launch; the
-    backward of a call whose sequences (`seqs`, as the kernels take them)
-    hold at most SHORT_ROWS_MAX_KEYS keys each takes the short-rows tiles."""
+def _launch_config(device: torch.device, backward: bool = False) -> tuple[int, int, int, int]:
     if device.type != "cuda":
         return INTERPRETER_CONFIG
-    if not backward:
-        return GPU_CONFIG
-    return GPU_BWD_SHORT_CONFIG if seqs is not None and seqs[2] <= SHORT_ROWS_MAX_KEYS else GPU_BWD_CONFIG  # fmt: skip
+    return GPU_BWD_CONFIG if backward else GPU_CONFIG
 
 
 def _tma_supported(*tensors: torch.Tensor) -> bool:
@@ -2757,7 +2746,7 @@ def _backward(
     k, v = _rows_in_int32("k", k, rows_k), _rows_in_int32("v", v, rows_k)
     do = None if do is None else _rows_in_int32("do", do, rows_q)
     explicit = (block_m, block_n, num_warps, num_stages) != (None,) * 4 or tma is False
-    default = _launch_config(q.device, backward=True, seqs=seqs)
+    default = _launch_config(q.device, backward=True)
     block_m, block_n = block_m or default[0], block_n or default[1]
     _check_blocks(block_m, block_n)
     num_warps, num_stages = num_warps or default[2], num_stages or default[3]

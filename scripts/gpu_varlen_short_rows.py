@@ -1,5 +1,6 @@
 """Varlen calls with short sequences: the backward at the module's
-GPU_BWD_CONFIG against its GPU_BWD_SHORT_CONFIG (decision 070),
+GPU_BWD_CONFIG against the short-rows tiles of `launch.gpu_bwd_config`
+(decision 070: slower for every varlen call measured, so not taken),
 in one process, kernels alone (CUDA-graph replays of forward + backward;
 the backward's time is the difference from the forward's), bf16, H = 16.
 
@@ -18,7 +19,8 @@ import torch
 import triton.testing
 
 sys.path.insert(0, ".")
-from flashgen import api  # noqa: E402
+from flashgen import api, ir  # noqa: E402
+from flashgen.launch import gpu_bwd_config  # noqa: E402
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--head-dim", type=int, nargs="+", default=[128])
@@ -41,7 +43,11 @@ for d in args.head_dim:
     for mask in args.masks:
         module = api.load(f"attention m {{ head_dim = {d}; dtype = bf16; mask = {mask} }}")
         default = module._launch_config
-        configs = {"long": module.GPU_BWD_CONFIG, "short": module.GPU_BWD_SHORT_CONFIG}
+        short = gpu_bwd_config(d, ir.DType.BF16, short_rows=True)
+        configs = {
+            "long": module.GPU_BWD_CONFIG,
+            "short": (short.block_m, short.block_n, short.num_warps, short.num_stages),
+        }
         for total in args.tokens:
             for fixed in [None, *args.fixed]:
                 lengths = lengths_of(total, fixed)

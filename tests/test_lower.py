@@ -1688,22 +1688,3 @@ def test_a_mask_of_heads_alone_takes_the_unmasked_forward_tiles():
 
     assert config("h % 2 == 0") == config("full") == gpu_config(128, ir.DType.BF16, False)
     assert config("causal & h % 2 == 0") == gpu_config(128, ir.DType.BF16, True)
-
-
-@pytest.mark.parametrize(
-    "head_dim, dtype", [(64, ir.DType.BF16), (128, ir.DType.BF16), (128, ir.DType.FP32)]
-)
-def test_calls_of_short_sequences_get_the_short_rows_backward_tiles(head_dim, dtype):
-    """Every module carries the backward's tiles for padded and varlen calls
-    of short sequences: those of a mask that bounds a row's keys (decision
-    070), whatever its own mask; a tuning replaces both."""
-    from flashgen.launch import LaunchConfig, Tuning, gpu_bwd_config
-
-    for mask in ("causal", "full"):
-        model = lower.lower(make_variant(mask, dtype=dtype, head_dim=head_dim))
-        assert model.gpu_bwd_short_config == gpu_bwd_config(head_dim, dtype, short_rows=True)
-        assert model.short_rows_max_keys == 2048
-    tuned = LaunchConfig(32, 32, 4, 1)
-    tuning = Tuning("gpu", LaunchConfig(64, 64, 4, 3), tuned)
-    model = lower.lower(make_variant("causal", dtype=dtype, head_dim=head_dim), tuning=tuning)
-    assert model.gpu_bwd_config == model.gpu_bwd_short_config == tuned

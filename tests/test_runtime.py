@@ -166,24 +166,6 @@ def test_check_blocks(rt):
             rt._check_blocks(16, bad)
 
 
-def test_launch_config_gives_calls_of_short_sequences_the_short_rows_backward(monkeypatch):
-    """A padded or varlen call whose longest key sequence is at most
-    SHORT_ROWS_MAX_KEYS takes GPU_BWD_SHORT_CONFIG in the backward (decision
-    070); longer ones, calls without sequences and the forward do not."""
-    for name, value in dict(
-        GPU_CONFIG=(1, 1, 1, 1), GPU_BWD_CONFIG=(2, 2, 2, 2), GPU_BWD_SHORT_CONFIG=(3, 3, 3, 3),
-        SHORT_ROWS_MAX_KEYS=2048,
-    ).items():  # fmt: skip
-        monkeypatch.setattr(runtime, name, value)
-    gpu, cpu = torch.device("cuda"), torch.device("cpu")
-    seqs = lambda longest_k: (None, 4096, longest_k, True, None)  # noqa: E731 (table, q, k, ...)
-    assert runtime._launch_config(gpu, True, seqs(2048)) == (3, 3, 3, 3)
-    assert runtime._launch_config(gpu, True, seqs(2049)) == (2, 2, 2, 2)
-    assert runtime._launch_config(gpu, True) == (2, 2, 2, 2)
-    assert runtime._launch_config(gpu, False, seqs(100)) == (1, 1, 1, 1)
-    assert runtime._launch_config(cpu, True, seqs(100)) == runtime.INTERPRETER_CONFIG
-
-
 def test_alibi_slopes_follow_the_papers_rule():
     # 8 heads: 2^-1 ... 2^-8.  6 heads: the 4-head rule (2^-2, 2^-4, 2^-6,
     # 2^-8), then every other slope of the 8-head rule (2^-1, 2^-3).

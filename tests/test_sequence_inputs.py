@@ -340,10 +340,7 @@ def test_padded_rows_equal_each_row_called_alone_bit_for_bit(name, side, _interp
         data,
         [],
     )
-    # the configurations of calls of short sequences (SHORT_ROWS_MAX_KEYS), as this one
-    seqs = (None, call.n[0], call.n[1], True, None)
-    assert call.n[1] <= module.SHORT_ROWS_MAX_KEYS
-    fwd, bwd = (module._launch_config(o.device, b, seqs) for b in (False, True))
+    fwd, bwd = (module._launch_config(o.device, backward=b) for b in (False, True))
     names = ("block_m", "block_n", "num_warps", "num_stages")
     for s, (q, k, v, do, dlse) in enumerate(call.seqs):
         own = _own(variant, data, s)

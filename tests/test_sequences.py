@@ -165,11 +165,8 @@ def _grads(module, q, k, v, do, dlse, **kwargs):
 def _alone(module, q, k, v, do, dlse):
     """The same for one sequence called alone, by the Triton kernels with the
     launch configurations and pointer loads of padded and varlen calls (a GPU
-    would otherwise take TMA or the Gluon kernels), the backward's those of
-    sequences of at most SHORT_ROWS_MAX_KEYS keys, as every call here has."""
-    seqs = (None, q.shape[2], k.shape[2], True, None)  # (table, longest q, longest k, ...)
-    assert k.shape[2] <= module.SHORT_ROWS_MAX_KEYS
-    fwd, bwd = (module._launch_config(q.device, b, seqs) for b in (False, True))
+    would otherwise take TMA or the Gluon kernels)."""
+    fwd, bwd = (module._launch_config(q.device, backward=b) for b in (False, True))
     o, lse = module.forward(
         q, k, v, **dict(zip(("block_m", "block_n", "num_warps", "num_stages"), fwd)), tma=False
     )
