@@ -30,6 +30,14 @@ The rewrites, bottom up:
   `tanh(s / c) * c`, `c * tanh(s * (1 / c))`, `tanh(s * a) / a` and
   `-c * tanh(-s / c)`, also among other terms (`softcap(s, 30.0) - abs(q - k)`).
 
+* `min` and `max` lose an argument that bounds cannot let win
+  (`value_range`): `max(log(1.0 + abs(s)), -0.4)` is the log, since the
+  log is at least 0, and `min(min(x, 1.5), 2.0)` is `min(x, 1.5)`.  Only
+  where one argument's bounds lie strictly beyond the other's, so that no
+  tie (whose derivative the reference splits in half) can occur, and never
+  where an argument may be NaN (which `torch.maximum` propagates); the
+  kept argument is not a constant.
+
 Integer subexpressions are left as they are: their ranges are what `check`
 proved (docs/LANGUAGE.md, Limits), and a rewrite must not move a product of
 integers where no bound was taken.  For the same reason a no-op that makes an
@@ -41,6 +49,7 @@ from __future__ import annotations
 import math
 import operator
 import struct
+from typing import NamedTuple
 
 from flashgen import grad, ir
 from flashgen.mask_forms import kind
@@ -183,7 +192,12 @@ def simplify(e: ir.Expr) -> ir.Expr:
             return ir.Call(e.fn, (cond, simplify(a), simplify(b)))
         if e.fn == ir.SOFTCAP:  # the cap is a literal
             return ir.Call(e.fn, (simplify(e.args[0]), e.args[1]))
-        return ir.Call(e.fn, tuple(simplify(a) for a in e.args))
+        args = tuple(simplify(a) for a in e.args)
+        if e.fn in ("min", "max"):
+            winner = _sole_winner(e.fn, *args)
+            if winner is not None:
+                return winner if _real(winner) else _join(1.0, winner)  # `q * 1.0`: real
+        return ir.Call(e.fn, args)
     if isinstance(e, ir.Binary) and e.op in (ir.BinOp.ADD, ir.BinOp.SUB):
         return _sum(e)
     if isinstance(e, (ir.Unary, ir.Binary)):
@@ -338,3 +352,135 @@ def _sum(e: ir.Expr) -> ir.Expr:
         op = ir.BinOp.SUB if constant < 0 else ir.BinOp.ADD
         out = ir.Binary(op, out, ir.Num(abs(constant)))
     return out
+
+
+# --------------------------------------------------------------------------- #
+# Value ranges
+# --------------------------------------------------------------------------- #
+
+
+class Range(NamedTuple):
+    """What a score expression's values may be: every value that is not NaN
+    lies in [lo, hi]; `nan`: it may be NaN; `inf`: it may be infinite (a
+    bound of +-inf alone means only "unbounded": q - k is never infinite)."""
+
+    lo: float
+    hi: float
+    nan: bool = False
+    inf: bool = False
+
+
+_ANY = Range(-math.inf, math.inf)
+_UNKNOWN = Range(-math.inf, math.inf, True, True)
+# ALiBi's bias, -slope * |q - k|: at most 0, never infinite.
+_ALIBI = Range(-math.inf, 0.0)
+
+
+def _sole_winner(fn: str, a: ir.Expr, b: ir.Expr) -> ir.Expr | None:
+    """The argument of min or max (`fn`) that wins for every value of both,
+    strictly, unless it is a constant; the other may not be NaN (torch's
+    min and max propagate it).  None when there is no such argument."""
+    ra, rb = value_range(a), value_range(b)
+    if fn == "max":
+        winner = a if ra.lo > rb.hi and not rb.nan else b if rb.lo > ra.hi and not ra.nan else None
+    else:
+        winner = a if ra.hi < rb.lo and not rb.nan else b if rb.hi < ra.lo and not ra.nan else None
+    return None if winner is None or constant_value(winner) is not None else winner
+
+
+def _times(x: float, y: float) -> float:
+    """A bound of a product: 0 times an unbounded side is 0 (whether the
+    side may really be infinite, giving NaN, is the range's `nan`)."""
+    return 0.0 if x == 0 or y == 0 else x * y
+
+
+def value_range(e: ir.Expr) -> Range:
+    """The `Range` of a score expression for any s, q, k, h and inputs, by
+    interval arithmetic (each operation's extremes at its operands' bounds).
+    s is any number (not infinite: q . k times the scale); integer
+    variables and integer input reads any integer; real input reads
+    anything, NaN included."""
+    value = constant_value(e)
+    if value is not None:
+        v = float(value)
+        return Range(v, v, math.isnan(v), math.isinf(v))
+    if isinstance(e, ir.Name):
+        return _ALIBI if e.id == ir.ALIBI else _ANY
+    if isinstance(e, ir.Index):
+        return _UNKNOWN if _real(e) else _ANY
+    if isinstance(e, ir.Unary):
+        r = value_range(e.operand)
+        return r._replace(lo=-r.hi, hi=-r.lo) if e.op is ir.UnaryOp.NEG else _UNKNOWN
+    if isinstance(e, ir.Binary):
+        return _binary_range(e)
+    if isinstance(e, ir.Call):
+        return _call_range(e)
+    return _UNKNOWN
+
+
+def _binary_range(e: ir.Binary) -> Range:
+    if e.op in (ir.BinOp.FLOORDIV, ir.BinOp.MOD):
+        divisor, left = constant_value(e.right), value_range(e.left)
+        if not isinstance(divisor, int) or divisor <= 0:
+            return _ANY
+        if e.op is ir.BinOp.MOD:
+            return Range(0.0, float(divisor - 1))
+        return Range(math.floor(left.lo / divisor), math.floor(left.hi / divisor))
+    if e.op not in (ir.BinOp.ADD, ir.BinOp.SUB, ir.BinOp.MUL, ir.BinOp.DIV):
+        return _UNKNOWN  # a comparison or a logical operator: no real value
+    a, b = value_range(e.left), value_range(e.right)
+    nan, inf = a.nan or b.nan, a.inf or b.inf
+    if e.op in (ir.BinOp.ADD, ir.BinOp.SUB):
+        if e.op is ir.BinOp.SUB:
+            b = b._replace(lo=-b.hi, hi=-b.lo)
+        # inf + -inf: one side may be +inf and the other -inf
+        up = lambda r: r.inf and r.hi == math.inf  # noqa: E731
+        down = lambda r: r.inf and r.lo == -math.inf  # noqa: E731
+        nan = nan or up(a) and down(b) or down(a) and up(b)
+        lo, hi = a.lo + b.lo, a.hi + b.hi
+        if math.isnan(lo) or math.isnan(hi):
+            return _UNKNOWN
+        return Range(lo, hi, nan, inf)
+    if e.op is ir.BinOp.MUL:
+        corners = [_times(x, y) for x in (a.lo, a.hi) for y in (b.lo, b.hi)]
+        zero_times_inf = (a.lo <= 0 <= a.hi and b.inf) or (b.lo <= 0 <= b.hi and a.inf)
+        return Range(min(corners), max(corners), nan or zero_times_inf, inf)
+    if b.lo <= 0.0 <= b.hi:
+        return _UNKNOWN  # x / 0
+    corners = [real_divide(x, y) for x in (a.lo, a.hi) for y in (b.lo, b.hi)]
+    if any(math.isnan(c) for c in corners):
+        return Range(-math.inf, math.inf, nan or a.inf and b.inf, a.inf)
+    return Range(min(corners), max(corners), nan, a.inf)
+
+
+def _call_range(e: ir.Call) -> Range:
+    if e.fn == grad.SELECT:
+        a, b = value_range(e.args[1]), value_range(e.args[2])
+        return Range(min(a.lo, b.lo), max(a.hi, b.hi), a.nan or b.nan, a.inf or b.inf)
+    r = value_range(e.args[0])
+    if e.fn in ("min", "max"):
+        b = value_range(e.args[1])
+        pick = min if e.fn == "min" else max
+        return Range(pick(r.lo, b.lo), pick(r.hi, b.hi), r.nan or b.nan, r.inf or b.inf)
+    if e.fn == "abs":
+        if r.lo >= 0.0:
+            return r
+        return (
+            r._replace(lo=-r.hi, hi=-r.lo)
+            if r.hi <= 0.0
+            else r._replace(lo=0.0, hi=max(-r.lo, r.hi))
+        )
+    if e.fn == grad.SIGN:
+        return Range(-1.0 if r.lo < 0 else 0.0, 1.0 if r.hi > 0 else 0.0, r.nan)
+    if e.fn in ("tanh", ir.SOFTCAP):
+        cap = 1.0 if e.fn == "tanh" else float(constant_value(e.args[1]))
+        return Range(cap * math.tanh(r.lo / cap), cap * math.tanh(r.hi / cap), r.nan)
+    if e.fn == "exp":  # overflows to inf, underflows to 0
+        lo, hi = _CONSTANT_CALLS["exp"](r.lo), _CONSTANT_CALLS["exp"](r.hi)
+        return Range(lo, hi, r.nan, hi == math.inf)
+    if e.fn in ("log", "sqrt"):
+        fn = _CONSTANT_CALLS[e.fn]
+        if r.lo < 0.0:
+            return Range(-math.inf if e.fn == "log" else 0.0, fn(max(r.hi, 0.0)), True, True)
+        return Range(fn(r.lo), fn(r.hi), r.nan, r.inf or fn(r.lo) == -math.inf)
+    return _UNKNOWN

@@ -135,6 +135,65 @@ def test_no_ops_constants_and_division_by_constants(score, expected):
     assert _simplified(score) == expected
 
 
+@pytest.mark.parametrize(
+    "score, expected",
+    [
+        ("max(log(1.0 + abs(s + alibi)), -0.381)", "log(abs(s + alibi) + 1.0)"),
+        ("min(min(s, 1.789), 2.245)", "min(s, 1.789)"),
+        ("min(2.0, softcap(s, 1.5))", "softcap(s, 1.5)"),
+        ("max(abs(q - k), -0.5) + s", "abs(q - k) * 1.0 + s"),  # still real
+        ("max(exp(s) - exp(s), -1.0)", "exp(s) * 0.0"),  # NaN where exp(s) is inf, as before
+        # Kept: a tie is possible, the loser may be NaN, or the winner is a constant.
+        ("max(exp(s), 0.0)", "max(exp(s), 0.0)"),
+        ("min(tanh(s), exp(s) + 1.0)", "min(tanh(s), exp(s) + 1.0)"),
+        ("max(tanh(s) + 3.0, tanh(log(s)))", "max(softcap(s, 1.0) + 3.0, tanh(log(s)))"),
+        ("max(log(s), -1e30)", "max(log(s), -1e+30)"),
+        ("min(sqrt(abs(s)), -1.0)", "min(sqrt(abs(s)), -1.0)"),
+        ("max(s, -0.5)", "max(s, -0.5)"),
+        ("max(s * rel[h], 100.0)", "max(s * rel[h], 100.0)"),
+    ],
+)
+def test_min_and_max_lose_an_argument_that_cannot_win(score, expected):
+    """By the value ranges of both arguments (`value_range`), strictly."""
+    if "rel" in score:  # a real input's values may be NaN
+        from flashgen.check import check
+        from flashgen.parse import parse
+
+        text = f"attention t {{ head_dim = 32; dtype = fp32; rel: fp32[H]; score = {score} }}"
+        (variant,), _ = check([parse(text)[0]])
+    else:
+        variant = make_variant("causal", score=score)
+    assert print_expr(simplify(variant.score)) == expected
+
+
+def test_a_dropped_max_leaves_the_derivative_without_its_branches():
+    """max(log(1 + |x|), c) with c < 0 is the log: the backward's derivative
+    is sign(x) / (1 + |x|), with no log and no tie branch (drawn spec rand0_25)."""
+    model = lower.lower(
+        make_variant("causal", score="max(log(1.0 + abs(s + alibi)), -0.381)", dtype=ir.DType.BF16)
+    )
+    assert "_log" not in model.score_grad_code and "0.5" not in model.score_grad_code
+    assert "maximum" not in model.score_log2_code
+
+
+def test_value_ranges():
+    from flashgen.simplify import Range, value_range
+
+    def rng(text: str) -> Range:
+        return value_range(make_variant("causal", score=text).score)
+
+    assert rng("log(1.0 + abs(s))") == Range(0.0, math.inf, False, False)
+    assert rng("tanh(s) * 2.0 - 1.0") == Range(-3.0, 1.0)
+    assert rng("exp(s)") == Range(0.0, math.inf, False, True)  # overflows to inf
+    assert rng("s + alibi") == Range(-math.inf, math.inf)
+    assert rng("s / (1.0 + 0.01 * abs(q - k))") == Range(-math.inf, math.inf)
+    assert rng("exp(s) - exp(s)").nan  # inf - inf
+    assert rng("sqrt(s)").nan and not rng("sqrt(abs(s))").nan
+    assert rng("s / (q - k)").nan  # x / 0
+    assert rng("min(s, 2.0) * 0.5") == Range(-math.inf, 1.0)
+    assert rng("softcap(s, 30.0) + (q % 4) * 1.0") == Range(-30.0, 33.0)
+
+
 def test_division_by_a_constant_is_a_product_only_with_a_normal_reciprocal():
     """1 / c must be a normal float32, as every real constant of a spec."""
     assert _simplified("s / 1e-30") == "s * 9.999999999999999e+29"
@@ -302,6 +361,20 @@ def test_the_property_test_fails_a_wrong_rewrite(monkeypatch):
 
     monkeypatch.setattr(module, "_softcap", wrong)
     score = _score("30.0 * tanh(s / 30.0)")
+    q = torch.linspace(-20, 20, 11, dtype=torch.float64).reshape(1, 1, 11, 1)
+    k = torch.ones(1, 1, 1, 1, dtype=torch.float64)
+    got, _ = _values(module.simplify(score), q, k)
+    want, _ = _values(score, q, k)
+    assert not torch.allclose(got, want, rtol=1e-9, atol=1e-9)
+
+
+def test_the_property_test_fails_a_wrong_min_max_rewrite(monkeypatch):
+    """And a simplifier that drops min's or max's second argument whatever
+    the ranges is caught too."""
+    from flashgen import simplify as module
+
+    monkeypatch.setattr(module, "_sole_winner", lambda fn, a, b: a)
+    score = _score("max(s, -0.5)")
     q = torch.linspace(-20, 20, 11, dtype=torch.float64).reshape(1, 1, 11, 1)
     k = torch.ones(1, 1, 1, 1, dtype=torch.float64)
     got, _ = _values(module.simplify(score), q, k)
