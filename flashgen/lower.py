@@ -439,6 +439,10 @@ class KernelModel:
     # + query tiles), every head's dK/dV of a key tile after another, then
     # the dQ programs (decision 070).
     bwd_heads_first: bool = False
+    # Experiment (decision 072): the Triton backward of padded and varlen calls
+    # streams its tiles through TMA descriptors as other calls do, each tile
+    # at its sequence's first row, rows past the sequence's end zeroed.
+    seqs_tma: bool = False
     tile_reads: tuple[TileRead, ...] = ()
     score_log2_hoisted_code: str = ""
     # Split-KV decoding (decision 052): a no-gradient call with few query rows

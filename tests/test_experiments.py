@@ -119,7 +119,7 @@ KNOB_SETTINGS = [
     "gluon_stages=1", "gluon_bwd_stages=1,1", "gluon_min_keys=0", "gluon_dq_heavy_last=on",
     "gluon_dq_heavy_last=off", "tanh_small_poly=on", "fast_math=off", "gather_unpipelined=on",
     "hoist_reads=off", "merged_edges=on", "merged_edges=off", "heads_first=on",
-    "bwd_heads_first=on",
+    "bwd_heads_first=on", "seqs_tma=on",
 ]  # fmt: skip
 
 
@@ -234,3 +234,98 @@ def test_cli_build_takes_plan_knobs(capsys, tmp_path):
     code, _, err = run(capsys, "build", str(spec), "-o", str(tmp_path / "o2"), "--plan", "gluon=1")
     assert code == 2 and "build: --plan: 'gluon' is not a plan knob" in err
     assert not (tmp_path / "o2").exists()
+
+
+def _module_with(variant, knobs: list[str], name: str):
+    """The module of `variant` built with plan knobs, imported as `name`."""
+    import sys
+
+    source = render_module(variant, None, parse_settings(knobs))
+    module = type(torch)(name)
+    sys.modules[name] = module
+    exec(compile(source, f"<{name}>", "exec"), module.__dict__)
+    return module
+
+
+@pytest.mark.kernels
+@pytest.mark.parametrize("learned", [False, True])
+@pytest.mark.parametrize("layout", ["varlen", "padded"])
+def test_seqs_tma_loads_each_sequence_through_descriptors_with_the_same_bits(layout, learned):
+    """seqs_tma (decision 072): a padded or varlen call's backward streams
+    its tiles through TMA descriptors, each at its sequence's first row, the
+    rows past the sequence's end zeroed: the same bits as pointer loads,
+    with infinite and NaN values in the padding and huge ones in the
+    neighbouring sequences; with a learnable table, whose gradient's row
+    terms load the key tiles too, its gradient as well."""
+    import sys
+
+    from flashgen.check import check
+    from flashgen.parse import parse
+
+    score = "s + rel[h, min(q - k, 7)]" if learned else "s - 0.1 * abs(q - k)"
+    table = "rel: learnable fp32[H, 8]; " if learned else ""
+    text = (
+        f"attention t {{ head_dim = 16; dtype = fp16; {table}"
+        f"mask = causal & !(window(5) & !causal); score = {score} }}"
+    )
+    (variant,), _ = check([parse(text)[0]])
+    gen = torch.Generator().manual_seed(3)
+    lengths = [(19, 40), (33, 7), (1, 1), (50, 45)]
+    runs, descriptors = [], []
+    for knobs in (["gpu_bwd_tma=on"], ["gpu_bwd_tma=on", "seqs_tma=on"]):
+        name = f"flashgen_test_seqs_tma_{layout}_{len(knobs)}"
+        module = _module_with(variant, knobs, name)
+        real = module._descriptors
+
+        def spy(use_tma, *args, real=real):
+            descriptors.append(use_tma)
+            return real(use_tma, *args)
+
+        module._descriptors = spy
+        # TMA where the module's default says, as on an sm90 GPU (the interpreter
+        # emulates the copies; the automatic choice takes them only on a GPU).
+        module._use_tma = lambda tma, default, *xs, real=module._use_tma: real(
+            default if tma is None else tma, default, *xs
+        )
+        g = torch.Generator().manual_seed(3)
+        try:
+            if layout == "varlen":
+                cu = [[0], [0]]
+                for nq, nk in lengths:
+                    cu[0].append(cu[0][-1] + nq)
+                    cu[1].append(cu[1][-1] + nk)
+                q = torch.randn(cu[0][-1], 2, 16, generator=g)
+                k, v = (torch.randn(cu[1][-1], 1, 16, generator=g) for _ in "kv")
+                k[cu[1][3] : cu[1][4]] *= 3e3  # a neighbour whose scores overflow
+                kwargs = dict(
+                    cu_seqlens_q=torch.tensor(cu[0], dtype=torch.int32),
+                    cu_seqlens_k=torch.tensor(cu[1], dtype=torch.int32),
+                )
+            else:
+                nq, nk = max(n for n, _ in lengths), max(n for _, n in lengths)
+                q = torch.randn(len(lengths), 2, nq, 16, generator=g)
+                k, v = (torch.randn(len(lengths), 1, nk, 16, generator=g) for _ in "kv")
+                for b, (lq, lk) in enumerate(lengths):  # padding: inf and NaN
+                    q[b, :, lq:], k[b, :, lk:], v[b, :, lk:] = (
+                        float("inf"),
+                        float("nan"),
+                        float("nan"),
+                    )
+                kwargs = dict(
+                    seqlens_q=torch.tensor([n for n, _ in lengths]),
+                    seqlens_k=torch.tensor([n for _, n in lengths]),
+                )
+            q, k, v = (x.half().requires_grad_() for x in (q, k, v))
+            do = torch.randn(q.shape, generator=g).half()
+            leaves = [q, k, v]
+            if learned:
+                kwargs["rel"] = torch.randn(2, 8, generator=g).requires_grad_()
+                leaves.append(kwargs["rel"])
+            o = module.attention(q, k, v, **kwargs)
+            runs.append((o, *torch.autograd.grad(o, leaves, do)))
+        finally:
+            del sys.modules[name]
+    # The forward and the backward of each call: TMA in the backward with the knob only.
+    assert descriptors == [False, False, False, True]
+    for a, b in zip(*runs):
+        torch.testing.assert_close(a, b, rtol=0, atol=0, equal_nan=True)
