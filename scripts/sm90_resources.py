@@ -390,13 +390,22 @@ def module_resources(
     """Resources of a generated module's forward and backward kernels, at its
     own configs unless given; tma=False forces pointer loads; seqs=True
     compiles the kernels of padded and varlen calls (which load through
-    pointers) instead."""
-    tma = tma and not seqs
+    pointers, but for the backward of a module built with `seqs_tma`,
+    decision 072) instead."""
+    seqs_tma = hasattr(module, "_tma_views")
     dtype = _DTYPES[str(module.DTYPE)]
     pad = lower.head_dim_pad(module.HEAD_DIM)
     passes = [
-        ("_attn_fwd", tuple(forward_config or module.GPU_CONFIG), module.GPU_TMA and tma),
-        ("_attn_bwd", tuple(backward_config or module.GPU_BWD_CONFIG), module.GPU_BWD_TMA and tma),
+        (
+            "_attn_fwd",
+            tuple(forward_config or module.GPU_CONFIG),
+            module.GPU_TMA and tma and not seqs,
+        ),
+        (
+            "_attn_bwd",
+            tuple(backward_config or module.GPU_BWD_CONFIG),
+            module.GPU_BWD_TMA and tma and (not seqs or seqs_tma),
+        ),
     ]
     pointers = {f"{name}_ptr": _POINTER_TYPES[t] for name, t, _ in getattr(module, "_INPUTS", ())}
     pointers.update(plan_ptr="*i32", dkdv_plan_ptr="*i32", dq_plan_ptr="*i32")

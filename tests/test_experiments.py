@@ -252,8 +252,9 @@ def _module_with(variant, knobs: list[str], name: str):
 @pytest.mark.parametrize("layout", ["varlen", "padded"])
 def test_seqs_tma_loads_each_sequence_through_descriptors_with_the_same_bits(layout, learned):
     """seqs_tma (decision 072): a padded or varlen call's backward streams
-    its tiles through TMA descriptors, each at its sequence's first row, the
-    rows past the sequence's end zeroed: the same bits as pointer loads,
+    its tiles through TMA descriptors, each at its sequence's first row, and
+    the tiles that may pass the sequence's end through pointers (which read
+    zeros there): the same bits as pointer loads throughout,
     with infinite and NaN values in the padding and huge ones in the
     neighbouring sequences; with a learnable table, whose gradient's row
     terms load the key tiles too, its gradient as well."""
