@@ -388,6 +388,11 @@ def _sole_winner(fn: str, a: ir.Expr, b: ir.Expr) -> ir.Expr | None:
     return None if winner is None or constant_value(winner) is not None else winner
 
 
+def _floor(x: float) -> float:
+    """floor, with an unbounded side kept unbounded."""
+    return x if math.isinf(x) else float(math.floor(x))
+
+
 def _times(x: float, y: float) -> float:
     """A bound of a product: 0 times an unbounded side is 0 (whether the
     side may really be infinite, giving NaN, is the range's `nan`)."""
@@ -425,7 +430,7 @@ def _binary_range(e: ir.Binary) -> Range:
             return _ANY
         if e.op is ir.BinOp.MOD:
             return Range(0.0, float(divisor - 1))
-        return Range(math.floor(left.lo / divisor), math.floor(left.hi / divisor))
+        return Range(*(_floor(bound / divisor) for bound in (left.lo, left.hi)))
     if e.op not in (ir.BinOp.ADD, ir.BinOp.SUB, ir.BinOp.MUL, ir.BinOp.DIV):
         return _UNKNOWN  # a comparison or a logical operator: no real value
     a, b = value_range(e.left), value_range(e.right)

@@ -151,6 +151,11 @@ def test_no_ops_constants_and_division_by_constants(score, expected):
         ("min(sqrt(abs(s)), -1.0)", "min(sqrt(abs(s)), -1.0)"),
         ("max(s, -0.5)", "max(s, -0.5)"),
         ("max(s * rel[h], 100.0)", "max(s * rel[h], 100.0)"),
+        # Integer arguments: floor division and its unbounded sides.
+        ("max(s, q div 3)", "max(s, q div 3)"),
+        ("max(2.0 + exp(s), (q div 3) % 2)", "exp(s) + 2.0"),
+        ("min(s, max(q, k) div 4)", "min(s, max(q, k) div 4)"),
+        ("max(tanh(s), abs(q div 2) + 2)", "(abs(q div 2) + 2) * 1.0"),
     ],
 )
 def test_min_and_max_lose_an_argument_that_cannot_win(score, expected):
@@ -192,6 +197,8 @@ def test_value_ranges():
     assert rng("s / (q - k)").nan  # x / 0
     assert rng("min(s, 2.0) * 0.5") == Range(-math.inf, 1.0)
     assert rng("softcap(s, 30.0) + (q % 4) * 1.0") == Range(-30.0, 33.0)
+    assert rng("(q div 4) * 1.0") == Range(-math.inf, math.inf)
+    assert rng("((q % 10) div 4) * 1.0") == Range(0.0, 2.0)
 
 
 def test_division_by_a_constant_is_a_product_only_with_a_normal_reciprocal():
@@ -329,6 +336,29 @@ def test_the_simplified_score_is_the_score(score, seed):
     """Value and d/ds of the simplified score against the score as written,
     both evaluated by the float64 reference on random s and positions: equal
     within float64 rounding of the values they pass through."""
+    _assert_same_score(score, seed)
+
+
+@st.composite
+def _bounded_by_integers(draw) -> ir.Expr:
+    """min or max of a drawn score and a drawn integer expression (floor
+    division, remainders, abs, min and max of positions and heads), either
+    side first: the value ranges' integer half."""
+    from strategies import int_exprs
+
+    args = [draw(score_exprs()), draw(int_exprs())]
+    if draw(st.booleans()):
+        args.reverse()
+    return ir.Call(draw(st.sampled_from(["min", "max"])), tuple(args))
+
+
+@settings(max_examples=100, deadline=None)
+@given(score=_bounded_by_integers(), seed=st.integers(0, 2**16))
+def test_a_score_bounded_by_integers_simplifies_to_itself(score, seed):
+    _assert_same_score(score, seed)
+
+
+def _assert_same_score(score: ir.Expr, seed: int) -> None:
     gen = torch.Generator().manual_seed(seed)
     q = (torch.rand(1, 3, 11, 11, generator=gen, dtype=torch.float64) - 0.5) * 60
     k = torch.eye(11, dtype=torch.float64).expand(1, 3, 11, 11)  # s = q, element by element
