@@ -30,6 +30,7 @@ from flashgen.mask_forms import (
     k_minus_q,
     narrow_band,
     negation_normal_form,
+    prefix_atom,
 )
 
 
@@ -267,7 +268,12 @@ def gluon_backward(v: ir.Variant) -> bool:
     that reads runtime data, nor for one whose v has another head dim than q
     (MLA's v_head_dim)."""
     return _gluon_eligible(v) and not (
-        v.head_dim > GLUON_HEAVY_MAX_HEAD_DIM and heavy_derivative(v.score)
+        v.head_dim > GLUON_HEAVY_MAX_HEAD_DIM
+        and (
+            heavy_derivative(v.score)
+            or positional_derivative(v.score)
+            and not _keys_below_a_constant(v.mask)
+        )
     )
 
 
@@ -311,6 +317,40 @@ def heavy_derivative(score: ir.Expr) -> bool:
     if not grad.depends_on_s(score):
         return False
     return _heavy(simplify(grad.derivative(score)))
+
+
+# The Gluon dK/dV kernel against the Triton backward at d128 for scores whose
+# derivative compares or transforms s together with positions, such as
+# max(s - c * abs(q - k), m) or softcap(s - c * abs(q - k), C) (H200, bf16,
+# B4 H16 N4096, CUDA graphs, 2026-12-04, decision 073): the Triton backward
+# 1.29-1.36x faster on four masks (a chunk of 55, causal chunks of 158,
+# `(q - k) % 2 == 1 | !causal`, `!causal`), 1.01x with no mask, 0.97x on
+# rand0_13's union.  The consumer threads then keep the positions live through
+# the derivative beside two 64 x 128 float32 accumulators: the dK/dV kernel
+# spills 0.5-1.2 KB (sm_90a, offline) against 0.15 KB for the score s.  A mask
+# that keeps every key below a constant (`prefix(193)`) leaves the call to
+# the kernels' fixed costs, where the Gluon pair measured 0.184 ms against
+# the Triton backward's 0.246 (rand0_9), so it keeps the Gluon backward.
+
+
+def positional_derivative(score: ir.Expr) -> bool:
+    """Whether d score / d s, as the backward computes it per score element,
+    reads both s and the positions (q, k or alibi)."""
+    score = simplify(score)
+    if not grad.depends_on_s(score):
+        return False
+    derivative = simplify(grad.derivative(score))
+    return ir.mentions(derivative, frozenset({"s"})) and ir.mentions(
+        derivative, frozenset({"q", "k", "alibi"})
+    )
+
+
+def _keys_below_a_constant(mask: ir.Expr) -> bool:
+    """Whether the mask is a conjunction with a term `k < P` (or `k <= P`)."""
+    e = negation_normal_form(desugar_mask(mask))
+    if isinstance(e, ir.Binary) and e.op is ir.BinOp.AND:
+        return _keys_below_a_constant(e.left) or _keys_below_a_constant(e.right)
+    return prefix_atom(e)
 
 
 def _heavy(e: ir.Expr) -> bool:

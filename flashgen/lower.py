@@ -57,6 +57,7 @@ from flashgen.mask_forms import (
     keys_before_queries,
     negation_normal_form,
     positional_part,
+    skip_tile_test,
 )
 from flashgen.printer import print_expr, print_variant
 from flashgen.loop_bounds import MAX_INTERIORS, interior_bounds, interiors, key_bounds, query_bounds
@@ -602,10 +603,12 @@ def lower(v: ir.Variant, tuning: Tuning | None = None) -> KernelModel:
 
     positions = frozenset({"q", "k"})
     # The tile tests classify the positional terms only (a data comparison
-    # may always hold there): every tile in the loops' bounds of a mask whose
-    # positional part has dense edges holds a visible pair of that part.
+    # may always hold there); the masked loops run without them where the
+    # positional part leaves them little or nothing to skip (`skip_tile_test`).
     positional = positional_part(mask)
-    classify = not (may == kx.TRUE or mask_is_full or positional is None or edges_dense(positional))
+    classify = not (
+        may == kx.TRUE or mask_is_full or positional is None or skip_tile_test(positional)
+    )
     merged = not (classify or mask_is_full) and merged_edges(mask, plan is not None)
     default_tma = gpu_tma(widest, v.dtype)
     # A mask of heads (or the batch) alone leaves every tile whole or empty:

@@ -4,8 +4,9 @@ Named masks are desugared into the comparisons that define them and `!` is
 pushed down to the comparisons (negation normal form); integer expressions
 are read as affine forms sum(c_i * v_i) + c0 where they are affine.  On top
 of those forms: which comparisons bound k - q (`k_minus_q`), whether the mask
-hides every key after its query (`keys_before_queries`), and whether every
-tile inside the loop bounds has a visible pair (`edges_dense`).  Nothing here
+hides every key after its query (`keys_before_queries`), whether every
+tile inside the loop bounds has a visible pair (`edges_dense`), and whether
+the kernels test each tile for emptiness at all (`skip_tile_test`).  Nothing here
 writes kernel code; `flashgen.tiles` turns these forms into scalar code.
 """
 
@@ -629,6 +630,86 @@ def edges_dense(e: ir.Expr) -> bool:
     forward and 14% of the backward of causal & chunk on an H200.
     """
     return is_band(e) or diagonal_rows(e) is not None
+
+
+# The fewest query rows and keys of a tile the kernels launch with (every
+# launch configuration's blocks are at least this large).
+MIN_BLOCK = 16
+
+
+def congruence_everywhere(e: ir.Expr) -> bool:
+    """Does every tile of MIN_BLOCK consecutive queries by MIN_BLOCK
+    consecutive keys, wherever it lies, hold a pair of `e`?
+
+    True for a congruence of positions `(a*q + b*k + c) % n == r` (or `!=`)
+    whose values over such a tile, a*i + b*j for i, j < MIN_BLOCK shifted by
+    the tile's corner, reach every residue r could be (any other for `!=`),
+    for `|` with one such side and `&` of two whose positions are
+    independent (one on q alone, the other on k alone).  Heads and constants
+    may enter the congruence: they shift the residues of a whole tile."""
+    if isinstance(e, ir.Binary) and e.op is ir.BinOp.OR:
+        return congruence_everywhere(e.left) or congruence_everywhere(e.right)
+    if isinstance(e, ir.Binary) and e.op is ir.BinOp.AND:
+        a, b = _congruence(e.left), _congruence(e.right)
+        return (
+            a is not None
+            and b is not None
+            and {a[0], b[0]} == {"q", "k"}
+            and congruence_everywhere(e.left)
+            and congruence_everywhere(e.right)
+        )
+    return _congruence(e) is not None and _congruence(e)[1]
+
+
+def _congruence(e: ir.Expr) -> tuple[str, bool] | None:
+    """A congruence of positions as (which positions it reads: "q", "k" or
+    "qk", whether every MIN_BLOCK x MIN_BLOCK tile holds a pair of it), or None."""
+    if not (isinstance(e, ir.Binary) and e.op in (ir.BinOp.EQ, ir.BinOp.NE)):
+        return None
+    left, right = e.left, e.right
+    if not (isinstance(left, ir.Binary) and left.op is ir.BinOp.MOD):
+        left, right = right, left
+    if not (isinstance(left, ir.Binary) and left.op is ir.BinOp.MOD):
+        return None
+    r, n, x = affine(right), affine(left.right), affine(left.left)
+    if r is None or n is None or x is None or set(r) - {""} or set(n) - {""}:
+        return None
+    r, n, x = r.get("", 0), n.get("", 0), clean(x)
+    if n <= 0 or set(x) - {"q", "k", "h", "H", ""}:
+        return None
+    a, b = x.get("q", 0), x.get("k", 0)
+    reads = ("q" if a else "") + ("k" if b else "")
+    if not reads:
+        return None
+    steps = range(MIN_BLOCK)
+    residues = {(a * i + b * j) % n for i in steps for j in steps}
+    if e.op is ir.BinOp.EQ:
+        # Shifted by the corner, the residues are all n when they were.
+        return reads, 0 <= r < n and len(residues) == n
+    return reads, len(residues) >= 2 or not 0 <= r < n
+
+
+def skip_tile_test(e: ir.Expr) -> bool:
+    """Whether the kernels run every tile inside the loop bounds of the
+    masked loops without the per-tile emptiness test.  In a Triton loop that
+    test is a branch around the tile's loads, which keeps the loop from
+    pipelining them: it pays only where it skips tiles.
+
+    True where every tile inside the bounds has a visible pair
+    (`edges_dense`, and `congruence_everywhere`: tiles of fewer than
+    MIN_BLOCK rows or keys, the last ones of a call, may be empty and run
+    masked, which costs time but not correctness), and for a mask `&`
+    such a congruence whose other side has dense edges (`causal & (q - k) %
+    4 == 0`): its tiles inside the bounds hold a visible pair but where the
+    dense side's pairs in the tile are fewer than the congruence's period,
+    at most the edge tiles of that side."""
+    if edges_dense(e) or congruence_everywhere(e):
+        return True
+    if isinstance(e, ir.Binary) and e.op is ir.BinOp.AND:
+        for x, y in ((e.left, e.right), (e.right, e.left)):
+            if congruence_everywhere(y) and skip_tile_test(x):
+                return True
+    return False
 
 
 def positional_part(e: ir.Expr) -> ir.Expr | None:

@@ -688,6 +688,15 @@ def test_gluon_forward_own_code_only_for_plain_full_and_causal(
         # consumers: the Triton backward (decision 060); d64 keeps Gluon.
         ("causal", "exp(-abs(s))", ir.DType.BF16, 128, False),
         ("causal", "exp(-abs(s))", ir.DType.FP16, 64, True),
+        # A derivative that compares s with positions keeps them live beside
+        # the d128 accumulators: the Triton backward (decision 073) ...
+        ("chunk(55)", "max(s - 0.004 * abs(q - k), -0.8)", ir.DType.BF16, 128, False),
+        ("causal", "softcap(s + alibi, 20.0)", ir.DType.BF16, 128, False),
+        ("causal", "max(s - 0.004 * abs(q - k), -0.8)", ir.DType.BF16, 64, True),
+        ("causal", "softcap(s, 20.0)", ir.DType.BF16, 128, True),  # no positions in it
+        ("causal", "s - 0.004 * abs(q - k)", ir.DType.BF16, 128, True),  # derivative 1
+        # ... but not where every key lies below a constant (fixed costs).
+        ("causal & prefix(193)", "min(s - 0.007 * abs(q - k), 0.6)", ir.DType.BF16, 128, True),
         ("causal", None, ir.DType.FP32, 128, False),  # no 16-bit tensor-core path
         ("causal", None, ir.DType.BF16, 80, False),  # written for d64 and d128
         ("causal", None, ir.DType.BF16, 256, False),
@@ -1620,8 +1629,11 @@ def test_the_positional_part_takes_data_terms_as_true(text, positional):
         ("full", False),
         ("causal & doc[b, q] == doc[b, k]", True),  # documents bound the rows
         ("causal | k < prefix_len[b]", False),  # a prefix does not
+        # Rows bounded; an edge tile whose window pairs are fewer than the
+        # period may hold no pair, and runs masked (`skip_tile_test`).
+        ("window(100) & (q - k) % 3 == 0", True),
         # Rows bounded, but an edge tile may hold no pair: it is classified first.
-        ("window(100) & (q - k) % 3 == 0", False),
+        ("window(100) & (q - k) % 40 == 0", False),
     ],
 )
 def test_rows_known_short_take_one_loop(text, merged):
@@ -1688,3 +1700,87 @@ def test_a_mask_of_heads_alone_takes_the_unmasked_forward_tiles():
 
     assert config("h % 2 == 0") == config("full") == gpu_config(128, ir.DType.BF16, False)
     assert config("causal & h % 2 == 0") == gpu_config(128, ir.DType.BF16, True)
+
+
+@st.composite
+def _congruences(draw) -> ir.Expr:
+    """`(a*q + b*k + c*h + d) % n == r` (or !=), n up to past MIN_BLOCK's reach."""
+    n, b, num = ir.Name, ir.Binary, ir.Num
+    terms = [
+        b(ir.BinOp.MUL, num(draw(st.integers(-3, 3))), n(v)) for v in ("q", "k", "h")
+    ]  # fmt: skip
+    x = b(ir.BinOp.ADD, b(ir.BinOp.ADD, terms[0], terms[1]), terms[2])
+    x = b(ir.BinOp.ADD, x, num(draw(st.integers(-5, 5))))
+    period = draw(st.integers(1, 40))
+    op = draw(st.sampled_from((ir.BinOp.EQ, ir.BinOp.NE)))
+    return b(op, b(ir.BinOp.MOD, x, num(period)), num(draw(st.integers(-1, period))))
+
+
+@st.composite
+def _with_congruences(draw) -> ir.Expr:
+    sub = masks(2) | _congruences()
+    op = draw(st.sampled_from((ir.BinOp.AND, ir.BinOp.OR)))
+    return ir.Binary(op, draw(_congruences() | sub), draw(sub))
+
+
+def _full_tiles(n_rows: int, n_cols: int, block: int):
+    """Every block x block tile, at every corner (a call's positions can put
+    a kernel's tiles anywhere)."""
+    for qa in range(0, n_rows - block + 1):
+        for ka in range(0, n_cols - block + 1):
+            yield qa, ka
+
+
+@settings(max_examples=150, deadline=None)
+@given(mask=_congruences() | _with_congruences(), heads=st.integers(1, 3))
+def test_a_congruence_everywhere_holds_in_every_tile(mask, heads):
+    # `skip_tile_test` runs every tile of such a mask without the emptiness
+    # test: each full tile must hold a visible pair, at any corner and head.
+    nnf = nnf_of(mask)
+    if not mask_forms.congruence_everywhere(nnf):
+        return
+    block = mask_forms.MIN_BLOCK
+    visible = _visible(mask, 80, 70, heads)
+    for head in range(heads):
+        for qa, ka in _full_tiles(80, 70, block):
+            assert visible[head, qa : qa + block, ka : ka + block].any(), (head, qa, ka)
+
+
+def test_congruences_that_miss_residues_are_not_everywhere():
+    for text, everywhere in [
+        ("(q - k) % 2 == 1", True),
+        ("(q - k) % 31 == 30", True),  # 16 + 16 - 1 values of q - k
+        ("(q - k) % 32 == 0", False),
+        ("(2 * q - 2 * k) % 4 == 1", False),  # only even values
+        ("(2 * q - 2 * k) % 4 != 1", True),
+        ("(3 * q) % 5 == 4", True),
+        ("h % 2 == 0", False),  # a whole head is empty
+        ("q % 3 == 0 & k % 2 == 1", True),
+        ("(q - k) % 3 == 0 & (q + k) % 3 == 1", False),  # not independent
+        ("(q - k) % 3 == 5", False),  # never
+        ("causal | (q - k) % 4 == 0", True),
+        ("causal & (q - k) % 4 == 0", False),
+    ]:
+        nnf = nnf_of(_mask(text))
+        assert mask_forms.congruence_everywhere(nnf) == everywhere, text
+    assert mask_forms.skip_tile_test(nnf_of(_mask("causal & (q - k) % 4 == 0")))
+    assert mask_forms.skip_tile_test(nnf_of(_mask("window(30) & (q - k) % 4 != 1")))
+    assert not mask_forms.skip_tile_test(nnf_of(_mask("prefix(40) & (q - k) % 4 == 1")))
+    assert not mask_forms.skip_tile_test(nnf_of(_mask("causal & (q - k) % 40 == 1")))
+
+
+@settings(max_examples=100, deadline=None)
+@given(dense=_diagonal_masks(), congruence=_congruences())
+def test_a_dense_mask_and_a_congruence_leave_only_its_edge_tiles_empty(dense, congruence):
+    # `skip_tile_test` of `dense & congruence`: a full tile inside the key
+    # bounds that the dense side fills holds a visible pair; only the dense
+    # side's edge tiles may be empty (and they run masked).
+    mask = ir.Binary(ir.BinOp.AND, dense, congruence)
+    nnf = nnf_of(mask)
+    if not mask_forms.skip_tile_test(nnf) or mask_forms.congruence_everywhere(nnf):
+        return
+    block = mask_forms.MIN_BLOCK
+    inner, both = _visible(dense, 80, 70, 1)[0], _visible(mask, 80, 70, 1)[0]
+    for qa, ka in _full_tiles(80, 70, block):
+        if inner[qa : qa + block, ka : ka + block].all():
+            assert both[qa : qa + block, ka : ka + block].any(), (qa, ka)
