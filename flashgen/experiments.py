@@ -88,6 +88,7 @@ KNOBS: dict[str, Callable[[str], object]] = {
     "merged_edges": _bool,  # one loop per program, edge tiles masked in a branch (or three loops)
     "heads_first": _bool,  # the Triton forward's grid (batch * heads, query tiles), or not
     "bwd_heads_first": _bool,  # the Triton backward's grid (batch * heads, tiles), or not
+    "branchless_tiles": _bool,  # loops without an interior: every tile masked, no branch
     "seqs_tma": _only(True),  # on: padded and varlen calls' backward loads through TMA too
 }
 

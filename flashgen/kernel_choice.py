@@ -30,7 +30,9 @@ from flashgen.mask_forms import (
     k_minus_q,
     narrow_band,
     negation_normal_form,
+    never_fills_a_tile,
     prefix_atom,
+    skip_tile_test,
 )
 
 
@@ -230,6 +232,27 @@ def merged_edges(mask: ir.Expr, planned: bool) -> bool:
 # longer share the L2 cache), though 1.16-1.22x at 4096.  The Triton
 # backward's one launch likewise (batch * heads, key tiles + query tiles),
 # decision 070: 1.05x at d64 and 1.01x at d128 for N = 16384, 1.02x at 65536.
+# Loops without an interior run every tile masked, with no branch, where the
+# mask never fills a tile and its tile test has nothing to skip (decision 074,
+# an experiment: `--plan branchless_tiles=on`, any mask, until measured).
+BRANCHLESS_TILES = False
+
+
+def branchless_tiles(positional: ir.Expr | None) -> bool:
+    """Whether the Triton kernels' loops that have no interior call the masked
+    tile for every tile in their bounds, with neither the all-visible test
+    (no tile of the mask is whole: `never_fills_a_tile`) nor the emptiness
+    test (`skip_tile_test`).  Each is a branch around the tile's loads, which
+    keeps Triton from pipelining the loop.  `positional`: the mask's
+    positional part (`positional_part`), None where it has none."""
+    return (
+        BRANCHLESS_TILES
+        and positional is not None
+        and never_fills_a_tile(positional)
+        and skip_tile_test(positional)
+    )
+
+
 def heads_first(mask: ir.Expr, planned: bool) -> bool:
     """Whether the Triton forward launches one query tile of every head after
     another, and the backward one tile: a mask whose call plan bounds rows by

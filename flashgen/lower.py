@@ -36,6 +36,7 @@ from flashgen.kernel_choice import (
     gluon_backward,
     gluon_forward,
     gluon_min_keys,
+    branchless_tiles,
     heads_first,
     key_span,
     merged_edges,
@@ -378,6 +379,10 @@ class KernelModel:
     # interior) masked in a branch (`kernel_choice.merged_edges`), instead of
     # three loops; only where no edge tile needs classifying.
     merged_edges: bool
+    # Loops without an interior call the masked tile for every tile, with no
+    # branch (`kernel_choice.branchless_tiles`); always correct, as a masked
+    # tile computes a whole or an empty one right.
+    branchless_tiles: bool
     # Helpers the element code calls.
     needs_floor_div: bool
     needs_tanh: bool
@@ -659,6 +664,7 @@ def lower(v: ir.Variant, tuning: Tuning | None = None) -> KernelModel:
         query_hi=_source(query_hi),
         classify_edge_tiles=classify,
         merged_edges=merged,
+        branchless_tiles=branchless_tiles(positional),
         heads_first=heads_first(mask, plan is not None),
         bwd_heads_first=heads_first(mask, plan is not None),
         key_interior=key_interior is not None,

@@ -689,6 +689,20 @@ def _congruence(e: ir.Expr) -> tuple[str, bool] | None:
     return reads, len(residues) >= 2 or not 0 <= r < n
 
 
+def never_fills_a_tile(e: ir.Expr) -> bool:
+    """Does every tile of MIN_BLOCK consecutive queries by MIN_BLOCK
+    consecutive keys, wherever it lies, hide a pair of `e`?  True for a
+    congruence of positions whose values over such a tile take two residues
+    or more (for `!=`: every residue), and for `&` with one."""
+    if isinstance(e, ir.Binary) and e.op is ir.BinOp.AND:
+        return never_fills_a_tile(e.left) or never_fills_a_tile(e.right)
+    if not (isinstance(e, ir.Binary) and e.op in (ir.BinOp.EQ, ir.BinOp.NE)):
+        return False
+    negated = ir.Binary(ir.BinOp.NE if e.op is ir.BinOp.EQ else ir.BinOp.EQ, e.left, e.right)
+    form = _congruence(negated)
+    return form is not None and form[1]
+
+
 def skip_tile_test(e: ir.Expr) -> bool:
     """Whether the kernels run every tile inside the loop bounds of the
     masked loops without the per-tile emptiness test.  In a Triton loop that

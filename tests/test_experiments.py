@@ -119,7 +119,7 @@ KNOB_SETTINGS = [
     "gluon_stages=1", "gluon_bwd_stages=1,1", "gluon_min_keys=0", "gluon_dq_heavy_last=on",
     "gluon_dq_heavy_last=off", "tanh_small_poly=on", "fast_math=off", "gather_unpipelined=on",
     "hoist_reads=off", "merged_edges=on", "merged_edges=off", "heads_first=on",
-    "bwd_heads_first=on", "seqs_tma=on",
+    "bwd_heads_first=on", "seqs_tma=on", "branchless_tiles=on", "branchless_tiles=off",
 ]  # fmt: skip
 
 
@@ -221,6 +221,59 @@ def test_knobs_on_input_reads_compute_the_same_bits(knob):
             del sys.modules[module.__name__]
     for a, b in zip(*runs):
         assert torch.equal(a, b)
+
+
+@pytest.mark.kernels
+@pytest.mark.parametrize(
+    "mask, score, align",
+    [
+        ("causal & (q - k) % 4 == 0", None, "bottom_right"),  # the rule's own kind
+        ("causal & (q - k) % 2 == 0", "s - 0.05 * abs(q - k)", "top_left"),  # the example
+        ("(q - k) % 3 != 1 & k <= q + 5", "max(s, -1.0)", "bottom_right"),
+        # Not the rule's: whole tiles and empty ones (32 x 32 squares on the
+        # interpreter's 32 x 32 tiles), all of them run masked.
+        ("(q div 32 + k div 32) % 2 == 0", None, "top_left"),
+        ("max(q, k) % 30 < 15", None, "bottom_right"),
+    ],
+)
+def test_branchless_tiles_compute_the_same_bits(mask, score, align):
+    """branchless_tiles (decision 074): loops without an interior call the
+    masked tile for every tile in their bounds, with no branch.  A masked
+    tile computes a whole tile and an empty one right, so the knob is
+    correct for any mask: forward, lse and gradients give the same bits with
+    it and without, Nq > Nk and Nq < Nk, rows and keys past a tile's end, and
+    in split-KV decoding."""
+    variant = make_variant(mask, score, head_dim=16, align=align)
+    gen = torch.Generator().manual_seed(1)
+    import sys
+
+    sources = [
+        render_module(variant, None, parse_settings([f"branchless_tiles={setting}"]))
+        for setting in ("off", "on")
+    ]
+    assert sources[0] != sources[1]  # the knob reaches a loop of this mask
+
+    for nq, nk in ((70, 45), (37, 100)):
+        q, k, v = (
+            torch.randn(2, h, n, 16, generator=gen).requires_grad_()
+            for h, n in ((4, nq), (2, nk), (2, nk))
+        )
+        runs = []
+        for setting, source in zip(("off", "on"), sources):
+            module = type(torch)(f"flashgen_test_branchless_{setting}")
+            sys.modules[module.__name__] = module
+            try:
+                exec(compile(source, "<knobs>", "exec"), module.__dict__)
+                o, lse = module.forward(q.detach(), k.detach(), v.detach())
+                # A few query rows without a gradient: split-KV decoding.
+                decoded = module.forward(q.detach()[:, :, :3], k.detach(), v.detach())
+                out = module.attention(q, k, v)
+                grads = torch.autograd.grad(out.square().sum(), (q, k, v))
+                runs.append((o, lse, *decoded, out, *grads))
+            finally:
+                del sys.modules[module.__name__]
+        for a, b in zip(*runs):
+            assert torch.equal(a, b)
 
 
 def test_cli_build_takes_plan_knobs(capsys, tmp_path):

@@ -1784,3 +1784,26 @@ def test_a_dense_mask_and_a_congruence_leave_only_its_edge_tiles_empty(dense, co
     for qa, ka in _full_tiles(80, 70, block):
         if inner[qa : qa + block, ka : ka + block].all():
             assert both[qa : qa + block, ka : ka + block].any(), (qa, ka)
+
+
+def test_branchless_tiles_where_no_tile_is_whole_and_none_empty(monkeypatch):
+    # decision 074 (an experiment, off until measured): the rule it would apply.
+    for text, never_fills in [
+        ("causal & (q - k) % 4 == 0", True),  # some pair of every tile is off the period
+        ("(q - k) % 32 == 0 & causal", True),
+        ("(q - k) % 3 != 1", True),  # every tile reaches residue 1
+        ("(2 * q - 2 * k) % 4 != 1", False),  # only even values: every pair visible
+        ("(q - k) % 2 == 1 | !causal", False),  # above the diagonal tiles are whole
+        ("causal", False),
+    ]:
+        assert mask_forms.never_fills_a_tile(nnf_of(_mask(text))) is never_fills, text
+    monkeypatch.setattr(kernel_choice, "BRANCHLESS_TILES", True)
+    for text, branchless in [
+        ("causal & (q - k) % 4 == 0", True),
+        ("(q - k) % 3 != 1", True),
+        ("causal & (q - k) % 40 == 1", False),  # a tile may be empty: the test stays
+        ("(q - k) % 2 == 1 | !causal", False),
+    ]:
+        assert kernel_choice.branchless_tiles(nnf_of(_mask(text))) is branchless, text
+    monkeypatch.setattr(kernel_choice, "BRANCHLESS_TILES", False)
+    assert not kernel_choice.branchless_tiles(nnf_of(_mask("causal & (q - k) % 4 == 0")))
