@@ -89,6 +89,7 @@ KNOBS: dict[str, Callable[[str], object]] = {
     "heads_first": _bool,  # the Triton forward's grid (batch * heads, query tiles), or not
     "bwd_heads_first": _bool,  # the Triton backward's grid (batch * heads, tiles), or not
     "branchless_tiles": _bool,  # loops without an interior: every tile masked, no branch
+    "classify_edge_tiles": _only(False),  # off: the masked loops run without the tile test
     "seqs_tma": _only(True),  # on: padded and varlen calls' backward loads through TMA too
 }
 

@@ -120,6 +120,7 @@ KNOB_SETTINGS = [
     "gluon_dq_heavy_last=off", "tanh_small_poly=on", "fast_math=off", "gather_unpipelined=on",
     "hoist_reads=off", "merged_edges=on", "merged_edges=off", "heads_first=on",
     "bwd_heads_first=on", "seqs_tma=on", "branchless_tiles=on", "branchless_tiles=off",
+    "classify_edge_tiles=off",
 ]  # fmt: skip
 
 
@@ -234,23 +235,25 @@ def test_knobs_on_input_reads_compute_the_same_bits(knob):
         # interpreter's 32 x 32 tiles), all of them run masked.
         ("(q div 32 + k div 32) % 2 == 0", None, "top_left"),
         ("max(q, k) % 30 < 15", None, "bottom_right"),
+        # Masked loops around an interior that classify their tiles.
+        ("causal | k >= q + 27", "s + 0.05 * h", "bottom_right"),
+        ("max(q, k) > 37", None, "top_left"),
     ],
 )
 def test_branchless_tiles_compute_the_same_bits(mask, score, align):
     """branchless_tiles (decision 074): loops without an interior call the
-    masked tile for every tile in their bounds, with no branch.  A masked
-    tile computes a whole tile and an empty one right, so the knob is
-    correct for any mask: forward, lse and gradients give the same bits with
+    masked tile for every tile in their bounds, with no branch, and
+    classify_edge_tiles=off does so in the masked loops around an interior.
+    A masked tile computes a whole tile and an empty one right, so the knobs
+    are correct for any mask: forward, lse and gradients give the same bits with
     it and without, Nq > Nk and Nq < Nk, rows and keys past a tile's end, and
     in split-KV decoding."""
     variant = make_variant(mask, score, head_dim=16, align=align)
     gen = torch.Generator().manual_seed(1)
     import sys
 
-    sources = [
-        render_module(variant, None, parse_settings([f"branchless_tiles={setting}"]))
-        for setting in ("off", "on")
-    ]
+    knobs = (["branchless_tiles=off"], ["branchless_tiles=on", "classify_edge_tiles=off"])
+    sources = [render_module(variant, None, parse_settings(k)) for k in knobs]
     assert sources[0] != sources[1]  # the knob reaches a loop of this mask
 
     for nq, nk in ((70, 45), (37, 100)):
