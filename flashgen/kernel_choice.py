@@ -29,6 +29,7 @@ from flashgen.mask_forms import (
     is_comparison,
     k_minus_q,
     narrow_band,
+    narrow_gaps,
     negation_normal_form,
     never_fills_a_tile,
     prefix_atom,
@@ -236,6 +237,20 @@ def merged_edges(mask: ir.Expr, planned: bool) -> bool:
 # mask never fills a tile and its tile test has nothing to skip (decision 074,
 # an experiment: `--plan branchless_tiles=on`, any mask, until measured).
 BRANCHLESS_TILES = False
+
+
+# The masked loops around an interior skip the tile test where the mask is a
+# union of comparisons of k - q whose hidden runs are narrower than a tile
+# (decision 074, an experiment: `--plan classify_edge_tiles=off`, any mask,
+# until measured).
+NARROW_GAPS = False
+
+
+def narrow_gap_tiles(positional: ir.Expr | None) -> bool:
+    """Whether the masked loops run without the tile test because every tile
+    holds a visible pair of a union of comparisons of k - q (`narrow_gaps`);
+    an addition to `skip_tile_test`, off until measured."""
+    return NARROW_GAPS and positional is not None and narrow_gaps(positional)
 
 
 def branchless_tiles(positional: ir.Expr | None) -> bool:

@@ -40,6 +40,7 @@ from flashgen.kernel_choice import (
     heads_first,
     key_span,
     merged_edges,
+    narrow_gap_tiles,
     tanh_small_poly,
 )
 from flashgen.launch import (
@@ -612,7 +613,11 @@ def lower(v: ir.Variant, tuning: Tuning | None = None) -> KernelModel:
     # positional part leaves them little or nothing to skip (`skip_tile_test`).
     positional = positional_part(mask)
     classify = not (
-        may == kx.TRUE or mask_is_full or positional is None or skip_tile_test(positional)
+        may == kx.TRUE
+        or mask_is_full
+        or positional is None
+        or skip_tile_test(positional)
+        or narrow_gap_tiles(positional)
     )
     merged = not (classify or mask_is_full) and merged_edges(mask, plan is not None)
     default_tma = gpu_tma(widest, v.dtype)

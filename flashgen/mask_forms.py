@@ -689,6 +689,41 @@ def _congruence(e: ir.Expr) -> tuple[str, bool] | None:
     return reads, len(residues) >= 2 or not 0 <= r < n
 
 
+def narrow_gaps(e: ir.Expr) -> bool:
+    """Does every tile of MIN_BLOCK consecutive queries by MIN_BLOCK
+    consecutive keys, wherever it lies, hold a pair of `e`, for `e` a union
+    (`|`) of comparisons of k - q with constants?  Such a tile spans
+    2 * MIN_BLOCK - 1 consecutive values of k - q, so it does when the values
+    the union hides form only finite runs shorter than that
+    (`causal | k >= q + 27` hides 1 .. 26)."""
+    spans: list[tuple[float, float]] = []
+
+    def walk(x: ir.Expr) -> bool:
+        if isinstance(x, ir.Binary) and x.op is ir.BinOp.OR:
+            return walk(x.left) and walk(x.right)
+        read = k_minus_q(x)
+        if read is None:
+            return False
+        op, c = read
+        if op is ir.BinOp.NE:
+            spans.extend([(-math.inf, c - 1), (c + 1, math.inf)])
+        else:
+            spans.append(narrow_band(-math.inf, math.inf, op, c))
+        return True
+
+    if not walk(e):
+        return False
+    spans.sort()
+    if spans[0][0] != -math.inf or max(hi for _, hi in spans) != math.inf:
+        return False
+    reach = spans[0][1]
+    for lo, hi in spans[1:]:
+        if lo - reach - 1 >= 2 * MIN_BLOCK - 1:  # a hidden run a whole tile fits in
+            return False
+        reach = max(reach, hi)
+    return True
+
+
 def never_fills_a_tile(e: ir.Expr) -> bool:
     """Does every tile of MIN_BLOCK consecutive queries by MIN_BLOCK
     consecutive keys, wherever it lies, hide a pair of `e`?  True for a

@@ -1807,3 +1807,56 @@ def test_branchless_tiles_where_no_tile_is_whole_and_none_empty(monkeypatch):
         assert kernel_choice.branchless_tiles(nnf_of(_mask(text))) is branchless, text
     monkeypatch.setattr(kernel_choice, "BRANCHLESS_TILES", False)
     assert not kernel_choice.branchless_tiles(nnf_of(_mask("causal & (q - k) % 4 == 0")))
+
+
+@st.composite
+def _unions_of_differences(draw) -> ir.Expr:
+    """`k - q op c` joined by |: often two sides around a gap of about a
+    tile's 31 values of k - q, with at most one more term."""
+    n, b = ir.Name, ir.Binary
+    d = b(ir.BinOp.SUB, n("k"), n("q"))
+    ops = (ir.BinOp.LE, ir.BinOp.LT, ir.BinOp.GE, ir.BinOp.GT, ir.BinOp.EQ, ir.BinOp.NE)
+    terms = []
+    if draw(st.booleans()):
+        edge, gap = draw(st.integers(-40, 40)), draw(st.integers(28, 34))
+        terms += [b(ir.BinOp.LE, d, ir.Num(edge)), b(ir.BinOp.GE, d, ir.Num(edge + gap + 1))]
+    for _ in range(draw(st.integers(0 if terms else 1, 1 if terms else 4))):
+        terms.append(b(draw(st.sampled_from(ops)), d, ir.Num(draw(st.integers(-40, 40)))))
+    mask = terms[0]
+    for t in terms[1:]:
+        mask = b(ir.BinOp.OR, mask, t)
+    return mask
+
+
+@settings(max_examples=200, deadline=None)
+@given(mask=_unions_of_differences())
+def test_narrow_gaps_leave_no_tile_empty(mask):
+    # decision 074: a union of comparisons of k - q whose hidden runs are
+    # shorter than a tile's 31 values of k - q has a pair in every full tile.
+    if not mask_forms.narrow_gaps(nnf_of(mask)):
+        return
+    block = mask_forms.MIN_BLOCK
+    visible = _visible(mask, 120, 100, 1)[0]
+    for qa, ka in _full_tiles(120, 100, block):
+        assert visible[qa : qa + block, ka : ka + block].any(), (qa, ka)
+
+
+def test_narrow_gaps_cases():
+    for text, narrow in [
+        ("causal | k >= q + 27", True),
+        ("causal | k >= q + 31", True),  # 30 hidden values
+        ("causal | k >= q + 32", False),  # 31: a tile's whole span
+        ("k - q != 5", True),
+        ("causal", False),  # every key after its query hidden
+        ("k <= q - 3 | k >= q + 20 | k == q", True),
+        ("causal | prefix(40)", False),  # not differences alone
+    ]:
+        assert mask_forms.narrow_gaps(nnf_of(_mask(text))) is narrow, text
+
+
+def test_narrow_gaps_drop_the_tile_test_only_when_switched_on(monkeypatch):
+    # decision 074: off until measured; on, rand0_7's mask loses its tile test.
+    variant = make_variant("causal | !(causal | abs(q - k) < 27)", align="bottom_right")
+    assert lower.lower(variant).classify_edge_tiles
+    monkeypatch.setattr(kernel_choice, "NARROW_GAPS", True)
+    assert not lower.lower(variant).classify_edge_tiles
