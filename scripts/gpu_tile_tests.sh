@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# Decision 074's runs: loops without the per-tile branch (knobs branchless_tiles
+# and classify_edge_tiles, rules BRANCHLESS_TILES and NARROW_GAPS, all off by
+# default), each beside the default module in one process per command, kernels
+# alone from CUDA graphs, bf16, B4 H16 N4096 (and 16384 for periodic_causal).
+# check: rand0_7, periodic_causal and the custom example with the rules on,
+# against the float64 reference on the GPU.
+# bench: periodic_causal (no interior) at d64 and d128, rand0_7 (edge
+# loops around an interior), each with FlexAttention, then with the knobs, then
+# with the knobs and the Triton backward.  Records in $OUT/tile_tests.jsonl.
+#   bash scripts/gpu_tile_tests.sh [check] [bench]
+source scripts/gpu_env.sh
+KNOBS="--plan branchless_tiles=on --plan classify_edge_tiles=off"
+for step in ${*:-check bench}; do
+  case $step in
+  check)
+    # The rules switched on (they take the knobs' paths), verified per spec.
+    timeout 300 python3 - "$OUT" <<'PY' 2>&1 | grep -E "^(ok|FAIL|verify)|within"
+import sys
+from flashgen import kernel_choice
+from flashgen.bench import describe_drawn, draw_variants
+from flashgen.cli import main
+
+kernel_choice.BRANCHLESS_TILES = kernel_choice.NARROW_GAPS = True
+path = f"{sys.argv[1]}/tile_tests.attn"
+with open(path, "w") as f:
+    f.write(describe_drawn([draw_variants(8, 0, 64)[7]]) + "\n")
+    f.write("attention periodic_causal { head_dim = 64; dtype = bf16; mask = causal & (q - k) % 4 == 0 }\n")
+main(["verify", "--device", "cuda", "--examples", "3", path, "examples/custom.attn"])
+PY
+    ;;
+  bench)
+    common=(--timer cuda-graph --jsonl "$OUT/tile_tests.jsonl")
+    for run in default knobs triton; do
+      case $run in
+      default) extra=(--systems flashgen flex) ;;
+      knobs) extra=(--systems flashgen $KNOBS) ;;
+      triton) extra=(--systems flashgen $KNOBS --plan gluon_backward=off) ;;
+      esac
+      echo "== $run"
+      timeout 150 python3 -m flashgen bench benchmarks/specs/periodic_causal.attn \
+        --head-dim 64 128 --seqlens 4096 16384 "${common[@]}" "${extra[@]}" 2>&1 | grep -A8 "^TFLOP/s"
+      timeout 60 python3 -m flashgen bench --random 30 --seed 0 --name rand0_7 --head-dim 64 \
+        --seqlens 4096 "${common[@]}" "${extra[@]}" 2>&1 | grep -A4 "^TFLOP/s"
+    done ;;
+  esac
+done
