@@ -8,10 +8,11 @@
 # bench: periodic_causal (no interior) at d64 and d128, rand0_7 (edge
 # loops around an interior), each with FlexAttention, then with the knobs, then
 # with the knobs and the Triton backward.  Records in $OUT/tile_tests.jsonl.
-#   bash scripts/gpu_tile_tests.sh [check] [bench]
+# short: rand0_22 with the merged loop and short-rows tiles forced on.
+#   bash scripts/gpu_tile_tests.sh [check] [bench] [short]
 source scripts/gpu_env.sh
 KNOBS="--plan branchless_tiles=on --plan classify_edge_tiles=off"
-for step in ${*:-check bench}; do
+for step in ${*:-check bench short}; do
   case $step in
   check)
     # The rules switched on (they take the knobs' paths), verified per spec.
@@ -42,6 +43,17 @@ PY
         --head-dim 64 128 --seqlens 4096 16384 "${common[@]}" "${extra[@]}" 2>&1 | grep -A8 "^TFLOP/s"
       timeout 60 python3 -m flashgen bench --random 30 --seed 0 --name rand0_7 --head-dim 64 \
         --seqlens 4096 "${common[@]}" "${extra[@]}" 2>&1 | grep -A4 "^TFLOP/s"
+    done ;;
+  short)
+    # rand0_22 (d128, at most two keys per row): its corner term `max(q, k) > 10`
+    # keeps the tile test, so it gets neither the merged loop nor the short-rows
+    # backward tiles; both forced on here, beside the default and Flex.
+    for extra in "--systems flashgen flex" \
+      "--systems flashgen --plan merged_edges=on --plan gpu_bwd_config=64,64,4,2" \
+      "--systems flashgen --plan merged_edges=on --plan gpu_bwd_config=64,64,4,2 --plan gpu_config=64,32,4,3"; do
+      # shellcheck disable=SC2086
+      timeout 90 python3 -m flashgen bench --random 30 --seed 0 --name rand0_22 --head-dim 128 \
+        --seqlens 4096 --timer cuda-graph --jsonl "$OUT/tile_tests.jsonl" $extra 2>&1 | grep -A4 "^TFLOP/s"
     done ;;
   esac
 done
