@@ -152,7 +152,31 @@ def tables(latest: dict) -> tuple[list[str], list[tuple]]:
     return out, compared
 
 
-def summary(compared: list[tuple]) -> list[str]:
+def graph_ratios(records: Iterable[dict]) -> dict[tuple, tuple[float, str]]:
+    """(spec, D, N, direction) -> (flashgen / Flex, date) from the latest run
+    that timed both from CUDA graphs (`--timer cuda-graph`: the kernels alone,
+    where a do_bench reading may be the host's pace)."""
+    runs: dict[tuple, dict] = {}
+    for r in records:
+        if r.get("timer") != "cuda-graph" or r.get("error") or r.get("superseded"):
+            continue
+        if r.get("random") or r["Nq"] != r["Nk"] or r["system"] not in ("flashgen", "flex"):
+            continue
+        direction = "fwd" if r["direction"] == "fwd" else "bwd"
+        value = r.get("tflops") if direction == "fwd" else r.get("bwd_tflops")
+        if value:
+            point = runs.setdefault((r["spec"], r["D"], r["Nq"], direction), {})
+            point.setdefault(_run_point(r)[:4], {})[r["system"]] = value
+    out = {}
+    for key, by_run in runs.items():
+        for run, values in by_run.items():  # in file order: the last pair wins
+            if "flashgen" in values and "flex" in values:
+                out[key] = (values["flashgen"] / values["flex"], run[0])
+    return out
+
+
+def summary(compared: list[tuple], graphs: dict | None = None) -> list[str]:
+    graphs = graphs or {}
     lines = []
     for direction, name in (("fwd", "Forward"), ("bwd", "Backward")):
         vs_flex = [c for c in compared if c[3] == direction and c[4] is not None]
@@ -165,7 +189,9 @@ def summary(compared: list[tuple]) -> list[str]:
             )
             if behind:
                 line += "; behind at " + ", ".join(
-                    f"{s} d{d} N={n} ({r:.2f}×{', host-paced' if paced else ''})"
+                    f"{s} d{d} N={n} ({r:.2f}×{', host-paced' if paced else ''}"
+                    + _graph_note(graphs.get((s, d, n, direction)))
+                    + ")"
                     for s, d, n, _, r, _, paced in behind
                 )
             lines.append(line + ".")
@@ -177,6 +203,10 @@ def summary(compared: list[tuple]) -> list[str]:
                 f"over {len(ratios)} points."
             )
     return lines
+
+
+def _graph_note(graph: tuple[float, str] | None) -> str:
+    return "" if graph is None else f"; {graph[0]:.2f}× from CUDA graphs, {graph[1]}"
 
 
 def commands(latest: dict) -> list[str]:
@@ -325,9 +355,10 @@ def render(root: str = ROOT) -> str:
         "The latest do_bench result of each spec, head dim, N and system. h marks a forward +",
         "backward that ran at the host's pace (the bench's own flag): its number is the host's, and",
         "do_bench readings there swing from run to run (decision 019; `--timer cuda-graph` records",
-        "in the results file time the kernels alone).",
+        "in the results file time the kernels alone; a point behind Flex below names the latest",
+        "such ratio of both systems where one exists).",
         "",
-        *summary(compared),
+        *summary(compared, graph_ratios(load(os.path.join(root, RESULTS)))),
         "",
         *table_lines,
         "Made by these runs (one process per spec and head dim unless the command names several):",
