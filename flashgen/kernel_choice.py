@@ -221,18 +221,6 @@ def merged_edges(mask: ir.Expr, planned: bool) -> bool:
     return MERGED_EDGES and (key_span(mask) is not None or planned and _documents(mask))
 
 
-# The Triton forward's grid for document masks: (batch * heads, query tiles),
-# one query tile of every head after another, instead of a head's tiles in a
-# row.  A document's query tiles differ in work by the document's length, and
-# a head's tiles in a row leave a tail of uneven programs; taken across heads,
-# the waves even out.  Measured on the H200 (scripts/gpu_heads_first.py,
-# packed documents of ~1,000 tokens, B = 1, H = 16, bf16, forward from CUDA
-# graphs, decision 069): 1.10-1.11x at d64 and 1.06x at d128 for N = 16384,
-# 1.05x and 1.01x at 65536, the same bits.  Not for long rows: a per-example
-# prefix over causal rows ran 0.94x at d128 N = 16384 (the heads' keys no
-# longer share the L2 cache), though 1.16-1.22x at 4096.  The Triton
-# backward's one launch likewise (batch * heads, key tiles + query tiles),
-# decision 070: 1.05x at d64 and 1.01x at d128 for N = 16384, 1.02x at 65536.
 # Loops without an interior run every tile masked, with no branch, where the
 # mask never fills a tile and its tile test has nothing to skip (decision 074,
 # an experiment: `--plan branchless_tiles=on`, any mask, until measured).
@@ -268,6 +256,18 @@ def branchless_tiles(positional: ir.Expr | None) -> bool:
     )
 
 
+# The Triton forward's grid for document masks: (batch * heads, query tiles),
+# one query tile of every head after another, instead of a head's tiles in a
+# row.  A document's query tiles differ in work by the document's length, and
+# a head's tiles in a row leave a tail of uneven programs; taken across heads,
+# the waves even out.  Measured on the H200 (scripts/gpu_heads_first.py,
+# packed documents of ~1,000 tokens, B = 1, H = 16, bf16, forward from CUDA
+# graphs, decision 069): 1.10-1.11x at d64 and 1.06x at d128 for N = 16384,
+# 1.05x and 1.01x at 65536, the same bits.  Not for long rows: a per-example
+# prefix over causal rows ran 0.94x at d128 N = 16384 (the heads' keys no
+# longer share the L2 cache), though 1.16-1.22x at 4096.  The Triton
+# backward's one launch likewise (batch * heads, key tiles + query tiles),
+# decision 070: 1.05x at d64 and 1.01x at d128 for N = 16384, 1.02x at 65536.
 def heads_first(mask: ir.Expr, planned: bool) -> bool:
     """Whether the Triton forward launches one query tile of every head after
     another, and the backward one tile: a mask whose call plan bounds rows by

@@ -32,11 +32,11 @@ from flashgen import kernel_expr as kx
 from flashgen.element_code import LOG2E, ElementCode, ScoreKind, constant_value, score_code
 from flashgen.kernel_choice import (
     GluonForward,
+    branchless_tiles,
     fast_math,
     gluon_backward,
     gluon_forward,
     gluon_min_keys,
-    branchless_tiles,
     heads_first,
     key_span,
     merged_edges,

@@ -596,19 +596,23 @@ def is_band(e: ir.Expr) -> bool:
     below the rounded-down bound, masked, which costs time but not
     correctness.)
     """
+    reads = difference_reads(e, ir.BinOp.AND)
+    if reads is None or any(op is ir.BinOp.NE for op, _ in reads):
+        return False
     lo, hi = -math.inf, math.inf
-
-    def walk(x: ir.Expr) -> bool:
-        nonlocal lo, hi
-        if isinstance(x, ir.Binary) and x.op is ir.BinOp.AND:
-            return walk(x.left) and walk(x.right)
-        read = k_minus_q(x)
-        if read is None or read[0] is ir.BinOp.NE:
-            return False
+    for read in reads:
         lo, hi = narrow_band(lo, hi, *read)
-        return True
+    return lo <= hi
 
-    return walk(e) and lo <= hi
+
+def difference_reads(e: ir.Expr, junction: ir.BinOp) -> list[tuple[ir.BinOp, int]] | None:
+    """The reads `k - q  op  bound` (`k_minus_q`) of a chain of `junction`
+    (`&` or `|`) over comparisons of k - q; None if a term is anything else."""
+    if isinstance(e, ir.Binary) and e.op is junction:
+        a, b = difference_reads(e.left, junction), difference_reads(e.right, junction)
+        return None if a is None or b is None else a + b
+    read = k_minus_q(e)
+    return None if read is None else [read]
 
 
 def narrow_band(lo: float, hi: float, op: ir.BinOp, bound: int) -> tuple[float, float]:
@@ -651,14 +655,9 @@ def congruence_everywhere(e: ir.Expr) -> bool:
         return congruence_everywhere(e.left) or congruence_everywhere(e.right)
     if isinstance(e, ir.Binary) and e.op is ir.BinOp.AND:
         a, b = _congruence(e.left), _congruence(e.right)
-        return (
-            a is not None
-            and b is not None
-            and {a[0], b[0]} == {"q", "k"}
-            and congruence_everywhere(e.left)
-            and congruence_everywhere(e.right)
-        )
-    return _congruence(e) is not None and _congruence(e)[1]
+        return bool(a and b and a[1] and b[1] and {a[0], b[0]} == {"q", "k"})
+    form = _congruence(e)
+    return form is not None and form[1]
 
 
 def _congruence(e: ir.Expr) -> tuple[str, bool] | None:
@@ -696,23 +695,15 @@ def narrow_gaps(e: ir.Expr) -> bool:
     2 * MIN_BLOCK - 1 consecutive values of k - q, so it does when the values
     the union hides form only finite runs shorter than that
     (`causal | k >= q + 27` hides 1 .. 26)."""
+    reads = difference_reads(e, ir.BinOp.OR)
+    if reads is None:
+        return False
     spans: list[tuple[float, float]] = []
-
-    def walk(x: ir.Expr) -> bool:
-        if isinstance(x, ir.Binary) and x.op is ir.BinOp.OR:
-            return walk(x.left) and walk(x.right)
-        read = k_minus_q(x)
-        if read is None:
-            return False
-        op, c = read
+    for op, c in reads:
         if op is ir.BinOp.NE:
             spans.extend([(-math.inf, c - 1), (c + 1, math.inf)])
         else:
             spans.append(narrow_band(-math.inf, math.inf, op, c))
-        return True
-
-    if not walk(e):
-        return False
     spans.sort()
     if spans[0][0] != -math.inf or max(hi for _, hi in spans) != math.inf:
         return False
