@@ -32,6 +32,7 @@ from flashgen.mask_forms import (
     narrow_gaps,
     negation_normal_form,
     never_fills_a_tile,
+    positional_part,
     prefix_atom,
     skip_tile_test,
 )
@@ -222,9 +223,13 @@ def merged_edges(mask: ir.Expr, planned: bool) -> bool:
 
 
 # Loops without an interior run every tile masked, with no branch, where the
-# mask never fills a tile and its tile test has nothing to skip (decision 074,
-# an experiment: `--plan branchless_tiles=on`, any mask, until measured).
-BRANCHLESS_TILES = False
+# mask never fills a tile and its tile test has nothing to skip (decision 074;
+# `--plan branchless_tiles=off` gives the branches back).  Measured on the H200
+# (bf16, B4 H16, CUDA graphs, 2026-12-04, decision 076): `causal & (q - k) % 4
+# == 0` at d64, Triton forward 0.662 -> 0.526 ms at N = 4096 (1.26x), 2.453 ->
+# 1.977 ms at 16384 (1.24x); the Triton backward so 1.20-1.24x faster than the
+# Gluon backward (`gluon_backward`).
+BRANCHLESS_TILES = True
 
 
 # The masked loops around an interior skip the tile test where the mask is a
@@ -241,15 +246,18 @@ def narrow_gap_tiles(positional: ir.Expr | None) -> bool:
     return NARROW_GAPS and positional is not None and narrow_gaps(positional)
 
 
-def branchless_tiles(positional: ir.Expr | None) -> bool:
+def branchless_tiles(positional: ir.Expr | None, dtype: ir.DType) -> bool:
     """Whether the Triton kernels' loops that have no interior call the masked
     tile for every tile in their bounds, with neither the all-visible test
     (no tile of the mask is whole: `never_fills_a_tile`) nor the emptiness
     test (`skip_tile_test`).  Each is a branch around the tile's loads, which
     keeps Triton from pipelining the loop.  `positional`: the mask's
-    positional part (`positional_part`), None where it has none."""
+    positional part (`positional_part`), None where it has none.  Not in
+    float32: there the pipelined backward spilled 52 KB (sm_90a, the custom
+    example at d64) and ran 7x slower on the H200 (decision 076)."""
     return (
         BRANCHLESS_TILES
+        and dtype is not ir.DType.FP32
         and positional is not None
         and never_fills_a_tile(positional)
         and skip_tile_test(positional)
@@ -301,17 +309,24 @@ def gluon_backward(v: ir.Variant) -> bool:
     """Whether the module gets the warp-specialized Gluon backward for sm90
     (docs/decisions/025): any mask and score, 16-bit inputs, head dim 64
     or 128, except at head dim 128 for a score whose derivative is heavy
-    (`heavy_derivative`; docs/decisions/060).  The module still checks each
+    (`heavy_derivative`; docs/decisions/060) or reads s and positions
+    (`positional_derivative`, decision 073), and at head dim 64 for a mask
+    whose Triton loops run without branches (`branchless_tiles`, decision 076:
+    the Triton backward ran 1.20-1.24x faster for `causal & (q - k) % 4 == 0`;
+    at d128 0.92x, where the Gluon backward stays).  The module still checks each
     call's shapes and falls back to the Triton kernel.  Not yet for a variant
     that reads runtime data, nor for one whose v has another head dim than q
     (MLA's v_head_dim)."""
-    return _gluon_eligible(v) and not (
-        v.head_dim > GLUON_HEAVY_MAX_HEAD_DIM
-        and (
+    if not _gluon_eligible(v):
+        return False
+    if v.head_dim > GLUON_HEAVY_MAX_HEAD_DIM:
+        return not (
             heavy_derivative(v.score)
             or positional_derivative(v.score)
             and not _keys_below_a_constant(v.mask)
         )
+    return not branchless_tiles(
+        positional_part(negation_normal_form(desugar_mask(v.mask))), v.dtype
     )
 
 

@@ -619,7 +619,9 @@ def lower(v: ir.Variant, tuning: Tuning | None = None) -> KernelModel:
         or skip_tile_test(positional)
         or narrow_gap_tiles(positional)
     )
-    merged = not (classify or mask_is_full) and merged_edges(mask, plan is not None)
+    # Short rows take the merged loop even where the tile test would skip some
+    # edge tiles: those are a few per program, and each runs masked (decision 076).
+    merged = not mask_is_full and merged_edges(mask, plan is not None)
     default_tma = gpu_tma(widest, v.dtype)
     # A mask of heads (or the batch) alone leaves every tile whole or empty:
     # the forward takes the unmasked tiles.
@@ -669,7 +671,7 @@ def lower(v: ir.Variant, tuning: Tuning | None = None) -> KernelModel:
         query_hi=_source(query_hi),
         classify_edge_tiles=classify,
         merged_edges=merged,
-        branchless_tiles=branchless_tiles(positional),
+        branchless_tiles=branchless_tiles(positional, v.dtype),
         heads_first=heads_first(mask, plan is not None),
         bwd_heads_first=heads_first(mask, plan is not None),
         key_interior=key_interior is not None,

@@ -9,10 +9,14 @@
 # loops around an interior), each with FlexAttention, then with the knobs, then
 # with the knobs and the Triton backward.  Records in $OUT/tile_tests.jsonl.
 # short: rand0_22 with the merged loop and short-rows tiles forced on.
-#   bash scripts/gpu_tile_tests.sh [check] [bench] [short]
+# merged: the drawn specs whose short rows take the merged loop since decision
+# 076 despite a tile test (seed 0: rand0_4, 6, 9, 15, 18, 22, 24), at d64 and
+# d128, beside --plan merged_edges=off (the three loops, tiles classified).
+# Decision 076 took the rules on; run with knobs off to see the old forms.
+#   bash scripts/gpu_tile_tests.sh [check] [bench] [short] [merged]
 source scripts/gpu_env.sh
 KNOBS="--plan branchless_tiles=on --plan classify_edge_tiles=off"
-for step in ${*:-check bench short}; do
+for step in ${*:-check bench short merged}; do
   case $step in
   check)
     # The rules switched on (they take the knobs' paths), verified per spec.
@@ -54,6 +58,13 @@ PY
       # shellcheck disable=SC2086
       timeout 90 python3 -m flashgen bench --random 30 --seed 0 --name rand0_22 --head-dim 128 \
         --seqlens 4096 --timer cuda-graph --jsonl "$OUT/tile_tests.jsonl" $extra 2>&1 | grep -A4 "^TFLOP/s"
+    done ;;
+  merged)
+    for extra in "--systems flashgen flex" "--systems flashgen --plan merged_edges=off"; do
+      # shellcheck disable=SC2086
+      timeout 280 python3 -m flashgen bench --random 30 --seed 0 \
+        --name rand0_4 rand0_6 rand0_9 rand0_15 rand0_18 rand0_22 rand0_24 --head-dim 64 128 \
+        --seqlens 4096 --timer cuda-graph --jsonl "$OUT/tile_tests.jsonl" $extra 2>&1 | grep -A16 "^TFLOP/s"
     done ;;
   esac
 done

@@ -449,9 +449,10 @@ def main() -> None:
     parser.add_argument(
         "--plan",
         nargs="+",
+        action="extend",
         default=[],
         metavar="KNOB=VALUE",
-        help="plan knobs, as flashgen bench's",
+        help="plan knobs, as flashgen bench's (repeatable)",
     )
     parser.add_argument(
         "--seqs",

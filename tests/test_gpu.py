@@ -203,7 +203,8 @@ def test_gluon_backward_on_gpu(mask, score, head_dim, dtype, monkeypatch):
     cannot pass on the Triton fallback."""
     variant = make_variant(mask, score, dtype=dtype, head_dim=head_dim)
     module = build(variant)
-    launches = _count_calls(monkeypatch, module, "_gluon_backward")
+    gluon = hasattr(module, "_gluon_backward")
+    launches = _count_calls(monkeypatch, module, "_gluon_backward") if gluon else []
     shapes = [Shape(1, 2, 2, 128, 128), Shape(2, 4, 2, 384, 384), Shape(1, 2, 1, 1024, 1024)]
     for i, shape in enumerate(shapes):
         for magnitude in _magnitudes(score):
@@ -215,6 +216,65 @@ def test_gluon_backward_on_gpu(mask, score, head_dim, dtype, monkeypatch):
     _record(variant, result)
     assert_ok(result)
     assert len(launches) == len(_magnitudes(score)) * len(shapes) + 1
+
+
+# Decision 073: masks whose masked loops run every tile without the per-tile
+# emptiness test (congruences that reach every residue in a tile, their `|`
+# with anything, a dense-edged mask `&` one), and d128 scores whose derivative
+# reads s and positions, which take the Triton backward instead of the Gluon
+# one.  rand0_14 of `flashgen bench --random 30 --seed 0` is the first case.
+TILE_TEST_CASES = [
+    (
+        "((q - k) % 2 == 1 | !causal) & (max(q, k) > 19 | prefix(288) | !prefix(247))",
+        "max(s - 0.003 * abs(q - k), -3.266)",
+        128,
+    ),
+    ("(q - k) % 2 == 1 | !causal", None, 64),
+    ("causal & (q - k) % 4 == 0", None, 64),
+    ("causal & (q - k) % 4 == 0", "softcap(s + alibi, 12.0)", 128),
+    ("chunk(158) & causal", "softcap((s - 0.009 * abs(q - k)) * 0.159, 12.0)", 128),
+    # Decision 076: short rows take the merged loop although the corner term
+    # `max(q, k) > 10` leaves empty edge tiles; they run masked (rand0_22).
+    (
+        "max(q, k) > 10 & (abs(q - k) < 5 | window(145)) & q div 2 == k div 2",
+        "exp(-abs(s * 0.187))",
+        128,
+    ),
+]
+
+
+@pytest.mark.parametrize("mask, score, head_dim", TILE_TEST_CASES)
+@pytest.mark.parametrize("dtype", [ir.DType.FP16, ir.DType.BF16])
+def test_masks_without_tile_test_and_positional_backward_on_gpu(
+    mask, score, head_dim, dtype, monkeypatch
+):
+    """Forward and backward against the float64 reference at lengths that
+    cross tiles (Nq != Nk, GQA), and at Nq = Nk = 1024, where a d128 16-bit
+    call would take the Gluon backward but for the score's derivative, or a
+    d64 one but for a mask whose loops run without branches: the test counts
+    Gluon backward launches, so it checks the path the module chose."""
+    from flashgen import kernel_choice, lower
+    from flashgen.mask_forms import desugar_mask, negation_normal_form, positional_part
+
+    variant = make_variant(mask, score, dtype=dtype, head_dim=head_dim)
+    module = build(variant)
+    model = lower.lower(variant)
+    assert model.merged_edges or not model.classify_edge_tiles
+    positional = positional_part(negation_normal_form(desugar_mask(variant.mask)))
+    if score is not None:
+        assert kernel_choice.positional_derivative(variant.score) or kernel_choice.heavy_derivative(
+            variant.score
+        )
+    gluon = hasattr(module, "_gluon_backward")
+    launches = _count_calls(monkeypatch, module, "_gluon_backward") if gluon else []
+    shapes = [Shape(2, 4, 2, 239, 1023), Shape(1, 2, 1, 1023, 203), Shape(1, 2, 2, 1024, 1024)]
+    for i, shape in enumerate(shapes):
+        for result in check_spec_both_ways(variant, shape, seed=i, device="cuda"):
+            _record(variant, result)
+    # The d64 masks that never fill a tile take the Triton backward too (decision 076).
+    assert bool(launches) is (
+        score is None and not kernel_choice.branchless_tiles(positional, dtype)
+    )
 
 
 @pytest.mark.parametrize("mask", ["k < 8", "k == 63", "k >= 4 & k < 100"])

@@ -1632,8 +1632,10 @@ def test_the_positional_part_takes_data_terms_as_true(text, positional):
         # Rows bounded; an edge tile whose window pairs are fewer than the
         # period may hold no pair, and runs masked (`skip_tile_test`).
         ("window(100) & (q - k) % 3 == 0", True),
-        # Rows bounded, but an edge tile may hold no pair: it is classified first.
-        ("window(100) & (q - k) % 40 == 0", False),
+        # Rows bounded, and an edge tile may hold no pair: it runs masked too
+        # (decision 076: rand0_22's backward ran 1.74x faster so).
+        ("window(100) & (q - k) % 40 == 0", True),
+        ("max(q, k) > 10 & (abs(q - k) < 5 | window(145)) & q div 2 == k div 2", True),
     ],
 )
 def test_rows_known_short_take_one_loop(text, merged):
@@ -1787,7 +1789,8 @@ def test_a_dense_mask_and_a_congruence_leave_only_its_edge_tiles_empty(dense, co
 
 
 def test_branchless_tiles_where_no_tile_is_whole_and_none_empty(monkeypatch):
-    # decision 074 (an experiment, off until measured): the rule it would apply.
+    # Decisions 074 and 076: loops without an interior run every tile masked,
+    # with no branch, where no tile is whole and none empty; in 16 bits.
     for text, never_fills in [
         ("causal & (q - k) % 4 == 0", True),  # some pair of every tile is off the period
         ("(q - k) % 32 == 0 & causal", True),
@@ -1797,16 +1800,35 @@ def test_branchless_tiles_where_no_tile_is_whole_and_none_empty(monkeypatch):
         ("causal", False),
     ]:
         assert mask_forms.never_fills_a_tile(nnf_of(_mask(text))) is never_fills, text
-    monkeypatch.setattr(kernel_choice, "BRANCHLESS_TILES", True)
     for text, branchless in [
         ("causal & (q - k) % 4 == 0", True),
         ("(q - k) % 3 != 1", True),
         ("causal & (q - k) % 40 == 1", False),  # a tile may be empty: the test stays
         ("(q - k) % 2 == 1 | !causal", False),
     ]:
-        assert kernel_choice.branchless_tiles(nnf_of(_mask(text))) is branchless, text
+        for dtype in ir.DType:
+            expected = branchless and dtype is not ir.DType.FP32  # fp32 spilled (decision 076)
+            assert kernel_choice.branchless_tiles(nnf_of(_mask(text)), dtype) is expected, text
     monkeypatch.setattr(kernel_choice, "BRANCHLESS_TILES", False)
-    assert not kernel_choice.branchless_tiles(nnf_of(_mask("causal & (q - k) % 4 == 0")))
+    assert not kernel_choice.branchless_tiles(
+        nnf_of(_mask("causal & (q - k) % 4 == 0")), ir.DType.BF16
+    )
+
+
+def test_branchless_masks_take_the_triton_backward_at_head_dim_64():
+    # Decision 076: at d64 the Triton backward without branches ran 1.20-1.24x
+    # faster than the Gluon one for `causal & (q - k) % 4 == 0`; at d128 0.92x.
+    from kernel_utils import make_variant
+
+    for mask, head_dim, dtype, gluon in [
+        ("causal & (q - k) % 4 == 0", 64, ir.DType.BF16, False),
+        ("causal & (q - k) % 4 == 0", 64, ir.DType.FP16, False),
+        ("causal & (q - k) % 4 == 0", 128, ir.DType.BF16, True),
+        ("causal & (q - k) % 40 == 1", 64, ir.DType.BF16, True),  # keeps its tile test
+        ("(q - k) % 2 == 1 | !causal", 64, ir.DType.BF16, True),
+    ]:
+        variant = make_variant(mask, dtype=dtype, head_dim=head_dim)
+        assert kernel_choice.gluon_backward(variant) is gluon, (mask, head_dim, dtype)
 
 
 @st.composite
