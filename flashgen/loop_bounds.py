@@ -17,6 +17,8 @@ loops walk out, as `flashgen.kernel_expr` trees over the other side's tile.
 
 from __future__ import annotations
 
+import numpy as np
+
 from flashgen import ir
 from flashgen import kernel_expr as kx
 from flashgen.element_code import ElementCode
@@ -309,3 +311,35 @@ def _compare_interior(e: ir.Binary, var: str) -> Bounds | None:
         ir.BinOp.EQ: (hi, lo),
         ir.BinOp.NE: None,
     }[op]
+
+
+# --------------------------------------------------------------------------- #
+# Census: how many tiles inside the bounds the tile test would skip
+# --------------------------------------------------------------------------- #
+
+# Query tiles of a 4096-long sequence at which `skipped_share` counts, 64 x 64
+# (the kernels' usual tile), heads 0 and 1 of two.
+_CENSUS_TILE = 64
+_CENSUS_QUERY_TILES = tuple(range(0, _SAMPLE_LENGTH, 8 * _CENSUS_TILE))
+
+
+def skipped_share(lines: list[kx.Stmt], may: kx.Expr, bounds: Bounds) -> float:
+    """The share of the key tiles inside the key bounds whose tile test
+    (`may`, after the tile code `lines`) says no pair is visible, over a
+    sample of query tiles: what a loop that skips no tile would compute for
+    nothing.  0.0 where the bounds hold no tile at the sample."""
+    inside = skipped = 0
+    for q_lo in _CENSUS_QUERY_TILES:
+        for head in (0, 1):
+            env: dict = dict(q_lo=np.int64(q_lo), q_hi=np.int64(q_lo + _CENSUS_TILE - 1))
+            env.update(head=np.int64(head), num_heads=np.int64(2))
+            lo = 0 if bounds[0] is None else max(0, int(kx.evaluate(bounds[0], env)))
+            hi = _SAMPLE_LENGTH - 1
+            if bounds[1] is not None:
+                hi = min(hi, int(kx.evaluate(bounds[1], env)))
+            for k_lo in range(lo // _CENSUS_TILE * _CENSUS_TILE, hi + 1, _CENSUS_TILE):
+                tile = dict(env, k_lo=np.int64(k_lo), k_hi=np.int64(k_lo + _CENSUS_TILE - 1))
+                kx.run(lines, tile)
+                inside += 1
+                skipped += not bool(kx.evaluate(may, tile))
+    return skipped / inside if inside else 0.0

@@ -62,7 +62,14 @@ from flashgen.mask_forms import (
     skip_tile_test,
 )
 from flashgen.printer import print_expr, print_variant
-from flashgen.loop_bounds import MAX_INTERIORS, interior_bounds, interiors, key_bounds, query_bounds
+from flashgen.loop_bounds import (
+    MAX_INTERIORS,
+    interior_bounds,
+    interiors,
+    key_bounds,
+    query_bounds,
+    skipped_share,
+)
 from flashgen.tiles import TileCode, visible_may
 
 __all__ = [
@@ -620,8 +627,9 @@ def lower(v: ir.Variant, tuning: Tuning | None = None) -> KernelModel:
         or narrow_gap_tiles(positional)
     )
     # Short rows take the merged loop even where the tile test would skip some
-    # edge tiles: those are a few per program, and each runs masked (decision 076).
-    merged = not mask_is_full and merged_edges(mask, plan is not None)
+    # edge tiles, if few: each runs masked there (decision 076).
+    skipped = skipped_share(tiles.lines, may, (key_lo, key_hi)) if classify else 0.0
+    merged = not mask_is_full and merged_edges(mask, plan is not None, skipped)
     default_tma = gpu_tma(widest, v.dtype)
     # A mask of heads (or the batch) alone leaves every tile whole or empty:
     # the forward takes the unmasked tiles.

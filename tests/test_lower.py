@@ -1636,6 +1636,8 @@ def test_the_positional_part_takes_data_terms_as_true(text, positional):
         # (decision 076: rand0_22's backward ran 1.74x faster so).
         ("window(100) & (q - k) % 40 == 0", True),
         ("max(q, k) > 10 & (abs(q - k) < 5 | window(145)) & q div 2 == k div 2", True),
+        # A hole of 600 keys in the band: the test skips 43% of the tiles there.
+        ("window(1024) & (q - k > 700 | q - k < 100)", False),
     ],
 )
 def test_rows_known_short_take_one_loop(text, merged):
@@ -1656,6 +1658,43 @@ def test_rows_known_short_take_one_loop(text, merged):
     # in the forward and the backward (decision 070).
     model = lower.lower(variants[0])
     assert model.heads_first is model.bwd_heads_first is ("doc[" in text)
+
+
+@pytest.mark.parametrize(
+    "text, many",
+    [
+        ("max(q, k) > 10 & (abs(q - k) < 5 | window(145)) & q div 2 == k div 2", False),
+        ("window(1024) & (q - k > 700 | q - k < 100)", True),  # a hole of 600 keys
+        ("window(1000) & (q - k) % 300 < 40", True),
+        ("chunk(1024) & (q - k) % 97 == 0", False),
+        ("causal & (q - k) % 4 == 0", False),
+        ("k < 100 | causal & (h % 2 == 0 | q - k < 30)", True),  # odd heads: a band and a prefix
+    ],
+)
+def test_skipped_share_counts_the_empty_tiles_inside_the_bounds(text, many):
+    # loop_bounds.skipped_share (decision 076) against a dense count of the
+    # same sample tiles: key tiles inside the bounds that hold no visible pair.
+    from flashgen import loop_bounds
+
+    nnf = nnf_of(_mask(text))
+    tiles = lower.TileCode()
+    _, may = tiles.truth(nnf)
+    may = visible_may(tiles, nnf, may)
+    bounds = lower.key_bounds(nnf)
+    got = loop_bounds.skipped_share(tiles.lines, may, bounds)
+    n, block = 4096, 64
+    dense = _visible(_mask(text), n, n, 2)
+    inside = empty = 0
+    for q_lo in range(0, n, 8 * block):
+        for head in (0, 1):
+            env = _namespace(q_lo, q_lo + block - 1, 0, 0, head, 2)
+            lo, hi = (_value(b, env) for b in bounds)
+            lo, hi = max(0, lo or 0), min(n - 1, n - 1 if hi is None else hi)
+            for k_lo in range(lo // block * block, hi + 1, block):
+                inside += 1
+                empty += not dense[head, q_lo : q_lo + block, k_lo : k_lo + block].any()
+    assert got == pytest.approx(empty / inside)
+    assert (got > kernel_choice.MERGED_MAX_SKIPPED) is many
 
 
 @pytest.mark.parametrize(
