@@ -103,6 +103,9 @@ class ElementCode:
         self.fast_log = fast_log
         # Reads that the kernel has already loaded into variables of these names.
         self.named = named or {}
+        # Subexpressions the kernel has computed already, as the code that reads
+        # them back (the score itself from s2 in the derivative: `score_code`).
+        self.known: dict[ir.Expr, kx.Expr] = {}
 
     def scaled(self, e: ir.Expr, c: float) -> kx.Expr:
         """c * e as a float32 value, with c folded into a constant factor of
@@ -161,6 +164,8 @@ class ElementCode:
         return self.expr(e)
 
     def expr(self, e: ir.Expr) -> kx.Expr:
+        if e in self.known:
+            return self.known[e]
         value = constant_value(e)
         if value is not None:
             return _literal(value)
@@ -366,10 +371,41 @@ def score_code(score: ir.Expr, elements: ElementCode) -> ScoreCode:
     elif score_kind is ScoreKind.GENERAL:
         d = simplify(grad.derivative(expr))
         if d != grad.ONE and constant_value(d) != 1:
-            derivative = elements.real(d)
+            read_back = _read_back(expr) if READ_BACK_SCORE else None
+            if read_back is not None:
+                elements.known[expr] = read_back
+            try:
+                derivative = elements.real(d)
+            finally:
+                elements.known.pop(expr, None)
     lines, log2 = share_calls(log2)
     grad_lines, derivative = share_calls(derivative)
     return ScoreCode(score_kind, log2, derivative, lines, grad_lines)
+
+
+# The derivative reads the score back from s2 where it contains the score
+# itself (d exp(u) = exp(u) u', d tanh(u) = (1 - tanh(u)^2) u', d sqrt(a) =
+# a' / (2 sqrt(a))) instead of computing it again.  LLVM already computes the
+# call once; this frees the registers that kept its value live (decision 077:
+# an experiment, off until measured by scripts/gpu_read_back.sh).
+READ_BACK_SCORE = False
+_READ_BACK_CALLS = ("exp", "tanh", "sqrt")
+
+
+def _read_back(expr: ir.Expr) -> kx.Expr | None:
+    """The score `expr`'s value read back from s2 = fl32(log2(e)) * expr (the
+    code `ElementCode.scaled` gives a call), or None for other scores.  tanh
+    reads back through `tanh_reader`, so that a saturated tanh reads as
+    exactly +-1 and 1 - tanh^2 as 0; the others within an ulp or two."""
+    if not (isinstance(expr, ir.Call) and expr.fn in _READ_BACK_CALLS):
+        return None
+    if expr.fn == "tanh":
+        inverse, exact = tanh_reader(LOG2E)
+        if not exact:
+            return None
+    else:
+        inverse = _f32(1.0 / _f32(LOG2E))
+    return kx.Paren(kx.mul(S2, kx.Float(inverse)))
 
 
 def _f32(x: float) -> float:

@@ -108,9 +108,23 @@ def paint(module, n: int, heads: int) -> dict[str, torch.Tensor]:
     return painted
 
 
+def _with_gluon_walk(variant: ir.Variant) -> ir.Variant:
+    """The variant at fp16 and d64, whose module carries the Gluon backward's
+    walk; where d64 takes the Triton backward instead (decision 076: masks
+    whose loops run without branches), at d128 with the score s: the walk
+    reads the mask alone."""
+    from flashgen import kernel_choice
+
+    v = dataclasses.replace(variant, dtype=ir.DType.FP16, head_dim=64, v_head_dim=None)
+    if not kernel_choice.gluon_backward(v):
+        v = dataclasses.replace(v, head_dim=128, score=ir.IDENTITY_SCORE)
+        assert kernel_choice.gluon_backward(v), variant
+    return v
+
+
 def check_walk(variant: ir.Variant, n: int = 384, heads: int = 3) -> None:
     """The kernels' walks over an n x n problem against the dense mask."""
-    module = build(dataclasses.replace(variant, dtype=ir.DType.FP16, head_dim=64, v_head_dim=None))
+    module = build(_with_gluon_walk(variant))
     visible = mask_matrix(variant, n, n, heads)
     for name, painted in paint(module, n, heads).items():
         missed = visible & (painted == SKIPPED)

@@ -442,3 +442,26 @@ def test_fast_math_scores_in_16_bits(score):
     shape = Shape(1, 2, 1, 21, 34)
     assert_ok(run_case(variant, shape, seed=8, magnitude=2.0))
     assert_ok(run_grad_case(variant, shape, seed=9, magnitude=2.0))
+
+
+@pytest.mark.parametrize(
+    "score, magnitude",
+    [
+        ("exp(-abs(s - 0.003 * abs(q - k)))", 1.0),  # rand0_19 of seed 0
+        ("tanh(s / (abs(q - k) * 0.005 + 1.0))", 1.0),  # rand0_8
+        ("tanh(s * 40.0)", 5.0),  # saturated: 1 - tanh^2 reads back as exactly 0
+        ("sqrt(abs(s + h * 0.034)) ", 1.0),  # rand0_27
+        ("sqrt(abs(exp(-abs(s + alibi))))", 1.0),  # rand0_5
+    ],
+)
+def test_derivatives_that_read_the_score_back(score, magnitude, monkeypatch):
+    """Decision 077 (off until measured): a derivative that contains the score
+    itself reads it back from s2; the gradients still match the float64
+    reference, forward included, with GQA and Nq != Nk."""
+    from flashgen import element_code
+
+    monkeypatch.setattr(element_code, "READ_BACK_SCORE", True)
+    variant = make_variant("causal | k > q + 20", score.strip(), dtype=ir.DType.FP16, head_dim=16)
+    for shape in (Shape(1, 2, 1, 45, 45), Shape(1, 4, 2, 30, 70)):
+        assert_ok(run_case(variant, shape, seed=shape.n_keys, magnitude=magnitude))
+        assert_ok(run_grad_case(variant, shape, seed=shape.n_keys, magnitude=magnitude))

@@ -1921,3 +1921,30 @@ def test_narrow_gaps_drop_the_tile_test_only_when_switched_on(monkeypatch):
     assert lower.lower(variant).classify_edge_tiles
     monkeypatch.setattr(kernel_choice, "NARROW_GAPS", True)
     assert not lower.lower(variant).classify_edge_tiles
+
+
+@pytest.mark.parametrize(
+    "score, computed",
+    [
+        ("exp(-abs(s - 0.003 * abs(q - k)))", "tl.math.exp2"),
+        ("tanh(s * 0.341)", "_tanh"),
+        ("sqrt(abs(s + h * 0.034))", "tl.sqrt"),
+    ],
+)
+def test_derivative_reads_the_score_back_from_s2(score, computed, monkeypatch):
+    # Decision 077 (off until measured): the derivative of a score that is an
+    # exp, tanh or sqrt call contains the score, which s2 holds already.
+    from flashgen import element_code
+
+    def grad_code(v):
+        model = lower.lower(v)
+        return "\n".join([*model.score_grad_lines, model.score_grad_code])
+
+    variant = make_variant("causal", score, dtype=ir.DType.BF16, head_dim=64)
+    assert computed in grad_code(variant)
+    monkeypatch.setattr(element_code, "READ_BACK_SCORE", True)
+    code = grad_code(variant)
+    assert computed not in code and "s2 * 0.6931471824645996" in code, code
+    # Scores of other forms keep their derivative as it was.
+    other = make_variant("causal", "log(1.0 + abs(s))", dtype=ir.DType.BF16, head_dim=64)
+    assert "s2" not in grad_code(other)
