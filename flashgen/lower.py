@@ -628,8 +628,10 @@ def lower(v: ir.Variant, tuning: Tuning | None = None) -> KernelModel:
     )
     # Short rows take the merged loop even where the tile test would skip some
     # edge tiles, if few: each runs masked there (decision 076).
-    skipped = skipped_share(tiles.lines, may, (key_lo, key_hi)) if classify else 0.0
-    merged = not mask_is_full and merged_edges(mask, plan is not None, skipped)
+    merged = not mask_is_full and merged_edges(mask, plan is not None)
+    if merged and classify:
+        skipped = skipped_share(tiles.lines, may, (key_lo, key_hi))
+        merged = merged_edges(mask, plan is not None, skipped)
     default_tma = gpu_tma(widest, v.dtype)
     # A mask of heads (or the batch) alone leaves every tile whole or empty:
     # the forward takes the unmasked tiles.
