@@ -104,8 +104,14 @@ class ElementCode:
         # Reads that the kernel has already loaded into variables of these names.
         self.named = named or {}
         # Subexpressions the kernel has computed already, as the code that reads
-        # them back (the score itself from s2 in the derivative: `score_code`).
+        # them back (the score itself from s2 in the derivative: `reading`).
         self.known: dict[ir.Expr, kx.Expr] = {}
+
+    def reading(self, e: ir.Expr, code: kx.Expr) -> ElementCode:
+        """A translator like this one that gives `code` for `e`."""
+        other = ElementCode(self.keys_before_queries, self.fast_log, self.named)
+        other.known = {**self.known, e: code}
+        return other
 
     def scaled(self, e: ir.Expr, c: float) -> kx.Expr:
         """c * e as a float32 value, with c folded into a constant factor of
@@ -373,11 +379,8 @@ def score_code(score: ir.Expr, elements: ElementCode) -> ScoreCode:
         if d != grad.ONE and constant_value(d) != 1:
             read_back = _read_back(expr) if READ_BACK_SCORE else None
             if read_back is not None:
-                elements.known[expr] = read_back
-            try:
-                derivative = elements.real(d)
-            finally:
-                elements.known.pop(expr, None)
+                elements = elements.reading(expr, read_back)
+            derivative = elements.real(d)
     lines, log2 = share_calls(log2)
     grad_lines, derivative = share_calls(derivative)
     return ScoreCode(score_kind, log2, derivative, lines, grad_lines)

@@ -219,20 +219,16 @@ MERGED_EDGES = True
 MERGED_MAX_SKIPPED = 0.125
 
 
-def merged_edges(mask: ir.Expr, planned: bool, skipped: float = 0.0) -> bool:
+def merged_edges(mask: ir.Expr, planned: bool) -> bool:
     """Whether the Triton kernels walk a program's tiles in one loop, the
     edge tiles taking the elementwise mask in a branch: where rows are short,
     a mask whose keys per query are bounded (`key_span`), or one whose call
     plan (`planned`) bounds them by documents (an `&` term that compares two
-    reads of the call's data for equality, such as doc[b, q] == doc[b, k]),
-    and where the tile test would skip at most MERGED_MAX_SKIPPED of the tiles
-    (`skipped`: `loop_bounds.skipped_share`, 0 where the loops test no tile).
-    `mask` desugared, in negation normal form."""
-    return (
-        MERGED_EDGES
-        and skipped <= MERGED_MAX_SKIPPED
-        and (key_span(mask) is not None or planned and _documents(mask))
-    )
+    reads of the call's data for equality, such as doc[b, q] == doc[b, k]).
+    Where the loops test their tiles, the lowering also asks that the test
+    skip at most MERGED_MAX_SKIPPED of them.  `mask` desugared, in negation
+    normal form."""
+    return MERGED_EDGES and (key_span(mask) is not None or planned and _documents(mask))
 
 
 # Loops without an interior run every tile masked, with no branch, where the

@@ -31,6 +31,7 @@ from flashgen import grad, index_ranges, input_grads, ir
 from flashgen import kernel_expr as kx
 from flashgen.element_code import LOG2E, ElementCode, ScoreKind, constant_value, score_code
 from flashgen.kernel_choice import (
+    MERGED_MAX_SKIPPED,
     GluonForward,
     branchless_tiles,
     fast_math,
@@ -628,10 +629,13 @@ def lower(v: ir.Variant, tuning: Tuning | None = None) -> KernelModel:
     )
     # Short rows take the merged loop even where the tile test would skip some
     # edge tiles, if few: each runs masked there (decision 076).
-    merged = not mask_is_full and merged_edges(mask, plan is not None)
-    if merged and classify:
-        skipped = skipped_share(tiles.lines, may, (key_lo, key_hi))
-        merged = merged_edges(mask, plan is not None, skipped)
+    merged = (
+        not mask_is_full
+        and merged_edges(mask, plan is not None)
+        and not (
+            classify and skipped_share(tiles.lines, may, (key_lo, key_hi)) > MERGED_MAX_SKIPPED
+        )
+    )
     default_tma = gpu_tma(widest, v.dtype)
     # A mask of heads (or the batch) alone leaves every tile whole or empty:
     # the forward takes the unmasked tiles.
