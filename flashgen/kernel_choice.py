@@ -314,7 +314,7 @@ def gluon_min_keys(forward: GluonForward | None, head_dim: int) -> int:
     return GLUON_PLAIN_MIN_KEYS.get(head_dim, 0)
 
 
-def gluon_backward(v: ir.Variant) -> bool:
+def gluon_backward(v: ir.Variant, planned: bool = False) -> bool:
     """Whether the module gets the warp-specialized Gluon backward for sm90
     (docs/decisions/025): any mask and score, 16-bit inputs, head dim 64
     or 128, except at head dim 128 for a score whose derivative is heavy
@@ -323,10 +323,13 @@ def gluon_backward(v: ir.Variant) -> bool:
     whose Triton loops run without branches (`branchless_tiles`, decision 076:
     the Triton backward ran 1.20-1.24x faster for `causal & (q - k) % 4 == 0`;
     at d128 0.92x, where the Gluon backward stays).  The module still checks each
-    call's shapes and falls back to the Triton kernel.  Not yet for a variant
-    that reads runtime data, nor for one whose v has another head dim than q
-    (MLA's v_head_dim)."""
-    if not _gluon_eligible(v):
+    call's shapes and falls back to the Triton kernel.  A mask that reads
+    runtime data takes it at head dim 64 where the call's plan classifies its
+    tiles (`planned`: `lower.data_plan` found one) and the score reads none
+    (GLUON_DATA_MASKS, decision 078).  Not for one whose v has another head
+    dim than q (MLA's v_head_dim)."""
+    data_masks = GLUON_DATA_MASKS and planned and v.head_dim <= GLUON_DATA_MAX_HEAD_DIM
+    if not _gluon_eligible(v, data_masks=data_masks):
         return False
     if v.head_dim > GLUON_HEAVY_MAX_HEAD_DIM:
         return not (
@@ -339,19 +342,35 @@ def gluon_backward(v: ir.Variant) -> bool:
     )
 
 
-def _gluon_eligible(v: ir.Variant) -> bool:
+def _gluon_eligible(v: ir.Variant, data_masks: bool = False) -> bool:
     """The variants the Gluon kernels are written for.  Not a mask that hides
     every pair (`!full`, `causal & !causal`): the Gluon kernels' tile loops
     then never run, and Triton 3.6 failed to compile the Gluon dK/dV kernel
     so (PassManager::run failed, H200, 2026-12-03); the Triton kernels take
-    it, as they take every fully masked row."""
+    it, as they take every fully masked row.  Runtime data only with
+    `data_masks`, and then in the mask alone."""
     return (
         v.dtype is not ir.DType.FP32
         and v.head_dim in (64, 128)
         and v.v_dim == v.head_dim
-        and not _runtime_data(v)
+        and not ir.reads_runtime_data(v.score)
+        and (data_masks or not ir.reads_runtime_data(v.mask))
         and not hides_every_pair(negation_normal_form(desugar_mask(v.mask)))
     )
+
+
+# The Gluon backward for masks that read runtime data, such as packed
+# documents (`causal & doc[b, q] == doc[b, k]`): its CTAs walk the tiles the
+# call's plan leaves visible (`_data_plans` at the kernels' 64-row tiles), and
+# a tile is whole where the plan finds every pair of it visible (decision 078).
+# Measured against the Triton backward on the H200 (bf16, packed documents of
+# ~1,000 tokens, B = 1, H = 16, CUDA graphs, 2026-12-04): 1.10x at d64 N =
+# 16384 and 1.19x at 65536; at d128 0.87x and 0.91x, and 0.91x for a
+# per-example prefix at N = 16384.  At d128 the dK/dV consumers spill 548 B
+# (sm_90a, offline; 128 B for plain causal): the mask's reads of the call's
+# data stay live beside two 64 x 128 float32 accumulators.  So d64 only.
+GLUON_DATA_MASKS = True
+GLUON_DATA_MAX_HEAD_DIM = 64
 
 
 # The Gluon dK/dV kernel against the Triton backward on 30 drawn specs

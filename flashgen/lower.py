@@ -518,6 +518,12 @@ class KernelModel:
     def input_kernel_params(self) -> tuple[str, ...]:
         return tuple(p for i in self.inputs for p in i.kernel_params)
 
+    @property
+    def gluon_data_args(self) -> tuple[str, ...]:
+        """What the Gluon backward's kernels and partitions take for a mask
+        over runtime data: the call's plan, then the inputs' parameters."""
+        return ("plan_ptr", *self.input_kernel_params) if self.data_plan else ()
+
 
 def _pick(measured: bool | None, default: bool) -> bool:
     return default if measured is None else measured
@@ -715,7 +721,7 @@ def lower(v: ir.Variant, tuning: Tuning | None = None) -> KernelModel:
         tuned_on=tuning.device if tuning else None,
         gluon_forward=gluon,
         gluon_min_keys=gluon_min_keys(gluon, v.head_dim),
-        gluon_backward=gluon_backward(v),
+        gluon_backward=gluon_backward(v, plan is not None),
         gluon_dq_heavy_last=keys_before_queries(mask),
         inputs=inputs,
         input_grads=grads,

@@ -1838,7 +1838,9 @@ def _gluon_tile_class(q_lo, q_hi, k_lo, k_hi, head, num_heads):
 #   flight, then issues dV += P^T dO and dK += dS^T Q.
 # The tiles walked come from the mask's bounds.  Each tile is classified by
 # the mask's interval code for the whole CTA, which decides what the producer
-# loads, and again for each consumer's half: skipped, masked, or whole.  The
+# loads, and again for each consumer's half: skipped, masked, or whole.  A
+# mask that reads the call's data narrows both by the call's plan of 64-row
+# tiles, which also decides which tiles are whole.  The
 # scores, the mask and the score modifier's derivative are the Triton
 # kernels' own functions.
 # Used when the call allows it (`_gluon_backward_supported`), else `_attn_bwd`.

@@ -41,6 +41,13 @@ from flashgen import api, experiments, kernel_choice, lower  # noqa: E402
 
 _DTYPES = {"torch.float16": "fp16", "torch.bfloat16": "bf16", "torch.float32": "fp32"}
 _TENSORS = ("q", "k", "v", "o", "do", "dq", "dk", "dv")
+_POINTER = {
+    "torch.int32": "*i32",
+    "torch.int64": "*i64",
+    "torch.float32": "*fp32",
+    "torch.float16": "*fp16",
+    "torch.bfloat16": "*bf16",
+}
 
 
 V_IN_K = False  # --v-in-k
@@ -155,6 +162,14 @@ def compile_gluon(module, fn, descriptors, scalars, constants, options):
         )
         kinds[name] = mangle_type(desc)
     kinds.update({name: "constexpr" for name in constants})
+    # A mask's runtime data (decision 078): the call's plan, each declared
+    # input's pointer in its own dtype, and its strides and sizes.
+    inputs = {
+        f"{name}_ptr": _POINTER[str(dtype_)] for name, dtype_, _ in getattr(module, "_INPUTS", ())
+    }
+    for p in fn.params:
+        if p.name not in kinds and not p.is_constexpr:
+            kinds[p.name] = "*i32" if p.name == "plan_ptr" else inputs.get(p.name, "i32")
     # In the kernel's parameter order; "*DTYPE" is a pointer to the module's dtype.
     element = {"torch.float16": "*fp16", "torch.bfloat16": "*bf16"}[str(module.DTYPE)]
     signature = {p.name: element if kinds[p.name] == "*DTYPE" else kinds[p.name] for p in fn.params}

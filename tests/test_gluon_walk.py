@@ -135,7 +135,7 @@ def check_walk(variant: ir.Variant, n: int = 384, heads: int = 3) -> None:
         assert not unmasked.any(), f"{name}: a masked pair computed whole: {unmasked.nonzero()[0]}"
 
 
-# Specs that read inputs never take the Gluon kernels (docs/LANGUAGE.md, "Inputs").
+# Specs that read inputs: test_gluon_walk_of_masks_over_runtime_data.
 @pytest.mark.parametrize(
     "variant", [v for v in example_variants() if not v.inputs], ids=lambda v: v.name
 )
@@ -147,6 +147,112 @@ def test_gluon_walk_of_examples(variant):
 @given(variant=variants(dtypes=(ir.DType.FP16,), head_dims=(64,)))
 def test_gluon_walk_of_random_masks(variant):
     check_walk(variant)
+
+
+@triton.jit
+def _walk_planned(
+    dkdv_ptr, dq_ptr, dkdv_plan, dq_plan, n_ctx, num_heads,
+    query_rows: tl.constexpr, key_cols: tl.constexpr, tile_class: tl.constexpr,
+    plan: tl.constexpr, plan_span: tl.constexpr, planned_span: tl.constexpr,
+):  # fmt: skip
+    """`_walk`'s dK/dV and dQ CTAs for a mask over runtime data (decision
+    078), grid (N / 128, batch * heads): the positional walk narrowed by the
+    call's plan of 64-row tiles, which also classifies the whole half-tiles,
+    as `_gluon_attn_bwd_dkdv` and `_gluon_attn_bwd_dq` take it."""
+    start = tl.program_id(0) * 128
+    batch = tl.program_id(1) // num_heads
+    head = tl.program_id(1) % num_heads
+    dkdv_ptr += tl.program_id(1) * n_ctx * n_ctx
+    dq_ptr += tl.program_id(1) * n_ctx * n_ctx
+    row_lo, row_hi = query_rows(start, start + 127, n_ctx, head, num_heads, 64)
+    lo0, hi0 = plan_span(dkdv_plan, batch, head, num_heads, n_ctx, start // 64, 64)
+    lo1, hi1 = plan_span(dkdv_plan, batch, head, num_heads, n_ctx, start // 64 + 1, 64)
+    row_lo, row_hi = planned_span(row_lo, row_hi, lo0, hi0, lo1, hi1, n_ctx)
+    for start_m in range(row_lo, row_hi, 64):
+        _, cta_may = tile_class(start_m, start_m + 63, start, start + 127, head, num_heads)
+        cta_may = cta_may & (((start_m >= lo0) & (start_m < hi0)) | ((start_m >= lo1) & (start_m < hi1)))  # fmt: skip
+        if cta_may:
+            for half in tl.static_range(2):
+                k_lo = start + half * 64
+                p_lo, p_hi, full_lo, full_hi = plan(
+                    dkdv_plan, batch, head, num_heads, n_ctx, k_lo // 64, 64
+                )
+                _, may = tile_class(start_m, start_m + 63, k_lo, k_lo + 63, head, num_heads)
+                may = may & (start_m >= p_lo) & (start_m < p_hi)
+                whole = (start_m >= full_lo) & (start_m + 63 <= full_hi)
+                if may:
+                    _paint(dkdv_ptr, n_ctx, start_m, k_lo, tl.where(whole, 2, 1))
+    lo, hi = key_cols(start, start + 127, n_ctx, head, num_heads, 64)
+    lo0, hi0 = plan_span(dq_plan, batch, head, num_heads, n_ctx, start // 64, 64)
+    lo1, hi1 = plan_span(dq_plan, batch, head, num_heads, n_ctx, start // 64 + 1, 64)
+    lo, hi = planned_span(lo, hi, lo0, hi0, lo1, hi1, n_ctx)
+    for start_n in range(lo, hi, 64):
+        _, cta_may = tile_class(start, start + 127, start_n, start_n + 63, head, num_heads)
+        cta_may = cta_may & (((start_n >= lo0) & (start_n < hi0)) | ((start_n >= lo1) & (start_n < hi1)))  # fmt: skip
+        if cta_may:
+            for half in tl.static_range(2):
+                q_lo = start + half * 64
+                p_lo, p_hi, full_lo, full_hi = plan(
+                    dq_plan, batch, head, num_heads, n_ctx, q_lo // 64, 64
+                )
+                _, may = tile_class(q_lo, q_lo + 63, start_n, start_n + 63, head, num_heads)
+                may = may & (start_n >= p_lo) & (start_n < p_hi)
+                whole = (start_n >= full_lo) & (start_n + 63 <= full_hi)
+                if may:
+                    _paint(dq_ptr, n_ctx, q_lo, start_n, tl.where(whole, 2, 1))
+
+
+# Masks over runtime data whose plans the d64 Gluon backward walks: inputs of
+# each side, of neither side, per head, tiles whole and not in one run.
+DATA_MASKS = [
+    ("doc: int32[B, Nk]", "causal & doc[b, q] == doc[b, k]"),
+    ("prefix_len: int64[B]", "causal | k < prefix_len[b]"),
+    ("t: int32[H]; d: int32[B, Nk]", "causal & k <= q + t[h] & d[b, k] >= d[b, q] - 1"),
+    ("d: int32[B, Nk]", "!(d[b, k] > d[b, q] + 2) & (q - k) % 3 == 1 | window(20)"),
+    ("", "causal | b == 0"),
+]
+
+
+@pytest.mark.parametrize("declared, mask", DATA_MASKS)
+@pytest.mark.parametrize("mean_run", [3.0, 90.0])
+def test_gluon_walk_of_masks_over_runtime_data(declared, mask, mean_run):
+    """The planned walk over 2 examples x 3 heads of 384 x 384 with random
+    documents (runs of 3 or 90 tokens): every visible pair of the dense mask
+    lies in a computed half-tile, and no masked pair in one computed whole."""
+    from flashgen import kernel_choice
+    from flashgen.check import check
+    from flashgen.parse import parse
+    from flashgen.verify import Shape, random_runtime_inputs
+
+    body = ["head_dim = 64", "dtype = fp16", declared, f"mask = {mask}"]
+    spec, problems = parse(f"attention w {{ {'; '.join(x for x in body if x)} }}", "<t>")
+    assert not problems
+    (variant,), problems = check([spec])
+    assert not problems
+    assert kernel_choice.gluon_backward(variant, planned=True)
+    module = build(variant)
+    batch, heads, n = 2, 3, 384
+    shape = Shape(batch, heads, heads, n, n)
+    generator = torch.Generator().manual_seed(int(mean_run))
+    data = random_runtime_inputs(variant, shape, "cpu", generator=generator, mean_run=mean_run)
+    q = torch.zeros(batch, heads, n, 64, dtype=torch.float16)
+    inputs = tuple(data[i.name] for i in variant.inputs)
+    dkdv_plan, dq_plan = module._data_plans(q, q, 64, 64, (False, True), inputs)
+    painted = {name: torch.zeros(batch, heads, n, n, dtype=torch.int8) for name in ("dkdv", "dq")}
+    _walk_planned[(n // 128, batch * heads)](
+        *painted.values(), dkdv_plan, dq_plan, n, heads,
+        module._gluon_query_rows, module._gluon_key_cols, module._gluon_tile_class,
+        module._gluon_plan, module._gluon_plan_span, module._gluon_planned_span,
+    )  # fmt: skip
+    visible = mask_matrix(variant, n, n, heads, batch=batch, inputs=data)
+    for name, paint_ in painted.items():
+        missed = visible & (paint_ == SKIPPED)
+        assert not missed.any(), f"{name}: visible pairs skipped, e.g. {missed.nonzero()[0]}"
+        unmasked = ~visible & (paint_ == WHOLE)
+        assert not unmasked.any(), f"{name}: a masked pair computed whole: {unmasked.nonzero()[0]}"
+        # Not a full sweep: with documents, tiles across them are skipped.
+        if mask.startswith("causal &"):
+            assert (paint_[:, :, ::64, ::64] == SKIPPED).any()
 
 
 def test_gluon_walk_skips_tiles():

@@ -354,15 +354,36 @@ def test_a_module_checks_its_inputs_like_q_k_v(_interpreter):
         module.backward(q, k, v, q, torch.zeros(2, 1, 5), q, doc=[[0] * 5] * 2)
 
 
-def test_variants_that_read_inputs_take_the_triton_kernels():
-    from flashgen import lower
+def test_which_variants_that_read_inputs_take_the_gluon_backward():
+    """The Triton forward for every variant that reads runtime data; the
+    Gluon backward at head dim 64 where the mask alone reads it and the
+    call's plan classifies its tiles (decision 078), not where the score
+    reads it, nor where the plan cannot bound a read (an index over both q
+    and k); at head dim 128 the Triton backward, which measured faster."""
+    from flashgen import kernel_choice, lower
 
-    for body in (
-        "doc: int32[B, Nk]; mask = causal & doc[b, q] == doc[b, k]",
-        "mask = causal | b == 0",
-    ):
-        model = lower.lower(_variant(f"attention t {{ head_dim = 128; dtype = bf16; {body} }}"))
-        assert model.gluon_forward is None and not model.gluon_backward
+    cases = {  # body: (Gluon backward, a plan)
+        "doc: int32[B, Nk]; mask = causal & doc[b, q] == doc[b, k]": (True, True),
+        "mask = causal | b == 0": (True, True),
+        "rel: fp32[H, 8]; mask = causal; score = s + rel[h, min(q - k, 7)]": (False, False),
+        "rel: fp32[B, H]; mask = causal; score = s * rel[b, h]": (False, False),
+        "d: int32[16]; mask = d[(q + k) % 16] > 0": (False, False),
+    }
+    for body, (gluon, planned) in cases.items():
+        for head_dim in (64, 128):
+            variant = _variant(f"attention t {{ head_dim = {head_dim}; dtype = bf16; {body} }}")
+            model = lower.lower(variant)
+            assert model.gluon_forward is None
+            assert model.gluon_backward is (gluon and head_dim == 64), body
+            assert (model.data_plan is not None) is planned, body
+    # Without the rule, none does.
+    kernel_choice.GLUON_DATA_MASKS = False
+    try:
+        (body,) = [b for b in cases if b.startswith("doc")]
+        model = lower.lower(_variant(f"attention t {{ head_dim = 64; dtype = bf16; {body} }}"))
+        assert not model.gluon_backward
+    finally:
+        kernel_choice.GLUON_DATA_MASKS = True
 
 
 # --------------------------------------------------------------------------- #
@@ -771,6 +792,31 @@ def test_a_plan_built_once_serves_every_layer_with_the_same_bits(_interpreter, m
             results.append((o, lse, *grads))
         for a, b in zip(*results):
             assert torch.equal(a, b)
+
+
+@pytest.mark.kernels
+def test_a_plan_serves_a_mask_of_the_batch_index_without_inputs(_interpreter):
+    """A mask that reads the batch index and no declared input has a plan too:
+    tile_plan() and attention(plan=) take no input tensors, and give the
+    outputs and gradients of calls that build their own plans, bit for bit.
+    (tile_plan() once checked inputs that such a module does not declare, and
+    the kernels took the plan in the place of the call's offsets.)"""
+    from flashgen.api import load_variant
+
+    variant = _variant("attention t { head_dim = 16; dtype = fp32; mask = causal | b == 0 }")
+    module = load_variant(variant)
+    generator = torch.Generator().manual_seed(3)
+    q, k, v, do = (torch.randn(2, 2, 70, 16, generator=generator) for _ in range(4))
+    plan = module.tile_plan(q, k, v)
+    results = []
+    for given in (None, plan):
+        leaves = [x.clone().requires_grad_() for x in (q, k, v)]
+        o = module.attention(*leaves, plan=given)
+        results.append((o, *torch.autograd.grad(o, leaves, do)))
+    for a, b in zip(*results):
+        assert torch.equal(a, b)
+    ref, _ = attention_ref(variant, q.double(), k.double(), v.double())
+    assert torch.allclose(results[1][0].double(), ref, atol=1e-5)
 
 
 @pytest.mark.kernels
