@@ -30,6 +30,12 @@ The rewrites, bottom up:
   `tanh(s / c) * c`, `c * tanh(s * (1 / c))`, `tanh(s * a) / a` and
   `-c * tanh(-s / c)`, also among other terms (`softcap(s, 30.0) - abs(q - k)`).
 
+* `abs(exp(a))` is `exp(a)`, and `sqrt(exp(a))` is `exp(a * 0.5)`: the
+  same function, and one whose derivative stays finite where exp(a)
+  underflows to 0 (the chain rule through sqrt multiplies 1 / (2 * 0) by
+  0 there, while exp(a * 0.5) underflows only at twice the distance:
+  `sqrt(abs(exp(-abs(s + alibi))))`, drawn spec rand0_5, decision 079);
+
 * `min` and `max` lose an argument that bounds cannot let win
   (`value_range`): `max(log(1.0 + abs(s)), -0.4)` is the log, since the
   log is at least 0, and `min(min(x, 1.5), 2.0)` is `min(x, 1.5)`.  Only
@@ -193,6 +199,11 @@ def simplify(e: ir.Expr) -> ir.Expr:
         if e.fn == ir.SOFTCAP:  # the cap is a literal
             return ir.Call(e.fn, (simplify(e.args[0]), e.args[1]))
         args = tuple(simplify(a) for a in e.args)
+        exp_arg = args[0].args[0] if isinstance(args[0], ir.Call) and args[0].fn == "exp" else None
+        if exp_arg is not None and e.fn == "abs":  # exp is never negative
+            return args[0]
+        if exp_arg is not None and e.fn == "sqrt":
+            return ir.Call("exp", (simplify(ir.Binary(ir.BinOp.MUL, exp_arg, _literal(0.5))),))
         if e.fn in ("min", "max"):
             winner = _sole_winner(e.fn, *args)
             if winner is not None:

@@ -118,6 +118,12 @@ def test_near_softcaps_are_not_softcaps(score):
         ("1.0 - s * s", "1.0 - s * s"),
         ("exp(s / 2.0) * 1.0 + 0.0", "exp(s * 0.5)"),
         ("s / (2.0 * sqrt(abs(s)))", "s / sqrt(abs(s)) * 0.5"),
+        # exp is never negative, and its square root is exp of half.
+        ("sqrt(abs(exp(-abs(s + alibi))))", "exp(abs(s + alibi) * -0.5)"),
+        ("abs(exp(s)) + 1.0", "exp(s) + 1.0"),
+        ("sqrt(exp(s * 4.0))", "exp(s * 2.0)"),
+        ("sqrt(abs(tanh(s)))", "sqrt(abs(tanh(s)))"),
+        ("abs(exp(s) - 1.0)", "abs(exp(s) - 1.0)"),
         # Equal terms as one product: exact where a left-to-right chain of the
         # terms would round at every step (found by tests/test_fuzz.py).
         ("s + s + (s + s)", "s * 4.0"),
