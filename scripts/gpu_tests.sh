@@ -4,9 +4,13 @@
 # $OUT/gpu_summary.txt, each group's log tail to stdout.  On a machine whose
 # time is rationed this is the check after every kernel change.
 #
-# Thirteen groups in two parts.  Part 1 (six groups): the Gluon backward (fp16,
+# Fifteen groups in two parts.  Part 1 (eight groups): the Gluon backward (fp16,
 # bf16), the any-mask Gluon forward (masks; the generated modules' dispatch
-# with the other half), random gradient specs, and the whole-language specs.
+# with the other half), random gradient specs, the whole-language specs, the
+# others (compiling ahead, ptxas's fewer stages, masks that hide every pair or
+# run without the tile test), and the fp32 gradients of the examples that the
+# two groups of part 2 leave out (tests/test_scripts.py checks that every test
+# of tests/test_gpu.py is in a group).
 # Part 2 (seven): the examples in fp16, in bf16, fp32 example outputs, fp32
 # example gradients in two halves, random forward specs with the Gluon forward
 # and the launch paths, and the limits (the spec at the nesting limit, row
@@ -59,6 +63,8 @@ else
     group gluon-any-mask-bf16 "gluon_forward_any and (BF16 or dispatch)"
     group random-gradients "random_spec_gradients"
     group whole-language "whole_language"
+    group others "compile_ahead or first_launch or fewer_stages or hide_every_pair or without_tile_test"
+    group examples-fp32-gradients-c "example_gradients and FP32 and (deepseek or gpt_oss or llama3 or t5)"
   fi
   if [[ $part == *2* ]]; then
     group examples-fp32-gradients-a "example_gradients and FP32 and (bloom or custom or encoder or full or gemma)"

@@ -251,3 +251,40 @@ def test_normalized_ptx_keeps_the_code_and_drops_what_names_the_source():
         "\t.loc\t1 42 7\n\tadd.s32 \t%r1, %r2, %r3;\n\n\t.section\t.debug_info\n{ junk }\n"
     )
     assert sm90_resources.normalized_ptx(ptx) == ".version 8.7\n\tadd.s32 \t%r1, %r2, %r3;\n"
+
+
+def test_gpu_tests_groups_select_every_gpu_test():
+    """scripts/gpu_tests.sh runs tests/test_gpu.py in groups chosen by -k
+    expressions; a test that no group selects never runs there.  Each test
+    (one name, its parameters left out, as -k matches every parametrization
+    by the function's name and the ids) must be selected by some group of
+    PART 1 or 2."""
+    import re
+    import subprocess
+
+    from _pytest.mark.expression import Expression
+
+    root = os.path.join(os.path.dirname(__file__), "..")
+    script = open(os.path.join(root, "scripts", "gpu_tests.sh")).read()
+    parts = script[script.index("part=${PART") :]
+    selections = re.findall(r'^\s+group [\w-]+ "([^"]+)"', parts, flags=re.M)
+    assert len(selections) >= 13
+    collected = subprocess.run(
+        [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider"]
+        + ["-m", "", os.path.join(root, "tests", "test_gpu.py")],
+        capture_output=True,
+        text=True,
+        cwd=root,
+    ).stdout
+    ids = [line.split("::", 1)[1] for line in collected.splitlines() if "::" in line]
+    assert ids, collected
+
+    def selected(node: str) -> bool:
+        names = [node.lower(), "test_gpu.py", "tests", "gpu"]
+        for sel in selections:
+            expr = Expression.compile(sel)
+            if expr.evaluate(lambda sub, **_: any(sub.lower() in n for n in names)):
+                return True
+        return False
+
+    assert [i for i in ids if not selected(i)] == []
