@@ -33,6 +33,41 @@ def test_host_stub_runs_the_gluon_paths():
     assert taken == ["_gluon_forward", "_launch", "_gluon_backward", "_launch", "_launch"]
 
 
+def test_host_stub_a_plan_serves_the_gluon_backward_of_a_data_mask(tmp_path):
+    """Packed documents at d64 take the Gluon backward (decision 078): a plan
+    from tile_plan() holds its 64-row tiles, so a call given it launches no
+    plan kernel; a call without one launches one for both kernels."""
+    import host_stub
+    import torch
+
+    from flashgen.api import build_source
+
+    spec = "attention docs { head_dim = 64; dtype = bf16; doc: int32[B, Nk]; "
+    spec += "mask = causal & doc[b, q] == doc[b, k] }"
+    path = tmp_path / "docs.py"
+    path.write_text(build_source(spec))
+    module = host_stub.load(str(path))
+    launched = []
+    launch = module._launch
+
+    def counted(kernel, *args, **options):
+        launched.append(kernel)
+        return launch(kernel, *args, **options)
+
+    module._launch = counted
+    q, k, v, do = (torch.randn(1, 2, 256, 64, dtype=module.DTYPE) for _ in range(4))
+    doc = torch.zeros(1, 256, dtype=torch.int32)
+    inputs = module._check_runtime_inputs(q, k, (doc,))
+    plan = module.tile_plan(q, k, v, doc=doc)
+    o, lse = module._forward(q, k, v, 0.1, inputs=inputs, plan=plan)
+    for given, plans in ((plan, 0), (None, 1)):
+        launched.clear()
+        module._backward(q, k, v, o, lse, do, None, 0.1, inputs=inputs, plan=given)
+        assert launched.count(module._attn_plan) == plans
+        assert module._gluon_attn_bwd_dq in launched and module._gluon_attn_bwd_dkdv in launched
+        assert module._attn_bwd not in launched
+
+
 @pytest.mark.parametrize("name", ["mistral_sliding", "bloom_alibi"])
 def test_any_mask_gluon_forward_from_4096_keys(name):
     """A module with the Gluon forward for a general mask takes it, as on an
