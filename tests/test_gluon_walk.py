@@ -22,11 +22,13 @@ import torch
 import triton
 import triton.language as tl
 from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from flashgen import ir
 from flashgen.reference import mask_matrix
 from kernel_utils import DEVICE, build, example_variants, make_variant, shrink_masks
 from strategies import variants
+from test_inputs import _DATA_DECLARATIONS, _data_masks
 
 pytestmark = [
     pytest.mark.kernels,
@@ -219,22 +221,61 @@ def test_gluon_walk_of_masks_over_runtime_data(declared, mask, mean_run):
     """The planned walk over 2 examples x 3 heads of 384 x 384 with random
     documents (runs of 3 or 90 tokens): every visible pair of the dense mask
     lies in a computed half-tile, and no masked pair in one computed whole."""
-    from flashgen import kernel_choice
+    from flashgen.verify import Shape, random_runtime_inputs
+
+    variant = _data_variant(declared, mask)
+    batch, heads, n = 2, 3, 384
+    generator = torch.Generator().manual_seed(int(mean_run))
+    data = random_runtime_inputs(
+        variant, Shape(batch, heads, heads, n, n), "cpu", generator=generator, mean_run=mean_run
+    )
+    painted = check_planned_walk(variant, data, batch, heads, n)
+    if mask.startswith("causal &"):  # not a full sweep: tiles across documents are skipped
+        assert all((p[:, :, ::64, ::64] == SKIPPED).any() for p in painted.values())
+
+
+@settings(max_examples=10, deadline=None, suppress_health_check=list(HealthCheck))
+@given(mask=_data_masks(), seed=st.integers(0, 2**16))
+def test_gluon_walk_of_drawn_masks_over_runtime_data(mask, seed):
+    """The same over masks drawn from comparisons of inputs, positions and
+    heads under & | ! (test_inputs.py's strategy), at d64 where the Gluon
+    backward takes them, with small random values (sorted ids that repeat,
+    lengths, per-head offsets)."""
+    from flashgen import lower
+
+    used = [name for name in _DATA_DECLARATIONS if f"{name}[" in mask]
+    variant = _data_variant("; ".join(_DATA_DECLARATIONS[name] for name in used), mask)
+    model = lower.lower(variant)
+    if not (model.gluon_backward and model.data_plan):
+        return  # no data read, or the Triton backward (decision 076)
+    batch, heads, n = 2, 2, 256
+    g = torch.Generator().manual_seed(seed)
+    values = {
+        "d": lambda: torch.randint(0, 4, (batch, n), generator=g, dtype=torch.int32).sort()[0],
+        "p": lambda: torch.randint(0, n + 1, (batch,), generator=g, dtype=torch.int32),
+        "t": lambda: torch.randint(-3, 140, (heads,), generator=g, dtype=torch.int32),
+    }
+    check_planned_walk(variant, {name: values[name]() for name in used}, batch, heads, n)
+
+
+def _data_variant(declared: str, mask: str) -> ir.Variant:
+    """An fp16 d64 variant of `mask` over the declared inputs, checked."""
     from flashgen.check import check
     from flashgen.parse import parse
-    from flashgen.verify import Shape, random_runtime_inputs
 
     body = ["head_dim = 64", "dtype = fp16", declared, f"mask = {mask}"]
     spec, problems = parse(f"attention w {{ {'; '.join(x for x in body if x)} }}", "<t>")
     assert not problems
     (variant,), problems = check([spec])
-    assert not problems
-    assert kernel_choice.gluon_backward(variant, planned=True)
+    assert all(p.severity == "warning" for p in problems), [p.message for p in problems]
+    return variant
+
+
+def check_planned_walk(variant, data, batch: int, heads: int, n: int) -> dict:
+    """The planned walk of `variant`'s module over batch x heads of n x n
+    with the declared inputs `data`, against the dense mask; returns what
+    each kernel paints."""
     module = build(variant)
-    batch, heads, n = 2, 3, 384
-    shape = Shape(batch, heads, heads, n, n)
-    generator = torch.Generator().manual_seed(int(mean_run))
-    data = random_runtime_inputs(variant, shape, "cpu", generator=generator, mean_run=mean_run)
     q = torch.zeros(batch, heads, n, 64, dtype=torch.float16)
     inputs = tuple(data[i.name] for i in variant.inputs)
     dkdv_plan, dq_plan = module._data_plans(q, q, 64, 64, (False, True), inputs)
@@ -245,14 +286,14 @@ def test_gluon_walk_of_masks_over_runtime_data(declared, mask, mean_run):
         module._gluon_plan, module._gluon_plan_span, module._gluon_planned_span,
     )  # fmt: skip
     visible = mask_matrix(variant, n, n, heads, batch=batch, inputs=data)
+    if visible.dim() == 3:  # a mask of positions and heads alone: the same for every example
+        visible = visible.expand(batch, *visible.shape)
     for name, paint_ in painted.items():
         missed = visible & (paint_ == SKIPPED)
         assert not missed.any(), f"{name}: visible pairs skipped, e.g. {missed.nonzero()[0]}"
         unmasked = ~visible & (paint_ == WHOLE)
         assert not unmasked.any(), f"{name}: a masked pair computed whole: {unmasked.nonzero()[0]}"
-        # Not a full sweep: with documents, tiles across them are skipped.
-        if mask.startswith("causal &"):
-            assert (paint_[:, :, ::64, ::64] == SKIPPED).any()
+    return painted
 
 
 def test_gluon_walk_skips_tiles():
