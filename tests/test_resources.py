@@ -64,10 +64,14 @@ GLUON_ANY = {
 # (`kernel_choice.gluon_backward`).  Its dQ kernel is free of spills, and so is its
 # dK/dV kernel at d64; at d128 the dK/dV consumers (two accumulators of
 # 64 x 128 in fp32 each) spill 24-232 B today.
-# Not for specs that read inputs, which never take it.
+# Specs that read inputs take it at d64 where the mask alone reads them
+# (decision 078): the packed documents' dK/dV consumers spill 12 B there (the
+# documents' ids beside the accumulators), and ran 1.10-1.18x faster than the
+# Triton backward all the same.
 GLUON_BACKWARD = {
     (Path(spec).stem, d) for spec in SPECS if "_INPUTS = (" not in _SOURCES[spec] for d in (64, 128)
-}
+} | {("llama3_packed_docs", 64), ("paligemma_prefix", 64)}
+GLUON_BACKWARD_SPILLS = {("_gluon_attn_bwd_dkdv", "llama3_packed_docs", 64): 12}
 
 # The kernels tier: the compiles take minutes.
 pytestmark = pytest.mark.kernels
@@ -197,14 +201,14 @@ def test_gluon_backward_compiles_for_sm90(resources):
     for kernel in ("_gluon_attn_bwd_dkdv", "_gluon_attn_bwd_dq"):
         found = [r for r in resources if r["kernel"] == kernel]
         assert {(r["name"], r["head_dim"]) for r in found} == GLUON_BACKWARD
-    spilling = [
-        (r["kernel"], r["name"], r["head_dim"])
+    spilling = {
+        (r["kernel"], r["name"], r["head_dim"]): r["spill_stores"]
         for r in resources
         if r["kernel"].startswith("_gluon_attn_bwd")
         and r["spill_stores"]
         and (r["kernel"] == "_gluon_attn_bwd_dq" or r["head_dim"] == 64)
-    ]
-    assert not spilling
+    }
+    assert spilling == GLUON_BACKWARD_SPILLS
 
 
 @needs_gluon
