@@ -55,6 +55,17 @@ def _ints(count: int, low: int, high: int) -> Callable[[str], tuple[int, ...]]:
     return parse
 
 
+def _one_of(*values: str) -> Callable[[str], str | None]:
+    """A knob of named values, the first of which (off) is None."""
+
+    def parse(text: str) -> str | None:
+        if text.lower() not in values:
+            raise ValueError(f"expected one of {', '.join(values)}")
+        return None if text.lower() == values[0] else text.lower()
+
+    return parse
+
+
 def _config(text: str) -> LaunchConfig:
     block_m, block_n, warps, stages = _ints(4, 1, 256)(text)
     for name, value, low in (
@@ -91,6 +102,7 @@ KNOBS: dict[str, Callable[[str], object]] = {
     "branchless_tiles": _bool,  # loops without an interior: every tile masked, no branch
     "classify_edge_tiles": _only(False),  # off: the masked loops run without the tile test
     "seqs_tma": _only(True),  # on: padded and varlen calls' backward loads through TMA too
+    "gluon_one_probs_call": _one_of("off", "flag", "masked"),  # the Gluon backward's P: one call
 }
 
 

@@ -425,6 +425,11 @@ class KernelModel:
     gluon_dq_heavy_last: bool = False
     # Experiment knobs set on this plan (flashgen/experiments.py), as NAME=VALUE.
     experiments: tuple[str, ...] = ()
+    # Experiment (decision 080): the Gluon backward's consumers compute P through
+    # one call of `_attn_probs` instead of two inlined calls (whole tiles
+    # without the mask, others with it): "flag", the mask skipped at run time
+    # on whole tiles (`edge`); "masked", every tile masked.  None: two calls.
+    gluon_one_probs_call: str | None = None
     # Built with `flashgen build --triton-only`: the Gluon kernels left out.
     triton_only: bool = False
     # Runtime data: the declared inputs, and what the element code's helpers
@@ -467,6 +472,13 @@ class KernelModel:
     decode: bool = False
     decode_bounds: bool = False
     gpu_decode_configs: tuple[LaunchConfig, ...] = ()
+
+    @property
+    def edge_param(self) -> bool:
+        """Whether `_scores_log2` and `_attn_probs` take `edge`, a run-time
+        flag that skips the mask: for the merged loops' edge tiles, and for
+        the Gluon backward's one call (`gluon_one_probs_call`)."""
+        return self.merged_edges or (self.gluon_one_probs_call == "flag" and self.gluon_backward)
 
     @property
     def hoisting(self) -> bool:

@@ -120,7 +120,8 @@ KNOB_SETTINGS = [
     "gluon_dq_heavy_last=off", "tanh_small_poly=on", "fast_math=off", "gather_unpipelined=on",
     "hoist_reads=off", "merged_edges=on", "merged_edges=off", "heads_first=on",
     "bwd_heads_first=on", "seqs_tma=on", "branchless_tiles=on", "branchless_tiles=off",
-    "classify_edge_tiles=off",
+    "classify_edge_tiles=off", "gluon_one_probs_call=flag", "gluon_one_probs_call=masked",
+    "gluon_one_probs_call=off",
 ]  # fmt: skip
 
 
@@ -386,3 +387,35 @@ def test_seqs_tma_loads_each_sequence_through_descriptors_with_the_same_bits(lay
     assert descriptors == [False, False, False, True]
     for a, b in zip(*runs):
         torch.testing.assert_close(a, b, rtol=0, atol=0, equal_nan=True)
+
+
+@pytest.mark.kernels
+@pytest.mark.parametrize("mask", ["full", "causal"])
+def test_the_gluon_probs_flag_leaves_the_triton_kernels_computing_the_variant(mask, tmp_path):
+    """gluon_one_probs_call=flag gives `_scores_log2` and `_attn_probs` a
+    run-time `edge` that the Triton kernels never pass (a full mask included,
+    whose masked tiles test only the keys' end): forward and gradients still
+    match the reference on the interpreter.  The Gluon kernels it changes
+    run on the GPU only."""
+    from flashgen.verify import check_backward
+
+    variant = make_variant(mask, dtype=ir.DType.FP16, head_dim=64)
+    source = render_module(variant, None, parse_settings(["gluon_one_probs_call=flag"]))
+    assert "edge=True" in source and "True, whole == 0" in source
+    import importlib.util
+    import sys
+
+    path = tmp_path / f"probs_flag_{mask}.py"
+    path.write_text(source)  # the interpreter reads a kernel's source from its file
+    spec = importlib.util.spec_from_file_location(f"flashgen_test_probs_flag_{mask}", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    try:
+        spec.loader.exec_module(module)
+        gen = torch.Generator().manual_seed(0)
+        q, k, v = (torch.randn(1, 2, n, 64, generator=gen).half() for n in (21, 37, 37))
+        results = [check_forward(variant, module, q, k, v)]
+        results.append(check_backward(variant, module, q, k, v, generator=gen))
+    finally:
+        del sys.modules[spec.name]
+    assert all(r.ok for r in results), results
