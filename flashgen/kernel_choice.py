@@ -365,7 +365,7 @@ def _gluon_eligible(v: ir.Variant, data_masks: bool = False) -> bool:
 # a tile is whole where the plan finds every pair of it visible (decision 078).
 # Measured against the Triton backward on the H200 (bf16, packed documents of
 # ~1,000 tokens, B = 1, H = 16, CUDA graphs, 2026-12-04): 1.10x at d64 N =
-# 16384 and 1.19x at 65536; at d128 0.87x and 0.91x, and 0.91x for a
+# 16384 and 1.18x at 65536; at d128 0.87x and 0.91x, and 0.91x for a
 # per-example prefix at N = 16384.  At d128 the dK/dV consumers spill 548 B
 # (sm_90a, offline; 128 B for plain causal): the mask's reads of the call's
 # data stay live beside two 64 x 128 float32 accumulators.  So d64 only.
