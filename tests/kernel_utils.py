@@ -131,14 +131,17 @@ def make_variant(
     score: str | None = None,
     dtype=ir.DType.FP32,
     head_dim: int = 32,
+    declared: str = "",
     **settings,
 ) -> ir.Variant:
     """A checked Variant named `t` from spec fragments, through the real parser
-    (warnings allowed: a mask that hides every pair is a case too)."""
+    (warnings allowed: a mask that hides every pair is a case too); `declared`:
+    input declarations (`doc: int32[B, Nk]; t: int32[H]`)."""
     from flashgen.check import check
     from flashgen.parse import parse
 
-    text = f"attention t {{ head_dim = {head_dim}; dtype = {dtype.value}; mask = {mask}"
+    inputs = f"{declared}; " if declared else ""
+    text = f"attention t {{ head_dim = {head_dim}; dtype = {dtype.value}; {inputs}mask = {mask}"
     if score:
         text += f"; score = {score}"
     for key, value in settings.items():

@@ -223,7 +223,7 @@ def test_gluon_walk_of_masks_over_runtime_data(declared, mask, mean_run):
     lies in a computed half-tile, and no masked pair in one computed whole."""
     from flashgen.verify import Shape, random_runtime_inputs
 
-    variant = _data_variant(declared, mask)
+    variant = make_variant(mask, dtype=ir.DType.FP16, head_dim=64, declared=declared)
     batch, heads, n = 2, 3, 384
     generator = torch.Generator().manual_seed(int(mean_run))
     data = random_runtime_inputs(
@@ -244,7 +244,8 @@ def test_gluon_walk_of_drawn_masks_over_runtime_data(mask, seed):
     from flashgen import lower
 
     used = [name for name in _DATA_DECLARATIONS if f"{name}[" in mask]
-    variant = _data_variant("; ".join(_DATA_DECLARATIONS[name] for name in used), mask)
+    declared = "; ".join(_DATA_DECLARATIONS[name] for name in used)
+    variant = make_variant(mask, dtype=ir.DType.FP16, head_dim=64, declared=declared)
     model = lower.lower(variant)
     if not (model.gluon_backward and model.data_plan):
         return  # no data read, or the Triton backward (decision 076)
@@ -256,19 +257,6 @@ def test_gluon_walk_of_drawn_masks_over_runtime_data(mask, seed):
         "t": lambda: torch.randint(-3, 140, (heads,), generator=g, dtype=torch.int32),
     }
     check_planned_walk(variant, {name: values[name]() for name in used}, batch, heads, n)
-
-
-def _data_variant(declared: str, mask: str) -> ir.Variant:
-    """An fp16 d64 variant of `mask` over the declared inputs, checked."""
-    from flashgen.check import check
-    from flashgen.parse import parse
-
-    body = ["head_dim = 64", "dtype = fp16", declared, f"mask = {mask}"]
-    spec, problems = parse(f"attention w {{ {'; '.join(x for x in body if x)} }}", "<t>")
-    assert not problems
-    (variant,), problems = check([spec])
-    assert all(p.severity == "warning" for p in problems), [p.message for p in problems]
-    return variant
 
 
 def check_planned_walk(variant, data, batch: int, heads: int, n: int) -> dict:

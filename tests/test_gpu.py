@@ -31,6 +31,7 @@ from kernel_utils import (
     run_grad_case,
 )
 from strategies import variants
+from test_inputs import PLANNED_MASKS
 
 pytestmark = pytest.mark.gpu
 
@@ -291,13 +292,7 @@ def test_masks_without_tile_test_and_positional_backward_on_gpu(
 # Masks over runtime data whose call plans classify the Gluon backward's tiles
 # (decision 078): inputs of each side, of neither side (a length per example),
 # per head with GQA, and a mask whose visible tiles are not one run.
-DATA_MASKS = [
-    ("doc: int32[B, Nk]", "causal & doc[b, q] == doc[b, k]"),
-    ("prefix_len: int64[B]", "causal | k < prefix_len[b]"),
-    ("t: int32[H]; d: int32[B, Nk]", "causal & k <= q + t[h] & d[b, k] >= d[b, q] - 1"),
-    ("d: int32[B, Nk]", "!(d[b, k] > d[b, q] + 2) & (q - k) % 3 != 1"),
-    ("", "causal | b == 0"),
-]
+DATA_MASKS = [*PLANNED_MASKS, ("", "causal | b == 0")]
 
 
 @pytest.mark.parametrize("declared, mask", DATA_MASKS)
@@ -314,17 +309,10 @@ def test_masks_over_runtime_data_and_the_gluon_backward_on_gpu(
     counted, so the test cannot pass on the other backward.  A plan built
     once by tile_plan() gives the same bits as the plan each call builds."""
     from flashgen import kernel_choice
-    from flashgen.check import check
     from flashgen.mask_forms import desugar_mask, negation_normal_form, positional_part
-    from flashgen.parse import parse
     from flashgen.verify import random_inputs, random_runtime_inputs, torch_dtype
 
-    body = [f"head_dim = {head_dim}", f"dtype = {dtype.value}", declared, f"mask = {mask}"]
-    text = f"attention data_mask {{ {'; '.join(x for x in body if x)} }}"
-    spec, problems = parse(text, "<t>")
-    assert not problems
-    (variant,), problems = check([spec])
-    assert not problems
+    variant = make_variant(mask, dtype=dtype, head_dim=head_dim, declared=declared)
     module = build(variant)
     gluon = hasattr(module, "_gluon_backward")
     launches = _count_calls(monkeypatch, module, "_gluon_backward") if gluon else []
