@@ -155,7 +155,7 @@ def test_gluon_walk_of_random_masks(variant):
 def _walk_planned(
     dkdv_ptr, dq_ptr, dkdv_plan, dq_plan, n_ctx, num_heads,
     query_rows: tl.constexpr, key_cols: tl.constexpr, tile_class: tl.constexpr,
-    plan: tl.constexpr, plan_span: tl.constexpr, planned_span: tl.constexpr,
+    plan: tl.constexpr, planned_span: tl.constexpr,
 ):  # fmt: skip
     """`_walk`'s dK/dV and dQ CTAs for a mask over runtime data (decision
     078), grid (N / 128, batch * heads): the positional walk narrowed by the
@@ -167,8 +167,10 @@ def _walk_planned(
     dkdv_ptr += tl.program_id(1) * n_ctx * n_ctx
     dq_ptr += tl.program_id(1) * n_ctx * n_ctx
     row_lo, row_hi = query_rows(start, start + 127, n_ctx, head, num_heads, 64)
-    lo0, hi0 = plan_span(dkdv_plan, batch, head, num_heads, n_ctx, start // 64, 64)
-    lo1, hi1 = plan_span(dkdv_plan, batch, head, num_heads, n_ctx, start // 64 + 1, 64)
+    lo0, hi0, full_lo0, full_hi0 = plan(dkdv_plan, batch, head, num_heads, n_ctx, start // 64, 64)
+    lo1, hi1, full_lo1, full_hi1 = plan(
+        dkdv_plan, batch, head, num_heads, n_ctx, start // 64 + 1, 64
+    )
     row_lo, row_hi = planned_span(row_lo, row_hi, lo0, hi0, lo1, hi1, n_ctx)
     for start_m in range(row_lo, row_hi, 64):
         _, cta_may = tile_class(start_m, start_m + 63, start, start + 127, head, num_heads)
@@ -185,8 +187,8 @@ def _walk_planned(
                 if may:
                     _paint(dkdv_ptr, n_ctx, start_m, k_lo, tl.where(whole, 2, 1))
     lo, hi = key_cols(start, start + 127, n_ctx, head, num_heads, 64)
-    lo0, hi0 = plan_span(dq_plan, batch, head, num_heads, n_ctx, start // 64, 64)
-    lo1, hi1 = plan_span(dq_plan, batch, head, num_heads, n_ctx, start // 64 + 1, 64)
+    lo0, hi0, full_lo0, full_hi0 = plan(dq_plan, batch, head, num_heads, n_ctx, start // 64, 64)
+    lo1, hi1, full_lo1, full_hi1 = plan(dq_plan, batch, head, num_heads, n_ctx, start // 64 + 1, 64)
     lo, hi = planned_span(lo, hi, lo0, hi0, lo1, hi1, n_ctx)
     for start_n in range(lo, hi, 64):
         _, cta_may = tile_class(start, start + 127, start_n, start_n + 63, head, num_heads)
@@ -271,7 +273,7 @@ def check_planned_walk(variant, data, batch: int, heads: int, n: int) -> dict:
     _walk_planned[(n // 128, batch * heads)](
         *painted.values(), dkdv_plan, dq_plan, n, heads,
         module._gluon_query_rows, module._gluon_key_cols, module._gluon_tile_class,
-        module._gluon_plan, module._gluon_plan_span, module._gluon_planned_span,
+        module._gluon_plan, module._gluon_planned_span,
     )  # fmt: skip
     visible = mask_matrix(variant, n, n, heads, batch=batch, inputs=data)
     if visible.dim() == 3:  # a mask of positions and heads alone: the same for every example
