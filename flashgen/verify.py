@@ -114,7 +114,7 @@ def max_error(x: torch.Tensor, ref: torch.Tensor) -> float:
     x, ref = x.double(), ref.double()
     same_inf = torch.isinf(ref) & (x == ref)
     diff = torch.where(same_inf, torch.zeros_like(ref), (x - ref).abs())
-    diff = torch.nan_to_num(diff, nan=math.inf)
+    diff = torch.nan_to_num(diff, nan=math.inf, posinf=math.inf)
     return diff.max().item() if diff.numel() else 0.0
 
 
@@ -135,18 +135,24 @@ def tolerance(
     scores times the output's scale, plus for dq and dk the noise of the
     softmax-backward row term (`_row_term_noise`).  It is multiplied by
     SCORE_ULPS fp32 ulps: negligible for 16-bit inputs.
+
+    `out` must be finite wherever the reference is: where the ordinary
+    implementation overflows (an exp in the score past the dtype's range),
+    its error and so the bound are infinite, and an output that overflows
+    too would pass the bound.
     """
     finite_ref = ref[torch.isfinite(ref)]
     scale = max(1.0, finite_ref.abs().max().item()) if finite_ref.numel() else 1.0
     floor = FLOOR_ULPS * torch.finfo(dtype).eps * scale
     floor += SCORE_ULPS * torch.finfo(torch.float32).eps * score_noise
     ordinary_error = max_error(ordinary, ref)
+    overflowed = torch.isinf(out) & torch.isfinite(ref)
     return Check(
         what=what,
         error=max_error(out, ref),
         ordinary_error=ordinary_error,
         bound=factor * ordinary_error + floor,
-        finite=not bool(torch.isnan(out).any()),
+        finite=not bool(torch.isnan(out).any() or overflowed.any()),
     )
 
 

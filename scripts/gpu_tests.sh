@@ -4,26 +4,28 @@
 # $OUT/gpu_summary.txt, each group's log tail to stdout.  On a machine whose
 # time is rationed this is the check after every kernel change.
 #
-# Fifteen groups in two parts.  Part 1 (eight groups): the Gluon backward (fp16,
+# Fifteen groups in three parts.  Part 1 (eight groups): the Gluon backward (fp16,
 # bf16), the any-mask Gluon forward (masks; the generated modules' dispatch
 # with the other half), random gradient specs, the whole-language specs, the
 # others (compiling ahead, ptxas's fewer stages, masks that hide every pair or
 # run without the tile test), and the fp32 gradients of the examples that the
-# two groups of part 2 leave out (tests/test_scripts.py checks that every test
-# of tests/test_gpu.py is in a group).
-# Part 2 (seven): the examples in fp16, in bf16, fp32 example outputs, fp32
-# example gradients in two halves, random forward specs with the Gluon forward
-# and the launch paths, and the limits (the spec at the nesting limit, row
-# offsets past int32).  On 2026-12-01 the limits group ran out at 540 s beside
-# part 1's others; beside part 2 it needs about 110 s plus the compiles.  On one H200 with 16 cores (run 12b)
-# the ten groups of then, all at once, did not fit: the Gluon backward and
-# the any-mask forward ran out at 550 s.  There run PART=1 and PART=2 as two
-# calls (part 2's groups took 190-495 s with everything else running).
+# groups of parts 2 and 3 leave out (tests/test_scripts.py checks that every
+# test of tests/test_gpu.py is in a group).
+# Part 2 (four): fp32 example outputs, half of the fp32 example gradients,
+# random forward specs with the Gluon forward and the launch paths, and the
+# limits (the spec at the nesting limit, row offsets past int32).
+# Part 3 (three): the examples in fp16 and in bf16 (outputs and gradients)
+# and the other half of the fp32 example gradients.
+# On one H200 with 16 cores the groups do not all fit one call of 600 s: run
+# PART=1, PART=2 and PART=3 as three calls.  On 2026-12-04 part 1 took 508 s;
+# the seven groups of parts 2 and 3 together, beside a `flashgen verify`, took
+# 330-457 s, and the examples in fp16 and in bf16 ran out at 470 s; part 3's
+# three groups alone took 77-165 s.
 # GPUS=1 puts every group on GPU 0, leaving the others free.
 # GLUON_FORWARD_ONLY=1: the tests that run the Gluon forward (its own test,
 # the 16-bit full and plain_causal examples, outputs and gradients, and the
 # any-mask kernel with the modules' dispatch), for a change to that kernel alone.
-#   [FLASHGEN_GPU_EXAMPLES=16] [PART=1|2] [BACKWARD_ONLY=1 | GLUON_FORWARD_ONLY=1] [GPUS=N] \
+#   [FLASHGEN_GPU_EXAMPLES=16] [PART=1|2|3] [BACKWARD_ONLY=1 | GLUON_FORWARD_ONLY=1] [GPUS=N] \
 #     bash scripts/gpu_tests.sh SECONDS
 set -uo pipefail
 source "$(dirname "$0")/gpu_env.sh"
@@ -55,7 +57,7 @@ elif [ -n "${BACKWARD_ONLY:-}" ]; then  # a change to the backward kernels only
   group random-gradients "random_spec_gradients"
   group gluon-backward "gluon_backward"
 else
-  part=${PART:-12}
+  part=${PART:-123}
   if [[ $part == *1* ]]; then
     group gluon-backward-fp16 "gluon_backward and FP16"
     group gluon-backward-bf16 "gluon_backward and BF16"
@@ -68,12 +70,14 @@ else
   fi
   if [[ $part == *2* ]]; then
     group examples-fp32-gradients-a "example_gradients and FP32 and (bloom or custom or encoder or full or gemma)"
-    group examples-fp32-gradients-b "example_gradients and FP32 and (llama4 or mistral or plain_causal or prefix)"
-    group examples-fp16 "example and FP16"
-    group examples-bf16 "example and BF16"
     group examples-fp32 "examples_on_gpu and FP32"
     group random-forward "random_specs_on_gpu or tanh or direct_launches or another_gpu or (gluon_forward and not any_mask)"
     group limits "nesting_limit or row_offsets"
+  fi
+  if [[ $part == *3* ]]; then
+    group examples-fp16 "example and FP16"
+    group examples-bf16 "example and BF16"
+    group examples-fp32-gradients-b "example_gradients and FP32 and (llama4 or mistral or plain_causal or prefix)"
   fi
 fi
 wait

@@ -293,7 +293,7 @@ def test_gpu_tests_groups_select_every_gpu_test():
     expressions; a test that no group selects never runs there.  Each test
     (one name, its parameters left out, as -k matches every parametrization
     by the function's name and the ids) must be selected by some group of
-    PART 1 or 2."""
+    PART 1, 2 or 3."""
     import re
     import subprocess
 

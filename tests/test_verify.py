@@ -27,6 +27,7 @@ from flashgen.verify import (
     random_inputs,
     random_shapes,
     tile_edge_lengths,
+    tolerance,
     verify,
 )
 
@@ -339,3 +340,18 @@ class _ScaleGradient(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad):
         return grad * ctx.factor, None
+
+
+def test_an_output_that_overflows_fails_where_the_ordinary_one_overflows_too():
+    """Where the same-dtype implementation overflows, its error is infinite and
+    so is the bound; an output that is infinite where the reference is finite
+    still fails (rand0_5's score, sqrt(abs(exp(...))), gave inf gradients in
+    bf16 before decision 079, and the report said ok)."""
+    ref = torch.tensor([1.0, 2.0, 300.0], dtype=torch.float64)
+    ordinary = torch.tensor([1.01, 2.0, float("inf")])
+    good = tolerance(torch.tensor([1.0, 2.01, 300.0]), ref, ordinary, torch.bfloat16)
+    assert good.ok and good.ordinary_error == float("inf")
+    overflowed = tolerance(torch.tensor([1.0, 2.0, float("inf")]), ref, ordinary, torch.bfloat16)
+    assert overflowed.error == float("inf") and not overflowed.ok
+    masked = torch.tensor([1.0, float("-inf")], dtype=torch.float64)  # e.g. the lse of a masked row
+    assert tolerance(masked.float(), masked, masked.float(), torch.float32).ok
