@@ -1575,7 +1575,9 @@ class Campaign:
         seed = int.from_bytes(hashlib.sha256(reproducer.encode()).digest()[:4], "little")
         generator = torch.Generator().manual_seed(seed)
         dtype = torch_dtype(variant.dtype)
-        q, k, v = random_inputs(shape, variant.head_dim, dtype, "cpu", generator=generator)
+        q, k, v = random_inputs(
+            shape, variant.head_dim, dtype, "cpu", generator=generator, v_head_dim=variant.v_dim
+        )
         data = random_runtime_inputs(variant, shape, "cpu", generator=generator)
         refusal = check_refusal(variant, module, q, k, v, data)
         if refusal is not None:  # the language refuses this call: the module must too

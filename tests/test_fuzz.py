@@ -68,6 +68,20 @@ def test_fuzz_mutation(tmp_path, monkeypatch):
     assert campaign.stats["accepted"] > 0 and campaign.stats["rejected"] > 0
 
 
+@pytest.mark.kernels
+def test_the_kernel_judge_draws_v_at_the_variants_v_head_dim(tmp_path, monkeypatch):
+    # deepseek_mla has head_dim 192 and v_head_dim 128.  The judge drew v at head_dim, and
+    # the module's own ValueError for that v came out as a violation (an explore run of
+    # 12,000 inputs on 2026-12-04 found it; the CI-sized campaign had never judged it).
+    campaign = _campaign(tmp_path, 1)
+    monkeypatch.chdir(campaign.cwd)
+    example = fuzz.REPO / "examples" / "deepseek_mla.attn"
+    campaign.run(fuzz.FuzzInput.of_bytes(example.read_bytes()), kernels_first=True)
+    campaign.run_kernels()
+    _finish(campaign)
+    assert campaign.stats["kernel_cases"] > 0
+
+
 # --------------------------------------------------------------------------- #
 # The fuzzer's own parts: they must be able to fail
 # --------------------------------------------------------------------------- #
