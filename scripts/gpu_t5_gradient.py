@@ -18,8 +18,10 @@ through the reference and the ordinary same-dtype implementation's:
 
 1. every shape x launch variation (stages, warps, tiles, direct launches,
    without the log-sum-exp's gradient (the test passes one, as the earlier
-   version of this script did not), and the same call again: a race shows as
-   bits that differ);
+   version of this script did not), the same call again (a race shows as
+   bits that differ), and modules built with plan knobs: hoist_reads=off
+   (no one-element path: every tile sums per bucket value) and
+   gather_unpipelined=on (the table's reads out of the software pipeline);
 2. for the first (failing) shape, the error of each dQ program's slot of
    the gradient buffer (query tile t's sums, against the reference with dO
    zero outside tile t's rows), so the wrong tiles and buckets are named;
@@ -32,8 +34,10 @@ of the script itself).
 
 import argparse
 import dataclasses
+import importlib.util
 import os
 import sys
+import tempfile
 
 import torch
 
@@ -41,6 +45,8 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests"))
 from kernel_utils import build, example_variants  # noqa: E402
 
 from flashgen import ir  # noqa: E402
+from flashgen.emit import render_module  # noqa: E402
+from flashgen.experiments import parse_settings  # noqa: E402
 from flashgen.reference import attention_ref  # noqa: E402
 from flashgen.verify import Shape, random_inputs, random_runtime_inputs  # noqa: E402
 
@@ -60,7 +66,7 @@ if args.small:
     config = (16, 16, 4, 2)
     VARIATIONS = {
         "as built": {}, "as built, again": {}, "no dlse": {"no dlse": True},
-        "1 stage": {"stages": 1},
+        "1 stage": {"stages": 1}, "hoist_reads=off": {"plan": "hoist_reads=off"},
     }  # fmt: skip
 else:
     SHAPES = [
@@ -81,8 +87,31 @@ else:
         "tiles 32 x 64": {"tiles": (32, 64)},
         "tiles 64 x 32": {"tiles": (64, 32)},
         "through Triton": {"DIRECT_LAUNCH": False},
+        # Modules built with plan knobs: no one-element path (every tile sums
+        # per bucket value), and the table's reads kept out of the pipeline.
+        "hoist_reads=off": {"plan": "hoist_reads=off"},
+        "gather_unpipelined": {"plan": "gather_unpipelined=on"},
     }
 torch_dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}[args.dtype]
+_KNOB_MODULES: dict = {}
+
+
+def module_for(settings):
+    """The example's module, or one built with the variation's plan knob."""
+    plan = settings.get("plan")
+    if plan is None:
+        return module
+    if plan not in _KNOB_MODULES:
+        source = render_module(variant, None, parse_settings([plan]))
+        path = os.path.join(tempfile.mkdtemp(), "t5_knob.py")
+        with open(path, "w") as f:
+            f.write(source)
+        spec = importlib.util.spec_from_file_location(f"t5_knob_{len(_KNOB_MODULES)}", path)
+        built = importlib.util.module_from_spec(spec)
+        sys.modules[spec.name] = built
+        spec.loader.exec_module(built)
+        _KNOB_MODULES[plan] = built
+    return _KNOB_MODULES[plan]
 
 
 def kernel_grads(q, k, v, do, dlse, rel, settings, slots=None):
@@ -97,6 +126,7 @@ def kernel_grads(q, k, v, do, dlse, rel, settings, slots=None):
         block_m=block_m, block_n=block_n, num_warps=settings.get("warps", config[2]),
         num_stages=settings.get("stages", config[3]),
     )  # fmt: skip
+    module = module_for(settings)
     o, lse = module.forward(q, k, v, rel=rel)
     saved = {key: getattr(module, key) for key in settings if key.isupper()}
     for key in saved:
