@@ -8,9 +8,17 @@ specs that ran there (decision 065: the Gluon dK/dV kernel of `causal &
 compiles each module's kernels as scripts/sm90_resources.py does: the
 Triton forward and backward, decode, plan and Gluon kernels it has.  One
 line per spec: ok with its kernels and any spills, or FAIL with the error
-and the spec's text.  Exit status 1 if any failed.
+and the spec's text.  A kernel that needs more shared memory than an sm_90
+block has (227 KB) fails too: it compiles, and its launch would raise.  Exit
+status 1 if any failed.
 
-    python3 scripts/sm90_drawn.py [--first I] [--count N]
+--dtypes and --head-dims draw from other dtypes and head dims (fp32, the
+wider heads up to 256); draw i then comes from a seed of its own, and the
+defaults keep the draws of earlier runs.  --seqs compiles the kernels of
+padded and varlen calls too.
+
+    python3 scripts/sm90_drawn.py [--first I] [--count N] [--dtypes fp16 bf16 fp32]
+        [--head-dims 16 40 64 80 128 ...] [--seqs]
 """
 
 from __future__ import annotations
@@ -29,31 +37,48 @@ from flashgen import api, ir, strategies  # noqa: E402
 from flashgen.printer import print_variant  # noqa: E402
 
 HEAD_DIMS = (16, 40, 64, 80, 128)
+DTYPES = ("bf16", "fp16")
+# Shared memory an sm_90 block may have (cudaDevAttrMaxSharedMemoryPerBlockOptin).
+SHARED_MAX = 232448
 
 
-def drawn(index: int) -> ir.Variant:
+def drawn(index: int, dtypes=DTYPES, head_dims=HEAD_DIMS) -> ir.Variant:
     strategy = strategies.variants(
-        dtypes=(ir.DType.BF16, ir.DType.FP16), head_dims=HEAD_DIMS, names=st.just("c")
+        dtypes=tuple(ir.DType(d) for d in dtypes), head_dims=tuple(head_dims), names=st.just("c")
     )
-    return dataclasses.replace(
-        strategies.seeded_example(strategy, f"sm90:{index}"), name=f"c{index}"
-    )
+    seed = f"sm90:{index}"
+    if (tuple(dtypes), tuple(head_dims)) != (DTYPES, HEAD_DIMS):
+        seed += f":{','.join(dtypes)}:{','.join(map(str, head_dims))}"
+    return dataclasses.replace(strategies.seeded_example(strategy, seed), name=f"c{index}")
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--first", type=int, default=0, help="the first draw (default 0)")
     parser.add_argument("--count", type=int, default=20, help="how many draws (default 20)")
+    parser.add_argument(
+        "--dtypes", nargs="+", default=list(DTYPES), choices=("fp16", "bf16", "fp32")
+    )
+    parser.add_argument("--head-dims", nargs="+", type=int, default=list(HEAD_DIMS))
+    parser.add_argument("--seqs", action="store_true", help="also the padded and varlen kernels")
     args = parser.parse_args()
     if os.environ.get("TRITON_INTERPRET") == "1":
         parser.error("unset TRITON_INTERPRET: the kernels must be compiled, not interpreted")
     failed = 0
     for index in range(args.first, args.first + args.count):
-        variant = drawn(index)
+        variant = drawn(index, args.dtypes, args.head_dims)
         start = time.perf_counter()
         sm90_resources.FEWER_STAGES.clear()
         try:
-            found = sm90_resources.module_resources(api.load_variant(variant))
+            module = api.load_variant(variant)
+            found = sm90_resources.module_resources(module)
+            if args.seqs:
+                found += sm90_resources.module_resources(module, seqs=True)
+            too_big = [
+                f"{r.kernel} {r.config}: {r.shared} B" for r in found if r.shared > SHARED_MAX
+            ]
+            if too_big:
+                raise RuntimeError(f"more shared memory than {SHARED_MAX} B: {too_big}")
         except Exception as e:  # noqa: BLE001 - a report, keep going
             failed += 1
             print(f"FAIL c{index} {type(e).__name__}: {str(e)[-800:]}")
