@@ -21,7 +21,10 @@ through the reference and the ordinary same-dtype implementation's:
    version of this script did not), the same call again (a race shows as
    bits that differ), and modules built with plan knobs: hoist_reads=off
    (no one-element path: every tile sums per bucket value) and
-   gather_unpipelined=on (the table's reads out of the software pipeline);
+   gather_unpipelined=on (the table's reads out of the software pipeline),
+   and the call as the test makes it (attention() and autograd, whose
+   backward runs in autograd's thread), with and without the zeroed
+   gradient buffers synchronized before the kernel;
 2. for the first (failing) shape, the error of each dQ program's slot of
    the gradient buffer (query tile t's sums, against the reference with dO
    zero outside tile t's rows), so the wrong tiles and buckets are named;
@@ -67,6 +70,7 @@ if args.small:
     VARIATIONS = {
         "as built": {}, "as built, again": {}, "no dlse": {"no dlse": True},
         "1 stage": {"stages": 1}, "hoist_reads=off": {"plan": "hoist_reads=off"},
+        "autograd": {"autograd": True},
     }  # fmt: skip
 else:
     SHAPES = [
@@ -87,6 +91,12 @@ else:
         "tiles 32 x 64": {"tiles": (32, 64)},
         "tiles 64 x 32": {"tiles": (64, 32)},
         "through Triton": {"DIRECT_LAUNCH": False},
+        # As the test calls it: attention() and autograd, whose backward runs in
+        # autograd's own thread; and with the zeroed gradient buffers synchronized
+        # before the kernel (a stream-ordering fault would show here).
+        "autograd": {"autograd": True},
+        "autograd, synced": {"autograd": True, "synced": True},
+        "buffers synced": {"synced": True},
         # Modules built with plan knobs: no one-element path (every tile sums
         # per bucket value), and the table's reads kept out of the pipeline.
         "hoist_reads=off": {"plan": "hoist_reads=off"},
@@ -131,21 +141,39 @@ def kernel_grads(q, k, v, do, dlse, rel, settings, slots=None):
     saved = {key: getattr(module, key) for key in settings if key.isupper()}
     for key in saved:
         setattr(module, key, settings[key])
-    original = module._input_grads
+    original, allocate = module._input_grads, module._grad_buffers
 
     def capture(inputs, buffers):
         if slots is not None and buffers:
             slots.append(buffers[0].double().cpu())
         return original(inputs, buffers)
 
+    def synced(*args):
+        buffers = allocate(*args)
+        if device == "cuda":
+            torch.cuda.synchronize()
+        return buffers
+
     module._input_grads = capture
+    if settings.get("synced"):
+        module._grad_buffers = synced
     try:
-        grads = module.backward(q, k, v, o, lse, do, dlse, rel=rel, **options)
+        if settings.get("autograd"):
+            qq, kk, vv = (x.detach().requires_grad_() for x in (q, k, v))
+            r = rel.detach().clone().requires_grad_()
+            o, lse = module.attention(qq, kk, vv, rel=r, return_lse=True)
+            loss = (o.double() * do.double()).sum()
+            if dlse is not None:
+                loss = loss + (lse.double() * dlse.double()).sum()
+            loss.backward()
+            grad = r.grad
+        else:
+            grad = module.backward(q, k, v, o, lse, do, dlse, rel=rel, **options)[3]
     finally:
-        module._input_grads = original
+        module._input_grads, module._grad_buffers = original, allocate
         for key, value in saved.items():
             setattr(module, key, value)
-    return grads[3].double().cpu()
+    return grad.double().cpu()
 
 
 def reference_grad(q, k, v, do, dlse, rel, dtype):
