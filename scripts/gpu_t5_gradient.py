@@ -27,9 +27,13 @@ through the reference and the ordinary same-dtype implementation's:
    gradient buffers synchronized before the kernel;
 2. for the first (failing) shape, the error of each dQ program's slot of
    the gradient buffer (query tile t's sums, against the reference with dO
-   zero outside tile t's rows), so the wrong tiles and buckets are named;
+   zero outside tile t's rows), so the wrong tiles and buckets are named.
 
-    python3 scripts/gpu_t5_gradient.py [fp16|bf16] [--device cpu] [--small]
+    python3 scripts/gpu_t5_gradient.py [fp16|bf16] [--shapes N] [--device cpu] [--small]
+
+Each shape and launch setting compiles kernels of its own (an estimated
+10-20 s each on a cold cache, not measured): --shapes 1 first, in a call of
+its own; the first shape and part 2 are the ones that matter.
 
 --device cpu --small runs it under the interpreter on tiny shapes (a check
 of the script itself).
@@ -57,6 +61,7 @@ parser = argparse.ArgumentParser()
 parser.add_argument("dtype", nargs="?", default="fp16", choices=("fp16", "bf16"))
 parser.add_argument("--device", default="cuda")
 parser.add_argument("--small", action="store_true", help="tiny shapes (the interpreter)")
+parser.add_argument("--shapes", type=int, default=None, help="only the first N shapes")
 args = parser.parse_args()
 device = args.device
 
@@ -102,6 +107,7 @@ else:
         "hoist_reads=off": {"plan": "hoist_reads=off"},
         "gather_unpipelined": {"plan": "gather_unpipelined=on"},
     }
+SHAPES = SHAPES[: args.shapes]
 torch_dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}[args.dtype]
 _KNOB_MODULES: dict = {}
 
