@@ -120,6 +120,12 @@ def _combine(children):
 
 
 _indices = st.recursive(_leaves, _combine, max_leaves=6)
+# Without the batch index (a varlen call's sequence number), drawn so rather
+# than filtered: with `assume` alone, fresh draws failed Hypothesis's
+# filter_too_much health check about one run in ten.
+_indices_without_b = st.recursive(
+    st.sampled_from(["q", "k", "h", "H", "0", "1", "3", "7"]), _combine, max_leaves=6
+)
 _masks = st.sampled_from(
     [
         "full",
@@ -242,8 +248,12 @@ def test_with_offsets_the_rule_holds_and_the_module_agrees(
 
 
 @settings(max_examples=300, deadline=None)
+# The first sequence in range, the second not: a hull of the first sequence
+# alone would pass the call (the draws did not catch that on their own).
+@example("q", "full", "bottom_right", [(2, 2), (9, 9)], (8, 0))
+@example("k - q", "full", "top_left", [(0, 3), (4, 4), (1, 9)], None)
 @given(
-    index=_indices,
+    index=_indices_without_b,
     mask=_masks,
     align=st.sampled_from(["bottom_right", "top_left"]),
     lengths=st.lists(st.tuples(st.integers(0, 9), st.integers(0, 9)), min_size=1, max_size=3),
@@ -256,7 +266,7 @@ def test_sequences_are_refused_where_any_sequence_reads_outside(
     sequence alone (its own sizes, b its number) would read outside, the
     module refuses the call."""
     variant = _accepted(_spec(mask, index, align=align))
-    assume(variant is not None and "b" not in index)
+    assume(variant is not None)
     outside = False
     for nq, nk in lengths:
         if nq and nk:
