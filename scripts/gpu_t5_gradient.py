@@ -41,18 +41,15 @@ of the script itself).
 
 import argparse
 import dataclasses
-import importlib.util
 import os
 import sys
-import tempfile
 
 import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests"))
 from kernel_utils import build, example_variants  # noqa: E402
 
-from flashgen import ir  # noqa: E402
-from flashgen.emit import render_module  # noqa: E402
+from flashgen import api, ir  # noqa: E402
 from flashgen.experiments import parse_settings  # noqa: E402
 from flashgen.reference import attention_ref  # noqa: E402
 from flashgen.verify import Shape, random_inputs, random_runtime_inputs  # noqa: E402
@@ -109,25 +106,12 @@ else:
     }
 SHAPES = SHAPES[: args.shapes]
 torch_dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}[args.dtype]
-_KNOB_MODULES: dict = {}
 
 
 def module_for(settings):
     """The example's module, or one built with the variation's plan knob."""
     plan = settings.get("plan")
-    if plan is None:
-        return module
-    if plan not in _KNOB_MODULES:
-        source = render_module(variant, None, parse_settings([plan]))
-        path = os.path.join(tempfile.mkdtemp(), "t5_knob.py")
-        with open(path, "w") as f:
-            f.write(source)
-        spec = importlib.util.spec_from_file_location(f"t5_knob_{len(_KNOB_MODULES)}", path)
-        built = importlib.util.module_from_spec(spec)
-        sys.modules[spec.name] = built
-        spec.loader.exec_module(built)
-        _KNOB_MODULES[plan] = built
-    return _KNOB_MODULES[plan]
+    return module if plan is None else api.load_variant(variant, parse_settings([plan]))
 
 
 def kernel_grads(q, k, v, do, dlse, rel, settings, slots=None):
@@ -143,7 +127,6 @@ def kernel_grads(q, k, v, do, dlse, rel, settings, slots=None):
         num_stages=settings.get("stages", config[3]),
     )  # fmt: skip
     module = module_for(settings)
-    o, lse = module.forward(q, k, v, rel=rel)
     saved = {key: getattr(module, key) for key in settings if key.isupper()}
     for key in saved:
         setattr(module, key, settings[key])
@@ -174,6 +157,7 @@ def kernel_grads(q, k, v, do, dlse, rel, settings, slots=None):
             loss.backward()
             grad = r.grad
         else:
+            o, lse = module.forward(q, k, v, rel=rel)
             grad = module.backward(q, k, v, o, lse, do, dlse, rel=rel, **options)[3]
     finally:
         module._input_grads, module._grad_buffers = original, allocate
