@@ -588,20 +588,46 @@ def score_slope(
     """float64 (s, d score / d s), both (B, H, Nq, Nk) (or len(rows) query
     rows): the products s = q k^T * scale and the score expression's
     derivative at them, pair by pair.  The mask is not applied."""
+    s, slope, _ = _score_derivatives(variant, q, k, scale, rows, inputs, second=False)
+    return s, slope
+
+
+def score_curvature(
+    variant: ir.Variant,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    scale: float | None = None,
+    *,
+    rows: Rows = None,
+    inputs: Mapping[str, torch.Tensor] | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """float64 (s, d score / d s, d^2 score / d s^2) pair by pair, as
+    `score_slope`; where the slope is infinite (sqrt at 0) the second
+    derivative is not finite either."""
+    return _score_derivatives(variant, q, k, scale, rows, inputs, second=True)
+
+
+def _score_derivatives(variant, q, k, scale, rows, inputs, *, second: bool):
     _check_shapes(q, k, None)
     index = _row_index(rows, q.shape[2], q.device)
     products = scores(
         dataclasses.replace(variant, score=ir.Name(ir.SCORE_VARIABLE)), q, k, scale, rows=rows,
         inputs=inputs,
     )  # fmt: skip
+    zeros = torch.zeros_like(products)
     s = products.detach().requires_grad_()
     with torch.enable_grad():
         inputs = {n: x.detach() for n, x in check_inputs(variant, q, k, inputs).items()}
         scored = _score_of(variant, s, q.shape[2], k.shape[2], index, inputs)
         if not scored.requires_grad:  # a score without `s`
-            return products, torch.zeros_like(products)
-        (slope,) = torch.autograd.grad(scored.sum(), s, allow_unused=True)
-    return products, torch.zeros_like(products) if slope is None else slope
+            return products, zeros, zeros
+        (slope,) = torch.autograd.grad(scored.sum(), s, allow_unused=True, create_graph=second)
+        if slope is None:
+            return products, zeros, zeros
+        if not (second and slope.requires_grad):  # linear in s
+            return products, slope.detach(), zeros
+        (curvature,) = torch.autograd.grad(slope.sum(), s, allow_unused=True)
+    return products, slope.detach(), zeros if curvature is None else curvature
 
 
 def read_sums(

@@ -29,6 +29,8 @@ recomputes s = q.k in another summation order than the forward, so its P
 differs from the forward's normalization by about f'(s) times fp32 rounding
 of s; a dense implementation keeps P and has no such error.  For score = s,
 softcap, scaling and biases the floor is what it was without the slope.
+Where the slope changes fast, dq's and dk's floor also follows the
+curvature f''(s) (`_curvature_noise`, docs/decisions/081-singular-slopes.md).
 """
 
 from __future__ import annotations
@@ -50,7 +52,7 @@ from flashgen.reference import (
     input_shape,
     mask_matrix,
     read_sums,
-    score_slope,
+    score_curvature,
     scores,
 )
 
@@ -65,6 +67,9 @@ GRADIENT_FACTOR = 3.0  # softmax backward amplifies rounding more
 # Units in the last place allowed on top of the factor (see module docstring).
 FLOOR_ULPS = 1.0
 SCORE_ULPS = 4.0
+# fp32 ulps of the products' rounding where the score's slope changes fast
+# (`_curvature_noise`, decision 081): a typical size, not a worst case.
+CURVATURE_ULPS = 2.0
 
 # Every block size flashgen launches (16 to 128 query rows or keys; the
 # interpreter's 32) is a multiple of TILE_EDGE, so lengths at a multiple of it
@@ -127,6 +132,7 @@ def tolerance(
     what: str = "o",
     factor: float = OUTPUT_FACTOR,
     score_noise: float = 0.0,
+    curvature_noise: float = 0.0,
 ) -> Check:
     """FlashAttention's rule: err(out) <= factor * err(ordinary) + floor.
 
@@ -134,7 +140,8 @@ def tolerance(
     kernel carries and a dense implementation may not: max|s| over visible
     scores times the output's scale, plus for dq and dk the noise of the
     softmax-backward row term (`_row_term_noise`).  It is multiplied by
-    SCORE_ULPS fp32 ulps: negligible for 16-bit inputs.
+    SCORE_ULPS fp32 ulps: negligible for 16-bit inputs.  `curvature_noise`
+    (`_curvature_noise`) is multiplied by CURVATURE_ULPS fp32 ulps.
 
     `out` must be finite wherever the reference is: where the ordinary
     implementation overflows (an exp in the score past the dtype's range),
@@ -145,6 +152,7 @@ def tolerance(
     scale = max(1.0, finite_ref.abs().max().item()) if finite_ref.numel() else 1.0
     floor = FLOOR_ULPS * torch.finfo(dtype).eps * scale
     floor += SCORE_ULPS * torch.finfo(torch.float32).eps * score_noise
+    floor += CURVATURE_ULPS * torch.finfo(torch.float32).eps * curvature_noise
     ordinary_error = max_error(ordinary, ref)
     overflowed = torch.isinf(out) & torch.isfinite(ref)
     return Check(
@@ -307,6 +315,8 @@ def check_backward(
     s_max = _rounding_scale(facts)
     row_noise = _row_term_noise(variant, q, k, v, do, scale, facts)
     row_noise += _input_row_noise(variant, q, v, do, facts, rows, inputs, learnable)
+    curved = _curvature_noise(variant, q, k, v, do, dlse if with_lse else None, scale, facts, index)
+    curved += (0.0,) * len(learnable)
     names = ("dq", "dk", "dv", *(f"d{n}" for n in learnable))
     checks = tuple(
         tolerance(
@@ -317,8 +327,9 @@ def check_backward(
             what=name,
             factor=GRADIENT_FACTOR,
             score_noise=(s_max * r.abs().max().item() if r.numel() else 0.0) + noise,
+            curvature_noise=curve,
         )
-        for name, g, r, o, noise in zip(names, kernel, ref, ordinary, row_noise)
+        for name, g, r, o, noise, curve in zip(names, kernel, ref, ordinary, row_noise, curved)
     )
     shape = Shape(q.shape[0], q.shape[1], k.shape[1], q.shape[2], k.shape[2])
     return CaseResult(shape, q.dtype, checks, rows=_describe_rows(rows))
@@ -326,12 +337,13 @@ def check_backward(
 
 @dataclass(frozen=True)
 class _ScoreFacts:
-    """float64 scores of a case, once for both rounding floors: the score f,
-    the products s, the slope f'(s) and the mask."""
+    """float64 scores of a case, once for every rounding floor: the score f,
+    the products s, the slope f'(s), the curvature f''(s) and the mask."""
 
     f: torch.Tensor
     s: torch.Tensor
     slope: torch.Tensor
+    curvature: torch.Tensor
     visible: torch.Tensor
 
 
@@ -340,12 +352,14 @@ def _score_facts(variant, q, k, scale, rows=None, inputs=None) -> _ScoreFacts | 
     if q.numel() == 0 or k.numel() == 0 or (rows is not None and not len(rows)):
         return None
     f = scores(variant, q.double(), k.double(), scale, rows=rows, inputs=inputs)
-    s, slope = score_slope(variant, q.double(), k.double(), scale, rows=rows, inputs=inputs)
+    s, slope, curvature = score_curvature(
+        variant, q.double(), k.double(), scale, rows=rows, inputs=inputs
+    )
     visible = mask_matrix(
         variant, q.shape[2], k.shape[2], q.shape[1], device=f.device, rows=rows,
         batch=q.shape[0], inputs=inputs,
     )  # fmt: skip
-    return _ScoreFacts(f, s, slope, visible)
+    return _ScoreFacts(f, s, slope, curvature, visible)
 
 
 def _row_term_noise(
@@ -376,6 +390,50 @@ def _row_term_noise(
     per_row = math.sqrt(v.shape[3]) * do.abs().max().item() * v.abs().max().item()
     dq = per_row * scale * k.abs().max().item() * weight.sum(dim=3).max().item()
     dk = per_row * scale * q.abs().max().item() * column.max().item()
+    return dq, dk, 0.0
+
+
+def _curvature_noise(
+    variant, q, k, v, do, dlse, scale, facts: _ScoreFacts | None, index=None
+) -> tuple[float, float, float]:
+    """Rounding noise of the products s where the score's slope changes fast,
+    per gradient, in units of fp32 eps (see `tolerance`; decision 081).
+
+    Every implementation evaluates f'(s) at s rounded to fp32, and the dot
+    product q.k rounds its partial sums, not just its result: where they
+    cancel (|s| much smaller than its terms), s is off by about eps times
+    the size of its terms, sqrt(sum_d (q_d k_d)^2) * scale, however small
+    s itself is.  That moves dS_ij = g_ij f'(s_ij) (g = dL/d score) by
+    g_ij f''(s_ij) times that, which reaches dq through K and dk through Q
+    as in `_row_term_noise`.  For a score whose slope is singular (sqrt(|s|)
+    at s near 0), one pair's rounding then decides both the kernel's and the
+    ordinary implementation's max error, and the 3x rule compares two
+    roundings of one number.  Where f'' is small (s, softcap, biases) the
+    term is negligible.  `do` and `dlse` hold the compared rows only, `index`
+    (None: all); dlse None: no log-sum-exp in the loss."""
+    if facts is None:
+        return 0.0, 0.0, 0.0
+    curvature = torch.where(facts.visible, facts.curvature.abs(), 0.0)
+    curvature = curvature.nan_to_num(0.0, posinf=0.0)  # no bound at a singular point
+    if not bool((curvature > 0).any()):
+        return 0.0, 0.0, 0.0
+    if scale is None:
+        scale = variant.scale if variant.scale is not None else variant.head_dim**-0.5
+    group = q.shape[1] // k.shape[1]
+    q64 = q.double() if index is None else q.double()[:, :, index]
+    k64, v64 = k.double().repeat_interleave(group, 1), v.double().repeat_interleave(group, 1)
+    # g = dL/d score: P (dP - delta + dlse), dP = dO V^T, delta = rowsum(P dP).
+    p = torch.softmax(torch.where(facts.visible, facts.f, float("-inf")), dim=-1).nan_to_num(0.0)
+    dp = do.double() @ v64.transpose(-1, -2)
+    g = dp - (p * dp).sum(dim=-1, keepdim=True)
+    if dlse is not None:
+        g = g + dlse.double()[..., None]
+    g = p * g
+    terms = scale * (q64.square() @ k64.square().transpose(-1, -2)).sqrt()
+    weight = g.abs() * curvature * terms
+    column = weight.sum(dim=2).unflatten(1, (k.shape[1], group)).sum(dim=2)
+    dq = scale * k.abs().max().item() * weight.sum(dim=3).max().item()
+    dk = scale * q.abs().max().item() * column.max().item()
     return dq, dk, 0.0
 
 

@@ -4,16 +4,18 @@ bands) and many (causal, full): the data behind the configurations that
 `flashgen.launch` derives from a mask's tiles.
 
     python3 scripts/gpu_config_sweep.py OUT.jsonl [--workers 12] [--masks NAME ...]
-        [--plan NAME=VALUE ...] [--head-dims D ...] [--v-head-dim DV] [--wide]
+        [--plan NAME=VALUE ...] [--head-dims D ...] [--v-head-dim DV] [--wide] [--fp32]
 
 --v-head-dim gives the specs v's own head dim (MLA: --head-dims 192
 --v-head-dim 128); --wide sweeps the candidates for heads wider than 128
-(WIDE_FORWARD, WIDE_BACKWARD) instead.
+(WIDE_FORWARD, WIDE_BACKWARD) instead; --fp32 float32 specs and inputs with
+the candidates of CUDA-core products (FP32_FORWARD, FP32_BACKWARD; decision
+082: --fp32 --head-dims 192 256 --masks causal band_129).
 
 Each worker process first compiles its share of the (spec, head dim, config)
 cases into Triton's cache, in parallel; then one process times every case
-(`triton.testing.do_bench`, median), B·N = 16384 tokens, 16 heads, bf16, the
-Gluon kernels off.  One JSON line per case: spec, d, n, pass, config, ms.
+(`triton.testing.do_bench`, median), B·N = 16384 tokens, 16 heads, bf16
+(or fp32), the Gluon kernels off.  One JSON line per case: spec, d, n, pass, config, ms.
 """
 
 from __future__ import annotations
@@ -84,25 +86,35 @@ WIDE_BACKWARD = (
     (64, 64, 4, 2),  # FlexAttention's default for d > 128 on sm90
     (64, 64, 4, 3),
 )
+# float32 (no tensor-core products): register-bound, so small tiles.  The
+# first is `gpu_config`'s up to d256 since decision 082, the second its
+# earlier choice above d128.
+FP32_FORWARD = ((32, 16, 4, 2), (64, 16, 4, 2), (16, 16, 4, 2), (32, 16, 4, 1), (32, 32, 4, 2))
+FP32_BACKWARD = ((16, 16, 8, 1), (16, 16, 4, 1), (16, 16, 4, 2), (32, 16, 4, 1), (32, 32, 4, 2))
 DOC_MEAN = 1000
 V_HEAD_DIM: dict = {"value": None}
+DTYPE: dict = {"value": "bf16"}
 
 
 def spec_text(name: str, mask: str, d: int) -> str:
     inputs = "doc: int32[B, Nk]; " if "doc[" in mask else ""
     dv = V_HEAD_DIM["value"]
     v_dim = f"v_head_dim = {dv}; " if dv else ""
-    return f"attention {name} {{ head_dim = {d}; {v_dim}dtype = bf16; {inputs}mask = {mask} }}"
+    dtype = DTYPE["value"]
+    return f"attention {name} {{ head_dim = {d}; {v_dim}dtype = {dtype}; {inputs}mask = {mask} }}"
 
 
-def cases(names=None, head_dims=HEAD_DIMS, wide=False):
+def cases(names=None, head_dims=HEAD_DIMS, wide=False, fp32=False):
+    forward, backward = (WIDE_FORWARD, WIDE_BACKWARD) if wide else (FORWARD, BACKWARD)
+    if fp32:
+        forward, backward = FP32_FORWARD, FP32_BACKWARD
     for name, mask, n in MASKS:
         if names and name not in names:
             continue
         for d in head_dims:
-            for c in WIDE_FORWARD if wide else FORWARD:
+            for c in forward:
                 yield (name, mask, n, d, "forward", c)
-            for c in WIDE_BACKWARD if wide else BACKWARD:
+            for c in backward:
                 yield (name, mask, n, d, "backward", c)
 
 
@@ -129,8 +141,9 @@ def setup(name, mask, n, d):
     if ikey not in _INPUTS:
         b, h = 16384 // n, 16
         gen = torch.Generator(device="cuda").manual_seed(n)
+        dtype = torch.float32 if DTYPE["value"] == "fp32" else torch.bfloat16
         q, k, v, do = (
-            torch.randn(b, h, n, width, device="cuda", dtype=torch.bfloat16, generator=gen)
+            torch.randn(b, h, n, width, device="cuda", dtype=dtype, generator=gen)
             for width in (d, d, variant.v_dim, variant.v_dim)
         )
         data = random_runtime_inputs(
@@ -163,9 +176,10 @@ def run_case(case, timed: bool):
         return f"{type(e).__name__}: {str(e)[:120]}"
 
 
-def _init(knobs: dict, v_head_dim) -> None:
+def _init(knobs: dict, v_head_dim, dtype: str) -> None:
     KNOBS.update(knobs)
     V_HEAD_DIM["value"] = v_head_dim
+    DTYPE["value"] = dtype
 
 
 def warm(share):
@@ -183,13 +197,17 @@ def main() -> None:
     parser.add_argument("--head-dims", type=int, nargs="*", default=list(HEAD_DIMS))
     parser.add_argument("--v-head-dim", type=int, default=None)
     parser.add_argument("--wide", action="store_true", help="WIDE_FORWARD and WIDE_BACKWARD")
+    parser.add_argument("--fp32", action="store_true", help="FP32_FORWARD and FP32_BACKWARD")
     args = parser.parse_args()
     KNOBS.update(parse_settings(args.plan))
     V_HEAD_DIM["value"] = args.v_head_dim
-    all_cases = list(cases(args.masks, args.head_dims, args.wide))
+    DTYPE["value"] = "fp32" if args.fp32 else "bf16"
+    all_cases = list(cases(args.masks, args.head_dims, args.wide, args.fp32))
     shares = [all_cases[i :: args.workers] for i in range(args.workers)]
     ctx = multiprocessing.get_context("spawn")
-    with ctx.Pool(args.workers, initializer=_init, initargs=(dict(KNOBS), args.v_head_dim)) as pool:
+    with ctx.Pool(
+        args.workers, initializer=_init, initargs=(dict(KNOBS), args.v_head_dim, DTYPE["value"])
+    ) as pool:
         print("compiled", sum(pool.map(warm, shares)), "cases", flush=True)
     with open(args.out, "a") as f:
         for case in all_cases:
@@ -198,6 +216,8 @@ def main() -> None:
             record = dict(spec=name, mask=mask, n=n, d=d, passes=which, config=c, plan=args.plan)
             if args.v_head_dim:
                 record["v_head_dim"] = args.v_head_dim
+            if args.fp32:
+                record["dtype"] = "fp32"
             record.update(ms=ms) if isinstance(ms, float) else record.update(error=ms)
             f.write(json.dumps(record) + "\n")
             f.flush()

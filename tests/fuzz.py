@@ -254,7 +254,9 @@ BLOCK_NAMES = (
     "site",
     "test",
 )
-SETTING_KEYS = ("head_dim", "dtype", "scale", "mask", "score", "align", "rescale_threshold")
+SETTING_KEYS = (
+    "head_dim", "dtype", "scale", "mask", "score", "align", "rescale_threshold", "v_head_dim"
+)  # fmt: skip
 ODD_KEYS = ("Head_dim", "head_dims", "window", "s", "dtype_", "k" * 200, "attention", "div")
 # Input declarations (runtime data), well formed and not: the accepted ones build and run
 # their kernels on random inputs of the declared shapes (and the gradients of the learnable
@@ -605,9 +607,17 @@ def _head_dim_value(draw) -> str:
     )
 
 
+def _v_head_dim_value(draw) -> str:
+    if not _rare(draw, 8):
+        return draw(st.sampled_from(["16", "32", "64", "128", "24", "40", "16"]))
+    return draw(st.sampled_from(["0", "8", "12", "577", "584", "-16", "16.0", "s", "head_dim"]))
+
+
 def _setting_value(draw, key: str) -> str:
     if key == "head_dim":
         return _head_dim_value(draw)
+    if key == "v_head_dim":
+        return _v_head_dim_value(draw)
     if key == "dtype":
         if not _rare(draw, 8):
             return draw(st.sampled_from(["fp16", "fp32", "bf16"]))
@@ -643,7 +653,7 @@ def _blocks(draw) -> str:
     name = draw(st.sampled_from(BLOCK_NAMES)) if _rare(draw, 6) else "v"
     keys = [
         key
-        for key, keep in zip(SETTING_KEYS, (7, 7, 3, 5, 5, 3, 4))
+        for key, keep in zip(SETTING_KEYS, (7, 7, 3, 5, 5, 3, 4, 2))
         if draw(st.integers(0, 7)) < keep
     ]
     if _rare(draw, 10):
@@ -901,6 +911,7 @@ REQUIRED_FEATURES = frozenset(
         "score:input",
         "score:learnable",
         "mask:b",
+        "v_head_dim",
     }
 )
 
@@ -929,6 +940,8 @@ def features(v: ir.Variant) -> frozenset[str]:
         found.add("scale")
     if v.rescale_threshold > 0:
         found.add("rescale")
+    if v.v_dim != v.head_dim:
+        found.add("v_head_dim")
     for where, expr in (("mask", v.mask), ("score", v.score)):
         for node in _nodes(expr):
             if isinstance(node, ir.Name):
