@@ -133,7 +133,7 @@ def gpu_decode_configs(head_dim_pad: int, dtype: ir.DType) -> tuple[LaunchConfig
     rows rounded up to a power of two), and the last holds the largest tile
     (`DECODE_MAX_ROWS`).  block_n is the key tile.  Decoding streams K and V
     once, so the stages keep several key tiles in flight; fp32 and d256 get
-    narrower key tiles for their registers.
+    narrower key tiles for their registers, fp32 also 8 warps at 64 rows.
 
     Swept on the H200 (scripts/gpu_decode_sweep.py, 2026-12-03, decision 063,
     CUDA-graph replays, bf16, Nq = 1): at d128 GQA 32/8, 64 keys with 4 warps
@@ -150,7 +150,13 @@ def gpu_decode_configs(head_dim_pad: int, dtype: ir.DType) -> tuple[LaunchConfig
     KB there, or need more than 227 KB of shared memory."""
     if head_dim_pad > 256:  # MLA's absorbed 576-wide latent
         return LaunchConfig(16, 32, 4, 3), LaunchConfig(64, 16, 8, 2)
-    if dtype is ir.DType.FP32 or head_dim_pad > 128:
+    if dtype is ir.DType.FP32:
+        # 64 x 32 x 4 x 3 spilled 1-9 KB per thread at 64 rows (d64-d256) and
+        # 0.7-6 KB at 16 rows from d128 on sm_90a; these spill nothing at d64
+        # and d128 and at most 3 KB above (scripts/sm90_resources.py, decision
+        # 082; not yet timed on a GPU).
+        return LaunchConfig(16, 32 if head_dim_pad <= 64 else 16, 4, 3), LaunchConfig(64, 16, 8, 2)
+    if head_dim_pad > 128:
         return (LaunchConfig(64, 32, 4, 3),)
     return (LaunchConfig(64, 64, 4, 3),)
 

@@ -55,7 +55,7 @@ GPU_TMA = False
 GPU_BWD_TMA = False
 INTERPRETER_CONFIG = (32, 32, 1, 1)
 # Split-KV decoding's (BLOCK_M, BLOCK_N, num_warps, num_stages): the first holding a call's rows.
-GPU_DECODE_CONFIGS = ((64, 32, 4, 3),)
+GPU_DECODE_CONFIGS = ((16, 16, 4, 3), (64, 16, 8, 2))
 
 
 @triton.jit
