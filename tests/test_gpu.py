@@ -347,6 +347,37 @@ def test_masks_over_runtime_data_and_the_gluon_backward_on_gpu(
     assert len(launches) == (3 * cases if gluon else 0)
 
 
+@pytest.mark.parametrize(
+    "mask, score", [("causal", None), ("causal & window(1024)", "softcap(s, 30.0)")]
+)
+@pytest.mark.parametrize("head_dim", [80, 192, 256])
+def test_fp32_tiles_on_gpu(mask, score, head_dim):
+    """The fp32 launch configurations of decision 082: the forward's 32 x 16
+    tiles up to d256 (and the backward), and split-KV decoding's tiles of 16
+    rows (one query row of GQA 8 / 2: 4 rows) and of 64 rows (16 query rows
+    of GQA 8 / 2), on cache lengths off the key tiles."""
+    from test_decode import _judge
+
+    variant = make_variant(mask, score, dtype=ir.DType.FP32, head_dim=head_dim)
+    for i, shape in enumerate([Shape(1, 2, 1, 1023, 2048), Shape(2, 4, 2, 200, 333)]):
+        result = run_case(variant, shape, seed=i, device="cuda")
+        _record(variant, result)
+        assert_ok(result)
+    result = run_grad_case(variant, Shape(1, 2, 1, 300, 457), seed=2, device="cuda")
+    _record(variant, result)
+    assert_ok(result)
+    module = build(variant)
+    g = torch.Generator(device="cuda").manual_seed(7)
+    for n_queries in (1, 16):
+        q = torch.randn(2, 8, n_queries, head_dim, device="cuda", generator=g)
+        k, v = (torch.randn(2, 2, 1999, head_dim, device="cuda", generator=g) for _ in "kv")
+        o = torch.empty_like(q)
+        lse = torch.empty(q.shape[:3], dtype=torch.float32, device="cuda")
+        module._decode(q, k, v, o, lse, module.DEFAULT_SCALE, splits=4)
+        for check in _judge(variant, q, k, v, o, lse):
+            assert check.ok, (n_queries, check)
+
+
 @pytest.mark.parametrize("mask", ["k < 8", "k == 63", "k >= 4 & k < 100"])
 @pytest.mark.parametrize("head_dim", [64, 128])
 def test_kernels_ptxas_fails_on_compile_with_fewer_stages_on_gpu(mask, head_dim):
