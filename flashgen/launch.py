@@ -60,12 +60,16 @@ def gpu_config(
     if dtype is ir.DType.FP32:
         if head_dim_pad <= 64:
             return LaunchConfig(64, 32, 4, 3)
-        if head_dim_pad <= 256:
-            # Spill-free with CUDA-core products: at d128 64 x 32 spilled 6 KB;
-            # at d192 and d256 64 x 16 spilled 5 KB on plain causal and up to 90
-            # KB per thread on drawn specs, 32 x 16 none and at most 7 KB
-            # (scripts/sm90_resources.py, decision 082; not yet timed on a GPU).
+        if head_dim_pad <= 128:
+            # Spill-free with CUDA-core products (64 x 32 spilled 6 KB).
             return LaunchConfig(32, 16, 4, 2)
+        if head_dim_pad <= 256:
+            # At d192 and d256 64 x 16 spilled 5 KB per thread on plain causal
+            # and up to 90 KB on drawn specs, 32 x 16 up to 20 KB in the padded
+            # and varlen kernel; 16 x 16 spills nothing on either but on two
+            # drawn specs (scripts/sm90_resources.py, decision 082; not yet
+            # timed on a GPU).
+            return LaunchConfig(16, 16, 4, 2)
         return LaunchConfig(16, 16, 4, 1)
     if head_dim_pad > 256:  # MLA's 576-wide K (1024-wide tiles; not yet measured)
         return LaunchConfig(16, 16, 8, 1)

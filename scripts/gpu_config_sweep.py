@@ -87,9 +87,9 @@ WIDE_BACKWARD = (
     (64, 64, 4, 3),
 )
 # float32 (no tensor-core products): register-bound, so small tiles.  The
-# first is `gpu_config`'s up to d256 since decision 082, the second its
-# earlier choice above d128.
-FP32_FORWARD = ((32, 16, 4, 2), (64, 16, 4, 2), (16, 16, 4, 2), (32, 16, 4, 1), (32, 32, 4, 2))
+# first is `gpu_config`'s above d128 since decision 082, the second its choice
+# up to d128, the third its earlier choice above d128.
+FP32_FORWARD = ((16, 16, 4, 2), (32, 16, 4, 2), (64, 16, 4, 2), (32, 16, 4, 1), (32, 32, 4, 2))
 FP32_BACKWARD = ((16, 16, 8, 1), (16, 16, 4, 1), (16, 16, 4, 2), (32, 16, 4, 1), (32, 32, 4, 2))
 DOC_MEAN = 1000
 V_HEAD_DIM: dict = {"value": None}
