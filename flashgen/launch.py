@@ -102,11 +102,15 @@ def gpu_bwd_config(
     (7.26 ms against 6.77).  At d64 the default was best or within 6%.
     `v_dim_pad`: as in `gpu_config`."""
     wide = dtype is ir.DType.FP32
+    if wide and head_dim_pad <= 128:
+        # CUDA-core products: 64 x 64 x 4 x 2 spilled 4-57 KB per thread at d32
+        # and d64 on sm_90a, 32 x 32 x 4 x 2 1.5-3 KB at d128; these spill
+        # nothing on plain causal, a softcapped window and two drawn specs
+        # (scripts/sm90_resources.py, decision 082; not yet timed on a GPU).
+        return LaunchConfig(32, 32, 8, 2) if head_dim_pad <= 64 else LaunchConfig(16, 16, 4, 2)
     if head_dim_pad <= 64:
-        return LaunchConfig(64, 64, 4, 2 if wide else 3)
+        return LaunchConfig(64, 64, 4, 3)
     if head_dim_pad <= 128:
-        if wide:
-            return LaunchConfig(32, 32, 4, 2)
         # Measured on the H200: 64 x 128 with 8 warps and TMA loads (see
         # `gpu_tma`), 336-396 TFLOP/s at d128.
         return LaunchConfig(64, 64, 4, 2) if short_rows else LaunchConfig(64, 128, 8, 3)

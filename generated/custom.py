@@ -48,7 +48,7 @@ MAX_HEADS = 65536
 
 # (BLOCK_M, BLOCK_N, num_warps, num_stages)
 GPU_CONFIG = (32, 16, 4, 2)
-GPU_BWD_CONFIG = (32, 32, 4, 2)
+GPU_BWD_CONFIG = (16, 16, 4, 2)
 # Whether the forward and the backward load tiles through TMA descriptors by
 # default on sm90+ GPUs (measured: flashgen's defaults, or `flashgen tune`).
 GPU_TMA = False

@@ -90,7 +90,9 @@ WIDE_BACKWARD = (
 # first is `gpu_config`'s above d128 since decision 082, the second its choice
 # up to d128, the third its earlier choice above d128.
 FP32_FORWARD = ((16, 16, 4, 2), (32, 16, 4, 2), (64, 16, 4, 2), (32, 16, 4, 1), (32, 32, 4, 2))
-FP32_BACKWARD = ((16, 16, 8, 1), (16, 16, 4, 1), (16, 16, 4, 2), (32, 16, 4, 1), (32, 32, 4, 2))
+# Backward: `gpu_bwd_config`'s at d64 and at d128 since decision 082, its
+# earlier ones there, its choice above d128.
+FP32_BACKWARD = ((32, 32, 8, 2), (16, 16, 4, 2), (64, 64, 4, 2), (32, 32, 4, 2), (16, 16, 8, 1))
 DOC_MEAN = 1000
 V_HEAD_DIM: dict = {"value": None}
 DTYPE: dict = {"value": "bf16"}

@@ -353,7 +353,7 @@ def test_masks_over_runtime_data_and_the_gluon_backward_on_gpu(
 @pytest.mark.parametrize("head_dim", [80, 192, 256])
 def test_fp32_tiles_on_gpu(mask, score, head_dim):
     """The fp32 launch configurations of decision 082: the forward's 16 x 16
-    tiles above d128 (and the backward), and split-KV decoding's tiles of 16
+    tiles above d128, the backward's up to d128 (d80), and split-KV decoding's tiles of 16
     rows (one query row of GQA 8 / 2: 4 rows) and of 64 rows (16 query rows
     of GQA 8 / 2), on cache lengths off the key tiles."""
     from test_decode import _judge
