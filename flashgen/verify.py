@@ -36,6 +36,7 @@ curvature f''(s) (`_curvature_noise`, docs/decisions/081-singular-slopes.md).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import os
 import random
@@ -346,6 +347,19 @@ class _ScoreFacts:
     curvature: torch.Tensor
     visible: torch.Tensor
 
+    @functools.cached_property
+    def probs(self) -> torch.Tensor:
+        """The float64 softmax of the visible scores (0 where a row sees no key)."""
+        return torch.softmax(torch.where(self.visible, self.f, float("-inf")), dim=-1).nan_to_num(
+            0.0
+        )
+
+    def scale(self, variant: ir.Variant, scale: float | None) -> float:
+        """The call's scale: `scale`, else the variant's, else 1/sqrt(head_dim)."""
+        if scale is not None:
+            return scale
+        return variant.scale if variant.scale is not None else variant.head_dim**-0.5
+
 
 def _score_facts(variant, q, k, scale, rows=None, inputs=None) -> _ScoreFacts | None:
     """None for an empty case (no rows, no keys)."""
@@ -379,10 +393,8 @@ def _row_term_noise(
     """
     if facts is None:
         return 0.0, 0.0, 0.0
-    if scale is None:
-        scale = variant.scale if variant.scale is not None else variant.head_dim**-0.5
-    f = torch.where(facts.visible, facts.f, float("-inf"))
-    p = torch.softmax(f, dim=-1).nan_to_num(0.0)
+    scale = facts.scale(variant, scale)
+    p = facts.probs
     slope = torch.where(facts.visible, facts.slope.abs(), 0.0)
     weight = p * slope.nan_to_num(0.0, posinf=0.0)
     group = q.shape[1] // k.shape[1]
@@ -417,13 +429,12 @@ def _curvature_noise(
     curvature = curvature.nan_to_num(0.0, posinf=0.0)  # no bound at a singular point
     if not bool((curvature > 0).any()):
         return 0.0, 0.0, 0.0
-    if scale is None:
-        scale = variant.scale if variant.scale is not None else variant.head_dim**-0.5
+    scale = facts.scale(variant, scale)
     group = q.shape[1] // k.shape[1]
     q64 = q.double() if index is None else q.double()[:, :, index]
     k64, v64 = k.double().repeat_interleave(group, 1), v.double().repeat_interleave(group, 1)
     # g = dL/d score: P (dP - delta + dlse), dP = dO V^T, delta = rowsum(P dP).
-    p = torch.softmax(torch.where(facts.visible, facts.f, float("-inf")), dim=-1).nan_to_num(0.0)
+    p = facts.probs
     dp = do.double() @ v64.transpose(-1, -2)
     g = dp - (p * dp).sum(dim=-1, keepdim=True)
     if dlse is not None:
@@ -444,7 +455,7 @@ def _input_row_noise(variant, q, v, do, facts, rows, inputs, names) -> tuple[flo
     that reads it (`flashgen.input_grads`); the largest element's sum."""
     if facts is None or not names:
         return (0.0,) * len(names)
-    p = torch.softmax(torch.where(facts.visible, facts.f, float("-inf")), dim=-1).nan_to_num(0.0)
+    p = facts.probs
     per_row = math.sqrt(v.shape[3]) * do.abs().max().item() * v.abs().max().item()
     noise = []
     learnable = input_grads.learnable_reads(variant)

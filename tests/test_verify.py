@@ -264,37 +264,37 @@ def _scored(score: str, head_dim: int = 16, mask: str = "full") -> ir.Variant:
     return variant
 
 
-@pytest.mark.parametrize(
-    "score", ["s", "exp(s * 2.0) * 2.0", "softcap(s, 3.0)", "sqrt(abs(s)) + alibi", "s * s - s"]
-)
-def test_score_slope_is_the_derivative_of_the_score(score):
+SLOPE_SCORES = ["s", "exp(s * 2.0) * 2.0", "softcap(s, 3.0)", "sqrt(abs(s)) + alibi", "s * s - s"]
+
+
+def _slope_case(score: str):
     variant = _scored(score)
     g = torch.Generator().manual_seed(0)
     q, k, _ = random_inputs(Shape(1, 2, 2, 5, 7), 16, torch.float64, "cpu", generator=g)
+    return variant, q, k
+
+
+def _central_difference(fn, q, k, s, step: float = 1e-6) -> torch.Tensor:
+    """d fn / d s by central differences in s itself: q scaled so that s moves by +-step/2 * s."""
+    return (fn(q * (1 + step / 2), k) - fn(q * (1 - step / 2), k)) / (step * s)
+
+
+@pytest.mark.parametrize("score", SLOPE_SCORES)
+def test_score_slope_is_the_derivative_of_the_score(score):
+    variant, q, k = _slope_case(score)
     s, slope = score_slope(variant, q, k)
-    step = 1e-6
     plain = dataclasses.replace(variant, score=ir.Name("s"))
     assert torch.allclose(s, scores(plain, q, k))
-    # Central differences of the score in s itself: scale q so that s moves by +-step/2 * s.
-    hi = scores(variant, q * (1 + step / 2), k)
-    lo = scores(variant, q * (1 - step / 2), k)
-    numeric = (hi - lo) / (step * s)
+    numeric = _central_difference(lambda a, b: scores(variant, a, b), q, k, s)
     assert torch.allclose(slope, numeric, rtol=1e-4, atol=1e-6)
 
 
-@pytest.mark.parametrize(
-    "score", ["s", "exp(s * 2.0) * 2.0", "softcap(s, 3.0)", "sqrt(abs(s)) + alibi", "s * s - s"]
-)
+@pytest.mark.parametrize("score", SLOPE_SCORES)
 def test_score_curvature_is_the_derivative_of_the_slope(score):
-    variant = _scored(score)
-    g = torch.Generator().manual_seed(0)
-    q, k, _ = random_inputs(Shape(1, 2, 2, 5, 7), 16, torch.float64, "cpu", generator=g)
+    variant, q, k = _slope_case(score)
     s, slope, curvature = score_curvature(variant, q, k)
     assert torch.equal(slope, score_slope(variant, q, k)[1])
-    step = 1e-6
-    hi = score_slope(variant, q * (1 + step / 2), k)[1]
-    lo = score_slope(variant, q * (1 - step / 2), k)[1]
-    numeric = (hi - lo) / (step * s)
+    numeric = _central_difference(lambda a, b: score_slope(variant, a, b)[1], q, k, s)
     assert torch.allclose(curvature, numeric, rtol=1e-4, atol=1e-5)
     if score in ("s", "sqrt(abs(s)) + alibi"):  # linear in s, or not
         assert bool((curvature == 0).all()) == (score == "s")
