@@ -314,9 +314,9 @@ def check_backward(
     )
     facts = _score_facts(variant, q, k, scale, rows, inputs)
     s_max = _rounding_scale(facts)
-    row_noise = _row_term_noise(variant, q, k, v, do, scale, facts)
+    row_noise = _row_term_noise(q, k, v, do, facts)
     row_noise += _input_row_noise(variant, q, v, do, facts, rows, inputs, learnable)
-    curved = _curvature_noise(variant, q, k, v, do, dlse if with_lse else None, scale, facts, index)
+    curved = _curvature_noise(q, k, v, do, dlse if with_lse else None, facts, index)
     curved += (0.0,) * len(learnable)
     names = ("dq", "dk", "dv", *(f"d{n}" for n in learnable))
     checks = tuple(
@@ -339,13 +339,15 @@ def check_backward(
 @dataclass(frozen=True)
 class _ScoreFacts:
     """float64 scores of a case, once for every rounding floor: the score f,
-    the products s, the slope f'(s), the curvature f''(s) and the mask."""
+    the products s, the slope f'(s), the curvature f''(s), the mask, and the
+    call's scale (the variant's, else 1/sqrt(head_dim), where none is given)."""
 
     f: torch.Tensor
     s: torch.Tensor
     slope: torch.Tensor
     curvature: torch.Tensor
     visible: torch.Tensor
+    scale: float
 
     @functools.cached_property
     def probs(self) -> torch.Tensor:
@@ -353,12 +355,6 @@ class _ScoreFacts:
         return torch.softmax(torch.where(self.visible, self.f, float("-inf")), dim=-1).nan_to_num(
             0.0
         )
-
-    def scale(self, variant: ir.Variant, scale: float | None) -> float:
-        """The call's scale: `scale`, else the variant's, else 1/sqrt(head_dim)."""
-        if scale is not None:
-            return scale
-        return variant.scale if variant.scale is not None else variant.head_dim**-0.5
 
 
 def _score_facts(variant, q, k, scale, rows=None, inputs=None) -> _ScoreFacts | None:
@@ -373,12 +369,12 @@ def _score_facts(variant, q, k, scale, rows=None, inputs=None) -> _ScoreFacts | 
         variant, q.shape[2], k.shape[2], q.shape[1], device=f.device, rows=rows,
         batch=q.shape[0], inputs=inputs,
     )  # fmt: skip
-    return _ScoreFacts(f, s, slope, curvature, visible)
+    if scale is None:
+        scale = variant.scale if variant.scale is not None else variant.head_dim**-0.5
+    return _ScoreFacts(f, s, slope, curvature, visible, scale)
 
 
-def _row_term_noise(
-    variant, q, k, v, do, scale, facts: _ScoreFacts | None
-) -> tuple[float, float, float]:
+def _row_term_noise(q, k, v, do, facts: _ScoreFacts | None) -> tuple[float, float, float]:
     """Rounding noise of FlashAttention's softmax-backward row term, per
     gradient, in units of fp32 eps (see `tolerance`).
 
@@ -393,7 +389,7 @@ def _row_term_noise(
     """
     if facts is None:
         return 0.0, 0.0, 0.0
-    scale = facts.scale(variant, scale)
+    scale = facts.scale
     p = facts.probs
     slope = torch.where(facts.visible, facts.slope.abs(), 0.0)
     weight = p * slope.nan_to_num(0.0, posinf=0.0)
@@ -406,7 +402,7 @@ def _row_term_noise(
 
 
 def _curvature_noise(
-    variant, q, k, v, do, dlse, scale, facts: _ScoreFacts | None, index=None
+    q, k, v, do, dlse, facts: _ScoreFacts | None, index=None
 ) -> tuple[float, float, float]:
     """Rounding noise of the products s where the score's slope changes fast,
     per gradient, in units of fp32 eps (see `tolerance`; decision 081).
@@ -429,7 +425,7 @@ def _curvature_noise(
     curvature = curvature.nan_to_num(0.0, posinf=0.0)  # no bound at a singular point
     if not bool((curvature > 0).any()):
         return 0.0, 0.0, 0.0
-    scale = facts.scale(variant, scale)
+    scale = facts.scale
     group = q.shape[1] // k.shape[1]
     q64 = q.double() if index is None else q.double()[:, :, index]
     k64, v64 = k.double().repeat_interleave(group, 1), v.double().repeat_interleave(group, 1)
