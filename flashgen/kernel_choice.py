@@ -174,9 +174,10 @@ def gluon_forward(v: ir.Variant) -> GluonForward | None:
     Written for the plain variants that race cuDNN: a full or causal mask,
     the score s, 16-bit inputs, a head dim of GLUON_FORWARD_HEAD_DIMS.
     With GLUON_FORWARD_ANY, ANY for every other mask and score at 16 bits and
-    a head dim of GLUON_FORWARD_ANY_HEAD_DIMS without a rescale threshold (it
-    reuses the Gluon backward's mask functions) whose query rows may see
-    GLUON_ANY_MIN_KEYS keys or more.  The module still
+    a head dim of GLUON_FORWARD_ANY_HEAD_DIMS (it reuses the Gluon backward's
+    mask functions) whose query rows may see GLUON_ANY_MIN_KEYS keys or more.
+    A rescale threshold permits skipping rescales and requires none: the
+    Gluon kernels rescale at every tile (decision 083).  The module still
     checks each call's shapes and falls back to the Triton kernel.  Its tiles
     assume v's head dim is q's: a v_head_dim (MLA) takes the Triton kernel.
     """
@@ -189,12 +190,7 @@ def gluon_forward(v: ir.Variant) -> GluonForward | None:
         return None
     if v.score == ir.IDENTITY_SCORE and v.mask in (ir.FULL, ir.Name("causal")):
         return GluonForward.FULL if v.mask == ir.FULL else GluonForward.CAUSAL
-    if not (
-        GLUON_FORWARD_ANY
-        and v.head_dim in GLUON_FORWARD_ANY_HEAD_DIMS
-        and v.rescale_threshold == 0
-        and _gluon_eligible(v)
-    ):
+    if not (GLUON_FORWARD_ANY and v.head_dim in GLUON_FORWARD_ANY_HEAD_DIMS and _gluon_eligible(v)):
         return None
     span = key_span(negation_normal_form(desugar_mask(v.mask)))
     return GluonForward.ANY if span is None or span >= GLUON_ANY_MIN_KEYS else None

@@ -734,8 +734,8 @@ def test_gluon_forward_for_any_mask(mask, score, expected, monkeypatch):
     assert model.gluon_forward == expected
     assert model.gluon_min_keys == (4096 if expected == "any" else 0)
     rescaled = make_variant(mask, score, dtype=ir.DType.BF16, head_dim=128, rescale_threshold=8.0)
+    assert lower.lower(rescaled).gluon_forward == expected  # it rescales at every tile
     plain = expected if expected != "any" else None
-    assert lower.lower(rescaled).gluon_forward == plain  # conditional rescale: Triton only
     at_64 = lower.lower(dataclasses.replace(variant, head_dim=64))
     assert at_64.gluon_forward == plain  # the general mode at d128 only
     assert at_64.gluon_min_keys == (4096 if plain else 0)  # the plain ones from 4096 keys
@@ -745,6 +745,43 @@ def test_gluon_forward_for_any_mask(mask, score, expected, monkeypatch):
     assert forced.gluon_min_keys == 0
     monkeypatch.setattr(kernel_choice, "GLUON_FORWARD_ANY", False)
     assert lower.lower(variant).gluon_forward == plain
+
+
+def _kernel_sources(source: str) -> dict[str, str]:
+    """A module's top-level functions that are Triton or Gluon kernels or their
+    helpers, by name (decorator and body)."""
+    chunks: dict[str, str] = {}
+    lines = source.splitlines()
+    for i, line in enumerate(lines):
+        if line.startswith(("@triton.jit", "@gluon.jit")):
+            name = lines[i + 1].split("(")[0].removeprefix("def ")
+            end = next(
+                (j for j in range(i + 2, len(lines)) if lines[j][:1] not in ("", " ", ")")),
+                len(lines),
+            )
+            chunks[name] = "\n".join(lines[i:end])
+    return chunks
+
+
+def test_a_rescale_threshold_leaves_the_gluon_kernels_as_they_are():
+    """Decision 083: the any-mask Gluon forward rescales at every tile, so a
+    spec with a threshold gets the same Gluon kernels (which the GPU tests
+    of specs without one cover); only the Triton kernels' running max moves
+    by the threshold."""
+    from flashgen.emit import render_module
+
+    score = "exp(-abs(s - 0.003 * abs(q - k)))"
+    plain = make_variant("!causal", score, dtype=ir.DType.BF16, head_dim=128)
+    rescaled = dataclasses.replace(plain, rescale_threshold=8.0)
+    assert lower.lower(rescaled).gluon_forward == "any"
+    before = _kernel_sources(render_module(plain))
+    after = _kernel_sources(render_module(rescaled))
+    assert before.keys() == after.keys()
+    gluon = [name for name in before if name.startswith("_gluon")]
+    assert "_gluon_attn_fwd" in gluon and "_scores_log2" in before
+    changed = sorted(name for name in before if before[name] != after[name])
+    assert changed == ["_attn_fwd_tile"]  # the Triton forward's running max
+    assert "m_blk > m_i + 8.0" in after["_attn_fwd_tile"]
 
 
 @pytest.mark.parametrize(

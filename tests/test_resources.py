@@ -54,11 +54,12 @@ PLAN_SPECS = [spec for spec in SPECS if "def _attn_plan(" in _SOURCES[spec]]
 SPILL_FREE_BACKWARD = {("full", 128), ("full", 64), ("plain_causal", 64), ("encoder_band", 64)}
 # The modules with a warp-specialized Gluon forward (`kernel_choice.gluon_forward`):
 # its own code for full and causal, and its mode for any other mask at d128
-# whose rows may see 4096 keys (not encoder_band's 257-key band, nor
-# gemma2_local with its rescale threshold).
+# whose rows may see 4096 keys (not encoder_band's 257-key band; gemma2_local
+# since decision 083, its rescale threshold no longer keeping it off).
 GLUON = {(name, d) for name in ("full", "plain_causal") for d in (64, 128)}  # decision 068
 GLUON_ANY = {
-    (name, 128) for name in ("bloom_alibi", "llama4_local", "mistral_sliding", "prefix_lm")
+    (name, 128)
+    for name in ("bloom_alibi", "gemma2_local", "llama4_local", "mistral_sliding", "prefix_lm")
 }
 # Every 16-bit module at d64 and d128 has the Gluon backward's two kernels
 # (`kernel_choice.gluon_backward`).  Its dQ kernel is free of spills, and so is its
