@@ -632,7 +632,10 @@ def _render(
         except OSError as e:
             where = f" '{e.filename}'" if e.filename else ""
             raise _Failure(f"cannot read{where}: {e.strerror or e}") from None
-        modules[v.name] = render_module(v, tuning, experiments, triton_only)
+        try:
+            modules[v.name] = render_module(v, tuning, experiments, triton_only)
+        except ExperimentError as e:  # a knob this block's plan does not take
+            raise _UsageError(f"--plan for '{v.name}': {e}") from None
     return modules
 
 

@@ -113,7 +113,9 @@ def render_module(
     `triton_only` leaves out the Hopper (Gluon) kernels, for a shorter module
     that runs the Triton kernels everywhere.
     """
-    model = apply_experiments(lower(variant, tuning), experiments or {})
+    experiments = experiments or {}
+    classes = experiments.get("residue_classes", True)
+    model = apply_experiments(lower(variant, tuning, residue_classes=classes), experiments)
     if triton_only:
         model = dataclasses.replace(
             model, gluon_forward=None, gluon_backward=False, triton_only=True

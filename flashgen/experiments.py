@@ -103,7 +103,11 @@ KNOBS: dict[str, Callable[[str], object]] = {
     "classify_edge_tiles": _only(False),  # off: the masked loops run without the tile test
     "seqs_tma": _only(True),  # on: padded and varlen calls' backward loads through TMA too
     "gluon_one_probs_call": _one_of("off", "flag", "masked"),  # the Gluon backward's P: one call
+    "residue_classes": _only(False),  # off: the Triton kernels walk positions (decision 085)
 }
+# Knobs the lowering takes (`lower(variant, residue_classes=...)`), as they
+# change the tile analysis itself, rather than fields set on its model.
+LOWERING_KNOBS = frozenset({"residue_classes"})
 
 
 def parse_settings(settings: list[str]) -> dict[str, object]:
@@ -133,8 +137,18 @@ def apply(model: KernelModel, values: Mapping[str, object]) -> KernelModel:
     """`model` with the knobs set, and their settings recorded in it."""
     if not values:
         return model
+    if model.residue_step > 1:  # the class kernels take pointer loads and the plain grids
+        clash = [
+            name for name in ("heads_first", "bwd_heads_first", "seqs_tma") if values.get(name)
+        ]
+        if clash:
+            raise ExperimentError(
+                f"{', '.join(clash)}: not for kernels that walk residue classes (decision 085); "
+                "set residue_classes=off with it"
+            )
     record = tuple(f"{name}={_show(value)}" for name, value in values.items())
-    return dataclasses.replace(model, **values, experiments=model.experiments + record)
+    fields = {name: value for name, value in values.items() if name not in LOWERING_KNOBS}
+    return dataclasses.replace(model, **fields, experiments=model.experiments + record)
 
 
 def _show(value: object) -> str:

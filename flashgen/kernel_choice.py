@@ -14,6 +14,7 @@ import math
 
 from flashgen import grad, ir
 from flashgen.simplify import simplify
+from flashgen.tiles import congruence_factor
 from flashgen.mask_forms import (
     FLIPPED,
     K_MINUS_Q,
@@ -194,6 +195,32 @@ def gluon_forward(v: ir.Variant) -> GluonForward | None:
         return None
     span = key_span(negation_normal_form(desugar_mask(v.mask)))
     return GluonForward.ANY if span is None or span >= GLUON_ANY_MIN_KEYS else None
+
+
+# Residue classes (decision 085): a mask `rest & (q - k) % n == r` runs its
+# Triton kernels over the rows of each class of positions mod n, so that each
+# query class walks the one class of keys the congruence leaves, classified
+# by `rest` alone (`tiles.congruence_factor`).  Counted offline (decision
+# 084, N = 4096, 64 x 64 tiles): `causal & (q - k) % 4 == 0` visits 0.26 of
+# the tiles, nearly none of them masked, and `(q - k) % 2 == 0` 0.50, none
+# masked; predicted >= 2.5x and 1.6-1.9x on the GPU, not yet measured.
+# Rows of a class are n apart in memory: their loads are pointer loads (no
+# TMA), and such modules take neither Gluon kernel.  Not for specs that
+# declare inputs (their call plans and gradient slots count position tiles)
+# or whose v has another head dim (MLA).  Moduli up to RESIDUE_MAX_STEP.
+RESIDUE_CLASSES = True
+RESIDUE_MAX_STEP = 16
+
+
+def residue_classes(v: ir.Variant) -> tuple[int, int, ir.Expr] | None:
+    """(n, r, rest) where the Triton kernels walk residue classes of
+    positions mod n, the mask being `(q - k) % n == r & rest`; else None."""
+    if not RESIDUE_CLASSES or v.inputs or v.v_dim != v.head_dim:
+        return None
+    found = congruence_factor(negation_normal_form(desugar_mask(v.mask)))
+    if found is None or found[0] > RESIDUE_MAX_STEP:
+        return None
+    return found
 
 
 # One loop over a program's tiles, the edge tiles masked in a branch over

@@ -42,6 +42,7 @@ from flashgen.kernel_choice import (
     key_span,
     merged_edges,
     narrow_gap_tiles,
+    residue_classes as find_residue_classes,
     tanh_small_poly,
 )
 from flashgen.launch import (
@@ -392,6 +393,13 @@ class KernelModel:
     # branch (`kernel_choice.branchless_tiles`); always correct, as a masked
     # tile computes a whole or an empty one right.
     branchless_tiles: bool
+    # Residue classes (`kernel_choice.residue_classes`, decision 085): with a
+    # step n > 1 the Triton forward and backward programs take the rows of one
+    # class of positions mod n (n rows apart) and the one class of keys whose
+    # positions differ from theirs by `residue_offset` mod n; the tile code,
+    # bounds and interiors above are those of the mask less that congruence.
+    residue_step: int
+    residue_offset: int
     # Helpers the element code calls.
     needs_floor_div: bool
     needs_tanh: bool
@@ -572,7 +580,10 @@ def _source(e: kx.Expr | None) -> str | None:
     return None if e is None else kx.to_source(e)
 
 
-def lower(v: ir.Variant, tuning: Tuning | None = None) -> KernelModel:
+def lower(v: ir.Variant, tuning: Tuning | None = None, residue_classes: bool = True) -> KernelModel:
+    """The module's plan for a checked variant; `residue_classes=False` keeps
+    the Triton kernels on positions where they would walk residue classes
+    (the experiment knob of that name, decision 085)."""
     spec_text = print_variant(v)
     pad = head_dim_pad(v.head_dim)
     v_pad = head_dim_pad(v.v_dim)
@@ -585,6 +596,11 @@ def lower(v: ir.Variant, tuning: Tuning | None = None) -> KernelModel:
     mask = negation_normal_form(desugar_mask(v.mask))
     mask_code = ElementCode().expr(mask)
     mask_is_full = mask_code == kx.TRUE
+    # With residue classes the tiles are classified and bounded by the rest
+    # of the mask: the congruence holds on every pair a class program visits.
+    classes = find_residue_classes(v) if residue_classes else None
+    step, residue, tile_mask = classes or (1, 0, mask)
+    tiles_full = tile_mask == ir.FULL
     # The score code may assume the mask's facts (keys before queries).
     fast = fast_math(v)
     score = score_code(v.score, ElementCode(keys_before_queries(mask), fast_log=fast))
@@ -594,18 +610,20 @@ def lower(v: ir.Variant, tuning: Tuning | None = None) -> KernelModel:
     )
 
     tiles = TileCode()
-    if mask_is_full:
+    if tiles_full:
         all_visible, may = kx.TRUE, kx.TRUE
         key_lo = key_hi = query_lo = query_hi = None
         key_interior = query_interior = (None, None)
         key_interior2 = query_interior2 = None
     else:
-        all_visible, may = tiles.truth(mask)
+        all_visible, may = tiles.truth(tile_mask)
+        # Exact emptiness from the whole mask: with residue classes its
+        # congruence then rules out the differences a class never holds.
         may = visible_may(tiles, mask, may)
-        key_lo, key_hi = key_bounds(mask)
-        query_lo, query_hi = query_bounds(mask)
-        key_interior, key_interior2 = _two(interiors(mask, "k"))
-        query_interior, query_interior2 = _two(interiors(mask, "q"))
+        key_lo, key_hi = key_bounds(tile_mask)
+        query_lo, query_hi = query_bounds(tile_mask)
+        key_interior, key_interior2 = _two(interiors(tile_mask, "k"))
+        query_interior, query_interior2 = _two(interiors(tile_mask, "q"))
     plan = None if mask_is_full else data_plan(mask)
     if plan is not None:
         # The interior is where the plan finds every pair of a tile visible
@@ -637,10 +655,10 @@ def lower(v: ir.Variant, tuning: Tuning | None = None) -> KernelModel:
     # The tile tests classify the positional terms only (a data comparison
     # may always hold there); the masked loops run without them where the
     # positional part leaves them little or nothing to skip (`skip_tile_test`).
-    positional = positional_part(mask)
+    positional = positional_part(tile_mask)
     classify = not (
         may == kx.TRUE
-        or mask_is_full
+        or tiles_full
         or positional is None
         or skip_tile_test(positional)
         or narrow_gap_tiles(positional)
@@ -648,17 +666,18 @@ def lower(v: ir.Variant, tuning: Tuning | None = None) -> KernelModel:
     # Short rows take the merged loop even where the tile test would skip some
     # edge tiles, if few: each runs masked there (decision 076).
     merged = (
-        not mask_is_full
-        and merged_edges(mask, plan is not None)
+        not tiles_full
+        and merged_edges(tile_mask, plan is not None)
         and not (
             classify and skipped_share(tiles.lines, may, (key_lo, key_hi)) > MERGED_MAX_SKIPPED
         )
     )
-    default_tma = gpu_tma(widest, v.dtype)
+    # A class's rows are `step` rows apart: pointer loads, not TMA.
+    default_tma = gpu_tma(widest, v.dtype) if step == 1 else (False, False)
     # A mask of heads (or the batch) alone leaves every tile whole or empty:
     # the forward takes the unmasked tiles.
     cuts_tiles = not mask_is_full and ir.mentions(mask, positions)
-    gluon = gluon_forward(v)
+    gluon = gluon_forward(v) if step == 1 else None
     return KernelModel(
         name=v.name,
         spec_text=spec_text,
@@ -704,6 +723,8 @@ def lower(v: ir.Variant, tuning: Tuning | None = None) -> KernelModel:
         classify_edge_tiles=classify,
         merged_edges=merged,
         branchless_tiles=branchless_tiles(positional, v.dtype),
+        residue_step=step,
+        residue_offset=residue,
         heads_first=heads_first(mask, plan is not None),
         bwd_heads_first=heads_first(mask, plan is not None),
         key_interior=key_interior is not None,
@@ -733,7 +754,7 @@ def lower(v: ir.Variant, tuning: Tuning | None = None) -> KernelModel:
         tuned_on=tuning.device if tuning else None,
         gluon_forward=gluon,
         gluon_min_keys=gluon_min_keys(gluon, v.head_dim),
-        gluon_backward=gluon_backward(v, plan is not None),
+        gluon_backward=step == 1 and gluon_backward(v, plan is not None),
         gluon_dq_heavy_last=keys_before_queries(mask),
         inputs=inputs,
         input_grads=grads,
@@ -743,7 +764,7 @@ def lower(v: ir.Variant, tuning: Tuning | None = None) -> KernelModel:
         element_args=_element_args(v),
         data_plan=plan,
         decode=not reads_runtime_data(v),
-        decode_bounds=not ir.mentions(mask, frozenset({"h"})),
+        decode_bounds=step == 1 and not ir.mentions(mask, frozenset({"h"})),
         gpu_decode_configs=gpu_decode_configs(widest, v.dtype),
     )
 

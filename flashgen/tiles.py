@@ -599,3 +599,52 @@ def _box_may(tiles: TileCode, box: _Box) -> kx.Expr:
     for atom in box.rest:
         ok = kx.and_(ok, tiles.truth(atom)[1])
     return tiles._set(f"{name}_may", ok)
+
+
+# --------------------------------------------------------------------------- #
+# Congruence factors: residue classes (decision 085)
+# --------------------------------------------------------------------------- #
+# A mask `rest & (q - k) % n == r` hides pairs inside every tile of
+# consecutive positions, so no tile is whole.  Split queries and keys by
+# position mod n instead: on the rows q0, q0 + n, q0 + 2n, ... the factor
+# holds for exactly one class of keys and fails for the others, so each
+# query class walks one key class, whose tiles `rest` alone classifies.
+
+
+def congruence_factor(mask: ir.Expr) -> tuple[int, int, ir.Expr] | None:
+    """A mask in negation normal form as (n, r, rest): the mask is
+    `(q - k) % n == r & rest` (rest `full` where nothing else is left), its
+    congruences on q - k joined into one; None where no conjunct is one, or
+    they have no common solution (the mask hides every pair) or their
+    modulus passes ir.INT_MAGNITUDE_MAX."""
+    conjuncts: list[ir.Expr] = []
+
+    def split(e: ir.Expr) -> None:
+        if isinstance(e, ir.Binary) and e.op is ir.BinOp.AND:
+            split(e.left)
+            split(e.right)
+        else:
+            conjuncts.append(e)
+
+    split(mask)
+    congruences, rest = [], []
+    for atom in conjuncts:
+        c = _constraint(atom)
+        if c is not None and c[0] == "mod" and c[1] == 2 and not c[3]:
+            c = ("mod", 2, 1 - c[2], True)  # d % 2 != r  <=>  d % 2 == 1 - r
+        if c is not None and c[0] == "mod" and c[3] and c[1] > 1:
+            congruences.append(c)
+        else:
+            rest.append(atom)
+    if not congruences:
+        return None
+    box = _Box(())
+    box.mods = [(n, r, True) for _, n, r, _ in congruences]
+    box._merge_congruences()
+    if box.clash or len([m for m in box.mods if m[2]]) != 1:
+        return None
+    n, r, _ = box.mods[0]
+    out: ir.Expr = ir.FULL
+    for atom in rest:
+        out = atom if out == ir.FULL else ir.Binary(ir.BinOp.AND, out, atom)
+    return n, r, out

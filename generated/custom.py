@@ -56,6 +56,11 @@ GPU_BWD_TMA = False
 INTERPRETER_CONFIG = (32, 32, 1, 1)
 # Split-KV decoding's (BLOCK_M, BLOCK_N, num_warps, num_stages): the first holding a call's rows.
 GPU_DECODE_CONFIGS = ((16, 16, 4, 3), (64, 16, 8, 2))
+# The Triton forward and backward walk residue classes of positions mod this
+# step (decision 085): the mask's `(q - k) % 2 == 0` holds for one class of
+# keys per class of queries.  A class's rows are RESIDUE_STEP rows apart, so
+# those kernels load them through pointers, never TMA.
+RESIDUE_STEP = 2
 
 
 @triton.jit
@@ -134,9 +139,9 @@ def _scores_log2(
 def _attn_fwd_tile(
     acc, l_i, m_i, q, q_pos, k_desc, v_desc, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
     batch, kv_head, start_n, n_keys, k_offset, head, num_heads, alibi_slope, sm_scale,
-    HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, BLOCK_N: tl.constexpr, MASKED: tl.constexpr, USE_TMA: tl.constexpr,
+    HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, BLOCK_N: tl.constexpr, MASKED: tl.constexpr, USE_TMA: tl.constexpr, STEP: tl.constexpr,
 ):  # fmt: skip
-    """One key tile of the online softmax (key row j at position j + k_offset)."""
+    """One key tile of the online softmax (key row j at position j * STEP + k_offset)."""
     offs_n = start_n + tl.arange(0, BLOCK_N)
     k = _load_block(
         k_desc, k_base, batch, kv_head, start_n, n_keys, stride_kn, stride_kd, BLOCK_N, HEAD_DIM,
@@ -144,7 +149,7 @@ def _attn_fwd_tile(
     )  # fmt: skip
     qk = tl.dot(q, tl.trans(k), input_precision="ieee")
     s2 = _scores_log2(
-        qk, q_pos, (offs_n + k_offset)[None, :], n_keys + k_offset, head, num_heads, alibi_slope, sm_scale, MASKED
+        qk, q_pos, (offs_n * STEP + k_offset)[None, :], n_keys * STEP + k_offset, head, num_heads, alibi_slope, sm_scale, MASKED
     )  # fmt: skip
     m_blk = tl.max(s2, 1)
     m_new = tl.maximum(m_i, m_blk)
@@ -184,7 +189,9 @@ def _attn_fwd(
     see the most keys, and they start first.  With SEQS, the grid's batch
     axis counts sequences (`seq_ptr`: their first rows and lengths).
     """
-    start_m = (tl.num_programs(0) - 1 - tl.program_id(0)) * BLOCK_M
+    tile = tl.num_programs(0) - 1 - tl.program_id(0)
+    q_class = tile % 2  # the class of query rows, then the tile within it
+    start_m = tile // 2 * BLOCK_M
     batch_head = tl.program_id(1)
     batch = batch_head // num_heads
     head = batch_head % num_heads
@@ -202,12 +209,6 @@ def _attn_fwd(
         k_ptr += k_row0 * stride_kn
         v_ptr += k_row0 * stride_vn
         n_keys = tl.where(start_m < n_queries, n_keys, 0)  # a tile past the sequence's end
-    offs_m = start_m + tl.arange(0, BLOCK_M)
-    q_base = q_ptr + batch.to(tl.int64) * stride_qb + head.to(tl.int64) * stride_qh
-    k_base = k_ptr + batch.to(tl.int64) * stride_kb + kv_head.to(tl.int64) * stride_kh
-    v_base = v_ptr + batch.to(tl.int64) * stride_vb + kv_head.to(tl.int64) * stride_vh
-    q = _load_rows(q_base, offs_m, n_queries, stride_qm, stride_qd, HEAD_DIM, HEAD_DIM_PAD, True)
-
     # Bottom-right alignment: query row i sits at position i + n_keys - n_queries.
     q_offset = n_keys - n_queries
     k_offset = 0  # key row j sits at position j
@@ -215,9 +216,34 @@ def _attn_fwd(
         q_offset = q_shift
         k_offset = k_shift
 
-    q_pos = (offs_m + q_offset)[:, None]
-    q_lo = start_m + q_offset
-    q_hi = tl.minimum(start_m + BLOCK_M, n_queries) - 1 + q_offset
+    # Residue classes (decision 085): this program's query rows are those of
+    # one class of positions mod 2, 2 rows apart; the mask's congruence
+    # leaves them the one class of keys whose positions differ by the residue.
+    k_class = ((q_class + q_offset - k_offset) % 2 + 2) % 2
+    all_queries = n_queries
+    q_ptr += q_class * stride_qm
+    o_ptr += q_class * stride_om
+    lse_ptr += q_class
+    k_ptr += k_class * stride_kn
+    v_ptr += k_class * stride_vn
+    stride_qm *= 2
+    stride_om *= 2
+    stride_kn *= 2
+    stride_vn *= 2
+    q_offset += q_class
+    k_offset += k_class
+    n_queries = (n_queries - q_class + 1) // 2
+    n_keys = (n_keys - k_class + 1) // 2
+    n_keys = tl.where(start_m < n_queries, n_keys, 0)  # a tile past its class's rows
+    offs_m = start_m + tl.arange(0, BLOCK_M)
+    q_base = q_ptr + batch.to(tl.int64) * stride_qb + head.to(tl.int64) * stride_qh
+    k_base = k_ptr + batch.to(tl.int64) * stride_kb + kv_head.to(tl.int64) * stride_kh
+    v_base = v_ptr + batch.to(tl.int64) * stride_vb + kv_head.to(tl.int64) * stride_vh
+    q = _load_rows(q_base, offs_m, n_queries, stride_qm, stride_qd, HEAD_DIM, HEAD_DIM_PAD, True)
+
+    q_pos = (offs_m * 2 + q_offset)[:, None]
+    q_lo = start_m * 2 + q_offset
+    q_hi = (tl.minimum(start_m + BLOCK_M, n_queries) - 1) * 2 + q_offset
     alibi_slope = 0.0
 
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
@@ -226,43 +252,35 @@ def _attn_fwd(
 
     # Keys that any query of this tile can see (from the mask's affine bounds).
     lo = 0
-    hi = tl.minimum(q_hi + 1 - k_offset, n_keys)
+    hi = tl.minimum((tl.maximum(q_hi + 1 - k_offset, 0) + 1) // 2, n_keys)
 
-    for start_n in range(lo, hi, BLOCK_N):
-        k_lo = start_n + k_offset
-        k_hi = tl.minimum(start_n + BLOCK_N, n_keys) - 1 + k_offset
-        # Classify the tile by interval analysis of the mask over
-        # [q_lo, q_hi] x [k_lo, k_hi]: *_must holds for every pair in the
-        # tile, *_may for at least one.
-        # k <= q
-        m1_must = k_hi <= q_lo
-        m1_may = k_lo <= q_hi
-        # (q - k) % 2 == 0
-        mod2_wraps = ((-k_lo + q_hi) - 2 >= (-k_hi + q_lo)) | (((-k_hi + q_lo) & 1) > ((-k_lo + q_hi) & 1))  # fmt: skip
-        mod2_lo = tl.where(mod2_wraps, 0, ((-k_hi + q_lo) & 1))
-        mod2_hi = tl.where(mod2_wraps, 1, ((-k_lo + q_hi) & 1))
-        sub3_lo = mod2_lo - (0)
-        sub3_hi = mod2_hi - (0)
-        m4_must = (sub3_lo == 0) & (sub3_hi == 0)
-        m4_may = (sub3_lo <= 0) & (sub3_hi >= 0)
-        m5_must = (m1_must) & (m4_must)
-        m5_may = (m1_may) & (m4_may)
-        box6_dlo = tl.maximum(q_lo - (k_hi), 0)
-        box6_dhi = q_hi - (k_lo)
-        box6_may = (box6_dlo <= box6_dhi) & (box6_dlo + (((0 - (box6_dlo & 1))) & 1) <= box6_dhi)
-
-        if (m5_must) & (start_n + BLOCK_N <= n_keys):
-            acc, l_i, m_i = _attn_fwd_tile(
-                acc, l_i, m_i, q, q_pos, k_desc, v_desc, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
-                batch, kv_head, start_n, n_keys, k_offset, head, num_heads, alibi_slope, sm_scale,
-                HEAD_DIM, HEAD_DIM_PAD, BLOCK_N, False, USE_TMA,
-            )  # fmt: skip
-        elif box6_may:
-            acc, l_i, m_i = _attn_fwd_tile(
-                acc, l_i, m_i, q, q_pos, k_desc, v_desc, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
-                batch, kv_head, start_n, n_keys, k_offset, head, num_heads, alibi_slope, sm_scale,
-                HEAD_DIM, HEAD_DIM_PAD, BLOCK_N, True, USE_TMA,
-            )  # fmt: skip
+    # Key tiles that every query of this tile sees whole run without the
+    # elementwise mask, in a loop with no branch; the tiles on either side
+    # of that interior are masked.
+    full_lo = 0
+    full_hi = tl.minimum((tl.maximum(q_lo - k_offset, -1) + 2) // 2 - 1, n_keys - 1)
+    # Split [lo, hi) at tile boundaries into masked tiles, the interior, masked tiles.
+    end = (hi + BLOCK_N - 1) // BLOCK_N * BLOCK_N
+    mid_lo = tl.minimum(tl.maximum((full_lo + BLOCK_N - 1) // BLOCK_N * BLOCK_N, lo), end)
+    mid_hi = tl.minimum(tl.maximum((full_hi + 1) // BLOCK_N * BLOCK_N, mid_lo), end)
+    for start_n in range(lo, mid_lo, BLOCK_N):
+        acc, l_i, m_i = _attn_fwd_tile(
+            acc, l_i, m_i, q, q_pos, k_desc, v_desc, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
+            batch, kv_head, start_n, n_keys, k_offset, head, num_heads, alibi_slope, sm_scale,
+            HEAD_DIM, HEAD_DIM_PAD, BLOCK_N, True, USE_TMA, 2,
+        )  # fmt: skip
+    for start_n in range(mid_lo, mid_hi, BLOCK_N):
+        acc, l_i, m_i = _attn_fwd_tile(
+            acc, l_i, m_i, q, q_pos, k_desc, v_desc, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
+            batch, kv_head, start_n, n_keys, k_offset, head, num_heads, alibi_slope, sm_scale,
+            HEAD_DIM, HEAD_DIM_PAD, BLOCK_N, False, USE_TMA, 2,
+        )  # fmt: skip
+    for start_n in range(mid_hi, hi, BLOCK_N):
+        acc, l_i, m_i = _attn_fwd_tile(
+            acc, l_i, m_i, q, q_pos, k_desc, v_desc, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
+            batch, kv_head, start_n, n_keys, k_offset, head, num_heads, alibi_slope, sm_scale,
+            HEAD_DIM, HEAD_DIM_PAD, BLOCK_N, True, USE_TMA, 2,
+        )  # fmt: skip
 
     if HAS_SINKS:
         # gpt-oss: the head's sink logit joins every row's softmax sum, with no value.
@@ -285,8 +303,8 @@ def _attn_fwd(
     if SEQS:
         lse_row = batch.to(tl.int64) * stride_lb + head.to(tl.int64) * stride_lh
     else:
-        lse_row = batch_head.to(tl.int64) * n_queries
-    tl.store(lse_ptr + lse_row + offs_m, lse, mask=offs_m < n_queries)
+        lse_row = batch_head.to(tl.int64) * all_queries
+    tl.store(lse_ptr + lse_row + offs_m * 2, lse, mask=offs_m < n_queries)
 
 
 @triton.jit
@@ -345,79 +363,34 @@ def _attn_decode(
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, HEAD_DIM_PAD], tl.float32)
 
-    # Keys that any query of this tile can see (from the mask's affine bounds).
+    # The mask reads h, which differs between rows: every key, each tile masked.
     lo = 0
-    hi = tl.minimum(q_hi + 1 - k_offset, n_keys)
-
+    hi = n_keys
     # This split's share of the key tiles in [lo, hi), whole tiles each.
     per_split = tl.cdiv(tl.cdiv(tl.maximum(hi - lo, 0), BLOCK_N), tl.num_programs(0)) * BLOCK_N
     lo += split * per_split
     hi = tl.minimum(hi, lo + per_split)
     for start_n in range(lo, hi, BLOCK_N):
-        k_lo = start_n + k_offset
-        k_hi = tl.minimum(start_n + BLOCK_N, n_keys) - 1 + k_offset
-        # Classify the tile by interval analysis of the mask over
-        # [q_lo, q_hi] x [k_lo, k_hi]: *_must holds for every pair in the
-        # tile, *_may for at least one.
-        # k <= q
-        m1_must = k_hi <= q_lo
-        m1_may = k_lo <= q_hi
-        # (q - k) % 2 == 0
-        mod2_wraps = ((-k_lo + q_hi) - 2 >= (-k_hi + q_lo)) | (((-k_hi + q_lo) & 1) > ((-k_lo + q_hi) & 1))  # fmt: skip
-        mod2_lo = tl.where(mod2_wraps, 0, ((-k_hi + q_lo) & 1))
-        mod2_hi = tl.where(mod2_wraps, 1, ((-k_lo + q_hi) & 1))
-        sub3_lo = mod2_lo - (0)
-        sub3_hi = mod2_hi - (0)
-        m4_must = (sub3_lo == 0) & (sub3_hi == 0)
-        m4_may = (sub3_lo <= 0) & (sub3_hi >= 0)
-        m5_must = (m1_must) & (m4_must)
-        m5_may = (m1_may) & (m4_may)
-        box6_dlo = tl.maximum(q_lo - (k_hi), 0)
-        box6_dhi = q_hi - (k_lo)
-        box6_may = (box6_dlo <= box6_dhi) & (box6_dlo + (((0 - (box6_dlo & 1))) & 1) <= box6_dhi)
-
-        if (m5_must) & (start_n + BLOCK_N <= n_keys):
-            if PAGE_SIZE and BLOCK_M <= 16:  # DECODE_ROW_PAGES: a base per key row, in its own page
-                keys = start_n + tl.arange(0, BLOCK_N)
-                page = tl.load(table_ptr + batch.to(tl.int64) * stride_tb + keys // PAGE_SIZE, mask=keys < n_keys, other=0)  # fmt: skip
-                page = page.to(tl.int64)[:, None]
-                in_page = (keys % PAGE_SIZE - keys)[:, None]  # within 32 bits: `_check_cache`
-                k_rows = k_ptr + page * stride_kb + kv_head.to(tl.int64) * stride_kh + in_page * stride_kn  # fmt: skip
-                v_rows = v_ptr + page * stride_vb + kv_head.to(tl.int64) * stride_vh + in_page * stride_vn  # fmt: skip
-            elif PAGE_SIZE:  # wider tiles: one base per tile (BLOCK_N divides PAGE_SIZE)
-                page = tl.load(table_ptr + batch.to(tl.int64) * stride_tb + start_n // PAGE_SIZE).to(tl.int64)  # fmt: skip
-                in_page = start_n % PAGE_SIZE - start_n  # within 32 bits: `_check_cache`
-                k_rows = k_ptr + page * stride_kb + kv_head.to(tl.int64) * stride_kh + in_page * stride_kn  # fmt: skip
-                v_rows = v_ptr + page * stride_vb + kv_head.to(tl.int64) * stride_vh + in_page * stride_vn  # fmt: skip
-            else:
-                k_rows = k_base
-                v_rows = v_base
-            acc, l_i, m_i = _attn_fwd_tile(
-                acc, l_i, m_i, q, q_pos, k_desc, v_desc, k_rows, v_rows, stride_kn, stride_kd, stride_vn, stride_vd,
-                batch, kv_head, start_n, n_keys, k_offset, head, num_heads, alibi_slope, sm_scale,
-                HEAD_DIM, HEAD_DIM_PAD, BLOCK_N, False, USE_TMA,
-            )  # fmt: skip
-        elif box6_may:
-            if PAGE_SIZE and BLOCK_M <= 16:  # DECODE_ROW_PAGES: a base per key row, in its own page
-                keys = start_n + tl.arange(0, BLOCK_N)
-                page = tl.load(table_ptr + batch.to(tl.int64) * stride_tb + keys // PAGE_SIZE, mask=keys < n_keys, other=0)  # fmt: skip
-                page = page.to(tl.int64)[:, None]
-                in_page = (keys % PAGE_SIZE - keys)[:, None]  # within 32 bits: `_check_cache`
-                k_rows = k_ptr + page * stride_kb + kv_head.to(tl.int64) * stride_kh + in_page * stride_kn  # fmt: skip
-                v_rows = v_ptr + page * stride_vb + kv_head.to(tl.int64) * stride_vh + in_page * stride_vn  # fmt: skip
-            elif PAGE_SIZE:  # wider tiles: one base per tile (BLOCK_N divides PAGE_SIZE)
-                page = tl.load(table_ptr + batch.to(tl.int64) * stride_tb + start_n // PAGE_SIZE).to(tl.int64)  # fmt: skip
-                in_page = start_n % PAGE_SIZE - start_n  # within 32 bits: `_check_cache`
-                k_rows = k_ptr + page * stride_kb + kv_head.to(tl.int64) * stride_kh + in_page * stride_kn  # fmt: skip
-                v_rows = v_ptr + page * stride_vb + kv_head.to(tl.int64) * stride_vh + in_page * stride_vn  # fmt: skip
-            else:
-                k_rows = k_base
-                v_rows = v_base
-            acc, l_i, m_i = _attn_fwd_tile(
-                acc, l_i, m_i, q, q_pos, k_desc, v_desc, k_rows, v_rows, stride_kn, stride_kd, stride_vn, stride_vd,
-                batch, kv_head, start_n, n_keys, k_offset, head, num_heads, alibi_slope, sm_scale,
-                HEAD_DIM, HEAD_DIM_PAD, BLOCK_N, True, USE_TMA,
-            )  # fmt: skip
+        if PAGE_SIZE and BLOCK_M <= 16:  # DECODE_ROW_PAGES: a base per key row, in its own page
+            keys = start_n + tl.arange(0, BLOCK_N)
+            page = tl.load(table_ptr + batch.to(tl.int64) * stride_tb + keys // PAGE_SIZE, mask=keys < n_keys, other=0)  # fmt: skip
+            page = page.to(tl.int64)[:, None]
+            in_page = (keys % PAGE_SIZE - keys)[:, None]  # within 32 bits: `_check_cache`
+            k_rows = k_ptr + page * stride_kb + kv_head.to(tl.int64) * stride_kh + in_page * stride_kn  # fmt: skip
+            v_rows = v_ptr + page * stride_vb + kv_head.to(tl.int64) * stride_vh + in_page * stride_vn  # fmt: skip
+        elif PAGE_SIZE:  # wider tiles: one base per tile (BLOCK_N divides PAGE_SIZE)
+            page = tl.load(table_ptr + batch.to(tl.int64) * stride_tb + start_n // PAGE_SIZE).to(tl.int64)  # fmt: skip
+            in_page = start_n % PAGE_SIZE - start_n  # within 32 bits: `_check_cache`
+            k_rows = k_ptr + page * stride_kb + kv_head.to(tl.int64) * stride_kh + in_page * stride_kn  # fmt: skip
+            v_rows = v_ptr + page * stride_vb + kv_head.to(tl.int64) * stride_vh + in_page * stride_vn  # fmt: skip
+        else:
+            k_rows = k_base
+            v_rows = v_base
+        acc, l_i, m_i = _attn_fwd_tile(
+            acc, l_i, m_i, q, q_pos, k_desc, v_desc, k_rows, v_rows, stride_kn, stride_kd, stride_vn, stride_vd,
+            batch, kv_head, start_n, n_keys, k_offset, head, num_heads, alibi_slope, sm_scale,
+            HEAD_DIM, HEAD_DIM_PAD, BLOCK_N, True, USE_TMA, 1,
+        )  # fmt: skip
 
     # Rows that saw no visible key in this split have l = 0: o = 0, lse = -inf.
     l_safe = tl.where(l_i == 0.0, 1.0, l_i)
@@ -518,7 +491,7 @@ def _attn_bwd_dkdv_tile(
     dk, dv, k, v, q_desc, do_desc, q_base, do_base, lse_base, delta_base,
     stride_qm, stride_qd, stride_dom, stride_dod,
     batch, start_m, n_queries, q_offset, k_pos, n_keys, head, num_heads, alibi_slope, sm_scale,
-    HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, BLOCK_M: tl.constexpr, MASKED: tl.constexpr, USE_TMA: tl.constexpr,
+    HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, BLOCK_M: tl.constexpr, MASKED: tl.constexpr, USE_TMA: tl.constexpr, STEP: tl.constexpr,
 ):  # fmt: skip
     """Accumulate one query tile's contribution to a key tile's dK and dV.
 
@@ -532,13 +505,14 @@ def _attn_bwd_dkdv_tile(
         HEAD_DIM_PAD, MASKED, USE_TMA,
     )  # fmt: skip
     do = _load_block(do_desc, do_base, batch, head, start_m, n_queries, stride_dom, stride_dod, BLOCK_M, HEAD_DIM, HEAD_DIM_PAD, MASKED, USE_TMA)  # fmt: skip
+    rows = offs_m * STEP  # the class's rows of lse and delta
     if MASKED:
-        lse = tl.load(lse_base + offs_m, mask=offs_m < n_queries, other=float("inf"))
-        delta = tl.load(delta_base + offs_m, mask=offs_m < n_queries, other=0.0)
+        lse = tl.load(lse_base + rows, mask=offs_m < n_queries, other=float("inf"))
+        delta = tl.load(delta_base + rows, mask=offs_m < n_queries, other=0.0)
     else:
-        lse = tl.load(lse_base + offs_m)
-        delta = tl.load(delta_base + offs_m)
-    q_pos = (offs_m + q_offset)[None, :]
+        lse = tl.load(lse_base + rows)
+        delta = tl.load(delta_base + rows)
+    q_pos = (offs_m * STEP + q_offset)[None, :]
     qk_t = tl.dot(k, tl.trans(q), input_precision="ieee")
     p_t, s2_t = _attn_probs(
         qk_t, lse[None, :], q_pos, k_pos, n_keys, head, num_heads, alibi_slope, sm_scale, MASKED
@@ -570,7 +544,8 @@ def _attn_bwd_dkdv(
     With GQA/MQA the program loops over the query heads that share its kv
     head, so their contributions are summed in registers, without atomics.
     """
-    start_n = key_tile * BLOCK_N
+    k_class = key_tile % 2  # the class of key rows, then the tile within it
+    start_n = key_tile // 2 * BLOCK_N
     num_kv_heads = num_heads // kv_group
     batch = batch_kv_head // num_kv_heads
     kv_head = batch_kv_head % num_kv_heads
@@ -590,11 +565,6 @@ def _attn_bwd_dkdv(
         dk_ptr += k_row0 * stride_dkn
         dv_ptr += k_row0 * stride_dvn
         n_queries = tl.where(start_n < n_keys, n_queries, 0)  # a tile past the sequence's end
-    offs_n = start_n + tl.arange(0, BLOCK_N)
-    k_base = k_ptr + batch.to(tl.int64) * stride_kb + kv_head.to(tl.int64) * stride_kh
-    v_base = v_ptr + batch.to(tl.int64) * stride_vb + kv_head.to(tl.int64) * stride_vh
-    k = _load_rows(k_base, offs_n, n_keys, stride_kn, stride_kd, HEAD_DIM, HEAD_DIM_PAD, True)
-    v = _load_rows(v_base, offs_n, n_keys, stride_vn, stride_vd, HEAD_DIM, HEAD_DIM_PAD, True)
     # Bottom-right alignment: query row i sits at position i + n_keys - n_queries.
     q_offset = n_keys - n_queries
     k_offset = 0  # key row j sits at position j
@@ -602,9 +572,38 @@ def _attn_bwd_dkdv(
         q_offset = q_shift
         k_offset = k_shift
 
-    k_pos = (offs_n + k_offset)[:, None]
-    k_lo = start_n + k_offset
-    k_hi = tl.minimum(start_n + BLOCK_N, n_keys) - 1 + k_offset
+    # Residue classes (decision 085): this program's key rows are those of
+    # one class of positions mod 2, 2 rows apart; the mask's congruence
+    # leaves them the one class of queries whose positions differ by the residue.
+    q_class = ((k_class + k_offset - q_offset) % 2 + 2) % 2
+    all_queries = n_queries
+    k_ptr += k_class * stride_kn
+    v_ptr += k_class * stride_vn
+    dk_ptr += k_class * stride_dkn
+    dv_ptr += k_class * stride_dvn
+    q_ptr += q_class * stride_qm
+    do_ptr += q_class * stride_dom
+    lse_ptr += q_class
+    delta_ptr += q_class
+    stride_kn *= 2
+    stride_vn *= 2
+    stride_dkn *= 2
+    stride_dvn *= 2
+    stride_qm *= 2
+    stride_dom *= 2
+    q_offset += q_class
+    k_offset += k_class
+    n_queries = (n_queries - q_class + 1) // 2
+    n_keys = (n_keys - k_class + 1) // 2
+    n_queries = tl.where(start_n < n_keys, n_queries, 0)  # a tile past its class's rows
+    offs_n = start_n + tl.arange(0, BLOCK_N)
+    k_base = k_ptr + batch.to(tl.int64) * stride_kb + kv_head.to(tl.int64) * stride_kh
+    v_base = v_ptr + batch.to(tl.int64) * stride_vb + kv_head.to(tl.int64) * stride_vh
+    k = _load_rows(k_base, offs_n, n_keys, stride_kn, stride_kd, HEAD_DIM, HEAD_DIM_PAD, True)
+    v = _load_rows(v_base, offs_n, n_keys, stride_vn, stride_vd, HEAD_DIM, HEAD_DIM_PAD, True)
+    k_pos = (offs_n * 2 + k_offset)[:, None]
+    k_lo = start_n * 2 + k_offset
+    k_hi = (tl.minimum(start_n + BLOCK_N, n_keys) - 1) * 2 + k_offset
     dk = tl.zeros([BLOCK_N, HEAD_DIM_PAD], tl.float32)
     dv = tl.zeros([BLOCK_N, HEAD_DIM_PAD], tl.float32)
     for group_head in range(0, kv_group):
@@ -614,48 +613,40 @@ def _attn_bwd_dkdv(
         if SEQS:
             lse_row = batch.to(tl.int64) * stride_lb + head.to(tl.int64) * stride_lh
         else:
-            lse_row = (batch * num_heads + head).to(tl.int64) * n_queries
+            lse_row = (batch * num_heads + head).to(tl.int64) * all_queries
         lse_base = lse_ptr + lse_row
         delta_base = delta_ptr + lse_row
         alibi_slope = 0.0
         # Query rows that can see this key tile (from the mask's affine bounds).
-        row_lo = tl.maximum(k_lo - q_offset, 0) // BLOCK_M * BLOCK_M
+        row_lo = (tl.maximum(k_lo - q_offset, 0) + 1) // 2 // BLOCK_M * BLOCK_M
         row_hi = n_queries
-        for start_m in range(row_lo, row_hi, BLOCK_M):
-            q_lo = start_m + q_offset
-            q_hi = tl.minimum(start_m + BLOCK_M, n_queries) - 1 + q_offset
-            # Classify the tile by interval analysis of the mask over
-            # [q_lo, q_hi] x [k_lo, k_hi]: *_must holds for every pair in the
-            # tile, *_may for at least one.
-            # k <= q
-            m1_must = k_hi <= q_lo
-            m1_may = k_lo <= q_hi
-            # (q - k) % 2 == 0
-            mod2_wraps = ((-k_lo + q_hi) - 2 >= (-k_hi + q_lo)) | (((-k_hi + q_lo) & 1) > ((-k_lo + q_hi) & 1))  # fmt: skip
-            mod2_lo = tl.where(mod2_wraps, 0, ((-k_hi + q_lo) & 1))
-            mod2_hi = tl.where(mod2_wraps, 1, ((-k_lo + q_hi) & 1))
-            sub3_lo = mod2_lo - (0)
-            sub3_hi = mod2_hi - (0)
-            m4_must = (sub3_lo == 0) & (sub3_hi == 0)
-            m4_may = (sub3_lo <= 0) & (sub3_hi >= 0)
-            m5_must = (m1_must) & (m4_must)
-            m5_may = (m1_may) & (m4_may)
-            box6_dlo = tl.maximum(q_lo - (k_hi), 0)
-            box6_dhi = q_hi - (k_lo)
-            box6_may = (box6_dlo <= box6_dhi) & (box6_dlo + (((0 - (box6_dlo & 1))) & 1) <= box6_dhi)  # fmt: skip
-
-            if (m5_must) & ((start_n + BLOCK_N <= n_keys) & (start_m + BLOCK_M <= n_queries)):
-                dk, dv = _attn_bwd_dkdv_tile(
-                    dk, dv, k, v, q_desc, do_desc, q_base, do_base, lse_base, delta_base, stride_qm, stride_qd, stride_dom, stride_dod,
-                    batch, start_m, n_queries, q_offset, k_pos, n_keys + k_offset, head, num_heads, alibi_slope, sm_scale,
-                    HEAD_DIM, HEAD_DIM_PAD, BLOCK_M, False, USE_TMA,
-                )  # fmt: skip
-            elif box6_may:
-                dk, dv = _attn_bwd_dkdv_tile(
-                    dk, dv, k, v, q_desc, do_desc, q_base, do_base, lse_base, delta_base, stride_qm, stride_qd, stride_dom, stride_dod,
-                    batch, start_m, n_queries, q_offset, k_pos, n_keys + k_offset, head, num_heads, alibi_slope, sm_scale,
-                    HEAD_DIM, HEAD_DIM_PAD, BLOCK_M, True, USE_TMA,
-                )  # fmt: skip
+        # Query tiles that see every key of this tile (when the key tile is whole)
+        # run without the elementwise mask; the tiles on either side are masked.
+        full_lo = (tl.maximum(k_hi - q_offset, 0) + 1) // 2
+        full_hi = n_queries - 1
+        full_hi = tl.where(start_n + BLOCK_N <= n_keys, full_hi, -1)
+        # Split [row_lo, row_hi) at tile boundaries into masked tiles, the interior, masked tiles.
+        end = (row_hi + BLOCK_M - 1) // BLOCK_M * BLOCK_M
+        mid_lo = tl.minimum(tl.maximum((full_lo + BLOCK_M - 1) // BLOCK_M * BLOCK_M, row_lo), end)
+        mid_hi = tl.minimum(tl.maximum((full_hi + 1) // BLOCK_M * BLOCK_M, mid_lo), end)
+        for start_m in range(row_lo, mid_lo, BLOCK_M):
+            dk, dv = _attn_bwd_dkdv_tile(
+                dk, dv, k, v, q_desc, do_desc, q_base, do_base, lse_base, delta_base, stride_qm, stride_qd, stride_dom, stride_dod,
+                batch, start_m, n_queries, q_offset, k_pos, n_keys * 2 + k_offset, head, num_heads, alibi_slope, sm_scale,
+                HEAD_DIM, HEAD_DIM_PAD, BLOCK_M, True, USE_TMA, 2,
+            )  # fmt: skip
+        for start_m in range(mid_lo, mid_hi, BLOCK_M):
+            dk, dv = _attn_bwd_dkdv_tile(
+                dk, dv, k, v, q_desc, do_desc, q_base, do_base, lse_base, delta_base, stride_qm, stride_qd, stride_dom, stride_dod,
+                batch, start_m, n_queries, q_offset, k_pos, n_keys * 2 + k_offset, head, num_heads, alibi_slope, sm_scale,
+                HEAD_DIM, HEAD_DIM_PAD, BLOCK_M, False, USE_TMA, 2,
+            )  # fmt: skip
+        for start_m in range(mid_hi, row_hi, BLOCK_M):
+            dk, dv = _attn_bwd_dkdv_tile(
+                dk, dv, k, v, q_desc, do_desc, q_base, do_base, lse_base, delta_base, stride_qm, stride_qd, stride_dom, stride_dod,
+                batch, start_m, n_queries, q_offset, k_pos, n_keys * 2 + k_offset, head, num_heads, alibi_slope, sm_scale,
+                HEAD_DIM, HEAD_DIM_PAD, BLOCK_M, True, USE_TMA, 2,
+            )  # fmt: skip
 
     dk_base = dk_ptr + batch.to(tl.int64) * stride_dkb + kv_head.to(tl.int64) * stride_dkh
     dv_base = dv_ptr + batch.to(tl.int64) * stride_dvb + kv_head.to(tl.int64) * stride_dvh
@@ -669,7 +660,7 @@ def _attn_bwd_dkdv(
 def _attn_bwd_dq_tile(
     dq, q, do, lse, delta, q_pos, k_desc, v_desc, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
     batch, kv_head, start_n, n_keys, k_offset, head, num_heads, alibi_slope, sm_scale,
-    HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, BLOCK_N: tl.constexpr, MASKED: tl.constexpr, USE_TMA: tl.constexpr,
+    HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, BLOCK_N: tl.constexpr, MASKED: tl.constexpr, USE_TMA: tl.constexpr, STEP: tl.constexpr,
 ):  # fmt: skip
     """Accumulate one key tile's contribution to a query tile's dQ."""
     offs_n = start_n + tl.arange(0, BLOCK_N)
@@ -678,10 +669,10 @@ def _attn_bwd_dq_tile(
         HEAD_DIM_PAD, MASKED, USE_TMA,
     )  # fmt: skip
     v = _load_block(v_desc, v_base, batch, kv_head, start_n, n_keys, stride_vn, stride_vd, BLOCK_N, HEAD_DIM, HEAD_DIM_PAD, MASKED, USE_TMA)  # fmt: skip
-    k_pos = (offs_n + k_offset)[None, :]
+    k_pos = (offs_n * STEP + k_offset)[None, :]
     qk = tl.dot(q, tl.trans(k), input_precision="ieee")
     p, s2 = _attn_probs(
-        qk, lse[:, None], q_pos, k_pos, n_keys + k_offset, head, num_heads, alibi_slope, sm_scale, MASKED
+        qk, lse[:, None], q_pos, k_pos, n_keys * STEP + k_offset, head, num_heads, alibi_slope, sm_scale, MASKED
     )  # fmt: skip
     dp = tl.dot(do, tl.trans(v), input_precision="ieee")
     ds = p * (dp - delta[:, None])
@@ -704,7 +695,8 @@ def _attn_bwd_dq(
     USE_TMA: tl.constexpr, SEQS: tl.constexpr, SHIFTED: tl.constexpr,
 ):  # fmt: skip
     """dQ of one query tile of one (batch, head), BLOCK_N keys at a time."""
-    start_m = query_tile * BLOCK_M
+    q_class = query_tile % 2  # the class of query rows, then the tile within it
+    start_m = query_tile // 2 * BLOCK_M
     batch = batch_head // num_heads
     head = batch_head % num_heads
     kv_head = head // kv_group
@@ -723,6 +715,35 @@ def _attn_bwd_dq(
         k_ptr += k_row0 * stride_kn
         v_ptr += k_row0 * stride_vn
         n_keys = tl.where(start_m < n_queries, n_keys, 0)  # a tile past the sequence's end
+    # Bottom-right alignment: query row i sits at position i + n_keys - n_queries.
+    q_offset = n_keys - n_queries
+    k_offset = 0  # key row j sits at position j
+    if SHIFTED:  # the call's offsets: query row i at i + q_shift, key row j at j + k_shift
+        q_offset = q_shift
+        k_offset = k_shift
+
+    # Residue classes (decision 085): this program's query rows are those of
+    # one class of positions mod 2, 2 rows apart; the mask's congruence
+    # leaves them the one class of keys whose positions differ by the residue.
+    k_class = ((q_class + q_offset - k_offset) % 2 + 2) % 2
+    all_queries = n_queries
+    q_ptr += q_class * stride_qm
+    do_ptr += q_class * stride_dom
+    dq_ptr += q_class * stride_dqm
+    lse_ptr += q_class
+    delta_ptr += q_class
+    k_ptr += k_class * stride_kn
+    v_ptr += k_class * stride_vn
+    stride_qm *= 2
+    stride_dom *= 2
+    stride_dqm *= 2
+    stride_kn *= 2
+    stride_vn *= 2
+    q_offset += q_class
+    k_offset += k_class
+    n_queries = (n_queries - q_class + 1) // 2
+    n_keys = (n_keys - k_class + 1) // 2
+    n_keys = tl.where(start_m < n_queries, n_keys, 0)  # a tile past its class's rows
     offs_m = start_m + tl.arange(0, BLOCK_M)
     q_base = q_ptr + batch.to(tl.int64) * stride_qb + head.to(tl.int64) * stride_qh
     do_base = do_ptr + batch.to(tl.int64) * stride_dob + head.to(tl.int64) * stride_doh
@@ -735,64 +756,49 @@ def _attn_bwd_dq(
     if SEQS:
         row = batch.to(tl.int64) * stride_lb + head.to(tl.int64) * stride_lh
     else:
-        row = batch_head.to(tl.int64) * n_queries
-    row += offs_m
+        row = batch_head.to(tl.int64) * all_queries
+    row += offs_m * 2
     lse = tl.load(lse_ptr + row, mask=offs_m < n_queries, other=float("inf"))
     delta = tl.load(delta_ptr + row, mask=offs_m < n_queries, other=0.0)
 
-    # Bottom-right alignment: query row i sits at position i + n_keys - n_queries.
-    q_offset = n_keys - n_queries
-    k_offset = 0  # key row j sits at position j
-    if SHIFTED:  # the call's offsets: query row i at i + q_shift, key row j at j + k_shift
-        q_offset = q_shift
-        k_offset = k_shift
-
-    q_pos = (offs_m + q_offset)[:, None]
-    q_lo = start_m + q_offset
-    q_hi = tl.minimum(start_m + BLOCK_M, n_queries) - 1 + q_offset
+    q_pos = (offs_m * 2 + q_offset)[:, None]
+    q_lo = start_m * 2 + q_offset
+    q_hi = (tl.minimum(start_m + BLOCK_M, n_queries) - 1) * 2 + q_offset
     alibi_slope = 0.0
 
     dq = tl.zeros([BLOCK_M, HEAD_DIM_PAD], tl.float32)
 
     # Keys that any query of this tile can see (from the mask's affine bounds).
     lo = 0
-    hi = tl.minimum(q_hi + 1 - k_offset, n_keys)
+    hi = tl.minimum((tl.maximum(q_hi + 1 - k_offset, 0) + 1) // 2, n_keys)
 
-    for start_n in range(lo, hi, BLOCK_N):
-        k_lo = start_n + k_offset
-        k_hi = tl.minimum(start_n + BLOCK_N, n_keys) - 1 + k_offset
-        # Classify the tile by interval analysis of the mask over
-        # [q_lo, q_hi] x [k_lo, k_hi]: *_must holds for every pair in the
-        # tile, *_may for at least one.
-        # k <= q
-        m1_must = k_hi <= q_lo
-        m1_may = k_lo <= q_hi
-        # (q - k) % 2 == 0
-        mod2_wraps = ((-k_lo + q_hi) - 2 >= (-k_hi + q_lo)) | (((-k_hi + q_lo) & 1) > ((-k_lo + q_hi) & 1))  # fmt: skip
-        mod2_lo = tl.where(mod2_wraps, 0, ((-k_hi + q_lo) & 1))
-        mod2_hi = tl.where(mod2_wraps, 1, ((-k_lo + q_hi) & 1))
-        sub3_lo = mod2_lo - (0)
-        sub3_hi = mod2_hi - (0)
-        m4_must = (sub3_lo == 0) & (sub3_hi == 0)
-        m4_may = (sub3_lo <= 0) & (sub3_hi >= 0)
-        m5_must = (m1_must) & (m4_must)
-        m5_may = (m1_may) & (m4_may)
-        box6_dlo = tl.maximum(q_lo - (k_hi), 0)
-        box6_dhi = q_hi - (k_lo)
-        box6_may = (box6_dlo <= box6_dhi) & (box6_dlo + (((0 - (box6_dlo & 1))) & 1) <= box6_dhi)
-
-        if (m5_must) & (start_n + BLOCK_N <= n_keys):
-            dq = _attn_bwd_dq_tile(
-                dq, q, do, lse, delta, q_pos, k_desc, v_desc, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
-                batch, kv_head, start_n, n_keys, k_offset, head, num_heads, alibi_slope, sm_scale,
-                HEAD_DIM, HEAD_DIM_PAD, BLOCK_N, False, USE_TMA,
-            )  # fmt: skip
-        elif box6_may:
-            dq = _attn_bwd_dq_tile(
-                dq, q, do, lse, delta, q_pos, k_desc, v_desc, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
-                batch, kv_head, start_n, n_keys, k_offset, head, num_heads, alibi_slope, sm_scale,
-                HEAD_DIM, HEAD_DIM_PAD, BLOCK_N, True, USE_TMA,
-            )  # fmt: skip
+    # Key tiles that every query of this tile sees whole run without the
+    # elementwise mask, in a loop with no branch; the tiles on either side
+    # of that interior are masked.
+    full_lo = 0
+    full_hi = tl.minimum((tl.maximum(q_lo - k_offset, -1) + 2) // 2 - 1, n_keys - 1)
+    # Split [lo, hi) at tile boundaries into masked tiles, the interior, masked tiles.
+    end = (hi + BLOCK_N - 1) // BLOCK_N * BLOCK_N
+    mid_lo = tl.minimum(tl.maximum((full_lo + BLOCK_N - 1) // BLOCK_N * BLOCK_N, lo), end)
+    mid_hi = tl.minimum(tl.maximum((full_hi + 1) // BLOCK_N * BLOCK_N, mid_lo), end)
+    for start_n in range(lo, mid_lo, BLOCK_N):
+        dq = _attn_bwd_dq_tile(
+            dq, q, do, lse, delta, q_pos, k_desc, v_desc, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
+            batch, kv_head, start_n, n_keys, k_offset, head, num_heads, alibi_slope, sm_scale,
+            HEAD_DIM, HEAD_DIM_PAD, BLOCK_N, True, USE_TMA, 2,
+        )  # fmt: skip
+    for start_n in range(mid_lo, mid_hi, BLOCK_N):
+        dq = _attn_bwd_dq_tile(
+            dq, q, do, lse, delta, q_pos, k_desc, v_desc, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
+            batch, kv_head, start_n, n_keys, k_offset, head, num_heads, alibi_slope, sm_scale,
+            HEAD_DIM, HEAD_DIM_PAD, BLOCK_N, False, USE_TMA, 2,
+        )  # fmt: skip
+    for start_n in range(mid_hi, hi, BLOCK_N):
+        dq = _attn_bwd_dq_tile(
+            dq, q, do, lse, delta, q_pos, k_desc, v_desc, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
+            batch, kv_head, start_n, n_keys, k_offset, head, num_heads, alibi_slope, sm_scale,
+            HEAD_DIM, HEAD_DIM_PAD, BLOCK_N, True, USE_TMA, 2,
+        )  # fmt: skip
 
     dq_base = dq_ptr + batch.to(tl.int64) * stride_dqb + head.to(tl.int64) * stride_dqh
     _store_rows(
@@ -825,7 +831,8 @@ def _attn_bwd(
     tiles for both.  One launch, so the dQ programs fill the GPU while the
     last dK/dV programs finish.
     """
-    n_key_tiles = tl.cdiv(n_keys, BLOCK_N)
+    # Each residue class's key tiles, class by class within a tile.
+    n_key_tiles = tl.cdiv(tl.cdiv(n_keys, 2), BLOCK_N) * 2
     tile = tl.program_id(0)
     if tile < n_key_tiles:
         if tl.program_id(1) < tl.num_programs(1) // kv_group:
@@ -1803,6 +1810,11 @@ def forward(
     return _forward(*args, sinks=sinks, decode=True)
 
 
+def _class_tiles(n: int, block: int) -> int:
+    """Programs over n rows in tiles of `block` rows of each residue class."""
+    return _cdiv(_cdiv(n, RESIDUE_STEP), block) * RESIDUE_STEP
+
+
 def _forward(
     q, k, v, scale: float, block_m=None, block_n=None, num_warps=None, num_stages=None, tma=None, seqs=None,
     sinks=None, shifts=None, decode=False,
@@ -1830,8 +1842,9 @@ def _forward(
         return o, lse.fill_(float("-inf"))
     if decode and not explicit and seqs is None and _decode_rows(q, k) <= DECODE_MAX_ROWS:
         return _decode(q, k, v, o, lse, scale, sinks, shifts, tma)
-    use_tma = n_keys > 0 and seqs is None and _use_tma(tma, GPU_TMA, k, v)
-    grid = (_cdiv(n_queries, block_m), batch * num_heads)
+    _use_tma(tma, GPU_TMA, k, v)  # checks an explicit tma=True; the classes' rows take pointers
+    use_tma = False
+    grid = (_class_tiles(n_queries, block_m), batch * num_heads)
     _launch(
         _attn_fwd, grid,
         q, k, v, o, lse, _alibi_or_placeholder(num_heads, lse), lse if seqs is None else seqs[0],
@@ -1988,8 +2001,9 @@ def _backward(
     )  # fmt: skip
     if seqs is not None:
         batch, n_queries, n_keys = seqs[0].shape[0], seqs[1], seqs[2]
-    use_tma = seqs is None and _use_tma(tma, GPU_BWD_TMA, q, k, v, do)
-    grid = (_cdiv(n_keys, block_n) + _cdiv(n_queries, block_n), batch * num_heads)
+    _use_tma(tma, GPU_BWD_TMA, q, k, v, do)  # checks an explicit tma=True, as in _forward
+    use_tma = False
+    grid = (_class_tiles(n_keys, block_n) + _class_tiles(n_queries, block_n), batch * num_heads)
     _launch(
         _attn_bwd, grid,
         q, k, v, do, lse, delta, dq, dk, dv, alibi_slopes, lse if seqs is None else seqs[0],

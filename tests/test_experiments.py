@@ -121,7 +121,7 @@ KNOB_SETTINGS = [
     "hoist_reads=off", "merged_edges=on", "merged_edges=off", "heads_first=on",
     "bwd_heads_first=on", "seqs_tma=on", "branchless_tiles=on", "branchless_tiles=off",
     "classify_edge_tiles=off", "gluon_one_probs_call=flag", "gluon_one_probs_call=masked",
-    "gluon_one_probs_call=off",
+    "gluon_one_probs_call=off", "residue_classes=off",
 ]  # fmt: skip
 
 
@@ -144,10 +144,24 @@ def test_every_knob_setting_builds_modules_that_define_what_they_read(name):
 
 
 def test_every_knob_is_a_plan_field():
+    from flashgen.experiments import LOWERING_KNOBS
     from flashgen.lower import KernelModel
 
     fields = {f.name for f in KernelModel.__dataclass_fields__.values()}
-    assert set(KNOBS) <= fields
+    assert set(KNOBS) - LOWERING_KNOBS <= fields
+    assert LOWERING_KNOBS <= set(KNOBS) and not LOWERING_KNOBS & fields
+
+
+def test_residue_classes_off_walks_positions_and_says_so():
+    variant = make_variant("causal & (q - k) % 4 == 1", dtype=ir.DType.BF16, head_dim=128)
+    source = render_module(variant, None, parse_settings(["residue_classes=off"]))
+    assert "RESIDUE_STEP" not in source and "residue_classes=off" in source
+    assert "RESIDUE_STEP = 4" in render_module(variant)
+    assert not _undefined_names(source)
+    # Knobs of the plain grids and TMA loads do not combine with the classes.
+    with pytest.raises(ExperimentError, match="heads_first.*residue_classes=off"):
+        render_module(variant, None, parse_settings(["heads_first=on"]))
+    render_module(variant, None, parse_settings(["heads_first=on", "residue_classes=off"]))
 
 
 def test_a_module_built_with_knobs_computes_the_variant():
@@ -291,6 +305,12 @@ def test_cli_build_takes_plan_knobs(capsys, tmp_path):
     code, _, err = run(capsys, "build", str(spec), "-o", str(tmp_path / "o2"), "--plan", "gluon=1")
     assert code == 2 and "build: --plan: 'gluon' is not a plan knob" in err
     assert not (tmp_path / "o2").exists()
+    # A knob the block's plan does not take: an error naming the block, no traceback.
+    spec.write_text("attention x { head_dim = 64; dtype = fp16; mask = (q - k) % 2 == 0 }\n")
+    code, _, err = run(capsys, "build", str(spec), "-o", str(tmp_path / "o3"), "--plan",
+                       "seqs_tma=on")  # fmt: skip
+    assert code == 2 and "--plan for 'x': seqs_tma: not for kernels that walk residue" in err
+    assert "Traceback" not in err and not (tmp_path / "o3").exists()
 
 
 def _module_with(variant, knobs: list[str], name: str):

@@ -107,8 +107,9 @@ _INTERIOR = {
     # example: (has an interior, masked tiles need the per-tile test, one
     # loop whose edge tiles take the mask in a branch)
     "bloom_alibi": (True, False, False),
-    # No interior; in float32 its loop keeps the tile test (decision 076).
-    "custom": (False, True, False),
+    # Its congruence walks residue classes (decision 085), and `causal` on a
+    # class has an interior.
+    "custom": (True, False, False),
     "deepseek_mla": (True, False, False),
     "encoder_band": (True, False, True),
     "full": (True, False, False),
@@ -157,7 +158,9 @@ def test_kernels_keep_a_branch_free_interior_loop(variant):
         middle = loops[("mid_lo", "mid_hi")]
         assert not _has_branch(middle)
         (call,) = [n for s in middle.body for n in ast.walk(s) if isinstance(n, ast.Call)]
-        assert ast.unparse(call.args[-2]) == "False", "interior tiles must be unmasked"
+        args = [ast.unparse(a) for a in call.args]
+        masked = args[args.index("USE_TMA") - 1]
+        assert masked == "False", "interior tiles must be unmasked"
         for edge in ((lo, "mid_lo"), ("mid_hi", hi)):
             assert _has_branch(loops[edge]) == tested, (kernel, edge)
 

@@ -30,6 +30,7 @@ SPECS = [
     ("causal", "s + alibi", {}),
     ("q - k <= 2 * h + 3", "s * (h + 1) * 0.5", {}),
     ("causal", None, {"align": "top_left"}),
+    ("causal & (q - k) % 2 == 1", None, {}),  # residue classes in the forward (decision 085)
 ]
 
 

@@ -64,6 +64,8 @@ SPECS = {
     "prefix, top-left": ("causal | prefix(40)", None, {"align": "top_left"}),
     "chunks and alibi": ("causal & chunk(24)", "s + alibi", {}),
     "window, periodic": ("window(20, 5) & (q - k) % 3 != 1", "s - 0.05 * abs(q - k)", {}),
+    # Residue classes (decision 085): the offsets decide each class's keys.
+    "causal, every third key": ("causal & (q - k) % 3 == 1", "s - 0.05 * abs(q - k)", {}),
 }
 # (q_offset, k_offset, Nq, Nk): a prefill chunk after a cache, a shard of
 # keys ahead of the queries (rows that see nothing), both past a tile.

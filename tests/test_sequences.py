@@ -37,6 +37,9 @@ SPECS = {
         "s - 0.05 * abs(q - k)",
         {"align": "top_left"},
     ),
+    # Residue classes (decision 085): each sequence's own lengths decide its
+    # classes of keys (bottom-right positions).
+    "causal, every third key": ("causal & (q - k) % 3 == 1", "s + alibi", {}),
 }
 # (queries, keys) of the sequence judged: lengths 1, tiles (the
 # interpreter's 32, the GPU's 64 and 128) crossed and not, more queries than

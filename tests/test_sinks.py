@@ -59,6 +59,7 @@ def _loss(o, lse, do, dlse):
         ("causal & window(20)", (2, 4, 2, 45, 70)),  # GQA, Nq < Nk
         ("causal & k >= 30", (1, 2, 1, 40, 33)),  # rows that see no key: lse = sink
         ("full", (1, 2, 2, 1, 1)),
+        ("(q - k) % 3 == 0", (1, 2, 1, 40, 33)),  # residue classes (decision 085)
     ],
 )
 def test_sinks_match_the_reference_forward_and_backward(mask, shape, _interpreter):
