@@ -114,7 +114,7 @@ def render_module(
     that runs the Triton kernels everywhere.
     """
     experiments = experiments or {}
-    classes = experiments.get("residue_classes", True)
+    classes = experiments.get("residue_classes")
     model = apply_experiments(lower(variant, tuning, residue_classes=classes), experiments)
     if triton_only:
         model = dataclasses.replace(

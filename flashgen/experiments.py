@@ -103,11 +103,13 @@ KNOBS: dict[str, Callable[[str], object]] = {
     "classify_edge_tiles": _only(False),  # off: the masked loops run without the tile test
     "seqs_tma": _only(True),  # on: padded and varlen calls' backward loads through TMA too
     "gluon_one_probs_call": _one_of("off", "flag", "masked"),  # the Gluon backward's P: one call
-    "residue_classes": _only(False),  # off: the Triton kernels walk positions (decision 085)
+    # on: residue classes wherever the mask allows them, off: positions (decision 085)
+    "residue_classes": _bool,
 }
 # Knobs the lowering takes (`lower(variant, residue_classes=...)`), as they
 # change the tile analysis itself, rather than fields set on its model.
 LOWERING_KNOBS = frozenset({"residue_classes"})
+_SECTION_KNOBS = frozenset({"merged_edges", "branchless_tiles", "classify_edge_tiles"})
 
 
 def parse_settings(settings: list[str]) -> dict[str, object]:
@@ -148,7 +150,12 @@ def apply(model: KernelModel, values: Mapping[str, object]) -> KernelModel:
             )
     record = tuple(f"{name}={_show(value)}" for name, value in values.items())
     fields = {name: value for name, value in values.items() if name not in LOWERING_KNOBS}
-    return dataclasses.replace(model, **fields, experiments=model.experiments + record)
+    # The loop knobs set each residue section's loops too (decision 085).
+    looped = {name: value for name, value in fields.items() if name in _SECTION_KNOBS}
+    sections = tuple(dataclasses.replace(s, **looped) for s in model.residue_sections)
+    return dataclasses.replace(
+        model, **fields, residue_sections=sections, experiments=model.experiments + record
+    )
 
 
 def _show(value: object) -> str:

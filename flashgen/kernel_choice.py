@@ -14,7 +14,7 @@ import math
 
 from flashgen import grad, ir
 from flashgen.simplify import simplify
-from flashgen.tiles import congruence_factor
+from flashgen.tiles import residue_masks
 from flashgen.mask_forms import (
     FLIPPED,
     K_MINUS_Q,
@@ -197,30 +197,66 @@ def gluon_forward(v: ir.Variant) -> GluonForward | None:
     return GluonForward.ANY if span is None or span >= GLUON_ANY_MIN_KEYS else None
 
 
-# Residue classes (decision 085): a mask `rest & (q - k) % n == r` runs its
-# Triton kernels over the rows of each class of positions mod n, so that each
-# query class walks the one class of keys the congruence leaves, classified
-# by `rest` alone (`tiles.congruence_factor`).  Counted offline (decision
-# 084, N = 4096, 64 x 64 tiles): `causal & (q - k) % 4 == 0` visits 0.26 of
-# the tiles, nearly none of them masked, and `(q - k) % 2 == 0` 0.50, none
-# masked; predicted >= 2.5x and 1.6-1.9x on the GPU, not yet measured.
-# Rows of a class are n apart in memory: their loads are pointer loads (no
-# TMA), and such modules take neither Gluon kernel.  Not for specs that
-# declare inputs (their call plans and gradient slots count position tiles)
-# or whose v has another head dim (MLA).  Moduli up to RESIDUE_MAX_STEP.
+# Residue classes (decision 085): a mask with congruences of q - k (moduli
+# whose lcm n is at most RESIDUE_MAX_STEP) runs its Triton kernels over the
+# rows of each class of positions mod n.  For each residue r of q - k mod n
+# that some pair holds, a query class walks the one class of keys at that
+# residue, with the mask decided there (`tiles.residue_masks`): its
+# congruences true or false, its tiles classified by the ranges left.  Taken
+# where that walk visits at most RESIDUE_MAX_RATIO of the tiles the position
+# walk visits (counted on the dense mask at RESIDUE_COUNT_N positions in
+# tiles of 64); `--plan residue_classes=on` takes it wherever it can.
+# Counted offline (decision 084, N = 4096): `causal & (q - k) % 4 == 0`
+# visits 0.26 of the tiles, nearly none masked; `(q - k) % 2 == 0` 0.50;
+# seed 0's rand0_14, `(q - k) % 2 == 1 | !causal`, 0.76, where its two
+# sections' loops made the d128 Triton backward spill 1.5 KB per thread
+# against 0.35 KB over positions (sm_90a, ptxas); rand0_25, whose congruence
+# only punches holes in a dense mask, 1.09.  Predicted >= 2.5x and 1.6-1.9x
+# for the first two, not yet measured.  Rows of a
+# class are n apart in memory: pointer loads (no TMA), and no Gluon kernel.
+# Not for specs that declare inputs (their call plans and gradient slots
+# count position tiles) or whose v has another head dim (MLA).
 RESIDUE_CLASSES = True
 RESIDUE_MAX_STEP = 16
+RESIDUE_MAX_RATIO = 0.6
+RESIDUE_COUNT_N = 1024
 
 
-def residue_classes(v: ir.Variant) -> tuple[int, int, ir.Expr] | None:
-    """(n, r, rest) where the Triton kernels walk residue classes of
-    positions mod n, the mask being `(q - k) % n == r & rest`; else None."""
-    if not RESIDUE_CLASSES or v.inputs or v.v_dim != v.head_dim:
+def residue_classes(
+    v: ir.Variant, wanted: bool | None = None
+) -> tuple[int, tuple[tuple[int, ir.Expr], ...]] | None:
+    """(n, ((r, mask on q - k = r mod n), ...)) where the Triton kernels walk
+    residue classes of positions mod n (`tiles.residue_masks`); else None.
+    `wanted`: True takes them wherever they can be taken, False nowhere, None
+    where they pay (RESIDUE_MAX_RATIO)."""
+    if wanted is False or not RESIDUE_CLASSES or v.inputs or v.v_dim != v.head_dim:
         return None
-    found = congruence_factor(negation_normal_form(desugar_mask(v.mask)))
-    if found is None or found[0] > RESIDUE_MAX_STEP:
+    found = residue_masks(negation_normal_form(desugar_mask(v.mask)), RESIDUE_MAX_STEP)
+    if found is None or not found[1]:
         return None
-    return found
+    return found if wanted or class_tile_ratio(v, found[0]) <= RESIDUE_MAX_RATIO else None
+
+
+def class_tile_ratio(
+    v: ir.Variant, n: int, length: int = RESIDUE_COUNT_N, block: int = 64
+) -> float:
+    """Non-empty tiles of the class walk mod n over those of the position
+    walk, from the dense mask of head 0 at `length` queries and keys."""
+    from flashgen.reference import mask_matrix
+
+    mask = mask_matrix(v, length, length, 1)[0]
+    classes = sum(_nonempty_tiles(mask[rq::n, rk::n], block) for rq in range(n) for rk in range(n))
+    return classes / max(_nonempty_tiles(mask, block), 1)
+
+
+def _nonempty_tiles(mask, block: int) -> int:
+    """Tiles of block x block (the last ones short) that hold a visible pair."""
+    rows, cols = mask.shape
+    rows_up, cols_up = -(-rows // block) * block, -(-cols // block) * block
+    padded = mask.new_zeros(rows_up, cols_up)
+    padded[:rows, :cols] = mask
+    tiles = padded.reshape(rows_up // block, block, cols_up // block, block)
+    return int(tiles.any(dim=3).any(dim=1).sum())
 
 
 # One loop over a program's tiles, the edge tiles masked in a branch over

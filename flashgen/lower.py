@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+import dataclasses
 from dataclasses import dataclass
 
 from flashgen import grad, index_ranges, input_grads, ir
@@ -298,6 +299,146 @@ def _input_model(i: ir.Input) -> InputModel:
 
 
 @dataclass(frozen=True)
+class TileSection:
+    """How the Triton loops bound and classify tiles of one mask: the whole
+    mask's, or (residue classes, decision 085) the mask on the rows whose
+    positions differ by `residue` mod the step.  The fields are KernelModel's
+    of the same names; the loop macros take either."""
+
+    residue: int
+    mask_text: str
+    mask_is_full: bool
+    tile_lines: tuple[str, ...]
+    tile_all_visible: str
+    tile_may: str
+    tile_never_empty: bool
+    key_lo: str | None
+    key_hi: str | None
+    query_lo: str | None
+    query_hi: str | None
+    key_interior: bool
+    key_interior_lo: str | None
+    key_interior_hi: str | None
+    query_interior: bool
+    query_interior_lo: str | None
+    query_interior_hi: str | None
+    key_interior2: bool
+    key_interior2_lo: str | None
+    key_interior2_hi: str | None
+    query_interior2: bool
+    query_interior2_lo: str | None
+    query_interior2_hi: str | None
+    classify_edge_tiles: bool
+    merged_edges: bool
+    branchless_tiles: bool
+
+    def model_fields(self) -> dict[str, object]:
+        """The KernelModel fields this section fills."""
+        skip = ("residue", "mask_text", "mask_is_full")
+        return {k: v for k, v in self.__dict__.items() if k not in skip}
+
+
+def _tile_section(
+    mask: ir.Expr,
+    exact: ir.Expr,
+    dtype: ir.DType,
+    plan: "DataPlan | None",
+    residue: int = 0,
+    full: bool | None = None,
+) -> tuple[TileSection, list]:
+    """The tile section of `mask` (negation normal form): its tile code and
+    loop bounds, emptiness decided exactly from `exact` (the mask itself, or
+    with a class's congruence), with the kx trees of its scalar code; `full`:
+    whether every pair is visible (default: the mask is `full`)."""
+    tiles = TileCode()
+    full = mask == ir.FULL if full is None else full
+    if full:
+        all_visible, may = kx.TRUE, kx.TRUE
+        key_lo = key_hi = query_lo = query_hi = None
+        key_interior = query_interior = (None, None)
+        key_interior2 = query_interior2 = None
+    else:
+        all_visible, may = tiles.truth(mask)
+        may = visible_may(tiles, exact, may)
+        key_lo, key_hi = key_bounds(mask)
+        query_lo, query_hi = query_bounds(mask)
+        key_interior, key_interior2 = _two(interiors(mask, "k"))
+        query_interior, query_interior2 = _two(interiors(mask, "q"))
+    if plan is not None:
+        # The interior is where the plan finds every pair of a tile visible
+        # (its classification covers the positional terms too).
+        key_interior = _planned_interior(key_interior)
+        query_interior = _planned_interior(query_interior)
+        if key_interior2 is not None:
+            key_interior2 = _planned_interior(key_interior2)
+        if query_interior2 is not None:
+            query_interior2 = _planned_interior(query_interior2)
+    # The tile tests classify the positional terms only (a data comparison
+    # may always hold there); the masked loops run without them where the
+    # positional part leaves them little or nothing to skip (`skip_tile_test`).
+    positional = positional_part(mask)
+    classify = not (
+        may == kx.TRUE
+        or full
+        or positional is None
+        or skip_tile_test(positional)
+        or narrow_gap_tiles(positional)
+    )
+    # Short rows take the merged loop even where the tile test would skip some
+    # edge tiles, if few: each runs masked there (decision 076).
+    merged = (
+        not full
+        and merged_edges(mask, plan is not None)
+        and not (
+            classify and skipped_share(tiles.lines, may, (key_lo, key_hi)) > MERGED_MAX_SKIPPED
+        )
+    )
+    section = TileSection(
+        residue=residue,
+        mask_text=print_expr(mask),
+        mask_is_full=full,
+        tile_lines=tuple(kx.stmt_source(s) for s in tiles.lines),
+        tile_all_visible=kx.to_source(all_visible),
+        tile_may=kx.to_source(may),
+        tile_never_empty=may == kx.TRUE,
+        key_lo=_source(key_lo),
+        key_hi=_source(key_hi),
+        query_lo=_source(query_lo),
+        query_hi=_source(query_hi),
+        key_interior=key_interior is not None,
+        key_interior_lo=_source(key_interior[0]) if key_interior else None,
+        key_interior_hi=_source(key_interior[1]) if key_interior else None,
+        query_interior=query_interior is not None,
+        query_interior_lo=_source(query_interior[0]) if query_interior else None,
+        query_interior_hi=_source(query_interior[1]) if query_interior else None,
+        key_interior2=key_interior2 is not None,
+        key_interior2_lo=_source(key_interior2[0]) if key_interior2 else None,
+        key_interior2_hi=_source(key_interior2[1]) if key_interior2 else None,
+        query_interior2=query_interior2 is not None,
+        query_interior2_lo=_source(query_interior2[0]) if query_interior2 else None,
+        query_interior2_hi=_source(query_interior2[1]) if query_interior2 else None,
+        classify_edge_tiles=classify,
+        merged_edges=merged,
+        branchless_tiles=branchless_tiles(positional, dtype),
+    )
+    code = [
+        *tiles.lines,
+        key_lo,
+        key_hi,
+        query_lo,
+        query_hi,
+        *(key_interior or ()),
+        *(query_interior or ()),
+        *(key_interior2 or ()),
+        *(query_interior2 or ()),
+    ]
+    return section, code
+
+
+_Q_MINUS_K = ir.Binary(ir.BinOp.SUB, ir.Name("q"), ir.Name("k"))
+
+
+@dataclass(frozen=True)
 class KernelModel:
     """Everything the module template needs, already decided."""
 
@@ -395,11 +536,12 @@ class KernelModel:
     branchless_tiles: bool
     # Residue classes (`kernel_choice.residue_classes`, decision 085): with a
     # step n > 1 the Triton forward and backward programs take the rows of one
-    # class of positions mod n (n rows apart) and the one class of keys whose
-    # positions differ from theirs by `residue_offset` mod n; the tile code,
-    # bounds and interiors above are those of the mask less that congruence.
+    # class of positions mod n (n rows apart), and for each section (a residue
+    # r of q - k mod n that some pair holds) the class of keys whose positions
+    # differ from theirs by r mod n, with that section's tile code and bounds
+    # (the fields above then serve the kernels that walk positions).
     residue_step: int
-    residue_offset: int
+    residue_sections: tuple[TileSection, ...]
     # Helpers the element code calls.
     needs_floor_div: bool
     needs_tanh: bool
@@ -580,10 +722,12 @@ def _source(e: kx.Expr | None) -> str | None:
     return None if e is None else kx.to_source(e)
 
 
-def lower(v: ir.Variant, tuning: Tuning | None = None, residue_classes: bool = True) -> KernelModel:
-    """The module's plan for a checked variant; `residue_classes=False` keeps
-    the Triton kernels on positions where they would walk residue classes
-    (the experiment knob of that name, decision 085)."""
+def lower(
+    v: ir.Variant, tuning: Tuning | None = None, residue_classes: bool | None = None
+) -> KernelModel:
+    """The module's plan for a checked variant; `residue_classes` True or
+    False walks residue classes wherever they can be walked or nowhere, None
+    where they pay (the experiment knob of that name, decision 085)."""
     spec_text = print_variant(v)
     pad = head_dim_pad(v.head_dim)
     v_pad = head_dim_pad(v.v_dim)
@@ -596,11 +740,11 @@ def lower(v: ir.Variant, tuning: Tuning | None = None, residue_classes: bool = T
     mask = negation_normal_form(desugar_mask(v.mask))
     mask_code = ElementCode().expr(mask)
     mask_is_full = mask_code == kx.TRUE
-    # With residue classes the tiles are classified and bounded by the rest
-    # of the mask: the congruence holds on every pair a class program visits.
-    classes = find_residue_classes(v) if residue_classes else None
-    step, residue, tile_mask = classes or (1, 0, mask)
-    tiles_full = tile_mask == ir.FULL
+    # With residue classes (decision 085) the Triton kernels walk, for each
+    # residue r of q - k mod step that some pair holds, the mask on the rows
+    # whose positions differ by r mod step: one tile section each.
+    classes = find_residue_classes(v, residue_classes)
+    step, residues = classes or (1, ())
     # The score code may assume the mask's facts (keys before queries).
     fast = fast_math(v)
     score = score_code(v.score, ElementCode(keys_before_queries(mask), fast_log=fast))
@@ -609,42 +753,21 @@ def lower(v: ir.Variant, tuning: Tuning | None = None, residue_classes: bool = T
         v.score, ElementCode(keys_before_queries(mask), fast_log=fast, named=read_names)
     )
 
-    tiles = TileCode()
-    if tiles_full:
-        all_visible, may = kx.TRUE, kx.TRUE
-        key_lo = key_hi = query_lo = query_hi = None
-        key_interior = query_interior = (None, None)
-        key_interior2 = query_interior2 = None
-    else:
-        all_visible, may = tiles.truth(tile_mask)
-        # Exact emptiness from the whole mask: with residue classes its
-        # congruence then rules out the differences a class never holds.
-        may = visible_may(tiles, mask, may)
-        key_lo, key_hi = key_bounds(tile_mask)
-        query_lo, query_hi = query_bounds(tile_mask)
-        key_interior, key_interior2 = _two(interiors(tile_mask, "k"))
-        query_interior, query_interior2 = _two(interiors(tile_mask, "q"))
     plan = None if mask_is_full else data_plan(mask)
-    if plan is not None:
-        # The interior is where the plan finds every pair of a tile visible
-        # (its classification covers the positional terms too).
-        key_interior = _planned_interior(key_interior)
-        query_interior = _planned_interior(query_interior)
-        if key_interior2 is not None:
-            key_interior2 = _planned_interior(key_interior2)
-        if query_interior2 is not None:
-            query_interior2 = _planned_interior(query_interior2)
-    scalar_code = [
-        *tiles.lines,
-        key_lo,
-        key_hi,
-        query_lo,
-        query_hi,
-        *(key_interior or ()),
-        *(query_interior or ()),
-        *(key_interior2 or ()),
-        *(query_interior2 or ()),
-    ]
+    whole, scalar_code = _tile_section(mask, mask, v.dtype, plan, full=mask_is_full)
+    sections = []
+    for r, part in residues:
+        # On the rows of one class pair, q - k = r mod step: the congruence
+        # rules out differences the pair never holds (exact emptiness).
+        residue = ir.Binary(ir.BinOp.MOD, _Q_MINUS_K, ir.Num(step))
+        congruence = ir.Binary(ir.BinOp.EQ, residue, ir.Num(r))
+        exact = ir.Binary(ir.BinOp.AND, part, congruence)
+        section, code = _tile_section(part, exact, v.dtype, None, r)
+        sections.append(section)
+        scalar_code += code
+    if sections:
+        # The kernels' tile functions take `edge` where any section's loop is merged.
+        whole = dataclasses.replace(whole, merged_edges=any(s.merged_edges for s in sections))
     inputs = tuple(_input_model(i) for i in v.inputs)
     grads, grad_trees = _input_grad_models(v, inputs, keys_before_queries(mask), read_names)
     needs_floor_div = kx.needs_floor_helpers(
@@ -652,26 +775,6 @@ def lower(v: ir.Variant, tuning: Tuning | None = None, residue_classes: bool = T
     )
 
     positions = frozenset({"q", "k"})
-    # The tile tests classify the positional terms only (a data comparison
-    # may always hold there); the masked loops run without them where the
-    # positional part leaves them little or nothing to skip (`skip_tile_test`).
-    positional = positional_part(tile_mask)
-    classify = not (
-        may == kx.TRUE
-        or tiles_full
-        or positional is None
-        or skip_tile_test(positional)
-        or narrow_gap_tiles(positional)
-    )
-    # Short rows take the merged loop even where the tile test would skip some
-    # edge tiles, if few: each runs masked there (decision 076).
-    merged = (
-        not tiles_full
-        and merged_edges(tile_mask, plan is not None)
-        and not (
-            classify and skipped_share(tiles.lines, may, (key_lo, key_hi)) > MERGED_MAX_SKIPPED
-        )
-    )
     # A class's rows are `step` rows apart: pointer loads, not TMA.
     default_tma = gpu_tma(widest, v.dtype) if step == 1 else (False, False)
     # A mask of heads (or the batch) alone leaves every tile whole or empty:
@@ -712,33 +815,11 @@ def lower(v: ir.Variant, tuning: Tuning | None = None, residue_classes: bool = T
         uses_positions=ir.mentions(v.score, positions) or score.uses_alibi,
         mask_is_full=mask_is_full,
         mask_code=kx.to_source(mask_code),
-        tile_lines=tuple(kx.stmt_source(s) for s in tiles.lines),
-        tile_all_visible=kx.to_source(all_visible),
-        tile_may=kx.to_source(may),
-        tile_never_empty=may == kx.TRUE,
-        key_lo=_source(key_lo),
-        key_hi=_source(key_hi),
-        query_lo=_source(query_lo),
-        query_hi=_source(query_hi),
-        classify_edge_tiles=classify,
-        merged_edges=merged,
-        branchless_tiles=branchless_tiles(positional, v.dtype),
+        **whole.model_fields(),
         residue_step=step,
-        residue_offset=residue,
+        residue_sections=tuple(sections),
         heads_first=heads_first(mask, plan is not None),
         bwd_heads_first=heads_first(mask, plan is not None),
-        key_interior=key_interior is not None,
-        key_interior_lo=_source(key_interior[0]) if key_interior else None,
-        key_interior_hi=_source(key_interior[1]) if key_interior else None,
-        query_interior=query_interior is not None,
-        query_interior_lo=_source(query_interior[0]) if query_interior else None,
-        query_interior_hi=_source(query_interior[1]) if query_interior else None,
-        key_interior2=key_interior2 is not None,
-        key_interior2_lo=_source(key_interior2[0]) if key_interior2 else None,
-        key_interior2_hi=_source(key_interior2[1]) if key_interior2 else None,
-        query_interior2=query_interior2 is not None,
-        query_interior2_lo=_source(query_interior2[0]) if query_interior2 else None,
-        query_interior2_hi=_source(query_interior2[1]) if query_interior2 else None,
         needs_floor_div=needs_floor_div,
         needs_tanh=score.needs_tanh or kx.calls(grad_trees, kx.TANH),
         tanh_small_poly=tanh_small_poly(v),
@@ -747,7 +828,9 @@ def lower(v: ir.Variant, tuning: Tuning | None = None, residue_classes: bool = T
         gpu_config=(tuning.forward if tuning else gpu_config(widest, v.dtype, cuts_tiles, v_pad)),
         cpu_config=CPU_CONFIG,
         gpu_bwd_config=(
-            tuning.backward if tuning else gpu_bwd_config(widest, v.dtype, merged, v_pad)
+            tuning.backward
+            if tuning
+            else gpu_bwd_config(widest, v.dtype, whole.merged_edges, v_pad)
         ),
         gpu_tma=_pick(tuning.forward_tma if tuning else None, default_tma[0]),
         gpu_bwd_tma=_pick(tuning.backward_tma if tuning else None, default_tma[1]),

@@ -27,6 +27,7 @@ from flashgen.mask_forms import (
     affine,
     clean,
     difference,
+    hides_every_pair,
     int_arg,
 )
 from flashgen.printer import print_expr
@@ -602,49 +603,72 @@ def _box_may(tiles: TileCode, box: _Box) -> kx.Expr:
 
 
 # --------------------------------------------------------------------------- #
-# Congruence factors: residue classes (decision 085)
+# Residue classes (decision 085)
 # --------------------------------------------------------------------------- #
-# A mask `rest & (q - k) % n == r` hides pairs inside every tile of
-# consecutive positions, so no tile is whole.  Split queries and keys by
-# position mod n instead: on the rows q0, q0 + n, q0 + 2n, ... the factor
-# holds for exactly one class of keys and fails for the others, so each
-# query class walks one key class, whose tiles `rest` alone classifies.
+# A congruence of q - k, such as `(q - k) % 4 == 0`, hides pairs inside every
+# tile of consecutive positions, so no tile is whole.  Split queries and keys
+# by position mod n (n a multiple of every such modulus) instead: on the rows
+# of one query class and one key class, q - k mod n is one residue r, every
+# congruence is then true or false, and the mask is a mask of ranges whose
+# tiles the usual analysis classifies.
 
 
-def congruence_factor(mask: ir.Expr) -> tuple[int, int, ir.Expr] | None:
-    """A mask in negation normal form as (n, r, rest): the mask is
-    `(q - k) % n == r & rest` (rest `full` where nothing else is left), its
-    congruences on q - k joined into one; None where no conjunct is one, or
-    they have no common solution (the mask hides every pair) or their
-    modulus passes ir.INT_MAGNITUDE_MAX."""
-    conjuncts: list[ir.Expr] = []
+def residue_masks(
+    mask: ir.Expr, max_step: int
+) -> tuple[int, tuple[tuple[int, ir.Expr], ...]] | None:
+    """A mask in negation normal form as (n, ((r, mask on q - k = r mod n),
+    ...)): n the lcm of the moduli of its congruences of q - k (at most
+    `max_step`), each residue r whose mask may hold, that mask with every such
+    congruence decided (`full` where nothing else is left).  None where the
+    mask has no congruence of q - k or n would pass max_step."""
+    moduli = set()
 
-    def split(e: ir.Expr) -> None:
-        if isinstance(e, ir.Binary) and e.op is ir.BinOp.AND:
-            split(e.left)
-            split(e.right)
+    def collect(e: ir.Expr) -> None:
+        if isinstance(e, ir.Binary) and e.op in (ir.BinOp.AND, ir.BinOp.OR):
+            collect(e.left)
+            collect(e.right)
+        elif isinstance(e, ir.Unary):
+            collect(e.operand)
         else:
-            conjuncts.append(e)
+            c = _constraint(e)
+            if c is not None and c[0] == "mod" and c[1] > 1:
+                moduli.add(c[1])
 
-    split(mask)
-    congruences, rest = [], []
-    for atom in conjuncts:
-        c = _constraint(atom)
-        if c is not None and c[0] == "mod" and c[1] == 2 and not c[3]:
-            c = ("mod", 2, 1 - c[2], True)  # d % 2 != r  <=>  d % 2 == 1 - r
-        if c is not None and c[0] == "mod" and c[3] and c[1] > 1:
-            congruences.append(c)
-        else:
-            rest.append(atom)
-    if not congruences:
+    collect(mask)
+    if not moduli:
         return None
-    box = _Box(())
-    box.mods = [(n, r, True) for _, n, r, _ in congruences]
-    box._merge_congruences()
-    if box.clash or len([m for m in box.mods if m[2]]) != 1:
+    n = math.lcm(*moduli)
+    if n > max_step:
         return None
-    n, r, _ = box.mods[0]
-    out: ir.Expr = ir.FULL
-    for atom in rest:
-        out = atom if out == ir.FULL else ir.Binary(ir.BinOp.AND, out, atom)
-    return n, r, out
+    out = []
+    for r in range(n):
+        part = _decided(mask, r)
+        if part is True:
+            out.append((r, ir.FULL))
+        elif part is not False and not hides_every_pair(part):
+            out.append((r, part))
+    return n, tuple(out)
+
+
+def _decided(e: ir.Expr, r: int) -> ir.Expr | bool:
+    """`e` where q - k = r mod every congruence's modulus: True (`full`),
+    False, or the mask left."""
+    if isinstance(e, ir.Binary) and e.op in (ir.BinOp.AND, ir.BinOp.OR):
+        a, b = _decided(e.left, r), _decided(e.right, r)
+        if e.op is ir.BinOp.AND:
+            if a is False or b is False:
+                return False
+            return b if a is True else a if b is True else ir.Binary(e.op, a, b)
+        if a is True or b is True:
+            return True
+        return b if a is False else a if b is False else ir.Binary(e.op, a, b)
+    if isinstance(e, ir.Unary):
+        inner = _decided(e.operand, r)
+        return (not inner) if isinstance(inner, bool) else ir.Unary(e.op, inner)
+    if e == ir.FULL:
+        return True
+    c = _constraint(e)
+    if c is not None and c[0] == "mod" and c[1] > 1:
+        _, m, t, equal = c
+        return (r % m == t) == equal
+    return e

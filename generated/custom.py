@@ -57,9 +57,10 @@ INTERPRETER_CONFIG = (32, 32, 1, 1)
 # Split-KV decoding's (BLOCK_M, BLOCK_N, num_warps, num_stages): the first holding a call's rows.
 GPU_DECODE_CONFIGS = ((16, 16, 4, 3), (64, 16, 8, 2))
 # The Triton forward and backward walk residue classes of positions mod this
-# step (decision 085): the mask's `(q - k) % 2 == 0` holds for one class of
-# keys per class of queries.  A class's rows are RESIDUE_STEP rows apart, so
-# those kernels load them through pointers, never TMA.
+# step (decision 085): a class of queries sees the keys of
+# - the class whose positions differ from theirs by 0 mod 2, where the mask is k <= q
+# A class's rows are RESIDUE_STEP rows apart, so those kernels load them
+# through pointers, never TMA.
 RESIDUE_STEP = 2
 
 
@@ -217,24 +218,22 @@ def _attn_fwd(
         k_offset = k_shift
 
     # Residue classes (decision 085): this program's query rows are those of
-    # one class of positions mod 2, 2 rows apart; the mask's congruence
-    # leaves them the one class of keys whose positions differ by the residue.
-    k_class = ((q_class + q_offset - k_offset) % 2 + 2) % 2
+    # one class of positions mod 2, 2 rows apart; for each residue of q - k mod 2
+    # that some pair holds it walks the class of keys at that residue (below).
     all_queries = n_queries
     q_ptr += q_class * stride_qm
     o_ptr += q_class * stride_om
     lse_ptr += q_class
-    k_ptr += k_class * stride_kn
-    v_ptr += k_class * stride_vn
     stride_qm *= 2
     stride_om *= 2
+    k_row = stride_kn  # a row apart: where the other side's classes start
     stride_kn *= 2
+    v_row = stride_vn  # a row apart: where the other side's classes start
     stride_vn *= 2
     q_offset += q_class
-    k_offset += k_class
     n_queries = (n_queries - q_class + 1) // 2
-    n_keys = (n_keys - k_class + 1) // 2
-    n_keys = tl.where(start_m < n_queries, n_keys, 0)  # a tile past its class's rows
+    keys, key_offset = n_keys, k_offset  # every key row, and the position of the first
+
     offs_m = start_m + tl.arange(0, BLOCK_M)
     q_base = q_ptr + batch.to(tl.int64) * stride_qb + head.to(tl.int64) * stride_qh
     k_base = k_ptr + batch.to(tl.int64) * stride_kb + kv_head.to(tl.int64) * stride_kh
@@ -250,6 +249,13 @@ def _attn_fwd(
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, HEAD_DIM_PAD], tl.float32)
 
+    # The pairs whose positions differ by 0 mod 2, where the mask is k <= q.
+    k_class = ((q_offset - key_offset) % 2 + 2) % 2
+    k_offset = key_offset + k_class
+    n_keys = (keys - k_class + 1) // 2
+    k_at = k_base + k_class * k_row
+    v_at = v_base + k_class * v_row
+    n_keys = tl.where(start_m < n_queries, n_keys, 0)  # a tile past its class's rows
     # Keys that any query of this tile can see (from the mask's affine bounds).
     lo = 0
     hi = tl.minimum((tl.maximum(q_hi + 1 - k_offset, 0) + 1) // 2, n_keys)
@@ -265,19 +271,19 @@ def _attn_fwd(
     mid_hi = tl.minimum(tl.maximum((full_hi + 1) // BLOCK_N * BLOCK_N, mid_lo), end)
     for start_n in range(lo, mid_lo, BLOCK_N):
         acc, l_i, m_i = _attn_fwd_tile(
-            acc, l_i, m_i, q, q_pos, k_desc, v_desc, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
+            acc, l_i, m_i, q, q_pos, k_desc, v_desc, k_at, v_at, stride_kn, stride_kd, stride_vn, stride_vd,
             batch, kv_head, start_n, n_keys, k_offset, head, num_heads, alibi_slope, sm_scale,
             HEAD_DIM, HEAD_DIM_PAD, BLOCK_N, True, USE_TMA, 2,
         )  # fmt: skip
     for start_n in range(mid_lo, mid_hi, BLOCK_N):
         acc, l_i, m_i = _attn_fwd_tile(
-            acc, l_i, m_i, q, q_pos, k_desc, v_desc, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
+            acc, l_i, m_i, q, q_pos, k_desc, v_desc, k_at, v_at, stride_kn, stride_kd, stride_vn, stride_vd,
             batch, kv_head, start_n, n_keys, k_offset, head, num_heads, alibi_slope, sm_scale,
             HEAD_DIM, HEAD_DIM_PAD, BLOCK_N, False, USE_TMA, 2,
         )  # fmt: skip
     for start_n in range(mid_hi, hi, BLOCK_N):
         acc, l_i, m_i = _attn_fwd_tile(
-            acc, l_i, m_i, q, q_pos, k_desc, v_desc, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
+            acc, l_i, m_i, q, q_pos, k_desc, v_desc, k_at, v_at, stride_kn, stride_kd, stride_vn, stride_vd,
             batch, kv_head, start_n, n_keys, k_offset, head, num_heads, alibi_slope, sm_scale,
             HEAD_DIM, HEAD_DIM_PAD, BLOCK_N, True, USE_TMA, 2,
         )  # fmt: skip
@@ -573,29 +579,25 @@ def _attn_bwd_dkdv(
         k_offset = k_shift
 
     # Residue classes (decision 085): this program's key rows are those of
-    # one class of positions mod 2, 2 rows apart; the mask's congruence
-    # leaves them the one class of queries whose positions differ by the residue.
-    q_class = ((k_class + k_offset - q_offset) % 2 + 2) % 2
+    # one class of positions mod 2, 2 rows apart; for each residue of q - k mod 2
+    # that some pair holds it walks the class of queries at that residue (below).
     all_queries = n_queries
     k_ptr += k_class * stride_kn
     v_ptr += k_class * stride_vn
     dk_ptr += k_class * stride_dkn
     dv_ptr += k_class * stride_dvn
-    q_ptr += q_class * stride_qm
-    do_ptr += q_class * stride_dom
-    lse_ptr += q_class
-    delta_ptr += q_class
     stride_kn *= 2
     stride_vn *= 2
     stride_dkn *= 2
     stride_dvn *= 2
+    q_row = stride_qm  # a row apart: where the other side's classes start
     stride_qm *= 2
+    do_row = stride_dom  # a row apart: where the other side's classes start
     stride_dom *= 2
-    q_offset += q_class
     k_offset += k_class
-    n_queries = (n_queries - q_class + 1) // 2
     n_keys = (n_keys - k_class + 1) // 2
-    n_queries = tl.where(start_n < n_keys, n_queries, 0)  # a tile past its class's rows
+    queries, query_offset = n_queries, q_offset  # every query row, and the position of the first
+
     offs_n = start_n + tl.arange(0, BLOCK_N)
     k_base = k_ptr + batch.to(tl.int64) * stride_kb + kv_head.to(tl.int64) * stride_kh
     v_base = v_ptr + batch.to(tl.int64) * stride_vb + kv_head.to(tl.int64) * stride_vh
@@ -617,6 +619,15 @@ def _attn_bwd_dkdv(
         lse_base = lse_ptr + lse_row
         delta_base = delta_ptr + lse_row
         alibi_slope = 0.0
+        # The pairs whose positions differ by 0 mod 2, where the mask is k <= q.
+        q_class = ((k_offset - query_offset) % 2 + 2) % 2
+        q_offset = query_offset + q_class
+        n_queries = (queries - q_class + 1) // 2
+        q_at = q_base + q_class * q_row
+        do_at = do_base + q_class * do_row
+        lse_at = lse_base + q_class
+        delta_at = delta_base + q_class
+        n_queries = tl.where(start_n < n_keys, n_queries, 0)  # a tile past its class's rows
         # Query rows that can see this key tile (from the mask's affine bounds).
         row_lo = (tl.maximum(k_lo - q_offset, 0) + 1) // 2 // BLOCK_M * BLOCK_M
         row_hi = n_queries
@@ -631,19 +642,19 @@ def _attn_bwd_dkdv(
         mid_hi = tl.minimum(tl.maximum((full_hi + 1) // BLOCK_M * BLOCK_M, mid_lo), end)
         for start_m in range(row_lo, mid_lo, BLOCK_M):
             dk, dv = _attn_bwd_dkdv_tile(
-                dk, dv, k, v, q_desc, do_desc, q_base, do_base, lse_base, delta_base, stride_qm, stride_qd, stride_dom, stride_dod,
+                dk, dv, k, v, q_desc, do_desc, q_at, do_at, lse_at, delta_at, stride_qm, stride_qd, stride_dom, stride_dod,
                 batch, start_m, n_queries, q_offset, k_pos, n_keys * 2 + k_offset, head, num_heads, alibi_slope, sm_scale,
                 HEAD_DIM, HEAD_DIM_PAD, BLOCK_M, True, USE_TMA, 2,
             )  # fmt: skip
         for start_m in range(mid_lo, mid_hi, BLOCK_M):
             dk, dv = _attn_bwd_dkdv_tile(
-                dk, dv, k, v, q_desc, do_desc, q_base, do_base, lse_base, delta_base, stride_qm, stride_qd, stride_dom, stride_dod,
+                dk, dv, k, v, q_desc, do_desc, q_at, do_at, lse_at, delta_at, stride_qm, stride_qd, stride_dom, stride_dod,
                 batch, start_m, n_queries, q_offset, k_pos, n_keys * 2 + k_offset, head, num_heads, alibi_slope, sm_scale,
                 HEAD_DIM, HEAD_DIM_PAD, BLOCK_M, False, USE_TMA, 2,
             )  # fmt: skip
         for start_m in range(mid_hi, row_hi, BLOCK_M):
             dk, dv = _attn_bwd_dkdv_tile(
-                dk, dv, k, v, q_desc, do_desc, q_base, do_base, lse_base, delta_base, stride_qm, stride_qd, stride_dom, stride_dod,
+                dk, dv, k, v, q_desc, do_desc, q_at, do_at, lse_at, delta_at, stride_qm, stride_qd, stride_dom, stride_dod,
                 batch, start_m, n_queries, q_offset, k_pos, n_keys * 2 + k_offset, head, num_heads, alibi_slope, sm_scale,
                 HEAD_DIM, HEAD_DIM_PAD, BLOCK_M, True, USE_TMA, 2,
             )  # fmt: skip
@@ -723,27 +734,25 @@ def _attn_bwd_dq(
         k_offset = k_shift
 
     # Residue classes (decision 085): this program's query rows are those of
-    # one class of positions mod 2, 2 rows apart; the mask's congruence
-    # leaves them the one class of keys whose positions differ by the residue.
-    k_class = ((q_class + q_offset - k_offset) % 2 + 2) % 2
+    # one class of positions mod 2, 2 rows apart; for each residue of q - k mod 2
+    # that some pair holds it walks the class of keys at that residue (below).
     all_queries = n_queries
     q_ptr += q_class * stride_qm
     do_ptr += q_class * stride_dom
     dq_ptr += q_class * stride_dqm
     lse_ptr += q_class
     delta_ptr += q_class
-    k_ptr += k_class * stride_kn
-    v_ptr += k_class * stride_vn
     stride_qm *= 2
     stride_dom *= 2
     stride_dqm *= 2
+    k_row = stride_kn  # a row apart: where the other side's classes start
     stride_kn *= 2
+    v_row = stride_vn  # a row apart: where the other side's classes start
     stride_vn *= 2
     q_offset += q_class
-    k_offset += k_class
     n_queries = (n_queries - q_class + 1) // 2
-    n_keys = (n_keys - k_class + 1) // 2
-    n_keys = tl.where(start_m < n_queries, n_keys, 0)  # a tile past its class's rows
+    keys, key_offset = n_keys, k_offset  # every key row, and the position of the first
+
     offs_m = start_m + tl.arange(0, BLOCK_M)
     q_base = q_ptr + batch.to(tl.int64) * stride_qb + head.to(tl.int64) * stride_qh
     do_base = do_ptr + batch.to(tl.int64) * stride_dob + head.to(tl.int64) * stride_doh
@@ -768,6 +777,13 @@ def _attn_bwd_dq(
 
     dq = tl.zeros([BLOCK_M, HEAD_DIM_PAD], tl.float32)
 
+    # The pairs whose positions differ by 0 mod 2, where the mask is k <= q.
+    k_class = ((q_offset - key_offset) % 2 + 2) % 2
+    k_offset = key_offset + k_class
+    n_keys = (keys - k_class + 1) // 2
+    k_at = k_base + k_class * k_row
+    v_at = v_base + k_class * v_row
+    n_keys = tl.where(start_m < n_queries, n_keys, 0)  # a tile past its class's rows
     # Keys that any query of this tile can see (from the mask's affine bounds).
     lo = 0
     hi = tl.minimum((tl.maximum(q_hi + 1 - k_offset, 0) + 1) // 2, n_keys)
@@ -783,19 +799,19 @@ def _attn_bwd_dq(
     mid_hi = tl.minimum(tl.maximum((full_hi + 1) // BLOCK_N * BLOCK_N, mid_lo), end)
     for start_n in range(lo, mid_lo, BLOCK_N):
         dq = _attn_bwd_dq_tile(
-            dq, q, do, lse, delta, q_pos, k_desc, v_desc, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
+            dq, q, do, lse, delta, q_pos, k_desc, v_desc, k_at, v_at, stride_kn, stride_kd, stride_vn, stride_vd,
             batch, kv_head, start_n, n_keys, k_offset, head, num_heads, alibi_slope, sm_scale,
             HEAD_DIM, HEAD_DIM_PAD, BLOCK_N, True, USE_TMA, 2,
         )  # fmt: skip
     for start_n in range(mid_lo, mid_hi, BLOCK_N):
         dq = _attn_bwd_dq_tile(
-            dq, q, do, lse, delta, q_pos, k_desc, v_desc, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
+            dq, q, do, lse, delta, q_pos, k_desc, v_desc, k_at, v_at, stride_kn, stride_kd, stride_vn, stride_vd,
             batch, kv_head, start_n, n_keys, k_offset, head, num_heads, alibi_slope, sm_scale,
             HEAD_DIM, HEAD_DIM_PAD, BLOCK_N, False, USE_TMA, 2,
         )  # fmt: skip
     for start_n in range(mid_hi, hi, BLOCK_N):
         dq = _attn_bwd_dq_tile(
-            dq, q, do, lse, delta, q_pos, k_desc, v_desc, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
+            dq, q, do, lse, delta, q_pos, k_desc, v_desc, k_at, v_at, stride_kn, stride_kd, stride_vn, stride_vd,
             batch, kv_head, start_n, n_keys, k_offset, head, num_heads, alibi_slope, sm_scale,
             HEAD_DIM, HEAD_DIM_PAD, BLOCK_N, True, USE_TMA, 2,
         )  # fmt: skip

@@ -36,9 +36,10 @@ _DIR = Path(tempfile.mkdtemp(prefix="flashgen-test-modules-"))
 _MODULES: dict[str, ModuleType] = {}
 
 
-def build(variant: ir.Variant) -> ModuleType:
-    """Generate, write and import the module of `variant` (memoized)."""
-    source = render_module(variant)
+def build(variant: ir.Variant, experiments: dict | None = None) -> ModuleType:
+    """Generate, write and import the module of `variant` (memoized), with
+    plan knobs `experiments` (flashgen/experiments.py, parsed values)."""
+    source = render_module(variant, None, experiments)
     digest = hashlib.sha256(source.encode()).hexdigest()[:16]
     if digest not in _MODULES:
         path = _DIR / f"{variant.name}_{digest}.py"

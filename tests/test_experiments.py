@@ -121,7 +121,7 @@ KNOB_SETTINGS = [
     "hoist_reads=off", "merged_edges=on", "merged_edges=off", "heads_first=on",
     "bwd_heads_first=on", "seqs_tma=on", "branchless_tiles=on", "branchless_tiles=off",
     "classify_edge_tiles=off", "gluon_one_probs_call=flag", "gluon_one_probs_call=masked",
-    "gluon_one_probs_call=off", "residue_classes=off",
+    "gluon_one_probs_call=off", "residue_classes=off", "residue_classes=on",
 ]  # fmt: skip
 
 
