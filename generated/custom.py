@@ -597,6 +597,9 @@ def _attn_bwd_dkdv(
     k_offset += k_class
     n_keys = (n_keys - k_class + 1) // 2
     queries, query_offset = n_queries, q_offset  # every query row, and the position of the first
+    # Tensors, not constexprs (a call with one query row, top-left offsets):
+    # the sections reassign them in the loop over the group's heads.
+    n_queries, q_offset = queries + 0 * k_class, query_offset + 0 * k_class
 
     offs_n = start_n + tl.arange(0, BLOCK_N)
     k_base = k_ptr + batch.to(tl.int64) * stride_kb + kv_head.to(tl.int64) * stride_kh
