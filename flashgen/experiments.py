@@ -3,10 +3,11 @@ run, never what they compute, for measuring one choice against another on
 a GPU (`flashgen build --plan NAME=VALUE`, `flashgen bench --plan ...`).
 
 They replace text patches of generated modules: an experiment is a field of
-the `KernelModel` that the lowering would otherwise decide.  Only settings
-that keep the result are allowed: a Gluon kernel can be turned off but not
-on (the lowering turns it on only where it is correct), the accurate tanh on
-but not off.  A module built with knobs says so in its docstring.
+the `KernelModel` (or of its tile sections) that the lowering would otherwise
+decide.  Only settings that keep the result are allowed: a Gluon kernel can be
+turned off but not on (the lowering turns it on only where it is correct), the
+accurate tanh on but not off.  A module built with knobs says so in its
+docstring.
 """
 
 from __future__ import annotations
@@ -80,7 +81,8 @@ def _config(text: str) -> LaunchConfig:
     return LaunchConfig(block_m, block_n, warps, stages)
 
 
-# Knob -> parser of its value.  Each is a KernelModel field.
+# Knob -> parser of its value.  Each is a KernelModel field, or a TileSection
+# field (`_SECTION_KNOBS`) set on the model's tile sections.
 KNOBS: dict[str, Callable[[str], object]] = {
     "gpu_config": _config,  # BLOCK_M,BLOCK_N,WARPS,STAGES of the Triton forward
     "gpu_bwd_config": _config,  # the same for the Triton backward
@@ -149,12 +151,22 @@ def apply(model: KernelModel, values: Mapping[str, object]) -> KernelModel:
                 "set residue_classes=off with it"
             )
     record = tuple(f"{name}={_show(value)}" for name, value in values.items())
-    fields = {name: value for name, value in values.items() if name not in LOWERING_KNOBS}
-    # The loop knobs set each residue section's loops too (decision 085).
-    looped = {name: value for name, value in fields.items() if name in _SECTION_KNOBS}
+    fields = {
+        name: value
+        for name, value in values.items()
+        if name not in LOWERING_KNOBS and name not in _SECTION_KNOBS
+    }
+    # The loop knobs set the whole mask's loops (`model.tiles`) and each
+    # residue section's (decision 085).
+    looped = {name: value for name, value in values.items() if name in _SECTION_KNOBS}
+    tiles = dataclasses.replace(model.tiles, **looped)
     sections = tuple(dataclasses.replace(s, **looped) for s in model.residue_sections)
     return dataclasses.replace(
-        model, **fields, residue_sections=sections, experiments=model.experiments + record
+        model,
+        **fields,
+        tiles=tiles,
+        residue_sections=sections,
+        experiments=model.experiments + record,
     )
 
 

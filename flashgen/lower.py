@@ -301,41 +301,60 @@ def _input_model(i: ir.Input) -> InputModel:
 @dataclass(frozen=True)
 class TileSection:
     """How the Triton loops bound and classify tiles of one mask: the whole
-    mask's, or (residue classes, decision 085) the mask on the rows whose
-    positions differ by `residue` mod the step.  The fields are KernelModel's
-    of the same names; the loop macros take either."""
+    mask's (`KernelModel.tiles`, residue 0), or (residue classes, decision
+    085) the mask on the rows whose positions differ by `residue` mod the
+    step (`KernelModel.residue_sections`).  The loop macros of
+    templates/tile_loops.j2 take either as `t`."""
 
     residue: int
     mask_text: str
+    # The mask is `full` (every pair visible).
     mask_is_full: bool
+    # Tile classification: the scalar code, then whether every pair of the
+    # tile is visible and whether some pair may be; `tile_never_empty` when
+    # the latter is the constant True.
     tile_lines: tuple[str, ...]
     tile_all_visible: str
     tile_may: str
     tile_never_empty: bool
+    # Key positions that some query of a query tile can see (bounds the key loops).
     key_lo: str | None
     key_hi: str | None
+    # Query positions that can see a key tile (bounds the backward's dK/dV loop).
     query_lo: str | None
     query_hi: str | None
+    # Keys that every query of a query tile sees (and the converse): tiles
+    # wholly inside run in a branch-free loop without the elementwise mask.
+    # `*_interior` is False when the analysis finds no such interval; a side
+    # that is None is unbounded.
     key_interior: bool
     key_interior_lo: str | None
     key_interior_hi: str | None
     query_interior: bool
     query_interior_lo: str | None
     query_interior_hi: str | None
+    # A second such interval, for a mask whose interior has a gap
+    # (`causal | k >= q + 27`): its tiles run without the mask too.
     key_interior2: bool
     key_interior2_lo: str | None
     key_interior2_hi: str | None
     query_interior2: bool
     query_interior2_lo: str | None
     query_interior2_hi: str | None
+    # Tiles outside a loop's interior are classified (the tile code) before
+    # their masked step runs: not when every such tile may hold a visible
+    # pair anyway (`tile_never_empty`) or the bounds are dense.
     classify_edge_tiles: bool
+    # One loop over each program's tiles, the edge tiles (outside the
+    # interior) masked in a branch (`kernel_choice.merged_edges`), instead of
+    # three loops; only where no edge tile needs classifying.  With residue
+    # classes the whole mask's is whether any section's is: the kernels' tile
+    # functions then take `edge`.
     merged_edges: bool
+    # Loops without an interior call the masked tile for every tile, with no
+    # branch (`kernel_choice.branchless_tiles`); always correct, as a masked
+    # tile computes a whole or an empty one right.
     branchless_tiles: bool
-
-    def model_fields(self) -> dict[str, object]:
-        """The KernelModel fields this section fills."""
-        skip = ("residue", "mask_text", "mask_is_full")
-        return {k: v for k, v in self.__dict__.items() if k not in skip}
 
 
 def _tile_section(
@@ -489,57 +508,17 @@ class KernelModel:
     score_grad_uses_s: bool
     uses_alibi: bool
     uses_positions: bool
-    # Mask.  `mask_is_full`: the mask is `full` (every pair visible).
-    mask_is_full: bool
+    # The mask's element code (`True` where the mask is `full`).
     mask_code: str
-    # Tile classification: the scalar code, then whether every pair of the
-    # tile is visible and whether some pair may be; `tile_never_empty` when
-    # the latter is the constant True.
-    tile_lines: tuple[str, ...]
-    tile_all_visible: str
-    tile_may: str
-    tile_never_empty: bool
-    key_lo: str | None
-    key_hi: str | None
-    # Query positions that can see a key tile (bounds the backward's dK/dV loop).
-    query_lo: str | None
-    query_hi: str | None
-    # Keys that every query of a query tile sees (and the converse): tiles
-    # wholly inside run in a branch-free loop without the elementwise mask.
-    # `*_interior` is False when the analysis finds no such interval; a side
-    # that is None is unbounded.
-    key_interior: bool
-    key_interior_lo: str | None
-    key_interior_hi: str | None
-    query_interior: bool
-    query_interior_lo: str | None
-    query_interior_hi: str | None
-    # A second such interval, for a mask whose interior has a gap
-    # (`causal | k >= q + 27`): its tiles run without the mask too.
-    key_interior2: bool
-    key_interior2_lo: str | None
-    key_interior2_hi: str | None
-    query_interior2: bool
-    query_interior2_lo: str | None
-    query_interior2_hi: str | None
-    # Tiles outside a loop's interior are classified (the tile code) before
-    # their masked step runs: not when every such tile may hold a visible
-    # pair anyway (`tile_never_empty`) or the bounds are dense.
-    classify_edge_tiles: bool
-    # One loop over each program's tiles, the edge tiles (outside the
-    # interior) masked in a branch (`kernel_choice.merged_edges`), instead of
-    # three loops; only where no edge tile needs classifying.
-    merged_edges: bool
-    # Loops without an interior call the masked tile for every tile, with no
-    # branch (`kernel_choice.branchless_tiles`); always correct, as a masked
-    # tile computes a whole or an empty one right.
-    branchless_tiles: bool
+    # The whole mask's tile section: how the Triton loops that walk positions
+    # (and the Gluon kernels) bound and classify tiles.
+    tiles: TileSection
     # Residue classes (`kernel_choice.residue_classes`, decision 085): with a
     # step n > 1 the Triton forward and backward programs take the rows of one
     # class of positions mod n (n rows apart), and for each section (a residue
     # r of q - k mod n that some pair holds) the class of keys whose positions
     # differ from theirs by r mod n, with that section's tile code and bounds
-    # (the fields above then serve the kernels that walk positions).
+    # (`tiles` then serves the kernels that walk positions).
     residue_step: int
     residue_sections: tuple[TileSection, ...]
     # Helpers the element code calls.
@@ -628,7 +607,9 @@ class KernelModel:
         """Whether `_scores_log2` and `_attn_probs` take `edge`, a run-time
         flag that skips the mask: for the merged loops' edge tiles, and for
         the Gluon backward's one call (`gluon_one_probs_call`)."""
-        return self.merged_edges or (self.gluon_one_probs_call == "flag" and self.gluon_backward)
+        return self.tiles.merged_edges or (
+            self.gluon_one_probs_call == "flag" and self.gluon_backward
+        )
 
     @property
     def hoisting(self) -> bool:
@@ -813,9 +794,8 @@ def lower(
         score_grad_uses_s=score.grad_uses_s,
         uses_alibi=score.uses_alibi or _uses_alibi(grad_trees),
         uses_positions=ir.mentions(v.score, positions) or score.uses_alibi,
-        mask_is_full=mask_is_full,
         mask_code=kx.to_source(mask_code),
-        **whole.model_fields(),
+        tiles=whole,
         residue_step=step,
         residue_sections=tuple(sections),
         heads_first=heads_first(mask, plan is not None),

@@ -144,12 +144,14 @@ def test_every_knob_setting_builds_modules_that_define_what_they_read(name):
 
 
 def test_every_knob_is_a_plan_field():
-    from flashgen.experiments import LOWERING_KNOBS
-    from flashgen.lower import KernelModel
+    from flashgen.experiments import _SECTION_KNOBS, LOWERING_KNOBS
+    from flashgen.lower import KernelModel, TileSection
 
     fields = {f.name for f in KernelModel.__dataclass_fields__.values()}
-    assert set(KNOBS) - LOWERING_KNOBS <= fields
-    assert LOWERING_KNOBS <= set(KNOBS) and not LOWERING_KNOBS & fields
+    section_fields = {f.name for f in TileSection.__dataclass_fields__.values()}
+    assert set(KNOBS) - LOWERING_KNOBS - _SECTION_KNOBS <= fields
+    assert _SECTION_KNOBS <= section_fields and not _SECTION_KNOBS & fields
+    assert LOWERING_KNOBS <= set(KNOBS) and not LOWERING_KNOBS & (fields | section_fields)
 
 
 def test_residue_classes_off_walks_positions_and_says_so():
@@ -162,6 +164,20 @@ def test_residue_classes_off_walks_positions_and_says_so():
     with pytest.raises(ExperimentError, match="heads_first.*residue_classes=off"):
         render_module(variant, None, parse_settings(["heads_first=on"]))
     render_module(variant, None, parse_settings(["heads_first=on", "residue_classes=off"]))
+
+
+def test_loop_knobs_set_the_whole_masks_section_and_each_residue_section():
+    from flashgen.experiments import apply
+    from flashgen.lower import lower
+
+    variant = make_variant("causal & (q - k) % 4 == 1", dtype=ir.DType.BF16, head_dim=128)
+    model = lower(variant)
+    assert model.residue_sections
+    settings = ["merged_edges=off", "branchless_tiles=on", "classify_edge_tiles=off"]
+    changed = apply(model, parse_settings(settings))
+    for t in (changed.tiles, *changed.residue_sections):
+        assert (t.merged_edges, t.branchless_tiles, t.classify_edge_tiles) == (False, True, False)
+    assert changed.experiments == tuple(settings)
 
 
 def test_a_module_built_with_knobs_computes_the_variant():

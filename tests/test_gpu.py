@@ -271,7 +271,7 @@ def test_masks_without_tile_test_and_positional_backward_on_gpu(
     variant = make_variant(mask, score, dtype=dtype, head_dim=head_dim)
     module = build(variant)
     model = lower.lower(variant)
-    assert model.merged_edges or not model.classify_edge_tiles
+    assert model.tiles.merged_edges or not model.tiles.classify_edge_tiles
     positional = positional_part(negation_normal_form(desugar_mask(variant.mask)))
     if score is not None:
         assert kernel_choice.positional_derivative(variant.score) or kernel_choice.heavy_derivative(

@@ -1328,7 +1328,7 @@ def test_softcap_as_a_right_operand(score):
 def test_floor_helpers_only_where_called():
     """A mask that folds to `full` calls nothing, even if a chunk was in it."""
     model = lower.lower(make_variant("!(chunk(24) & causal) | full"))
-    assert model.mask_is_full and model.mask_code == "True"
+    assert model.tiles.mask_is_full and model.mask_code == "True"
     assert not model.needs_floor_div
 
 
@@ -1355,10 +1355,11 @@ def test_floor_helpers_from_the_code(mask, score, helpers):
     the printed module defines `_floor_div` exactly when it calls it."""
     model = lower.lower(make_variant(mask, score))
     assert model.needs_floor_div is helpers
-    printed = [*model.tile_lines, model.key_lo or "", model.key_hi or "", model.mask_code]
-    printed += [model.score_log2_code, model.query_lo or "", model.query_hi or ""]
-    printed += [model.key_interior_lo or "", model.key_interior_hi or ""]
-    printed += [model.query_interior_lo or "", model.query_interior_hi or ""]
+    t = model.tiles
+    printed = [*t.tile_lines, t.key_lo or "", t.key_hi or "", model.mask_code]
+    printed += [model.score_log2_code, t.query_lo or "", t.query_hi or ""]
+    printed += [t.key_interior_lo or "", t.key_interior_hi or ""]
+    printed += [t.query_interior_lo or "", t.query_interior_hi or ""]
     assert any("_floor_" in code for code in printed) is helpers
 
 
@@ -1581,17 +1582,17 @@ def test_an_absorbed_term_that_reads_data_is_kept():
 def test_a_mask_folded_to_full_key_bounds():
     """`q % 1 != k` (rand0_16 of the random bench): every key past the first,
     so the loops start at key 1 and every key tile past the first is interior."""
-    model = lower.lower(make_variant("q % 1 != k & -abs(h) <= 5", dtype=ir.DType.FP16))
-    assert model.key_lo is not None and model.key_interior_lo is not None
-    unequal = lower.lower(make_variant("q != k", dtype=ir.DType.FP16))
+    tiles = lower.lower(make_variant("q % 1 != k & -abs(h) <= 5", dtype=ir.DType.FP16)).tiles
+    assert tiles.key_lo is not None and tiles.key_interior_lo is not None
+    unequal = lower.lower(make_variant("q != k", dtype=ir.DType.FP16)).tiles
     assert unequal.key_interior_hi is not None and unequal.key_interior2_lo is not None
 
 
 def test_a_comparison_of_max_gets_an_interior():
     """`max(q, k) > 37`: every key past 37 is seen by every query, and a
     query tile past 37 sees every key."""
-    model = lower.lower(make_variant("max(q, k) > 37", dtype=ir.DType.FP16))
-    assert model.key_interior and model.key_interior_lo is not None
+    tiles = lower.lower(make_variant("max(q, k) > 37", dtype=ir.DType.FP16)).tiles
+    assert tiles.key_interior and tiles.key_interior_lo is not None
 
 
 @pytest.mark.parametrize(
@@ -1689,7 +1690,7 @@ def test_rows_known_short_take_one_loop(text, merged):
     spec, _ = parse(source)
     variants, diags = check([spec])
     assert not diags, diags
-    assert lower.lower(variants[0]).merged_edges is merged
+    assert lower.lower(variants[0]).tiles.merged_edges is merged
     # One query tile of every head after another only where documents bound the
     # rows (decision 069: a per-example prefix's long rows ran slower so at d128),
     # in the forward and the backward (decision 070).
@@ -1754,7 +1755,7 @@ def test_a_comparison_of_heads_bounds_a_program_all_or_nothing(mask, heads_seen)
     query_lo, query_hi = lower.query_bounds(nnf)
     interior = lower.interior_bounds(nnf, "k")
     assert interior is not None
-    assert lower.lower(variant).key_interior
+    assert lower.lower(variant).tiles.key_interior
     for head, sees in enumerate(heads_seen):
         env = _namespace(10, 25, 30, 45, head, len(heads_seen))
         lo, hi = _value(key_lo, env), _value(key_hi, env)
@@ -1955,9 +1956,9 @@ def test_narrow_gaps_cases():
 def test_narrow_gaps_drop_the_tile_test_only_when_switched_on(monkeypatch):
     # decision 074: off until measured; on, rand0_7's mask loses its tile test.
     variant = make_variant("causal | !(causal | abs(q - k) < 27)", align="bottom_right")
-    assert lower.lower(variant).classify_edge_tiles
+    assert lower.lower(variant).tiles.classify_edge_tiles
     monkeypatch.setattr(kernel_choice, "NARROW_GAPS", True)
-    assert not lower.lower(variant).classify_edge_tiles
+    assert not lower.lower(variant).tiles.classify_edge_tiles
 
 
 @pytest.mark.parametrize(

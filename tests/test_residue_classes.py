@@ -61,6 +61,8 @@ def test_the_lowering_walks_classes_and_leaves_tma_and_gluon():
     model = lower.lower(variant)
     (section,) = model.residue_sections
     assert (model.residue_step, section.residue, section.mask_text) == (4, 1, "k <= q")
+    # The whole mask's section (residue 0) serves the kernels that walk positions.
+    assert (model.tiles.residue, model.tiles.mask_text) == (0, "k <= q & (q - k) % 4 == 1")
     # Its rows are 4 apart: pointer loads, and no Gluon kernel (they walk positions).
     assert (model.gpu_tma, model.gpu_bwd_tma, model.gluon_forward, model.gluon_backward) == (
         False, False, None, False,
