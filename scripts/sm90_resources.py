@@ -51,6 +51,11 @@ _POINTER = {
 
 
 V_IN_K = False  # --v-in-k
+# --ones: integer parameters compiled as the constant 1, as Triton specializes
+# a launch's argument of value 1 (Nq = 1, one head, Nk = 1): code that
+# reassigns such a parameter in a loop fails to compile only then ("Loop
+# carried variable ... changed type"), on the GPU and never on the interpreter.
+ONES: frozenset = frozenset()
 # (kernel, config, stages it compiled at) of each kernel that ptxas failed to
 # compile at its config's stages, compiled again with fewer as a module's
 # launch does (`_through_triton` in flashgen/runtime.py).
@@ -117,7 +122,7 @@ def compile_kernel(
             signature[name] = f"tensordesc<{dtype}[1, 1, {rows}, {width}]>"
         elif name == "sm_scale":
             signature[name] = "fp32"
-        elif (name.startswith("stride") and name.endswith("d")) or name == "kv_group":
+        elif (name.startswith("stride") and name.endswith("d")) or name in ("kv_group", *ONES):
             constants[name] = 1
         else:
             signature[name] = "i32"
@@ -501,9 +506,18 @@ def main() -> None:
         action="store_true",
         help="the forward and decode kernels' path for v a view of k's first columns (V_IN_K)",
     )
+    parser.add_argument(
+        "--ones",
+        nargs="+",
+        default=[],
+        metavar="NAME",
+        help="integer parameters (n_queries, n_keys, num_heads, ...) compiled as the constant 1, "
+        "as Triton specializes a launch's value 1",
+    )
     args = parser.parse_args()
-    global V_IN_K
+    global V_IN_K, ONES
     V_IN_K = args.v_in_k
+    ONES = frozenset(args.ones)
     if args.gluon_forward_any:
         kernel_choice.GLUON_ANY_MIN_KEYS = 0
     if args.gluon_forward_head_dims:

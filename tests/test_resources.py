@@ -13,6 +13,7 @@ from __future__ import annotations
 import concurrent.futures
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -91,7 +92,8 @@ def _sm90_resources(*args: str) -> tuple[list[dict], str]:
         timeout=900,
     )
     assert out.returncode == 0, out.stderr[-2000:]
-    rows = [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
+    # Rows are JSON objects; a ptxas crash's report (decision 067) may print PTX.
+    rows = [json.loads(line) for line in out.stdout.splitlines() if line.startswith('{"')]
     return rows, out.stdout
 
 
@@ -374,3 +376,40 @@ def test_drawn_specs_compile_for_sm90():
     assert out.returncode == 0, (out.stdout + out.stderr)[-3000:]
     lines = out.stdout.splitlines()
     assert [line.split()[:2] for line in lines] == [["ok", "c0"], ["ok", "c1"], ["ok", "c2"]]
+
+
+RESIDUE_CLASSES = """\
+attention periodic_bottom_right {
+    head_dim = 64
+    dtype = bf16
+    mask = causal & (q - k) % 4 == 0
+}
+attention periodic_top_left {
+    head_dim = 64
+    dtype = fp16
+    mask = !causal & (q - k) % 4 == 1 | causal & (q - k) % 4 == 3
+    align = top_left
+}
+"""
+
+
+@pytest.mark.parametrize("seqs", [False, True], ids=["dense", "seqs"])
+def test_residue_class_kernels_compile_for_sm90_with_arguments_of_one(tmp_path, seqs):
+    """Decision 085's class kernels reassign the query count, the key count and
+    the offsets per section; where Triton specializes a launch's 1 (Nq = 1,
+    Nk = 1, one head, an offset of 1) as a constant, or the top-left offset is
+    the literal 0, such a reassignment in a loop does not compile ("loop
+    carried variable changed type"), which only the GPU showed (159c564's
+    fix).  Compiled here for sm_90a with those parameters constant 1: a
+    bottom-right mask of one section and a top-left one of two."""
+    spec = tmp_path / "residue_classes.attn"
+    spec.write_text(RESIDUE_CLASSES)
+    ones = ["n_queries", "n_keys", "num_heads"] + (["q_shift", "k_shift"] if seqs else [])
+    rows, stdout = _sm90_resources(str(spec), *(["--seqs"] if seqs else []), "--ones", *ones)
+    # ptxas may crash on a pipelined loop at these constants and print why; the
+    # script then compiles with fewer stages, as a module's launch does
+    # (decision 067), and reports the kernel.  A spec that fails says "failed:".
+    assert not re.search(r"^\S+\s+failed: ", stdout, re.M), stdout[-2000:]
+    kernels = {(r["name"], r["kernel"]) for r in rows}
+    for name in ("periodic_bottom_right", "periodic_top_left"):
+        assert {(name, "_attn_fwd"), (name, "_attn_bwd")} <= kernels, stdout
