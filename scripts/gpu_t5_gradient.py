@@ -29,7 +29,14 @@ through the reference and the ordinary same-dtype implementation's:
    the gradient buffer (query tile t's sums, against the reference with dO
    zero outside tile t's rows), so the wrong tiles and buckets are named.
 
-    python3 scripts/gpu_t5_gradient.py [fp16|bf16] [--shapes N] [--device cpu] [--small]
+    python3 scripts/gpu_t5_gradient.py [fp16|bf16] [--shapes N] [--only NAME ...] [--no-slots]
+        [--device cpu] [--small]
+
+With TRITON_PTXAS_PATH set (and a cache of its own, TRITON_CACHE_DIR), the
+same kernels assembled by another ptxas: Triton 3.6 assembles sm_90a with
+the CUDA 12.8 ptxas it ships, and later ptxas releases fixed Hopper
+miscompiles (an asynchronous wgmma's register operands reused before it read
+them: triton-lang/triton#9433, #11781).
 
 Each shape and launch setting compiles kernels of its own (an estimated
 10-20 s each on a cold cache, not measured): --shapes 1 first, in a call of
@@ -59,6 +66,10 @@ parser.add_argument("dtype", nargs="?", default="fp16", choices=("fp16", "bf16")
 parser.add_argument("--device", default="cuda")
 parser.add_argument("--small", action="store_true", help="tiny shapes (the interpreter)")
 parser.add_argument("--shapes", type=int, default=None, help="only the first N shapes")
+parser.add_argument(
+    "--only", action="append", metavar="NAME", help="only these variations (repeatable)"
+)
+parser.add_argument("--no-slots", action="store_true", help="leave out part 2")
 args = parser.parse_args()
 device = args.device
 
@@ -105,6 +116,8 @@ else:
         "gather_unpipelined": {"plan": "gather_unpipelined=on"},
     }
 SHAPES = SHAPES[: args.shapes]
+if args.only:
+    VARIATIONS = {name: VARIATIONS[name] for name in args.only}
 torch_dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}[args.dtype]
 
 
@@ -217,7 +230,7 @@ for i, shape in enumerate(SHAPES):
             diff = (first - got).abs().max().item()
             print(f"  the same call gave other bits: largest difference {diff:.3e}")
 
-    if i:
+    if i or args.no_slots:
         continue
     # Part 2: the failing shape's slots, one per dQ program (query tile of
     # config[1] rows, the launch's block_n).
