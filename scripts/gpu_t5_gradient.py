@@ -12,6 +12,15 @@ dQ loops keep each tile's dS @ K wgmma in flight while the drel sums of the
 same tile run (cross-warp reductions through shared memory, and for tiles
 near the diagonal a loop over the bucket values the tile holds); the IR's
 order and values look right, so the fault is below it or in a launch.
+On 2026-12-05 (f55d308), offline: the TTGIR of `_attn_bwd` specialized for
+the failing call (Nq 1023, Nk 2048, H2/1, bf16, 64 x 64 x 4 x 3) and for Nq
+2048 differ only in the contiguity of the dK/dV programs' lse and delta
+loads, so the passing and failing calls run the same dQ code on other data;
+and the SASS of the dQ loops (ptxas 12.8 as Triton 3.6 ships it, and 13.0)
+writes neither the register operand nor the accumulator of the in-flight
+dS @ K wgmma before its wait (a static scan of every path to the wait), so
+the known register-reuse miscompile is not visible there.  The kernel spills
+1.7 KB at those tiles (none at 32 x 64 x 4 x 3, 188 B at 8 warps).
 
 Two parts, each printing drel's largest error against float64 autograd
 through the reference and the ordinary same-dtype implementation's:
