@@ -88,7 +88,11 @@ def gpu_config(
 
 
 def gpu_bwd_config(
-    head_dim_pad: int, dtype: ir.DType, short_rows: bool = False, v_dim_pad: int | None = None
+    head_dim_pad: int,
+    dtype: ir.DType,
+    short_rows: bool = False,
+    v_dim_pad: int | None = None,
+    learnable: bool = False,
 ) -> LaunchConfig:
     """Backward tiles.  The dK/dV kernel keeps two BLOCK_N x HEAD_DIM fp32
     accumulators in registers, so wide heads get narrower key tiles.
@@ -100,8 +104,21 @@ def gpu_bwd_config(
     0.64 for causal chunks of 1024, 1.03 against 1.10 for a 1024-key window,
     0.31 against 0.42 for a 129-key band; it loses at causal N = 16384
     (7.26 ms against 6.77).  At d64 the default was best or within 6%.
-    `v_dim_pad`: as in `gpu_config`."""
+    `v_dim_pad`: as in `gpu_config`.
+
+    `learnable`: the dQ programs also sum the gradients of learnable reads
+    (decision 086).  At 64 x 64 x 4 x 3 the t5_relative_bias example's
+    backward spilled 1.7 KB per thread on sm_90a, and the CUDA 12.8 ptxas that
+    Triton 3.6 ships assembled it wrong: its table's gradient was off by up to
+    15 at Nq 1023, Nk 2048 on an H100 (fp16 and bf16), while the same PTX
+    assembled by CUDA 13.0's ptxas was right, as was every other launch tried
+    (2026-12-05, scripts/gpu_t5_gradient.py).  32 x 64 x 4 x 3 spills nothing
+    there and was right at four shapes; 32 x 64 x 8 x 2 spills nothing at d128
+    (the default 64 x 128 x 8 x 3 spilled 2.5 KB; not yet run on a GPU).
+    Neither is timed yet."""
     wide = dtype is ir.DType.FP32
+    if learnable and not wide and head_dim_pad <= 128:
+        return LaunchConfig(32, 64, 4, 3) if head_dim_pad <= 64 else LaunchConfig(32, 64, 8, 2)
     if wide and head_dim_pad <= 128:
         # CUDA-core products: 64 x 64 x 4 x 2 spilled 4-57 KB per thread at d32
         # and d64 on sm_90a, 32 x 32 x 4 x 2 1.5-3 KB at d128; these spill

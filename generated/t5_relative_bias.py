@@ -49,7 +49,7 @@ MAX_HEADS = 65536
 
 # (BLOCK_M, BLOCK_N, num_warps, num_stages)
 GPU_CONFIG = (64, 64, 4, 3)
-GPU_BWD_CONFIG = (64, 64, 4, 3)
+GPU_BWD_CONFIG = (32, 64, 4, 3)
 # Whether the forward and the backward load tiles through TMA descriptors by
 # default on sm90+ GPUs (measured: flashgen's defaults, or `flashgen tune`).
 GPU_TMA = False
