@@ -39,7 +39,10 @@ through the reference and the ordinary same-dtype implementation's:
    zero outside tile t's rows), so the wrong tiles and buckets are named.
 
     python3 scripts/gpu_t5_gradient.py [fp16|bf16] [--shapes N] [--only NAME ...] [--no-slots]
-        [--device cpu] [--small]
+        [--head-dim 64|128] [--device cpu] [--small]
+
+--head-dim 128 builds the example at d128, whose 16-bit backward takes
+32 x 64 x 8 x 2 (decision 086).
 
 With TRITON_PTXAS_PATH set (and a cache of its own, TRITON_CACHE_DIR), the
 same kernels assembled by another ptxas: Triton 3.6 assembles sm_90a with
@@ -79,13 +82,17 @@ parser.add_argument(
     "--only", action="append", metavar="NAME", help="only these variations (repeatable)"
 )
 parser.add_argument("--no-slots", action="store_true", help="leave out part 2")
+parser.add_argument(
+    "--head-dim", type=int, default=64, choices=(64, 128), help="the example at this head dim"
+)
 args = parser.parse_args()
 device = args.device
 
 variant = next(v for v in example_variants() if v.name == "t5_relative_bias")
-variant = dataclasses.replace(variant, dtype=ir.DType(args.dtype))
+variant = dataclasses.replace(variant, dtype=ir.DType(args.dtype), head_dim=args.head_dim)
 module = build(variant)
 config = module.GPU_BWD_CONFIG
+print(f"t5_relative_bias d{args.head_dim} {args.dtype}: GPU_BWD_CONFIG {config}", flush=True)
 if args.small:
     SHAPES = [Shape(1, 2, 1, 47, 160), Shape(1, 2, 1, 64, 64)]
     config = (16, 16, 4, 2)
