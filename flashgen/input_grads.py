@@ -6,11 +6,12 @@ learnable input in the score (equal reads, compared as expressions, are one)
 and the problems of the reads no form below covers (`problems`, reported by
 `check`).
 
-The dQ programs of the backward (one per query tile and query head, walking
-key tiles) already hold dS = d loss / d score for every pair they visit; a
-read x[i(b, h, q, k)] adds dS * d score / d read to the element x[i] of the
-pair.  How a program sums those depends on which indices move with q and k
-(`Form`):
+The backward's programs already hold dS = d loss / d score for every pair
+they visit: the dQ programs (one per query tile and query head, walking key
+tiles) and the dK/dV programs (one per key tile and kv head, walking query
+tiles and the kv head's query heads).  A read x[i(b, h, q, k)] adds
+dS * d score / d read to the element x[i] of the pair.  Which programs sum
+it, and how, depends on which indices move with q and k (`Form`):
 
     SCALAR  no index mentions q or k (`temp[h]`): one sum per program;
     ROWS    one index is `q` itself, the others do not mention q or k
@@ -20,14 +21,21 @@ pair.  How a program sums those depends on which indices move with q and k
             dimension, each tile adding the sum of the pairs of each value it
             holds;
     PAIRS   two indices are `q` and `k` themselves, the others do not mention
-            them (`bias[b, h, q, k]`): every pair its own element.
+            them (`bias[b, h, q, k]`): every pair its own element;
+    COLS    one index is `k` itself, the others do not mention q or k
+            (`c[b, h, k]`, the key side of Forgetting Transformer's
+            `c[b, h, q] - c[b, h, k]`): one sum per key, in the dK/dV
+            programs (docs/decisions/087-learnable-reads-per-key.md).
 
-Each program writes its sums into its own row (its *slot*) of a float32
+The other forms are summed by the dQ programs.  Each program writes its sums into its own row (its *slot*) of a float32
 buffer of shape (slots, *x.shape), and the module adds the rows up in a
 fixed order: deterministic, with no atomics.  A program coordinate that
 cannot share an element with another program needs no slot of its own: the
 batch where an index is `b` itself, the head where one is `h`, the query
-tile for ROWS and PAIRS (each row is one query's).
+tile for ROWS and PAIRS (each row is one query's); COLS never has one per
+tile (each key is one key tile's).  A dK/dV program stores a COLS read's
+sums once per query head where an index mentions `h` (each head's element
+may differ), else once for its kv head (the slot is then the kv head's).
 """
 
 from __future__ import annotations
@@ -50,6 +58,7 @@ class Form(str, enum.Enum):
     ROWS = "rows"
     TABLE = "table"
     PAIRS = "pairs"
+    COLS = "cols"
 
 
 @dataclass(frozen=True)
@@ -68,6 +77,8 @@ class LearnableRead:
     slot_batch: bool
     slot_head: bool
     slot_tile: bool
+    # COLS: an index mentions h, so the dK/dV program stores per query head.
+    per_query_head: bool = False
 
 
 @dataclass(frozen=True)
@@ -86,15 +97,17 @@ def _classify(read: ir.Index, decl: ir.Input) -> tuple[Form, int | None] | Probl
         size = decl.shape[d]
         if read.args[d] == _Q:
             return Form.ROWS, None
+        if read.args[d] == _K:
+            return Form.COLS, None
         if isinstance(size, int) and size <= MAX_TABLE:
             return Form.TABLE, d
         return Problem(
             read.span,
             f"no kernel sums the gradient of this read of learnable `{read.input}`: index "
-            f"{d + 1} moves with q or k, so it must be `q` itself or range over a constant "
-            f"dimension of at most {MAX_TABLE} (this one is {size})",
-            note="learnable reads: indices free of q and k, plus one that is `q`, one over a "
-            "constant dimension, or two that are `q` and `k` (docs/LANGUAGE.md, Inputs)",
+            f"{d + 1} moves with q or k, so it must be `q` or `k` itself or range over a "
+            f"constant dimension of at most {MAX_TABLE} (this one is {size})",
+            note="learnable reads: indices free of q and k, plus one that is `q` or `k`, one "
+            "over a constant dimension, or two that are `q` and `k` (docs/LANGUAGE.md, Inputs)",
         )
     if len(moving) == 2 and {read.args[d] for d in moving} == {_Q, _K}:
         return Form.PAIRS, None
@@ -102,8 +115,8 @@ def _classify(read: ir.Index, decl: ir.Input) -> tuple[Form, int | None] | Probl
         read.span,
         f"no kernel sums the gradient of this read of learnable `{read.input}`: "
         f"{len(moving)} of its indices move with q or k",
-        note="learnable reads: indices free of q and k, plus one that is `q`, one over a "
-        "constant dimension, or two that are `q` and `k` themselves (docs/LANGUAGE.md, Inputs)",
+        note="learnable reads: indices free of q and k, plus one that is `q` or `k`, one over "
+        "a constant dimension, or two that are `q` and `k` themselves (docs/LANGUAGE.md, Inputs)",
     )
 
 
@@ -132,6 +145,8 @@ def analyse(v: ir.Variant) -> tuple[tuple[LearnableRead, ...], tuple[Problem, ..
                 slot_batch=_B not in read.args,
                 slot_head=_H not in read.args,
                 slot_tile=form in (Form.SCALAR, Form.TABLE),
+                per_query_head=form is Form.COLS
+                and any(ir.mentions(a, frozenset({"h"})) for a in read.args),
             )
         )
     return tuple(reads), tuple(problems)

@@ -144,8 +144,9 @@ class InputModel:
 
 @dataclass(frozen=True)
 class InputGradModel:
-    """A read of a learnable input as the dQ programs sum its gradient into
-    the buffer `grad<number>_ptr` (see `flashgen.input_grads`)."""
+    """A read of a learnable input as the dQ programs (or, for COLS, the
+    dK/dV programs) sum its gradient into the buffer `grad<number>_ptr` (see
+    `flashgen.input_grads`)."""
 
     number: int
     input: InputModel
@@ -165,6 +166,8 @@ class InputGradModel:
     slot_batch: bool
     slot_head: bool
     slot_tile: bool
+    # COLS: an index mentions h; the dK/dV program stores per query head.
+    per_query_head: bool = False
     # TABLE: the read's `TileRead` name (its `_bounds_<name>` helper says
     # whether one element serves a whole tile, and its indices), if it has one.
     tile_read: str | None = None
@@ -174,7 +177,10 @@ class InputGradModel:
     def slot_code(self) -> str:
         slot = "batch" if self.slot_batch else "0"
         if self.slot_head:
-            slot = "head" if slot == "0" else f"({slot} * num_heads + head)"
+            # A COLS read's dK/dV program sums its kv head's query heads in
+            # one slot, unless it stores per query head.
+            head = "kv_head" if self.form == "cols" and not self.per_query_head else "head"
+            slot = head if slot == "0" else f"({slot} * num_heads + {head})"
         if self.slot_tile:
             slot = "query_tile" if slot == "0" else f"{slot} * query_tiles + query_tile"
         return slot
@@ -218,6 +224,7 @@ def _input_grad_models(
                 slot_batch=r.slot_batch,
                 slot_head=r.slot_head,
                 slot_tile=r.slot_tile,
+                per_query_head=r.per_query_head,
                 **bounds,
             )
         )
@@ -622,10 +629,37 @@ class KernelModel:
         return tuple(i for i in self.inputs if i.name in seen)
 
     @property
+    def dq_inputs(self) -> tuple[InputModel, ...]:
+        """The learnable inputs that the dQ programs sum reads of."""
+        seen = {g.input.name for g in self.dq_grads}
+        return tuple(i for i in self.inputs if i.name in seen)
+
+    @property
+    def dkdv_inputs(self) -> tuple[InputModel, ...]:
+        """The learnable inputs that the dK/dV programs sum reads of."""
+        seen = {g.input.name for g in self.dkdv_grads}
+        return tuple(i for i in self.inputs if i.name in seen)
+
+    @property
+    def dq_grads(self) -> tuple[InputGradModel, ...]:
+        """The learnable reads the dQ programs sum (every form but COLS)."""
+        return tuple(g for g in self.input_grads if g.form != "cols")
+
+    @property
+    def dkdv_grads(self) -> tuple[InputGradModel, ...]:
+        """The learnable reads the dK/dV programs sum: COLS, one sum per key."""
+        return tuple(g for g in self.input_grads if g.form == "cols")
+
+    @property
+    def dkdv_accumulators(self) -> tuple[str, ...]:
+        """What the dK/dV tile function carries for the learnable reads."""
+        return tuple(f"grad{g.number}" for g in self.dkdv_grads)
+
+    @property
     def grad_accumulators(self) -> tuple[str, ...]:
         """What the dQ tile function carries for the learnable reads."""
         out = []
-        for g in self.input_grads:
+        for g in self.dq_grads:
             if g.form != "pairs":
                 out.append(f"grad{g.number}")
             if self.rows_of_one_element(g):
@@ -644,7 +678,7 @@ class KernelModel:
     @property
     def grad_bases(self) -> tuple[str, ...]:
         """Where the dQ tile function stores PAIRS reads' gradients."""
-        return tuple(f"grad{g.number}_base" for g in self.input_grads if g.form == "pairs")
+        return tuple(f"grad{g.number}_base" for g in self.dq_grads if g.form == "pairs")
 
     @property
     def input_names(self) -> str:

@@ -292,6 +292,7 @@ DATA_VARIANTS = (
     ("t: fp32[H]", "{m}", "{s} * t[h]"),
     ("rel: fp32[H, 32]", "{m}", "{s} + rel[h, min(max(q - k, 0), 31)]"),
     ("w: learnable fp16[B, H, Nk, Nk]", "{m}", "{s} + w[b, h, q, k]"),
+    ("c: learnable fp32[B, H, Nk]; t: learnable bf16[B, Nk]", "{m}", "({s}) * t[b, k] - c[b, h, k]"),
 )  # fmt: skip
 # Texts the API could take for a path (it must not): existing files, `.attn` names.
 PATH_LIKE_TEXTS = (

@@ -189,12 +189,14 @@ def test_check_accepts_inputs_and_the_learnable_reads_the_kernels_sum():
     assert _messages(learnable, learnable=True) == []
     # The reads the kernels sum are accepted, the others refused (but for the reference).
     assert _messages(learnable, learnable=False) == []
-    per_key = "attention t { head_dim = 16; dtype = fp32; w: learnable fp32[Nk]; score = s + w[k] }"
-    assert _messages(per_key, learnable=True) == []
-    assert _messages(per_key, learnable=False) == [
+    reversed_key = (
+        "attention t { head_dim = 16; dtype = fp32; w: learnable fp32[Nk]; score = s + w[k div 2] }"
+    )
+    assert _messages(reversed_key, learnable=True) == []
+    assert _messages(reversed_key, learnable=False) == [
         "no kernel sums the gradient of this read of learnable `w`: index 1 moves with q or k, "
-        "so it must be `q` itself or range over a constant dimension of at most 1024 (this one "
-        "is Nk)"
+        "so it must be `q` or `k` itself or range over a constant dimension of at most 1024 "
+        "(this one is Nk)"
     ]
 
 

@@ -2,7 +2,7 @@
 docs/decisions/048-learnable-inputs.md).
 
 Every form of read the backward sums (a scalar per program, a query row, a
-constant table, a pair) is judged against float64 autograd through the
+constant table, a pair, a key) is judged against float64 autograd through the
 reference by the 3x rule (`verify.check_backward`, which compares the
 learnable inputs' gradients beside dq, dk and dv), on shapes with GQA,
 Nq != Nk, rows that see no key and tile edges; repeated backward calls must
@@ -61,6 +61,13 @@ SPECS = {
         "w: learnable fp16[B, H, Nk, Nk]; kb: fp32[B, Nk]; mask = causal & window(20); "
         "score = s + w[b, h, q, k] + kb[b, k]"
     ),
+    # COLS (summed per key by the dK/dV programs): Forgetting Transformer's decay, read by
+    # query and by key (ROWS and COLS of one input; each query head its own element); a
+    # per-key temperature the kv head's query heads share (the derivative is s); a per-key
+    # bias whose element moves with h without being h (each query head its own slot).
+    "fox": "c: learnable fp32[B, H, Nk]; mask = causal; score = s + c[b, h, q] - c[b, h, k]",
+    "key_temperature": "t: learnable fp32[B, Nk]; mask = window(30); score = s * t[b, k]",
+    "key_bias": "w: learnable fp32[2, 2048]; mask = causal; score = s + w[h % 2, k]",
     # Two reads of one input, and a learnable bias under a runtime document mask (the plan).
     "two_reads": "w: learnable fp32[H]; score = s * w[h] + w[0]",
     "documents": (
@@ -108,7 +115,7 @@ def _loss(module, q, k, v, data, do):
 
 
 @pytest.mark.kernels
-@pytest.mark.parametrize("name", ["t5", "pairs", "temperature", "rows"])
+@pytest.mark.parametrize("name", ["t5", "pairs", "temperature", "rows", "fox"])
 def test_repeated_backward_calls_give_the_same_bits(name):
     variant = _variant(SPECS[name])
     module = build(variant)
@@ -165,6 +172,9 @@ def test_check_accepts_every_form_and_the_model_says_how_each_read_is_summed():
         "pairs": ["pairs"],
         "two_reads": ["scalar", "scalar"],
         "documents": ["table"],
+        "fox": ["rows", "cols"],
+        "key_temperature": ["cols"],
+        "key_bias": ["cols"],
     }
     for name, body in SPECS.items():
         model = lower(_variant(body))
@@ -174,6 +184,18 @@ def test_check_accepts_every_form_and_the_model_says_how_each_read_is_summed():
     assert (t5.slot_batch, t5.slot_head, t5.slot_tile) == (True, False, True)
     pairs = lower(_variant(SPECS["pairs"])).input_grads[0]
     assert (pairs.slot_batch, pairs.slot_head, pairs.slot_tile) == (False, False, False)
+    # COLS: no slot per tile; stored per query head where an index mentions h, into the
+    # kv head's slot where none does.
+    fox = lower(_variant(SPECS["fox"]))
+    assert fox.dkdv_grads == fox.input_grads[1:] and fox.dq_grads == fox.input_grads[:1]
+    cols = fox.input_grads[1]
+    assert (cols.slot_batch, cols.slot_head, cols.slot_tile, cols.per_query_head) == (
+        False, False, False, True
+    )  # fmt: skip
+    key_temperature = lower(_variant(SPECS["key_temperature"])).input_grads[0]
+    assert not key_temperature.per_query_head and key_temperature.slot_code == "kv_head"
+    key_bias = lower(_variant(SPECS["key_bias"])).input_grads[0]
+    assert key_bias.per_query_head and key_bias.slot_code == "(batch * num_heads + head)"
     # A table read hoisted per tile sums the rows of tiles that read one element.
     model = lower(_variant(SPECS["t5"]))
     assert model.rows_of_one_element(t5) and t5.tile_read == "read0"
@@ -185,13 +207,14 @@ def test_reads_the_kernels_sum_are_accepted():
 
 
 def test_reads_no_kernel_sums_are_refused_with_a_caret():
-    (message,) = _messages("w: learnable fp32[Nk]; score = s + w[k]")
+    (message,) = _messages("w: learnable fp32[Nk]; score = s + w[k div 2]")
     assert "no kernel sums the gradient of this read of learnable `w`" in message
-    assert "must be `q` itself or range over a constant dimension of at most 1024" in message
+    assert "must be `q` or `k` itself or range over a constant dimension of at most" in message
     assert "<t>:1:" in message and "^" in message
     (message,) = _messages("w: learnable fp32[16, 16]; score = s + w[q % 16, k % 16]")
     assert "2 of its indices move with q or k" in message
     # The same reads of a constant input are fine, and so is a table over a constant size.
-    assert _messages("w: fp32[Nk]; score = s + w[k]") == []
+    assert _messages("w: fp32[Nk]; score = s + w[k div 2]") == []
+    assert _messages("w: learnable fp32[Nk]; score = s + w[k]") == []  # COLS
     assert _messages("w: learnable fp32[1024]; score = s + w[min(abs(q - k), 1023)]") == []
     assert len(_messages("w: learnable fp32[1025]; score = s + w[min(abs(q - k), 1024)]")) == 1
