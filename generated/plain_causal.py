@@ -20,9 +20,12 @@ This file needs only torch and triton.  Tested with Triton 3.6.0 (torch 2.11 on 
 on another Triton (3.5 or later) it runs its Triton kernels only.
 """
 
+import contextlib
 import functools
+import io
 import math
 import os
+import sys
 import threading
 from typing import NamedTuple
 
@@ -1650,17 +1653,28 @@ def _through_triton(kernel, grid, args: tuple, options: dict):
     """kernel[grid](*args, **options) through Triton (compiling on a first launch).
     Where ptxas fails on the kernel (Triton 3.6's crashed on the pipelined key loops
     of masks such as `k < 8`, decision 067), again with a stage fewer, down to 1:
-    the same arithmetic, unpipelined loads; the options that compiled are kept."""
+    the same arithmetic, unpipelined loads; the options that compiled are kept.
+    Triton prints the whole PTX to stdout when ptxas fails, so stdout is held
+    while Triton runs and passed on unless ptxas failed: a failure recovered
+    from prints nothing, and the error of one that is not says what failed."""
     key = (kernel, *options.items())
     options = _FEWER_STAGES.get(key, options)
     while True:
+        held = io.StringIO()
         try:
-            return kernel[grid](*_triton_args(args), **options)
+            with contextlib.redirect_stdout(held):
+                result = kernel[grid](*_triton_args(args), **options)
         except _PTXAS_ERROR:
             stages = options.get("num_stages", 3)
             if stages <= 1:
                 raise
             options = _FEWER_STAGES[key] = dict(options, num_stages=stages - 1)
+            continue
+        except BaseException:
+            sys.stdout.write(held.getvalue())
+            raise
+        sys.stdout.write(held.getvalue())
+        return result
 
 
 def _launch(kernel, grid, *args, **options) -> None:
