@@ -1664,8 +1664,8 @@ def _through_triton(kernel, grid, args: tuple, options: dict):
     of masks such as `k < 8`, decision 067), again with a stage fewer, down to 1:
     the same arithmetic, unpipelined loads; the options that compiled are kept.
     Triton prints the whole PTX to stdout when ptxas fails, so stdout is held
-    while Triton runs and passed on unless ptxas failed: a failure recovered
-    from prints nothing, and the error of one that is not says what failed."""
+    while Triton runs and passed on unless ptxas failed: the failures this
+    recovers from print nothing, and the error of one it cannot says what failed."""
     key = (kernel, *options.items())
     options = _FEWER_STAGES.get(key, options)
     while True:
