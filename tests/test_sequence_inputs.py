@@ -56,6 +56,9 @@ LEARNABLE = {
     "alibi learned": "slope: learnable fp32[H]; mask = causal; score = s - slope[h] * abs(q - k)",
     # A slot per query tile only: b indexes the input.
     "temperature per sequence": "t: learnable fp32[B, H]; score = softcap(s * t[b, h], 20.0)",
+    # A bias per key position, summed by the dK/dV programs (decision 087): a slot per
+    # sequence, as each sequence's keys restart at position 0.
+    "key bias": "w: learnable fp32[H, 160]; mask = causal; score = s + w[h, k]",
     # A learnable table under a data-reading mask (the plan, per sequence).
     "prefix and table": (
         "prefix_len: int32[B]; rel: learnable fp32[H, 16]; mask = causal | k < prefix_len[b]; "
