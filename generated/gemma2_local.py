@@ -25,6 +25,7 @@ import functools
 import io
 import math
 import os
+import re
 import sys
 import threading
 
@@ -1630,26 +1631,46 @@ def _through_triton(kernel, grid, args: tuple, options: dict):
     of masks such as `k < 8`, decision 067), again with a stage fewer, down to 1:
     the same arithmetic, unpipelined loads; the options that compiled are kept.
     Triton prints the whole PTX to stdout when ptxas fails, so stdout is held
-    while Triton runs and passed on unless ptxas failed: the failures this
-    recovers from print nothing, and the error of one it cannot says what failed."""
+    while Triton runs (`_holding_stdout`): the failures this recovers from
+    print nothing, and the error of one it cannot says what failed."""
     key = (kernel, *options.items())
     options = _FEWER_STAGES.get(key, options)
     while True:
-        held = io.StringIO()
         try:
-            with contextlib.redirect_stdout(held):
-                result = kernel[grid](*_triton_args(args), **options)
+            return _holding_stdout(kernel[grid], _triton_args(args), options)
         except _PTXAS_ERROR:
             stages = options.get("num_stages", 3)
             if stages <= 1:
                 raise
             options = _FEWER_STAGES[key] = dict(options, num_stages=stages - 1)
-            continue
-        except BaseException:
-            sys.stdout.write(held.getvalue())
-            raise
-        sys.stdout.write(held.getvalue())
-        return result
+
+
+# One thread at a time holds stdout (`_holding_stdout`): redirections that
+# overlap would restore each other's streams.
+_STDOUT_HELD = threading.Lock()
+
+
+# What Triton 3.6 prints when ptxas fails: the error again, then the whole PTX.
+_PTX_DUMP = re.compile(
+    r"\n\n={64}\n.*?\n={64}\nplease share the reproducer above with Triton project\.\n\n?", re.S
+)
+
+
+def _holding_stdout(launch, args: tuple, options: dict):
+    """launch(*args, **options) with stdout held, then passed on, less the
+    PTX that Triton prints where ptxas fails (the error says what failed).
+    The redirection is the process's: what other threads print meanwhile is
+    held and passed on too.  Where another thread holds stdout already, the
+    launch runs as it is."""
+    if not _STDOUT_HELD.acquire(blocking=False):
+        return launch(*args, **options)
+    held = io.StringIO()
+    try:
+        with contextlib.redirect_stdout(held):
+            return launch(*args, **options)
+    finally:
+        _STDOUT_HELD.release()
+        sys.stdout.write(_PTX_DUMP.sub("", held.getvalue()))
 
 
 def _launch(kernel, grid, *args, **options) -> None:
