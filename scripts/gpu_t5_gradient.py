@@ -119,6 +119,10 @@ else:
         "8 warps": {"warps": 8},
         "tiles 32 x 64": {"tiles": (32, 64)},
         "tiles 64 x 32": {"tiles": (64, 32)},
+        # Faster d128 candidates (decision 086: the learned decay's backward ran at
+        # 168 and 219 TFLOP/s there against 83 at the rule's 32 x 64 x 8 x 2; both spill).
+        "32 x 128 x 8 x 2": {"tiles": (32, 128), "warps": 8, "stages": 2},
+        "64 x 128 x 8 x 2": {"tiles": (64, 128), "warps": 8, "stages": 2},
         "through Triton": {"DIRECT_LAUNCH": False},
         # As the test calls it: attention() and autograd, whose backward runs in
         # autograd's own thread; and with the zeroed gradient buffers synchronized
