@@ -388,9 +388,10 @@ def test_learnable_gradients_of_a_varlen_call_sum_its_sequences(name, _interpret
 
 
 @pytest.mark.kernels
+@pytest.mark.parametrize("spec", ["alibi learned", "key bias"])
 @pytest.mark.parametrize("name", ["right", "left"])
-def test_learnable_gradients_of_a_padded_call_sum_its_rows(name, _interpreter):
-    variant = _variant(LEARNABLE["alibi learned"])
+def test_learnable_gradients_of_a_padded_call_sum_its_rows(name, spec, _interpreter):
+    variant = _variant(LEARNABLE[spec])
     g = torch.Generator().manual_seed(8)
     _learnable_sums(variant, build(variant), name, _inputs(variant, len(LENGTHS), g), g)
 
