@@ -1652,13 +1652,14 @@ def _through_triton(kernel, grid, args: tuple, options: dict):
     of masks such as `k < 8`, decision 067), again with a stage fewer, down to 1:
     the same arithmetic, unpipelined loads; the options that compiled are kept.
     Triton prints the whole PTX to stdout when ptxas fails, so stdout is held
-    while Triton runs (`_holding_stdout`): the failures this recovers from
-    print nothing, and the error of one it cannot says what failed."""
+    while Triton runs (`_stdout_held`): the failures this recovers from print
+    nothing, and the error of one it cannot says what failed."""
     key = (kernel, *options.items())
     options = _FEWER_STAGES.get(key, options)
     while True:
         try:
-            return _holding_stdout(kernel[grid], _triton_args(args), options)
+            with _stdout_held():
+                return kernel[grid](*_triton_args(args), **options)
         except _PTXAS_ERROR:
             stages = options.get("num_stages", 3)
             if stages <= 1:
@@ -1666,32 +1667,35 @@ def _through_triton(kernel, grid, args: tuple, options: dict):
             options = _FEWER_STAGES[key] = dict(options, num_stages=stages - 1)
 
 
-# One thread at a time holds stdout (`_holding_stdout`): redirections that
-# overlap would restore each other's streams.
-_STDOUT_HELD = threading.Lock()
-
-
 # What Triton 3.6 prints when ptxas fails: the error again, then the whole PTX.
 _PTX_DUMP = re.compile(
     r"\n\n={64}\n.*?\n={64}\nplease share the reproducer above with Triton project\.\n\n?", re.S
 )
+# How many threads hold stdout, and (the process's stdout, the buffer) while any does.
+_STDOUT_HOLD = [0, None]
+_STDOUT_LOCK = threading.Lock()
 
 
-def _holding_stdout(launch, args: tuple, options: dict):
-    """launch(*args, **options) with stdout held, then passed on, less the
-    PTX that Triton prints where ptxas fails (the error says what failed).
-    The redirection is the process's: what other threads print meanwhile is
-    held and passed on too.  Where another thread holds stdout already, the
-    launch runs as it is."""
-    if not _STDOUT_HELD.acquire(blocking=False):
-        return launch(*args, **options)
-    held = io.StringIO()
+@contextlib.contextmanager
+def _stdout_held():
+    """While any thread is inside, stdout (the process's) goes to one buffer;
+    the last thread out passes it on, less the PTX that Triton prints where
+    ptxas fails.  One buffer for all, so that holds which overlap (compiles in
+    threads of their own) never restore each other's streams."""
+    with _STDOUT_LOCK:
+        if _STDOUT_HOLD[0] == 0:
+            _STDOUT_HOLD[1] = (sys.stdout, io.StringIO())
+            sys.stdout = _STDOUT_HOLD[1][1]
+        _STDOUT_HOLD[0] += 1
     try:
-        with contextlib.redirect_stdout(held):
-            return launch(*args, **options)
+        yield
     finally:
-        _STDOUT_HELD.release()
-        sys.stdout.write(_PTX_DUMP.sub("", held.getvalue()))
+        with _STDOUT_LOCK:
+            _STDOUT_HOLD[0] -= 1
+            if _STDOUT_HOLD[0] == 0:
+                stdout, held = _STDOUT_HOLD[1]
+                sys.stdout, _STDOUT_HOLD[1] = stdout, None
+                stdout.write(_PTX_DUMP.sub("", held.getvalue()))
 
 
 def _launch(kernel, grid, *args, **options) -> None:
@@ -1719,7 +1723,8 @@ def _launch(kernel, grid, *args, **options) -> None:
                 with torch.cuda.device(device):
                     _bind_context(device)
                     compiles_with = _FEWER_STAGES.get((kernel, *options.items()), options)
-                    compiled = kernel.warmup(*_triton_args(args), grid=grid, **compiles_with)
+                    with _stdout_held():  # a ptxas failure's PTX is not printed
+                        compiled = kernel.warmup(*_triton_args(args), grid=grid, **compiles_with)
                     compiled._init_handles()  # its launcher built and its binary loaded too
             except Exception:  # the kernel compiles at its launch instead
                 pass

@@ -378,11 +378,10 @@ def test_the_ptx_the_installed_triton_prints_is_what_is_left_out(module):
     assert module._PTX_DUMP.sub("", text) == "before\nafter\n"
 
 
-def test_stdout_is_held_by_one_thread_at_a_time(module, monkeypatch, capsys):
-    """A launch through Triton in another thread while one holds stdout runs
-    as it is (its prints held with the first's), and stdout is the process's
-    own again once both are done: overlapping redirections would restore
-    each other's streams."""
+def test_stdout_held_by_a_launch_within_another(module, monkeypatch, capsys):
+    """A launch through Triton in another thread while one holds stdout holds
+    it too (the same buffer), and stdout is the process's own again once both
+    are done: overlapping redirections would restore each other's streams."""
     import sys
     import threading
 
@@ -411,6 +410,38 @@ def test_stdout_is_held_by_one_thread_at_a_time(module, monkeypatch, capsys):
     # went out; the PTX did not.
     out = capsys.readouterr().out
     assert out.count("a print of a launch that compiled") == 3 and "=====" not in out
+
+
+def test_holds_that_overlap_in_time_share_one_buffer(module, capsys):
+    """Compiles in threads of their own (COMPILE_AHEAD) hold stdout at once,
+    each leaving at its own time: every line they print comes out, no PTX,
+    and stdout is the process's own again."""
+    import sys
+    import threading
+
+    stdout, entered, first_left = sys.stdout, threading.Barrier(2), threading.Event()
+
+    def compile_kernel(name: str, leave_first: bool) -> None:
+        with module._stdout_held():
+            entered.wait()
+            if not leave_first:  # prints once the other has left
+                first_left.wait()
+            print(_TRITON_PTX_DUMP)
+            print(f"{name} compiled")
+        if leave_first:
+            first_left.set()
+
+    threads = [
+        threading.Thread(target=compile_kernel, args=("dkdv", True)),
+        threading.Thread(target=compile_kernel, args=("dq", False)),
+    ]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert sys.stdout is stdout
+    out = capsys.readouterr().out
+    assert out.splitlines() == ["dkdv compiled", "dq compiled"]
 
 
 def test_a_kernel_ptxas_fails_on_at_one_stage_raises(module, monkeypatch):
