@@ -1628,31 +1628,47 @@ def _through_triton(kernel, grid, args: tuple, options: dict):
 _PTX_DUMP = re.compile(
     r"\n\n={64}\n.*?\n={64}\nplease share the reproducer above with Triton project\.\n\n?", re.S
 )
-# How many threads hold stdout, and (the process's stdout, the buffer) while any does.
-_STDOUT_HOLD = [0, None]
+
+
+class _HeldStdout:
+    """sys.stdout while threads hold it (`_stdout_held`): what a holding
+    thread writes goes to its own buffer, what the others write goes on.
+    Modules share one (found by its `flashgen_held`)."""
+
+    def __init__(self, stream) -> None:
+        self.stream, self.flashgen_held = stream, {}
+
+    def write(self, text: str) -> int:
+        return self.flashgen_held.get(threading.get_ident(), self.stream).write(text)
+
+    def __getattr__(self, name: str):
+        return getattr(self.stream, name)
+
+
 _STDOUT_LOCK = threading.Lock()
 
 
 @contextlib.contextmanager
 def _stdout_held():
-    """While any thread is inside, stdout (the process's) goes to one buffer;
-    the last thread out passes it on, less the PTX that Triton prints where
-    ptxas fails.  One buffer for all, so that holds which overlap (compiles in
-    threads of their own) never restore each other's streams."""
+    """What this thread prints meanwhile is held, then passed on less the PTX
+    that Triton prints where ptxas fails.  Other threads' prints go on as
+    they come; holds that overlap (the backward's kernels compile in threads
+    of their own) share one stand-in stdout, put back by the last one out."""
+    thread = threading.get_ident()
     with _STDOUT_LOCK:
-        if _STDOUT_HOLD[0] == 0:
-            _STDOUT_HOLD[1] = (sys.stdout, io.StringIO())
-            sys.stdout = _STDOUT_HOLD[1][1]
-        _STDOUT_HOLD[0] += 1
+        if not hasattr(sys.stdout, "flashgen_held"):
+            sys.stdout = _HeldStdout(sys.stdout)
+        stand_in, held = sys.stdout, io.StringIO()
+        inner = stand_in.flashgen_held.setdefault(thread, held) is not held  # held further out
     try:
         yield
     finally:
-        with _STDOUT_LOCK:
-            _STDOUT_HOLD[0] -= 1
-            if _STDOUT_HOLD[0] == 0:
-                stdout, held = _STDOUT_HOLD[1]
-                sys.stdout, _STDOUT_HOLD[1] = stdout, None
-                stdout.write(_PTX_DUMP.sub("", held.getvalue()))
+        if not inner:
+            with _STDOUT_LOCK:
+                del stand_in.flashgen_held[thread]
+                if not stand_in.flashgen_held and sys.stdout is stand_in:
+                    sys.stdout = stand_in.stream
+            stand_in.stream.write(_PTX_DUMP.sub("", held.getvalue()))
 
 
 def _launch(kernel, grid, *args, **options) -> None:

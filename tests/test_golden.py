@@ -341,9 +341,9 @@ def test_long_lowered_lines_are_marked_for_black():
 # (decision 064): +3 (2,132-2,206). A launch that ptxas fails on compiles again with
 # fewer stages (`_through_triton`, decision 067): +24 (2,156-2,230). Residue classes
 # (decision 085: custom's class rows and its one section): +27 (2,237). stdout held
-# while Triton compiles, in one buffer for overlapping holds, less the PTX Triton
-# prints where ptxas fails (`_stdout_held`): +43 (2,280).
-TRITON_ONLY_MAX_LINES = 2285
+# by the threads that compile, each in a buffer of its own, passed on less the PTX
+# that Triton prints where ptxas fails (`_stdout_held`): +59 (2,296).
+TRITON_ONLY_MAX_LINES = 2300
 # Specs that read inputs carry what only they need (2026-12-02: 1,870-1,900 lines for
 # the three examples that read inputs): the per-call index checks (~100 lines), the
 # per-call tile plan of a mask that reads inputs (~135), the sums of learnable
@@ -357,14 +357,14 @@ TRITON_ONLY_MAX_LINES = 2285
 # Plan programs that classify groups of tiles (decision 066): +10; fewer stages where
 # ptxas fails (decision 067): +24 (1,993-2,037). Both sides' plans in one launch
 # (`_attn_plan` over `_plan_tiles`, decision 069): +14 (2,051). stdout held while
-# Triton compiles (`_stdout_held`): +44 (2,095).
-TRITON_ONLY_MAX_LINES_WITH_INPUTS = 2100
+# Triton compiles (`_stdout_held`): +60 (2,111).
+TRITON_ONLY_MAX_LINES_WITH_INPUTS = 2115
 
 
 @pytest.mark.parametrize("variant", VARIANTS, ids=lambda v: v.name)
 def test_triton_only_module_is_short_clean_and_self_contained(variant):
     """A vendor who wants the shortest module builds it --triton-only: within
-    2,285 lines for every example (2,100 for one that reads inputs), no Gluon anywhere, black-clean as emitted,
+    2,300 lines for every example (2,115 for one that reads inputs), no Gluon anywhere, black-clean as emitted,
     and every global its functions read is defined."""
     import black
 

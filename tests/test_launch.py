@@ -380,8 +380,9 @@ def test_the_ptx_the_installed_triton_prints_is_what_is_left_out(module):
 
 def test_stdout_held_by_a_launch_within_another(module, monkeypatch, capsys):
     """A launch through Triton in another thread while one holds stdout holds
-    it too (the same buffer), and stdout is the process's own again once both
-    are done: overlapping redirections would restore each other's streams."""
+    it too (a buffer of its own in the same stand-in), and stdout is the
+    process's own again once both are done: overlapping redirections would
+    restore each other's streams."""
     import sys
     import threading
 
@@ -415,7 +416,7 @@ def test_stdout_held_by_a_launch_within_another(module, monkeypatch, capsys):
 def test_holds_that_overlap_in_time_share_one_buffer(module, capsys):
     """Compiles in threads of their own (COMPILE_AHEAD) hold stdout at once,
     each leaving at its own time: every line they print comes out, no PTX,
-    and stdout is the process's own again."""
+    and stdout is the process's own again once the last is out."""
     import sys
     import threading
 
@@ -442,6 +443,26 @@ def test_holds_that_overlap_in_time_share_one_buffer(module, capsys):
     assert sys.stdout is stdout
     out = capsys.readouterr().out
     assert out.splitlines() == ["dkdv compiled", "dq compiled"]
+
+
+def test_only_the_holding_thread_is_held(module, capsys):
+    """Another thread's prints go on as they come; a hold within a hold of
+    the same thread is the outer one; stdout is the process's own after."""
+    import sys
+    import threading
+
+    stdout = sys.stdout
+    with module._stdout_held():
+        with module._stdout_held():
+            print(_TRITON_PTX_DUMP)
+            print("held")
+            other = threading.Thread(target=print, args=("from another thread",))
+            other.start()
+            other.join()
+            assert capsys.readouterr().out == "from another thread\n"
+        assert capsys.readouterr().out == ""  # still held by the outer one
+    assert capsys.readouterr().out == "held\n"
+    assert sys.stdout is stdout
 
 
 def test_a_kernel_ptxas_fails_on_at_one_stage_raises(module, monkeypatch):
