@@ -622,23 +622,24 @@ class KernelModel:
     def hoisting(self) -> bool:
         return self.hoist_reads and bool(self.tile_reads)
 
+    def _inputs_read_by(self, grads: tuple[InputGradModel, ...]) -> tuple[InputModel, ...]:
+        seen = {g.input.name for g in grads}
+        return tuple(i for i in self.inputs if i.name in seen)
+
     @property
     def learnable_inputs(self) -> tuple[InputModel, ...]:
         """The learnable inputs that have reads, in declaration order."""
-        seen = {g.input.name for g in self.input_grads}
-        return tuple(i for i in self.inputs if i.name in seen)
+        return self._inputs_read_by(self.input_grads)
 
     @property
     def dq_inputs(self) -> tuple[InputModel, ...]:
         """The learnable inputs that the dQ programs sum reads of."""
-        seen = {g.input.name for g in self.dq_grads}
-        return tuple(i for i in self.inputs if i.name in seen)
+        return self._inputs_read_by(self.dq_grads)
 
     @property
     def dkdv_inputs(self) -> tuple[InputModel, ...]:
         """The learnable inputs that the dK/dV programs sum reads of."""
-        seen = {g.input.name for g in self.dkdv_grads}
-        return tuple(i for i in self.inputs if i.name in seen)
+        return self._inputs_read_by(self.dkdv_grads)
 
     @property
     def dq_grads(self) -> tuple[InputGradModel, ...]:
