@@ -177,8 +177,10 @@ def gluon_forward(v: ir.Variant) -> GluonForward | None:
     With GLUON_FORWARD_ANY, ANY for every other mask and score at 16 bits and
     a head dim of GLUON_FORWARD_ANY_HEAD_DIMS (it reuses the Gluon backward's
     mask functions) whose query rows may see GLUON_ANY_MIN_KEYS keys or more.
-    A rescale threshold permits skipping rescales and requires none: the
-    Gluon kernels rescale at every tile (decision 083).  The module still
+    Not for a score of more than GLUON_ANY_MAX_SPECIAL_OPS special functions,
+    quotients and position conversions per element (decision 089).  A rescale
+    threshold permits skipping rescales and requires none: the Gluon kernels
+    rescale at every tile (decision 083).  The module still
     checks each call's shapes and falls back to the Triton kernel.  Its tiles
     assume v's head dim is q's: a v_head_dim (MLA) takes the Triton kernel.
     """
@@ -193,8 +195,49 @@ def gluon_forward(v: ir.Variant) -> GluonForward | None:
         return GluonForward.FULL if v.mask == ir.FULL else GluonForward.CAUSAL
     if not (GLUON_FORWARD_ANY and v.head_dim in GLUON_FORWARD_ANY_HEAD_DIMS and _gluon_eligible(v)):
         return None
+    if score_special_ops(v.score) > GLUON_ANY_MAX_SPECIAL_OPS:
+        return None
     span = key_span(negation_normal_form(desugar_mask(v.mask)))
     return GluonForward.ANY if span is None or span >= GLUON_ANY_MIN_KEYS else None
+
+
+# The any-mask Gluon forward against the Triton forward of the same module
+# at d128 (H100, bf16, B4 H16 N4096, CUDA graphs, `--plan gluon_forward=off`,
+# 2026-12-05, decision 089), by the score's quarter-rate operations per
+# element (`score_special_ops`): none (rand0_1, 7; rand0_11 across GPUs) 1.09-1.30x faster;
+# two: rand0_13 1.23x, rand0_17 1.04x, rand0_29 1.02x, rand0_19 0.85x,
+# rand0_25 0.72x; three: rand0_8 0.66x, rand0_12 0.90x, rand0_26 0.75x.
+# One (an ALiBi or distance term, or a function of s alone) is the case of
+# decision 029, where it won 1.03-1.07x (bloom_alibi).  Two consumer warp
+# groups of 64 x 128 scores compute every special function of the score
+# between products, and at two and more their consumers spilled up to 1.4 KB
+# (rand0_25, 26; sm_90a, offline) where the Triton forward spills nothing.
+GLUON_ANY_MAX_SPECIAL_OPS = 1
+
+_POSITION_NAMES = frozenset({"q", "k", "alibi"})
+
+
+def score_special_ops(score: ir.Expr) -> int:
+    """Quarter-rate instructions (special functions and int-to-float
+    conversions) the score costs per element, beyond the softmax's own exp2:
+    one per call of exp, log, tanh, sqrt or softcap and per quotient by a
+    value that varies over the tile (rcp), and one for converting positions
+    if the score reads q, k or alibi.  Terms of h alone are per row."""
+    score = simplify(score)
+    return _special_calls(score) + int(ir.mentions(score, _POSITION_NAMES))
+
+
+def _special_calls(e: ir.Expr) -> int:
+    if isinstance(e, ir.Call):
+        own = e.fn in ir.REAL_FUNCTIONS or e.fn == ir.SOFTCAP
+        here = int(own and ir.mentions(e, _PER_ELEMENT_NAMES))
+        return here + sum(_special_calls(a) for a in e.args)
+    if isinstance(e, ir.Unary):
+        return _special_calls(e.operand)
+    if isinstance(e, ir.Binary):
+        quotient = e.op is ir.BinOp.DIV and ir.mentions(e.right, _PER_ELEMENT_NAMES)
+        return int(quotient) + _special_calls(e.left) + _special_calls(e.right)
+    return 0
 
 
 # Residue classes (decision 085): a mask with congruences of q - k (moduli

@@ -489,8 +489,8 @@ def main() -> None:
     parser.add_argument(
         "--gluon-forward-any",
         action="store_true",
-        help="the Gluon forward for any mask and score at every band width"
-        " (kernel_choice.GLUON_ANY_MIN_KEYS = 0)",
+        help="the Gluon forward for any mask and score at every band width and score cost"
+        " (kernel_choice.GLUON_ANY_MIN_KEYS = 0, GLUON_ANY_MAX_SPECIAL_OPS unbounded)",
     )
     parser.add_argument(
         "--gluon-forward-head-dims",
@@ -520,6 +520,7 @@ def main() -> None:
     ONES = frozenset(args.ones)
     if args.gluon_forward_any:
         kernel_choice.GLUON_ANY_MIN_KEYS = 0
+        kernel_choice.GLUON_ANY_MAX_SPECIAL_OPS = 1 << 30
     if args.gluon_forward_head_dims:
         dims = tuple(args.gluon_forward_head_dims)
         kernel_choice.GLUON_FORWARD_HEAD_DIMS = kernel_choice.GLUON_FORWARD_ANY_HEAD_DIMS = dims

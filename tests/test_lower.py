@@ -747,6 +747,43 @@ def test_gluon_forward_for_any_mask(mask, score, expected, monkeypatch):
     assert lower.lower(variant).gluon_forward == plain
 
 
+@pytest.mark.parametrize(
+    "score, ops",
+    [
+        ("s", 0),
+        ("s * 0.5 + 0.05 * h", 0),  # terms of h are per row
+        ("s / (1.0 + 0.01 * h)", 0),
+        ("s + alibi", 1),  # one conversion of positions
+        ("s - 0.01 * abs(q - k) - 0.02 * (q - k)", 1),  # however many terms read them
+        ("softcap(s, 30.0)", 1),
+        ("log(1.0 + abs(s))", 1),
+        ("exp(h * 0.1) * s", 0),  # a function of h alone is per row
+        ("exp(-abs(s - 0.003 * abs(q - k)))", 2),  # seed 0's rand0_19
+        ("sqrt(abs(tanh(s + 0.026 * h)))", 2),  # rand0_29
+        ("tanh(s / (1.0 + 0.005 * abs(q - k)))", 3),  # rand0_8: tanh, rcp, conversion
+        ("s / (1.0 + abs(s))", 1),  # a quotient by a value of the tile
+    ],
+)
+def test_score_special_ops(score, ops):
+    assert kernel_choice.score_special_ops(make_variant("causal", score).score) == ops
+
+
+@pytest.mark.parametrize(
+    "score",
+    ["exp(-abs(s - 0.003 * abs(q - k)))", "tanh(s / (1.0 + 0.005 * abs(q - k)))"],
+)
+def test_the_any_mask_gluon_forward_leaves_costly_scores_to_triton(score, monkeypatch):
+    """Decision 089: a score of two or more special operations per element
+    takes the Triton forward at d128, whatever the mask; the plain modes and
+    the Gluon backward are decided as before."""
+    for mask in ("causal", "!causal", "full", "max(q, k) > 37"):
+        variant = make_variant(mask, score, dtype=ir.DType.BF16, head_dim=128)
+        assert lower.lower(variant).gluon_forward is None
+        monkeypatch.setattr(kernel_choice, "GLUON_ANY_MAX_SPECIAL_OPS", 3)
+        assert lower.lower(variant).gluon_forward == "any"
+        monkeypatch.undo()
+
+
 def _kernel_sources(source: str) -> dict[str, str]:
     """A module's top-level functions that are Triton or Gluon kernels or their
     helpers, by name (decorator and body)."""
@@ -770,7 +807,7 @@ def test_a_rescale_threshold_leaves_the_gluon_kernels_as_they_are():
     by the threshold."""
     from flashgen.emit import render_module
 
-    score = "exp(-abs(s - 0.003 * abs(q - k)))"
+    score = "max(s - 0.003 * abs(q - k), -0.8)"  # one special op: the any-mask kind (089)
     plain = make_variant("!causal", score, dtype=ir.DType.BF16, head_dim=128)
     rescaled = dataclasses.replace(plain, rescale_threshold=8.0)
     assert lower.lower(rescaled).gluon_forward == "any"
@@ -1169,11 +1206,13 @@ def test_spec_at_the_nesting_limit_takes_the_gluon_paths(head_dim, monkeypatch):
     """What tests/test_gpu.py's nesting-limit test relies on: in 16 bits the
     deep spec gets the Gluon backward at head dim 64 (at 128 its derivative,
     with exp, log and quotients, takes the Triton one: decision 060), and at
-    head dim 128 the "any" Gluon forward when GLUON_ANY_MIN_KEYS is 0; its
+    head dim 128 the "any" Gluon forward when GLUON_ANY_MIN_KEYS is 0 and
+    GLUON_ANY_MAX_SPECIAL_OPS lets its score through (decision 089); its
     module renders and imports."""
     from kernel_utils import build, deep_variant
 
     monkeypatch.setattr(kernel_choice, "GLUON_ANY_MIN_KEYS", 0)
+    monkeypatch.setattr(kernel_choice, "GLUON_ANY_MAX_SPECIAL_OPS", 10**6)
     variant = deep_variant(ir.DType.FP16, head_dim)
     model = lower.lower(variant)
     assert model.gluon_backward is (head_dim == 64)
