@@ -6,8 +6,9 @@
 # results to $OUT; `tiles` (decision 086's open question): tests/test_learnable.py one
 # process per spec (the per-key ones of decision 087 among them), the T5 example's d128
 # gradient at the rule's tiles and at two faster ones that spill, and the learned decay
-# and table timed at each.
-#   bash scripts/gpu_learnable.sh tests|bench|tiles [SECONDS]      # default 540
+# and table timed at each; `d128`: test_learnable_gradients_at_head_dim_128, one process per
+# spec (the rule's tiles and 64 x 128 x 8 x 2, bf16 and fp16).
+#   bash scripts/gpu_learnable.sh tests|bench|tiles|d128 [SECONDS]      # default 540
 set -uo pipefail
 source "$(dirname "$0")/gpu_env.sh"
 part=$1
@@ -36,13 +37,20 @@ elif [ "$part" = tiles ]; then
   done
   wait
   for f in "$OUT"/learnable_*.txt; do echo "$(basename "$f"): $(tail -1 "$f")"; done
-  tail -8 "$OUT"/t5_d128_*.txt
+  tail -n 8 "$OUT"/t5_d128_*.txt
   for config in "" 32,128,8,2 64,128,8,2; do
     timeout "$(left)" python3 -m flashgen bench benchmarks/specs/learnable/forgetting.attn \
       benchmarks/specs/learnable/t5_learned.attn --head-dim 128 --seqlens 16384 --systems flashgen \
       --timer cuda-graph ${config:+--plan gpu_bwd_config=$config} --jsonl "$OUT/tiles.jsonl" \
       2>&1 | grep -E "^(forgetting|t5_learned) "
   done
+elif [ "$part" = d128 ]; then
+  for name in t5 fox key_bias rows pairs; do
+    timeout "$(left)" python3 -m pytest -q -p no:cacheprovider -m kernels -rf \
+      tests/test_learnable.py -k "head_dim_128 and $name" >"$OUT/d128_$name.txt" 2>&1 &
+  done
+  wait
+  for f in "$OUT"/d128_*.txt; do echo "$(basename "$f"): $(tail -n 1 "$f")"; done
 else
   timeout "$(left)" python3 -m flashgen bench benchmarks/specs/learnable/t5_learned.attn \
     benchmarks/specs/t5_bias.attn --head-dim 64 128 --seqlens 4096 16384 \

@@ -110,6 +110,37 @@ def test_learnable_gradients_follow_the_reference(name, dtype):
         assert result.ok, (shape, [c for c in result.checks if not c.ok])
 
 
+# Backward tiles at head dim 128 (decision 086): the rule's spill-free 32 x 64 x 8 x 2, and
+# 64 x 128 x 8 x 2, which spills (0.5 KB for fox, 2.7 KB for the T5 table, sm_90a) and ran
+# the d128 learnable backward 2.2-2.6x faster on an H100 (forgetting 83 -> 221 TFLOP/s).
+D128_TILES = (None, "64,128,8,2")
+
+
+@pytest.mark.kernels
+@pytest.mark.skipif(CPU, reason="head dim 128 and its Hopper tiles: the GPU's (the CPU runs d16)")
+@pytest.mark.parametrize("tiles", D128_TILES)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("name", ["t5", "fox", "key_bias", "rows", "pairs"])
+def test_learnable_gradients_at_head_dim_128(name, dtype, tiles):
+    """Every form of learnable read at d128 on the GPU, at the backward tiles
+    of the rule and at the faster ones that spill (CUDA 12.8's ptxas once
+    miscompiled such a kernel: decision 086), judged as above at lengths that
+    cross the tiles."""
+    from flashgen.experiments import KNOBS
+
+    variant = _variant(SPECS[name], dtype, head_dim=128)
+    module = build(variant, tiles and {"gpu_bwd_config": KNOBS["gpu_bwd_config"](tiles)})
+    generator = torch.Generator().manual_seed(11)
+    for shape in ((2, 4, 2, 37, 45), (1, 2, 1, 64, 64), (2, 4, 2, 300, 517), (1, 4, 4, 1024, 1024)):
+        shape = verify.Shape(*shape)
+        q, k, v = verify.random_inputs(
+            shape, 128, verify.torch_dtype(variant.dtype), DEVICE, generator=generator
+        )  # fmt: skip
+        data = _data(variant, shape, generator)
+        result = verify.check_backward(variant, module, q, k, v, generator=generator, inputs=data)
+        assert result.ok, (shape, [c for c in result.checks if not c.ok])
+
+
 def _loss(module, q, k, v, data, do):
     return (module.attention(q, k, v, **data).float() * do).sum()
 
