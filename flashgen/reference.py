@@ -329,8 +329,11 @@ def _index(node: ir.Index, scope: _Scope) -> torch.Tensor:
         outside = (a < 0) | (a >= size)
         if bool(outside.any()):
             scope.out_of_range.append((node.input, dim, size, a, outside))
-            args[dim] = a.clamp(0, size - 1)
-    value = tensor[tuple(args)] if args else tensor
+            args[dim] = a.clamp(0, max(size - 1, 0))
+    if 0 in tensor.shape:  # a dimension of no element (a sequence without keys): no value
+        value = torch.zeros(args[0].shape, dtype=tensor.dtype, device=tensor.device)
+    else:
+        value = tensor[tuple(args)] if args else tensor
     if value.dtype in (torch.int32, torch.int64):
         return value.to(torch.int64)
     return value.to(scope.real)

@@ -1038,9 +1038,10 @@ class Sequences:
     `sequences(...)` once per batch (reading the lengths on the host once)
     and passed to every layer's `attention(..., sequences=...)`."""
 
-    def __init__(self, varlen: bool, tensors: tuple, side: str, longest: tuple, rows, lengths):
+    def __init__(self, varlen: bool, tensors: tuple, side: str, longest, rows, lengths, most):
         self.varlen, self.side, self.lengths = varlen, side, lengths  # lengths: on the host
         self.longest = longest  # the longest query and key sequences (None: the call's)
+        self.most = most  # varlen: max_seqlen_q and max_seqlen_k as given (None: the longest)
         self.rows = rows  # varlen: the rows of q and k the sequences cover
         self.tensors = tensors  # varlen: the table; padded: seqlens_q, seqlens_k
         self.device = next(x.device for x in tensors if x is not None)
@@ -1049,9 +1050,9 @@ class Sequences:
 
     def bind(self, q: torch.Tensor, k: torch.Tensor) -> tuple:
         """What the kernels take for a call on q and k: (table, longest query
-        sequence, longest key sequence, varlen, lengths), the table (S, 4)
-        int32 holding each sequence's first row of q, its queries, its first
-        row of k, its keys; `lengths` for the inputs' index check."""
+        sequence, longest key sequence, varlen, lengths, sizes), the table (S, 4)
+        int32 holding each sequence's first row of q, its queries, its first row
+        of k, its keys; `lengths` for the index check, `sizes` the inputs' Nq, Nk."""
         for name, x in (("q", q), ("k", k)):
             dims, layout = (3, "(tokens, heads, head_dim)") if self.varlen else (4, "(B, H, N, D)")
             if not isinstance(x, torch.Tensor) or x.dim() != dims:
@@ -1064,7 +1065,8 @@ class Sequences:
                     raise ValueError(
                         f"cu_seqlens_{name} reaches row {rows}, past {name}'s {x.shape[0]}"
                     )
-            return (self.tensors[0], *self.longest, True, self.lengths)
+            sizes = tuple(n if m is None else m for m, n in zip(self.most, self.longest))
+            return (self.tensors[0], *self.longest, True, self.lengths, sizes)
         (batch, _, n_q, _), n_k = q.shape, k.shape[2]
         if batch != self.batch:
             raise ValueError(f"q has batch size {batch}, but the sequences {self.batch}")
@@ -1080,7 +1082,7 @@ class Sequences:
                 columns += [first, lengths]
             table = self._tables[(n_q, n_k)] = torch.stack(columns, 1).to(torch.int32)
         longest = tuple(n if m is None else m for m, n in zip(self.longest, (n_q, n_k)))
-        return (table, *longest, False, self.lengths)
+        return (table, *longest, False, self.lengths, (n_q, n_k))
 
 
 def _sequences(
@@ -1147,7 +1149,8 @@ def _sequences(
             raise ValueError(
                 f"{name} must be an int >= the longest sequence, {most}: got {limit!r}"
             )
-    return Sequences(varlen, tensors, padding_side, longest, rows, lengths)
+    most = (max_seqlen_q, max_seqlen_k)
+    return Sequences(varlen, tensors, padding_side, longest, rows, lengths, most)
 
 
 sequences = _sequences  # attention()'s argument `sequences` hides the name there

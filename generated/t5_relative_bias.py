@@ -1094,9 +1094,10 @@ class Sequences:
     `sequences(...)` once per batch (reading the lengths on the host once)
     and passed to every layer's `attention(..., sequences=...)`."""
 
-    def __init__(self, varlen: bool, tensors: tuple, side: str, longest: tuple, rows, lengths):
+    def __init__(self, varlen: bool, tensors: tuple, side: str, longest, rows, lengths, most):
         self.varlen, self.side, self.lengths = varlen, side, lengths  # lengths: on the host
         self.longest = longest  # the longest query and key sequences (None: the call's)
+        self.most = most  # varlen: max_seqlen_q and max_seqlen_k as given (None: the longest)
         self.rows = rows  # varlen: the rows of q and k the sequences cover
         self.tensors = tensors  # varlen: the table; padded: seqlens_q, seqlens_k
         self.device = next(x.device for x in tensors if x is not None)
@@ -1105,9 +1106,9 @@ class Sequences:
 
     def bind(self, q: torch.Tensor, k: torch.Tensor) -> tuple:
         """What the kernels take for a call on q and k: (table, longest query
-        sequence, longest key sequence, varlen, lengths), the table (S, 4)
-        int32 holding each sequence's first row of q, its queries, its first
-        row of k, its keys; `lengths` for the inputs' index check."""
+        sequence, longest key sequence, varlen, lengths, sizes), the table (S, 4)
+        int32 holding each sequence's first row of q, its queries, its first row
+        of k, its keys; `lengths` for the index check, `sizes` the inputs' Nq, Nk."""
         for name, x in (("q", q), ("k", k)):
             dims, layout = (3, "(tokens, heads, head_dim)") if self.varlen else (4, "(B, H, N, D)")
             if not isinstance(x, torch.Tensor) or x.dim() != dims:
@@ -1120,7 +1121,8 @@ class Sequences:
                     raise ValueError(
                         f"cu_seqlens_{name} reaches row {rows}, past {name}'s {x.shape[0]}"
                     )
-            return (self.tensors[0], *self.longest, True, self.lengths)
+            sizes = tuple(n if m is None else m for m, n in zip(self.most, self.longest))
+            return (self.tensors[0], *self.longest, True, self.lengths, sizes)
         (batch, _, n_q, _), n_k = q.shape, k.shape[2]
         if batch != self.batch:
             raise ValueError(f"q has batch size {batch}, but the sequences {self.batch}")
@@ -1136,7 +1138,7 @@ class Sequences:
                 columns += [first, lengths]
             table = self._tables[(n_q, n_k)] = torch.stack(columns, 1).to(torch.int32)
         longest = tuple(n if m is None else m for m, n in zip(self.longest, (n_q, n_k)))
-        return (table, *longest, False, self.lengths)
+        return (table, *longest, False, self.lengths, (n_q, n_k))
 
 
 def _sequences(
@@ -1203,7 +1205,8 @@ def _sequences(
             raise ValueError(
                 f"{name} must be an int >= the longest sequence, {most}: got {limit!r}"
             )
-    return Sequences(varlen, tensors, padding_side, longest, rows, lengths)
+    most = (max_seqlen_q, max_seqlen_k)
+    return Sequences(varlen, tensors, padding_side, longest, rows, lengths, most)
 
 
 sequences = _sequences  # attention()'s argument `sequences` hides the name there
@@ -1359,27 +1362,22 @@ def _check_runtime_inputs(
     within its dimension at the call's sizes (`_index_problem`).  q and k
     as the kernels take them (`_kernel_view`); `seqs` and `shifts` as
     `_forward` takes them: then B is the number of sequences (b the
-    sequence), and the indices are checked over the positions the call's
-    sequences and offsets really have (`_positions`)."""
+    sequence), Nq and Nk are the padded rows or varlen's max_seqlen_q and
+    max_seqlen_k (the longest sequences if not given), and the indices are
+    checked over the positions the call's sequences and offsets really have
+    (`_positions`): index j of an Nk dimension is each sequence's position j."""
     sizes = {
         "B": q.shape[0] if seqs is None else seqs[0].shape[0],
         "H": q.shape[1],
         "Hkv": k.shape[1],
-        "Nq": q.shape[2],
-        "Nk": k.shape[2],
+        "Nq": q.shape[2] if seqs is None else seqs[5][0],
+        "Nk": k.shape[2] if seqs is None else seqs[5][1],
     }
     for (name, dtype, shape), x in zip(_INPUTS, inputs):
         if not isinstance(x, torch.Tensor):
             raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
         if x.dtype != dtype:
             raise TypeError(f"{name} has dtype {x.dtype}, but the spec declares {dtype}")
-        per_position = [d for d in shape if d in ("Nq", "Nk")]
-        if per_position and (seqs is not None or shifts is not None):
-            raise ValueError(
-                f"{name} has a dimension {per_position[0]}: padded and varlen calls and position "
-                f"offsets take only inputs without Nq or Nk dimensions (which of its rows "
-                f"belong to which sequence, or to which shifted position, is ambiguous)"
-            )
         expected = tuple(sizes[d] if isinstance(d, str) else d for d in shape)
         if tuple(x.shape) != expected:
             raise ValueError(f"{name} must have shape {expected}, got {tuple(x.shape)}")
@@ -1432,8 +1430,8 @@ def _index_problem(
     dimension.  Every item of _INDEX_RANGES is (input, dimension, size,
     expression, guard); the guard bounds k - q, q and k where the read
     happens (None: unbounded).  `positions`: (first query, last query,
-    first key, last key), for a call with sequences or offsets (whose
-    inputs have no Nq or Nk dimension); None: those of the alignment."""
+    first key, last key), for a call with sequences or offsets; None: those
+    of the alignment."""
     if 0 in (batch, heads, n_queries, n_keys):
         return None  # nothing is read
     sizes = {"B": batch, "H": heads, "Hkv": kv_heads, "Nq": n_queries, "Nk": n_keys}
@@ -2058,7 +2056,10 @@ def attention(
     prefill, a shard of a sequence.
 
     In padded and varlen calls b is the batch row or the sequence (B their
-    count); an input over Nq or Nk is refused there and with offsets.
+    count), and q and k are positions within it: an input over Nq or Nk
+    holds at index j each sequence's position j (its j-th real token,
+    whatever the padding side), with Nq and Nk the padded rows, or varlen's
+    max_seqlen_q and max_seqlen_k (the longest sequences if not given).
 
     Under torch.autocast, q, k and v are cast to torch.bfloat16 first (as SDPA casts
     to the autocast dtype); outside it, another dtype is a TypeError.

@@ -9,8 +9,11 @@ its own slice of every input that has a `B` dimension, by the one tolerance
 rule (forward and backward); padded rows must also equal, bit for bit, the
 module called on the row alone.  A learnable input's gradient must be the sum
 of the sequences' (each from the reference), and the same bits on a repeated
-call.  The index rule must use the positions the call really has; inputs
-with an Nq or Nk dimension are refused in these calls."""
+call.  The index rule must use the positions the call really has.  An input
+with an Nq or Nk dimension holds entry j for each sequence's position j
+(decision 090): the sequence alone gets its first nq or nk entries, and the
+call's entries past a sequence's length hold large random values that no
+read may reach."""
 
 from __future__ import annotations
 
@@ -49,6 +52,13 @@ SPECS = {
         "slope: fp32[H]; t: fp32[B, H]; align = top_left; mask = window(20, 5); "
         "score = s * t[b, h] - slope[h] * abs(q - k)"
     ),
+    # Packed documents per key position (Nk, decision 090), read at the query's position
+    # too: the plan reads both sides of each sequence's own entries.
+    "documents": "doc: int32[B, Nk]; mask = causal & doc[b, q] == doc[b, k]",
+    # A bias per query position (Nq) and head, top-left so that positions stay below Nq.
+    "query bias": (
+        "bias: fp32[B, H, Nq]; align = top_left; mask = causal; score = s + bias[b, h, q]"
+    ),
 }
 LEARNABLE = {
     "t5 learned": "rel: learnable fp32[H, 32]; mask = causal; score = s + rel[h, min(q - k, 31)]",
@@ -59,6 +69,9 @@ LEARNABLE = {
     # A bias per key position, summed by the dK/dV programs (decision 087): a slot per
     # sequence, as each sequence's keys restart at position 0.
     "key bias": "w: learnable fp32[H, 160]; mask = causal; score = s + w[h, k]",
+    # Forgetting Transformer's decay per key position (Nk), read by query and by key: the
+    # dQ programs' row sums and the dK/dV programs' column sums, a slot per sequence.
+    "fox": "c: learnable fp32[B, H, Nk]; mask = causal; score = s + c[b, h, q] - c[b, h, k]",
     # A learnable table under a data-reading mask (the plan, per sequence).
     "prefix and table": (
         "prefix_len: int32[B]; rel: learnable fp32[H, 16]; mask = causal | k < prefix_len[b]; "
@@ -86,9 +99,10 @@ def _rand(*shape, dtype, g, scale=1.0):
     return (scale * torch.randn(*shape, generator=g)).to(device=DEVICE, dtype=dtype)
 
 
-def _inputs(variant, sequences: int, g) -> dict[str, torch.Tensor]:
-    """Random inputs of a call of `sequences` sequences (B = sequences)."""
-    sizes = {"B": sequences, "H": HEADS, "Hkv": KV_HEADS}
+def _inputs(variant, sequences: int, g, n=(None, None)) -> dict[str, torch.Tensor]:
+    """Random inputs of a call of `sequences` sequences (B = sequences) whose
+    Nq and Nk are `n`."""
+    sizes = {"B": sequences, "H": HEADS, "Hkv": KV_HEADS, "Nq": n[0], "Nk": n[1]}
     data = {}
     for i in variant.inputs:
         shape = input_shape(i, sizes)
@@ -100,16 +114,38 @@ def _inputs(variant, sequences: int, g) -> dict[str, torch.Tensor]:
     return data
 
 
-def _own(variant, data: dict, s: int) -> dict[str, torch.Tensor]:
-    """Sequence s's inputs: its slice of every `B` dimension (kept, of size 1)."""
-    out = {}
-    for i in variant.inputs:
-        x = data[i.name]
-        for dim, size in enumerate(i.shape):
-            if size == "B":
-                x = x.narrow(dim, s, 1)
-        out[i.name] = x
-    return out
+def _own(variant, data: dict, s: int, lengths=None) -> dict[str, torch.Tensor]:
+    """Sequence s's inputs: its slice of every `B` dimension (kept, of size 1)
+    and the first nq or nk entries of every Nq or Nk dimension (`lengths`:
+    the sequence's (nq, nk); positions restart at 0 in each)."""
+    return {i.name: _slice(i, data[i.name], s, lengths) for i in variant.inputs}
+
+
+def _slice(decl, x: torch.Tensor, s: int | None, lengths=None) -> torch.Tensor:
+    """`x` of input `decl` narrowed to sequence s's row of B (s None: all)
+    and to the first entries of Nq and Nk (lengths (nq, nk))."""
+    for dim, size in enumerate(decl.shape):
+        if size == "B" and s is not None:
+            x = x.narrow(dim, s, 1)
+        elif size in ("Nq", "Nk"):
+            x = x.narrow(dim, 0, lengths[size == "Nk"])
+    return x
+
+
+def _widen(decl, x: torch.Tensor, n, g) -> torch.Tensor:
+    """`x` of input `decl` with every Nq or Nk dimension grown to the call's
+    `n` (Nq, Nk), the entries past the sequence's own large random values (1000
+    and up for integers, documents none of the sequence's): no read reaches them."""
+    for dim, size in enumerate(decl.shape):
+        if size in ("Nq", "Nk"):
+            extra = list(x.shape)
+            extra[dim] = n[size == "Nk"] - x.shape[dim]
+            if x.dtype.is_floating_point:
+                junk = 1e3 * torch.randn(extra, generator=g)
+            else:
+                junk = torch.randint(1000, 2000, extra, generator=g)
+            x = torch.cat([x, junk.to(device=x.device, dtype=x.dtype)], dim)
+    return x
 
 
 def _draw(lengths, dtype, g) -> list[tuple]:
@@ -148,6 +184,8 @@ class _Call:
                 cu_seqlens_q=torch.tensor(cu[0], dtype=torch.int32, device=DEVICE),
                 cu_seqlens_k=torch.tensor(cu[1], dtype=torch.int64, device=DEVICE),
             )
+            # The inputs' Nq and Nk: the longest sequences (no max_seqlen_* given).
+            self.n = [max(n, default=0) for n in zip(*self.lengths)]
         else:
             self.n = [max(n for n, _ in self.lengths) + 3, max(n for _, n in self.lengths) + 2]
             self.tensors = []
@@ -198,7 +236,7 @@ class _InBatch:
     def __init__(self, module, variant, layout, index, neighbours, g):
         self.module, self.variant, self.layout, self.index = module, variant, layout, index
         self.others = [s[:3] for s in _draw(neighbours, module.DTYPE, g)]
-        self.other_inputs = _inputs(variant, len(neighbours), g)
+        self.other_inputs = [_inputs(variant, 1, g, n) for n in neighbours]
         self.g = g
 
     def forward(self, q, k, v, scale=None, **inputs):
@@ -210,12 +248,10 @@ class _InBatch:
         call = _Call(self.layout, self.others[:i] + [(q, k, v)] + self.others[i:], self.g)
         data = {}
         for decl in self.variant.inputs:
-            x, rows = inputs[decl.name], self.other_inputs[decl.name]
+            x = _widen(decl, inputs[decl.name], call.n, self.g)
             if "B" in decl.shape:
-                dim = decl.shape.index("B")
-                x = torch.cat(
-                    [rows.narrow(dim, 0, i), x, rows.narrow(dim, i, rows.shape[dim] - i)], dim
-                )
+                rows = [_widen(decl, o[decl.name], call.n, self.g) for o in self.other_inputs]
+                x = torch.cat(rows[:i] + [x] + rows[i:], decl.shape.index("B"))
             data[decl.name] = x
         o, lse = self.module.attention(
             *call.tensors, scale=scale, return_lse=True, **call.kwargs, **data
@@ -244,7 +280,7 @@ def _per_sequence_reference(variant, call, data, dtype, learnable):
     dk, dv, and the learnable inputs' gradients summed over the sequences."""
     results, sums = [], None
     for s, seq in enumerate(call.seqs):
-        own = _own(variant, data, s)
+        own = _own(variant, data, s, call.lengths[s])
         out = _run(
             lambda a, b, c, d: attention_ref(variant, a, b, c, inputs=d, dtype=dtype),
             seq,
@@ -258,23 +294,32 @@ def _per_sequence_reference(variant, call, data, dtype, learnable):
         for name, grad in zip(learnable, out[5:]):
             full = torch.zeros(data[name].shape, dtype=grad.dtype, device=grad.device)
             i = next(i for i in variant.inputs if i.name == name)
-            view = full
-            for dim, size in enumerate(i.shape):
-                if size == "B":
-                    view = view.narrow(dim, s, 1)
-            view.copy_(grad)
+            _slice(i, full, s, call.lengths[s]).copy_(grad)
             grads.append(full)
         sums = grads if sums is None else [a + b for a, b in zip(sums, grads)]
     return results, sums
 
 
-def _learnable_sums(variant, module, layout, data, g):
+def _call_inputs(variant, call, g) -> dict[str, torch.Tensor]:
+    """Random inputs of `call` (its sequences' Nq and Nk), each sequence's
+    entries past its own length large random values, as `_widen` makes them."""
+    data = _inputs(variant, len(call.seqs), g, call.n)
+    for decl in variant.inputs:
+        x = data[decl.name]
+        for s, lengths in enumerate(call.lengths if "B" in decl.shape else ()):
+            own = _slice(decl, x, s, lengths)
+            x.narrow(decl.shape.index("B"), s, 1).copy_(_widen(decl, own, call.n, g))
+    return data
+
+
+def _learnable_sums(variant, module, layout, g):
     """A call of LENGTHS in `layout`: its learnable inputs' gradients against
     the sum of each sequence's from the float64 reference (the rule's floor
     with the scores' fp32 rounding, as `verify.check_backward` has it);
-    returns the call and the kernel's o, lse and gradients."""
+    returns the call, the kernel's o, lse and gradients, and the inputs."""
     dtype = module.DTYPE
     call = _Call(layout, _draw(LENGTHS, dtype, g), g)
+    data = _call_inputs(variant, call, g)
     learnable = [i.name for i in variant.inputs if i.learnable]
 
     def kernel(a, b, c, d):
@@ -284,7 +329,9 @@ def _learnable_sums(variant, module, layout, data, g):
     _, ref_sums = _per_sequence_reference(variant, call, data, torch.float64, learnable)
     _, ord_sums = _per_sequence_reference(variant, call, data, dtype, learnable)
     s_max = max(
-        verify.max_visible_score(variant, q, k, None, inputs=_own(variant, data, s))
+        verify.max_visible_score(
+            variant, q, k, None, inputs=_own(variant, data, s, call.lengths[s])
+        )
         for s, (q, k, *_) in enumerate(call.seqs)
     )
     for name, x, r, y in zip(learnable, mine[5:], ref_sums, ord_sums):
@@ -294,7 +341,7 @@ def _learnable_sums(variant, module, layout, data, g):
             score_noise=noise,
         )  # fmt: skip
         assert c.ok, (layout, c)
-    return call, mine
+    return call, mine, data
 
 
 CASES = [(name, layout) for name in sorted(SPECS) for layout in ("varlen", "right", "left")]
@@ -315,7 +362,7 @@ def test_each_sequence_matches_the_reference_of_the_sequence_alone(name, layout,
         adapter = _InBatch(module, variant, layout, i % 3, neighbours[i % 2 :][:2], g)
         shape = verify.Shape(1, HEADS, KV_HEADS, nq, nk)
         q, k, v = verify.random_inputs(shape, HEAD_DIM, module.DTYPE, DEVICE, generator=g)
-        data = _inputs(variant, 1, g)
+        data = _inputs(variant, 1, g, (nq, nk))
         forward = verify.check_forward(variant, adapter, q, k, v, inputs=data)
         backward = verify.check_backward(variant, adapter, q, k, v, generator=g, inputs=data)
         learned = [c.what for c in backward.checks if c.what not in ("dq", "dk", "dv")]
@@ -326,7 +373,9 @@ def test_each_sequence_matches_the_reference_of_the_sequence_alone(name, layout,
 
 @pytest.mark.kernels
 @pytest.mark.parametrize("side", ["right", "left"])
-@pytest.mark.parametrize("name", ["prefix per example", "documents by position", "alibi window"])
+@pytest.mark.parametrize(
+    "name", ["prefix per example", "documents by position", "alibi window", "documents"]
+)
 def test_padded_rows_equal_each_row_called_alone_bit_for_bit(name, side, _interpreter):
     """Outputs and gradients of every padded row equal the module's on the
     row alone (its slice of each B-shaped input, the same launch
@@ -334,8 +383,8 @@ def test_padded_rows_equal_each_row_called_alone_bit_for_bit(name, side, _interp
     variant = _variant(SPECS[name])
     module = build(variant)
     g = torch.Generator().manual_seed(6)
-    data = _inputs(variant, len(LENGTHS), g)
     call = _Call(side, _draw(LENGTHS, module.DTYPE, g), g)
+    data = _call_inputs(variant, call, g)
     o, lse, dq, dk, dv = _run(
         lambda a, b, c, d: module.attention(a, b, c, return_lse=True, **call.kwargs, **d),
         call.tensors,
@@ -346,7 +395,7 @@ def test_padded_rows_equal_each_row_called_alone_bit_for_bit(name, side, _interp
     fwd, bwd = (module._launch_config(o.device, backward=b) for b in (False, True))
     names = ("block_m", "block_n", "num_warps", "num_stages")
     for s, (q, k, v, do, dlse) in enumerate(call.seqs):
-        own = _own(variant, data, s)
+        own = _own(variant, data, s, call.lengths[s])
         pad_q = torch.ones(call.n[0], dtype=torch.bool, device=DEVICE)
         pad_k = torch.ones(call.n[1], dtype=torch.bool, device=DEVICE)
         pad_q[call.rows(s, 0)], pad_k[call.rows(s, 1)] = False, False
@@ -374,8 +423,7 @@ def test_learnable_gradients_of_a_varlen_call_sum_its_sequences(name, _interpret
     variant = _variant(LEARNABLE[name])
     module = build(variant)
     g = torch.Generator().manual_seed(7)
-    data = _inputs(variant, len(LENGTHS), g)
-    call, first = _learnable_sums(variant, module, "varlen", data, g)
+    call, first, data = _learnable_sums(variant, module, "varlen", g)
     learnable = [i.name for i in variant.inputs if i.learnable]
 
     def kernel(a, b, c, d):
@@ -388,12 +436,12 @@ def test_learnable_gradients_of_a_varlen_call_sum_its_sequences(name, _interpret
 
 
 @pytest.mark.kernels
-@pytest.mark.parametrize("spec", ["alibi learned", "key bias"])
+@pytest.mark.parametrize("spec", ["alibi learned", "key bias", "fox"])
 @pytest.mark.parametrize("name", ["right", "left"])
 def test_learnable_gradients_of_a_padded_call_sum_its_rows(name, spec, _interpreter):
     variant = _variant(LEARNABLE[spec])
     g = torch.Generator().manual_seed(8)
-    _learnable_sums(variant, build(variant), name, _inputs(variant, len(LENGTHS), g), g)
+    _learnable_sums(variant, build(variant), name, g)
 
 
 # (q_offset, k_offset, Nq, Nk): a prefill chunk after a cache, keys ahead of
@@ -415,7 +463,7 @@ def test_offsets_with_inputs_match_the_reference(name, _interpreter):
     learnable = [i.name for i in variant.inputs if i.learnable]
     sinks = torch.randn(HEADS, generator=g).to(DEVICE)
     for q_offset, k_offset, nq, nk in OFFSETS:
-        data = _inputs(variant, 2, g)
+        data = _inputs(variant, 2, g, (nq, nk))
         tensors = (
             _rand(2, HEADS, nq, HEAD_DIM, dtype=dtype, g=g),
             _rand(2, KV_HEADS, nk, HEAD_DIM, dtype=dtype, g=g),
@@ -533,19 +581,28 @@ def test_bottom_right_sequences_check_each_sequences_own_alignment():
     assert _accepts(module, q, k, {"pos": pos}, seqs.bind(q, k)) is True
 
 
-@pytest.mark.parametrize("call", ["varlen", "padded", "offsets"])
-def test_inputs_over_positions_are_refused_in_sequence_calls_naming_them(call):
+def test_inputs_over_positions_take_the_padded_rows_or_the_longest_sequences():
+    """Decision 090: an input over Nk in a padded call has the padded rows' Nk,
+    in a varlen call max_seqlen_k (the longest sequence if not given); another
+    shape is refused naming the input, and so is an index past it under
+    offsets."""
     variant = _variant("doc: int32[B, Nk]; mask = causal & doc[b, q] == doc[b, k]", "fp32")
     module = build(variant)
-    if call == "varlen":
-        q, k = _qkv(None, 10, 10, varlen=True)
-        cu = torch.tensor([0, 4, 10])
-        kwargs = dict(cu_seqlens_q=cu, cu_seqlens_k=cu, doc=torch.zeros(2, 10, dtype=torch.int32))
-    else:
-        q, k = _qkv(2, 10, 10)
-        kwargs = dict(doc=torch.zeros(2, 10, dtype=torch.int32))
-        kwargs.update(
-            dict(seqlens_q=torch.tensor([4, 10])) if call == "padded" else {"q_offset": 3}
-        )
-    with pytest.raises(ValueError, match="doc has a dimension Nk: padded and varlen calls"):
-        module.attention(q, k, k, **kwargs)
+    docs = lambda *shape: {"doc": torch.zeros(*shape, dtype=torch.int32)}  # noqa: E731
+    q, k = _qkv(None, 10, 13, varlen=True)
+    cu_q, cu_k = torch.tensor([0, 4, 10]), torch.tensor([0, 9, 13])
+    seqs = module.sequences(cu_seqlens_q=cu_q, cu_seqlens_k=cu_k).bind(q, k)
+    assert _accepts(module, q, k, docs(2, 9), seqs) is True  # the longest: 9 keys
+    assert _accepts(module, q, k, docs(2, 13), seqs) == "doc must have shape (2, 9), got (2, 13)"
+    wide = module.sequences(cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, max_seqlen_k=16).bind(q, k)
+    assert _accepts(module, q, k, docs(2, 16), wide) is True
+    with pytest.raises(ValueError, match=r"doc must have shape \(2, 9\), got \(1, 13\)"):
+        module.attention(q, k, k, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, **docs(1, 13))
+    q, k = _qkv(2, 10, 12)
+    padded = module.sequences(seqlens_q=torch.tensor([4, 10]), padding_side="left").bind(q, k)
+    assert _accepts(module, q, k, docs(2, 12), padded) is True
+    assert _accepts(module, q, k, docs(2, 10), padded) == "doc must have shape (2, 12), got (2, 10)"
+    # Offsets: the shifted key positions must stay inside Nk (k = j + 3 reaches 14 >= 12).
+    assert _accepts(module, q, k, docs(2, 12), shifts=(2, 0)) is True
+    with pytest.raises(ValueError, match="`doc`: index 1 may reach"):
+        module.attention(q, k, k, q_offset=5, k_offset=3, **docs(2, 12))
