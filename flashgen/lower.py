@@ -172,6 +172,12 @@ class InputGradModel:
     # whether one element serves a whole tile, and its indices), if it has one.
     tile_read: str | None = None
     tile_arity: int = 0
+    # ROWS whose d score / d read is a constant c (a shift of the row's
+    # scores, FoX's c[b, h, q]): the row's dS sums to c * dlse where its
+    # probabilities sum to 1 (decision 091), so the dQ programs take
+    # c * (dlse * rowsum(P) + (delta + dlse) * (1 - rowsum(P))) instead of
+    # per-tile sums, and need no row term pass for it.  The constant's code.
+    shift: str | None = None
 
     @property
     def slot_code(self) -> str:
@@ -209,6 +215,10 @@ def _input_grad_models(
             write[r.table_dim] = f"tl.arange(0, {pad})"
             if r.read in read_names:
                 bounds = dict(tile_read=read_names[r.read], tile_arity=len(r.read.args))
+        shift = None
+        constant = not ir.mentions(r.derivative, _ALL_NAMES) and not ir.reads_inputs(r.derivative)
+        if r.form is input_grads.Form.ROWS and constant:
+            shift = kx.to_source(ElementCode(keys_first).real(r.derivative))
         result.append(
             InputGradModel(
                 number=number,
@@ -225,10 +235,15 @@ def _input_grad_models(
                 slot_head=r.slot_head,
                 slot_tile=r.slot_tile,
                 per_query_head=r.per_query_head,
+                shift=shift,
                 **bounds,
             )
         )
     return tuple(result), trees
+
+
+# Every name an element expression may read (a derivative without any is a constant).
+_ALL_NAMES = frozenset({"s", "q", "k", "h", "b", "H", "alibi"})
 
 
 @dataclass(frozen=True)
@@ -657,15 +672,27 @@ class KernelModel:
         return tuple(f"grad{g.number}" for g in self.dkdv_grads)
 
     @property
+    def summed_dq_grads(self) -> tuple[InputGradModel, ...]:
+        """The reads the dQ tile function sums tile by tile (all but shifts):
+        they need the row term recomputed from P and dP (decision 048)."""
+        return tuple(g for g in self.dq_grads if g.shift is None)
+
+    @property
+    def shift_grads(self) -> tuple[InputGradModel, ...]:
+        """The dQ programs' ROWS reads that shift a row's scores (decision 091)."""
+        return tuple(g for g in self.dq_grads if g.shift is not None)
+
+    @property
     def grad_accumulators(self) -> tuple[str, ...]:
-        """What the dQ tile function carries for the learnable reads."""
+        """What the dQ tile function carries for the learnable reads: each
+        summed read's sums, and rowsum(P) for the shifts."""
         out = []
-        for g in self.dq_grads:
+        for g in self.summed_dq_grads:
             if g.form != "pairs":
                 out.append(f"grad{g.number}")
             if self.rows_of_one_element(g):
                 out += [f"grad{g.number}_rows", f"grad{g.number}_at"]
-        return tuple(out)
+        return tuple(out) + (("p_sum",) if self.shift_grads else ())
 
     def tile_read(self, name: str) -> TileRead:
         (found,) = (r for r in self.tile_reads if r.name == name)

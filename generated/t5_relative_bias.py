@@ -740,7 +740,7 @@ def _attn_bwd_dq(
         row = batch_head.to(tl.int64) * n_queries
     row += offs_m
     lse = tl.load(lse_ptr + row, mask=offs_m < n_queries, other=float("inf"))
-    dlse = tl.zeros([BLOCK_M], tl.float32)  # the lse's gradient, for the row term below
+    dlse = tl.zeros([BLOCK_M], tl.float32)  # the lse's gradient, for the learnable reads
     if HAS_DLSE:
         dlse = tl.load(dlse_ptr + row, mask=offs_m < n_queries, other=0.0)
 

@@ -68,6 +68,9 @@ SPECS = {
     "fox": "c: learnable fp32[B, H, Nk]; mask = causal; score = s + c[b, h, q] - c[b, h, k]",
     "key_temperature": "t: learnable fp32[B, Nk]; mask = window(30); score = s * t[b, k]",
     "key_bias": "w: learnable fp32[2, 2048]; mask = causal; score = s + w[h % 2, k]",
+    # ROWS that shift each row's scores by a constant times the read (decision 091): the dQ
+    # programs take dlse (and rowsum(P)) instead of per-tile sums; heads share an element.
+    "query_shift": "u: learnable fp32[B, Nk]; mask = causal & window(40); score = s * 0.5 - 0.75 * u[b, q]",
     # Two reads of one input, and a learnable bias under a runtime document mask (the plan).
     "two_reads": "w: learnable fp32[H]; score = s * w[h] + w[0]",
     "documents": (
@@ -141,6 +144,52 @@ def test_learnable_gradients_at_head_dim_128(name, dtype, tiles):
         assert result.ok, (shape, [c for c in result.checks if not c.ok])
 
 
+@pytest.mark.kernels
+@pytest.mark.parametrize("name", ["fox", "query_shift"])
+def test_shift_reads_with_sinks_follow_the_reference(name):
+    """Decision 091 with attention sinks: a row's probabilities then sum to
+    less than 1, and the shift's gradient keeps the rowsum(P dP) term; judged
+    against float64 autograd of the reference with the same sinks, rows that
+    see no key included."""
+    from flashgen.reference import attention_ref
+    from flashgen.verify import GRADIENT_FACTOR, tolerance
+
+    variant = _variant(SPECS[name])
+    module = build(variant)
+    generator = torch.Generator().manual_seed(13)
+    shape = verify.Shape(*SHAPES[1])  # Nq > Nk: bottom-right rows that see no key
+    dtype = verify.torch_dtype(variant.dtype)
+    q, k, v = verify.random_inputs(shape, variant.head_dim, dtype, DEVICE, generator=generator)
+    data = _data(variant, shape, generator)
+    sinks = (2 * torch.randn(shape.heads, generator=generator)).to(DEVICE)
+    do = torch.randn(q.shape, generator=generator).to(DEVICE)
+    dlse = torch.randn(q.shape[:3], generator=generator).to(DEVICE)
+    learnable = [i.name for i in variant.inputs if i.learnable]
+
+    def run(fn, cast):
+        leaves = [x.detach().to(cast).requires_grad_() for x in (q, k, v)]
+        own = {**data, **{n: data[n].detach().clone().requires_grad_() for n in learnable}}
+        o, lse = fn(*leaves, own)
+        loss = (o * do.to(o.dtype)).sum() + (lse * dlse.to(lse.dtype)).sum()
+        return torch.autograd.grad(loss, leaves + [own[n] for n in learnable])
+
+    kernel = run(
+        lambda a, b, c, d: module.attention(a, b, c, sinks=sinks, return_lse=True, **d), dtype
+    )
+    ref = run(
+        lambda a, b, c, d: attention_ref(variant, a, b, c, sinks=sinks, inputs=d), torch.float64
+    )
+    ordinary = run(
+        lambda a, b, c, d: attention_ref(variant, a, b, c, sinks=sinks, inputs=d, dtype=dtype),
+        dtype,
+    )
+    names = ("dq", "dk", "dv", *(f"d{n}" for n in learnable))
+    for what, x, r, y in zip(names, kernel, ref, ordinary):
+        c = tolerance(x.cpu(), r.cpu(), y.cpu(), dtype, what=what, factor=GRADIENT_FACTOR)
+        assert c.ok, (what, c)
+    assert kernel[3].abs().max() > 0
+
+
 def _loss(module, q, k, v, data, do):
     return (module.attention(q, k, v, **data).float() * do).sum()
 
@@ -204,6 +253,7 @@ def test_check_accepts_every_form_and_the_model_says_how_each_read_is_summed():
         "two_reads": ["scalar", "scalar"],
         "documents": ["table"],
         "fox": ["rows", "cols"],
+        "query_shift": ["rows"],
         "key_temperature": ["cols"],
         "key_bias": ["cols"],
     }
