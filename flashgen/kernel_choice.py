@@ -527,9 +527,7 @@ def positional_derivative(score: ir.Expr) -> bool:
     if not grad.depends_on_s(score):
         return False
     derivative = simplify(grad.derivative(score))
-    return ir.mentions(derivative, frozenset({"s"})) and ir.mentions(
-        derivative, frozenset({"q", "k", "alibi"})
-    )
+    return ir.mentions(derivative, frozenset({"s"})) and ir.mentions(derivative, _POSITION_NAMES)
 
 
 def _keys_below_a_constant(mask: ir.Expr) -> bool:

@@ -216,8 +216,7 @@ def _input_grad_models(
             if r.read in read_names:
                 bounds = dict(tile_read=read_names[r.read], tile_arity=len(r.read.args))
         shift = None
-        constant = not ir.mentions(r.derivative, _ALL_NAMES) and not ir.reads_inputs(r.derivative)
-        if r.form is input_grads.Form.ROWS and constant:
+        if r.form is input_grads.Form.ROWS and constant_value(r.derivative) is not None:
             shift = kx.to_source(ElementCode(keys_first).real(r.derivative))
         result.append(
             InputGradModel(
@@ -240,10 +239,6 @@ def _input_grad_models(
             )
         )
     return tuple(result), trees
-
-
-# Every name an element expression may read (a derivative without any is a constant).
-_ALL_NAMES = frozenset({"s", "q", "k", "h", "b", "H", "alibi"})
 
 
 @dataclass(frozen=True)
