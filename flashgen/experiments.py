@@ -67,6 +67,13 @@ def _one_of(*values: str) -> Callable[[str], str | None]:
     return parse
 
 
+def _streams(text: str) -> tuple[int, ...]:
+    values = _ints(2, 64, 128)(text)
+    if not all(v in (64, 128) for v in values):
+        raise ValueError("each must be 64 or 128")
+    return values
+
+
 def _config(text: str) -> LaunchConfig:
     block_m, block_n, warps, stages = _ints(4, 1, 256)(text)
     for name, value, low in (
@@ -92,6 +99,7 @@ KNOBS: dict[str, Callable[[str], object]] = {
     "gluon_backward": _only(False),  # off: the Triton backward everywhere
     "gluon_stages": lambda text: _ints(1, 1, 4)(text)[0],  # K/V buffers of the Gluon forward
     "gluon_bwd_stages": _ints(2, 1, 4),  # streamed buffers: dK/dV kernel, dQ kernel
+    "gluon_bwd_streams": _streams,  # streamed rows: dK/dV kernel's Q and dO, dQ kernel's K and V
     "gluon_min_keys": lambda text: _ints(1, 0, 1 << 24)(text)[0],
     "gluon_dq_heavy_last": _bool,  # the Gluon dQ CTAs take the last rows first
     "tanh_small_poly": _only(True),  # on: tanh accurate near 0 (never off)
@@ -149,6 +157,19 @@ def apply(model: KernelModel, values: Mapping[str, object]) -> KernelModel:
             raise ExperimentError(
                 f"{', '.join(clash)}: not for kernels that walk residue classes (decision 085); "
                 "set residue_classes=off with it"
+            )
+    streams = values.get("gluon_bwd_streams", (64, 64))
+    stages = values.get("gluon_bwd_stages", model.gluon_bwd_stages)
+    if streams != (64, 64):
+        # The call's plan covers 64-row tiles (decision 078); 128-row tiles of a
+        # 128-wide head overflow shared memory beside K and V (dK/dV) or with
+        # more than two buffers (dQ).
+        if model.data_plan is not None:
+            raise ExperimentError("gluon_bwd_streams: a mask over runtime data takes 64,64")
+        if model.head_dim_pad > 64 and (streams[0] > 64 or stages[1] > 2):
+            raise ExperimentError(
+                "gluon_bwd_streams: at head dim 128 the dK/dV kernel streams 64 rows, and the "
+                "dQ kernel's 128-key tiles fit two buffers"
             )
     record = tuple(f"{name}={_show(value)}" for name, value in values.items())
     fields = {

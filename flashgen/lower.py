@@ -568,6 +568,9 @@ class KernelModel:
     # take the last query rows first (they see the most keys).
     gluon_backward: bool = False
     gluon_bwd_stages: tuple[int, int] = (3, 2)
+    # Rows of the streamed tiles: Q and dO in the dK/dV kernel, K and V in the
+    # dQ kernel (each consumer keeps 64 resident rows whatever these are).
+    gluon_bwd_streams: tuple[int, int] = (64, 64)
     gluon_dq_heavy_last: bool = False
     # Experiment knobs set on this plan (flashgen/experiments.py), as NAME=VALUE.
     experiments: tuple[str, ...] = ()

@@ -1918,11 +1918,11 @@ def _gluon_tile_class(q_lo, q_hi, k_lo, k_hi, head, num_heads):
 # - dQ, launched first: one CTA per 128 query rows, 64 per consumer.  Q and
 #   dO are loaded once, and each consumer first computes its rows' delta =
 #   rowsum(dO * O) - dlse (no separate launch) and stores it for the dK/dV
-#   kernel.  K and V stream through in 64-key tiles: S = Q K^T and
-#   dP = dO V^T, then dQ += dS K.
+#   kernel.  K and V stream through in tiles of GLUON_BWD_STREAMS[1] keys:
+#   S = Q K^T and dP = dO V^T, then dQ += dS K.
 # - dK/dV: one CTA per 128 keys, 64 per consumer.  K and V are loaded once,
-#   Q and dO stream through in 64-row tiles.  Per tile a consumer issues
-#   S^T = K Q^T and dP^T = V dO^T together, recomputes P^T while dP^T is in
+#   Q and dO stream through in tiles of GLUON_BWD_STREAMS[0] rows.  Per tile
+#   a consumer issues S^T = K Q^T and dP^T = V dO^T together, recomputes P^T while dP^T is in
 #   flight, then issues dV += P^T dO and dK += dS^T Q.
 # The tiles walked come from the mask's bounds.  Each tile is classified by
 # the mask's interval code for the whole CTA, which decides what the producer
@@ -1935,7 +1935,8 @@ def _gluon_tile_class(q_lo, q_hi, k_lo, k_hi, head, num_heads):
 # --------------------------------------------------------------------------- #
 
 GLUON_BWD_BLOCK = 128  # keys per dK/dV CTA, query rows per dQ CTA
-GLUON_BWD_TILE = 64  # rows of every TMA block: a consumer's half, a streamed tile
+GLUON_BWD_TILE = 64  # rows of a consumer's half
+GLUON_BWD_STREAMS = (64, 64)  # streamed tiles' rows: Q and dO (dK/dV kernel), K and V (dQ kernel)
 GLUON_BWD_STAGES = (3, 2)  # streamed buffers: dK/dV kernel, dQ kernel
 
 
@@ -2305,15 +2306,17 @@ def _gluon_backward(
     q_desc, k_desc, v_desc, do_desc, dq_desc, dk_desc, dv_desc = (
         _gluon_descriptor(x, GLUON_BWD_TILE) for x in (q, k, v, do, dq, dk, dv)
     )  # fmt: skip
+    q_stream, do_stream = (_gluon_descriptor(x, GLUON_BWD_STREAMS[0]) for x in (q, do))
+    k_stream, v_stream = (_gluon_descriptor(x, GLUON_BWD_STREAMS[1]) for x in (k, v))
     common = (alibi_slopes, scale, n, num_heads, num_heads // kv_heads)
     _launch(
         _gluon_attn_bwd_dq, (n // GLUON_BWD_BLOCK, batch * num_heads),
-        q_desc, k_desc, v_desc, do_desc, dq_desc, o, delta if dlse is None else dlse, lse, delta, *common,
+        q_desc, k_stream, v_stream, do_desc, dq_desc, o, delta if dlse is None else dlse, lse, delta, *common,
         dlse is not None, GLUON_BWD_STAGES[1], num_warps=4,
     )  # fmt: skip
     _launch(
         _gluon_attn_bwd_dkdv, (n // GLUON_BWD_BLOCK, batch * kv_heads),
-        q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, lse, delta, *common, GLUON_BWD_STAGES[0], num_warps=4,
+        q_stream, k_desc, v_desc, do_stream, dk_desc, dv_desc, lse, delta, *common, GLUON_BWD_STAGES[0], num_warps=4,
     )  # fmt: skip
 
 

@@ -225,9 +225,13 @@ def gluon_resources(module) -> list:
             kv_group="i32",
         )
         dq_scalars = dict(scalars, o_ptr="*DTYPE", dlse_ptr="*fp32")
-        for kernel, names, more, constants in (
-            ("_gluon_attn_bwd_dkdv", ("q", "k", "v", "do", "dk", "dv"), scalars, {}),
-            ("_gluon_attn_bwd_dq", ("q", "k", "v", "do", "dq"), dq_scalars, dict(HAS_DLSE=False)),
+        # The streamed tiles' rows: Q and dO in the dK/dV kernel, K and V in the dQ kernel.
+        rows, cols = getattr(module, "GLUON_BWD_STREAMS", (tile, tile))
+        dkdv = dict(q=rows, k=tile, v=tile, do=rows, dk=tile, dv=tile)
+        dq = dict(q=tile, k=cols, v=cols, do=tile, dq=tile)
+        for kernel, blocks, more, constants in (
+            ("_gluon_attn_bwd_dkdv", dkdv, scalars, {}),
+            ("_gluon_attn_bwd_dq", dq, dq_scalars, dict(HAS_DLSE=False)),
         ):
             fn = getattr(module, kernel)
             params = {p.name for p in fn.params}
@@ -235,12 +239,13 @@ def gluon_resources(module) -> list:
             resources = compile_gluon(
                 module,
                 fn,
-                {f"{name}_desc": tile for name in names},
+                {f"{name}_desc": r for name, r in blocks.items()},
                 {name: kind for name, kind in more.items() if name in params},
                 {name: v for name, v in dict(constants, STAGES=stages).items() if name in params},
                 dict(num_warps=4),
             )
-            found.append(Resources(kernel, (tile, tile, 4, stages), True, *resources))
+            streamed = rows if kernel.endswith("_dkdv") else cols
+            found.append(Resources(kernel, (tile, streamed, 4, stages), True, *resources))
     return found
 
 

@@ -122,6 +122,7 @@ KNOB_SETTINGS = [
     "bwd_heads_first=on", "seqs_tma=on", "branchless_tiles=on", "branchless_tiles=off",
     "classify_edge_tiles=off", "gluon_one_probs_call=flag", "gluon_one_probs_call=masked",
     "gluon_one_probs_call=off", "residue_classes=off", "residue_classes=on",
+    "gluon_bwd_streams=64,128",
 ]  # fmt: skip
 
 
@@ -137,10 +138,39 @@ def test_every_knob_setting_builds_modules_that_define_what_they_read(name):
 
     assert {s.split("=")[0] for s in KNOB_SETTINGS} == set(KNOBS)
     (variant,) = [v for v in example_variants() if v.name == name]
-    builds = [(s, render_module(variant, None, parse_settings([s]))) for s in KNOB_SETTINGS]
+    settings = list(KNOB_SETTINGS)
+    if variant.name == "llama3_packed_docs":  # its plan's 64-row tiles (decision 078)
+        with pytest.raises(ExperimentError, match="runtime data takes 64,64"):
+            render_module(variant, None, parse_settings(["gluon_bwd_streams=64,128"]))
+        settings.remove("gluon_bwd_streams=64,128")
+    builds = [(s, render_module(variant, None, parse_settings([s]))) for s in settings]
     builds.append(("--triton-only", render_module(variant, triton_only=True)))
     problems = {setting: sorted(_undefined_names(source)) for setting, source in builds}
     assert not {k: v for k, v in problems.items() if v}
+
+
+def test_streamed_gluon_backward_tiles_set_the_descriptors_and_refuse_what_cannot_fit():
+    """gluon_bwd_streams: the dK/dV kernel's Q and dO tiles and the dQ kernel's
+    K and V tiles get descriptors of their own rows; 128 streamed rows of a
+    128-wide head in the dK/dV kernel, or three 128-key buffers in the dQ
+    kernel, would not fit shared memory, and a mask over runtime data keeps
+    its plan's 64-row tiles."""
+    narrow = make_variant("causal", dtype=ir.DType.BF16, head_dim=64)
+    assert "GLUON_BWD_STREAMS = (64, 64)" in render_module(narrow)
+    source = render_module(narrow, None, parse_settings(["gluon_bwd_streams=128,128"]))
+    assert "GLUON_BWD_STREAMS = (128, 128)" in source and not _undefined_names(source)
+    assert "q_stream, k_desc, v_desc, do_stream, dk_desc, dv_desc" in source
+    assert "q_desc, k_stream, v_stream, do_desc, dq_desc" in source
+    wide = make_variant("causal", dtype=ir.DType.BF16, head_dim=128)
+    assert "(64, 128)" in render_module(wide, None, parse_settings(["gluon_bwd_streams=64,128"]))
+    for settings in (
+        ["gluon_bwd_streams=128,64"],
+        ["gluon_bwd_streams=64,128", "gluon_bwd_stages=3,3"],
+    ):
+        with pytest.raises(ExperimentError, match="at head dim 128"):
+            render_module(wide, None, parse_settings(settings))
+    with pytest.raises(ExperimentError, match="gluon_bwd_streams=96,64: each must be 64 or 128"):
+        parse_settings(["gluon_bwd_streams=96,64"])
 
 
 def test_every_knob_is_a_plan_field():

@@ -206,15 +206,21 @@ def _magnitudes(score: str | None) -> tuple[float, ...]:
     return (1.0,) if score == "exp(-s)" else (1.0, 5.0)
 
 
+# The Gluon backward's streamed tiles (`gluon_bwd_streams`): as built, and
+# 128 rows wherever they fit (both kernels at d64, the dQ kernel at d128).
+WIDE_STREAMS = {64: (128, 128), 128: (64, 128)}
+
+
 @pytest.mark.parametrize("mask, score, head_dim", GLUON_BACKWARD_CASES)
 @pytest.mark.parametrize("dtype", [ir.DType.FP16, ir.DType.BF16])
-def test_gluon_backward_on_gpu(mask, score, head_dim, dtype, monkeypatch):
+@pytest.mark.parametrize("streams", ["built", "wide"])
+def test_gluon_backward_on_gpu(mask, score, head_dim, dtype, streams, monkeypatch):
     """The warp-specialized Gluon backward (sm90, Nq = Nk a multiple of 128)
     against the float64 reference: one CTA, GQA, several tiles per CTA, with
     a random gradient of the log-sum-exp.  Counts its launches, so the test
     cannot pass on the Triton fallback."""
     variant = make_variant(mask, score, dtype=dtype, head_dim=head_dim)
-    module = build(variant)
+    module = build(variant, streams == "wide" and {"gluon_bwd_streams": WIDE_STREAMS[head_dim]})
     gluon = hasattr(module, "_gluon_backward")
     launches = _count_calls(monkeypatch, module, "_gluon_backward") if gluon else []
     shapes = [Shape(1, 2, 2, 128, 128), Shape(2, 4, 2, 384, 384), Shape(1, 2, 1, 1024, 1024)]
