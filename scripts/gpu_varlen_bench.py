@@ -20,8 +20,12 @@ with `--timer cuda-graph` of CUDA-graph replays (the kernels alone).  The
 packed_docs module takes a tile plan built once per case, outside the timed
 region, as FlexAttention's block mask is.
 
+With --plan, the varlen call is timed a second time on the causal module
+built with those plan knobs (`flashgen bench --plan`), beside the first.
+
     python3 scripts/gpu_varlen_bench.py [--tokens 16384 65536] [--head-dim 64 128]
         [--mean 1000] [--jsonl PATH] [--run NAME] [--commit SHA] [--timer cuda-graph]
+        [--plan KNOB=VALUE ...]
 """
 
 from __future__ import annotations
@@ -40,7 +44,7 @@ import triton.testing
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from flashgen import api  # noqa: E402
+from flashgen import api, experiments  # noqa: E402
 
 HEADS = 16
 
@@ -94,7 +98,16 @@ def main() -> None:
     parser.add_argument("--run", default="varlen")
     parser.add_argument("--commit")
     parser.add_argument("--timer", choices=["do_bench", "cuda-graph"], default="do_bench")
+    parser.add_argument(
+        "--plan",
+        nargs="+",
+        action="extend",
+        default=[],
+        metavar="KNOB=VALUE",
+        help="also time the varlen call on the causal module built with these plan knobs",
+    )
     args = parser.parse_args()
+    knobs = experiments.parse_settings(args.plan)
     from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
     commit = (
@@ -118,6 +131,8 @@ def main() -> None:
     )
     for head_dim in args.head_dim:
         causal = api.load(spec("causal", head_dim, "mask = causal"))
+        (variant,) = api.check_sources({"causal": spec("causal", head_dim, "mask = causal")})[0]
+        knobbed = api.load_variant(variant, knobs) if knobs else None
         docs_mod = api.load(
             spec(
                 "packed_docs", head_dim, "doc: int32[B, Nk]; mask = causal & doc[b, q] == doc[b, k]"
@@ -155,6 +170,7 @@ def main() -> None:
             dense = [rand(dense_b, HEADS, dense_len, head_dim) for _ in range(4)]
             dense_flops = 4 * head_dim * HEADS * dense_b * dense_len * (dense_len + 1) // 2
             once = causal.sequences(cu_seqlens_q=cu, cu_seqlens_k=cu)  # checked once per batch
+            knobbed_once = knobbed and knobbed.sequences(cu_seqlens_q=cu, cu_seqlens_k=cu)
             # built once per batch, as the block mask is
             doc2 = doc[None]  # the tensor the plan was built for, at every call
             plan = docs_mod.tile_plan(q4, k4, v4, doc=doc2)
@@ -169,6 +185,9 @@ def main() -> None:
                  (q4, k4, v4, do4), flops),
                 (f"flashgen dense B{dense_b} N{dense_len}", causal.attention, dense, dense_flops),
             ]  # fmt: skip
+            if knobbed:
+                systems.insert(1, (f"flashgen varlen, {' '.join(args.plan)}", lambda a, b, c: knobbed.attention(
+                    a, b, c, sequences=knobbed_once), (q3, k3, v3, do3), flops))  # fmt: skip
             reference = None
             for name, fn, (a, b, c, do), work in systems:
                 fwd, both, timer = timed(fn, a, b, c, do, args.timer)

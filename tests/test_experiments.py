@@ -286,6 +286,40 @@ def test_knobs_on_input_reads_compute_the_same_bits(knob):
 
 
 @pytest.mark.kernels
+def test_heads_first_grids_in_varlen_calls_compute_the_same_bits():
+    """heads_first and bwd_heads_first on a module without a document mask
+    (the knobs a varlen measurement sets, scripts/gpu_varlen_bench.py --plan):
+    the programs of a varlen call run in another order, sequences of 1 to 65
+    rows among them (tiles past a sequence's end included), under GQA; the
+    output and the gradients are the same bits."""
+    from flashgen.check import check
+    from flashgen.parse import parse
+
+    text = "attention t { head_dim = 16; dtype = fp32; mask = causal }"
+    (variant,), _ = check([parse(text)[0]])
+    gen = torch.Generator().manual_seed(0)
+    cu = torch.tensor([0, 5, 70, 71, 130], dtype=torch.int32)
+    q, k, v = (torch.randn(130, h, 16, generator=gen).requires_grad_() for h in (2, 1, 1))
+    runs = []
+    for setting in ("off", "on"):
+        knobs = parse_settings([f"heads_first={setting}", f"bwd_heads_first={setting}"])
+        source = render_module(variant, None, knobs)
+        assert ("batch_head = tl.program_id(0)" in source) == (setting == "on")
+        module = type(torch)(f"flashgen_test_varlen_heads_first_{setting}")
+        import sys
+
+        sys.modules[module.__name__] = module
+        try:
+            exec(compile(source, "<knobs>", "exec"), module.__dict__)
+            o = module.attention(q, k, v, cu_seqlens_q=cu, cu_seqlens_k=cu)
+            runs.append((o, *torch.autograd.grad(o.square().sum(), (q, k, v))))
+        finally:
+            del sys.modules[module.__name__]
+    for a, b in zip(*runs):
+        assert torch.equal(a, b)
+
+
+@pytest.mark.kernels
 @pytest.mark.parametrize(
     "mask, score, align",
     [
