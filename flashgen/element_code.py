@@ -140,16 +140,16 @@ class ElementCode:
     def _alibi(self, c: float) -> kx.Expr:
         """c * alibi, alibi = -slope * |q - k|, with c * slope computed once."""
         if self.keys_before_queries:
-            coeff, distance = c, kx.sub(K_POS, Q_POS)
+            coeff, distance = c, _float_difference(K_POS, Q_POS)
         else:
-            coeff, distance = -c, kx.Abs(kx.sub(Q_POS, K_POS))
+            coeff, distance = -c, kx.Abs(_float_difference(Q_POS, K_POS))
         if coeff == 1.0:
             slope: kx.Expr = ALIBI_SLOPE
         elif coeff == -1.0:
             slope = kx.Neg(ALIBI_SLOPE)
         else:
             slope = kx.Paren(kx.mul(ALIBI_SLOPE, kx.Float(coeff)))
-        return kx.mul(slope, kx.Cast(distance, _F32))
+        return kx.mul(slope, distance)
 
     def _softcap(self, e: ir.Call, c: float) -> kx.Expr:
         """c * softcap(x, cap) = (c * cap) * tanh(x / cap)."""
@@ -166,8 +166,23 @@ class ElementCode:
         if value is not None:
             return kx.Float(float(value))
         if kind(e) is ir.Kind.INT:
-            return kx.Cast(kx.Paren(self.expr(e)), _F32)
+            return self._distance(e) or kx.Cast(kx.Paren(self.expr(e)), _F32)
         return self.expr(e)
+
+    def _distance(self, e: ir.Expr) -> kx.Expr | None:
+        """k - q, q - k or |q - k| as a float32 value (`_float_difference`),
+        or None for any other integer expression."""
+        absolute = isinstance(e, ir.Call) and e.fn == "abs"
+        form = affine(e.args[0] if absolute else e)  # type: ignore[union-attr]
+        if form is None or clean(form) not in K_MINUS_Q:
+            return None
+        if absolute:
+            if self.keys_before_queries:  # |q - k| = q - k where the mask hides k > q
+                return _float_difference(Q_POS, K_POS)
+            return kx.Abs(_float_difference(Q_POS, K_POS))
+        return (
+            _float_difference(K_POS, Q_POS) if form["k"] == 1 else _float_difference(Q_POS, K_POS)
+        )
 
     def expr(self, e: ir.Expr) -> kx.Expr:
         if e in self.known:
@@ -241,6 +256,19 @@ class ElementCode:
         if kind(e) is ir.Kind.INT:
             return fn(self.expr(e.args[0]), self.expr(e.args[1]))
         return fn(self.real(e.args[0]), self.real(e.args[1]))
+
+
+def _float_difference(a: kx.Var, b: kx.Var) -> kx.Expr:
+    """a - b of two position tensors as float32, each converted on its own:
+    `(a.to(tl.float32) - b.to(tl.float32))`.  The same bits as `(a - b).to(
+    tl.float32)`: positions lie within +-MAX_SEQ_LEN = 2^24, where float32
+    holds every integer, and a float subtraction rounds the exact difference
+    once, as the conversion does.  A tile's positions are a column and a row
+    (q_pos (M, 1), k_pos (1, N)), so the conversions, a quarter-rate
+    instruction on recent GPUs, run per row and per column rather than per
+    pair, and each pair costs one float subtraction instead of an integer
+    subtraction and a conversion."""
+    return kx.Paren(kx.sub(kx.Cast(a, _F32), kx.Cast(b, _F32)))
 
 
 _S = ir.Name("s")

@@ -448,11 +448,57 @@ def test_scores_use_the_mask_facts():
         assert lower.keys_before_queries(mask), text
     alibi = ir.Binary(ir.BinOp.ADD, n("s"), n("alibi"))
     q_pos, k_pos = kx.Var("q_pos"), kx.Var("k_pos")
+    q_f, k_f = kx.Cast(q_pos, "tl.float32"), kx.Cast(k_pos, "tl.float32")
     code = list(kx.walk(lower.score_code(alibi, lower.ElementCode(True)).log2))
     assert not any(isinstance(x, kx.Abs) for x in code)
-    assert kx.sub(k_pos, q_pos) in code
+    assert kx.sub(k_f, q_f) in code
     code = list(kx.walk(lower.score_code(alibi, lower.ElementCode()).log2))
-    assert kx.Abs(kx.sub(q_pos, k_pos)) in code
+    assert kx.Abs(kx.Paren(kx.sub(q_f, k_f))) in code
+
+
+@pytest.mark.parametrize(
+    "score, causal, text",
+    [
+        ("s + alibi", False, "tl.abs((q_pos.to(tl.float32) - k_pos.to(tl.float32)))"),
+        ("s - 0.05 * abs(q - k)", True, "(q_pos.to(tl.float32) - k_pos.to(tl.float32))"),
+        ("s - 0.05 * abs(k - q)", False, "tl.abs((q_pos.to(tl.float32) - k_pos.to(tl.float32)))"),
+        ("s * (k - q)", False, "(k_pos.to(tl.float32) - q_pos.to(tl.float32))"),
+        ("s + (q - k) / 7.0", False, "(q_pos.to(tl.float32) - k_pos.to(tl.float32))"),
+        # Other integer expressions keep one conversion of the whole.
+        ("s + 0.1 * (q - k + 1)", False, None),
+        ("s + 0.1 * (q - 2 * k)", False, None),
+    ],
+)
+def test_distances_convert_each_position_on_its_own(score, causal, text):
+    """k - q, q - k and |q - k| in a real context become float32 differences
+    of positions converted one row and one column at a time (decision 094)."""
+    variant = make_variant("causal" if causal else "full", score=score)
+    nnf = lower.negation_normal_form(lower.desugar_mask(variant.mask))
+    code = lower.score_code(variant.score, lower.ElementCode(lower.keys_before_queries(nnf)))
+    source = kx.to_source(code.log2)
+    if text is None:
+        assert "_pos.to(" not in source and ").to(tl.float32)" in source, source
+    else:
+        assert text in source, source
+
+
+def test_float_differences_of_positions_are_the_conversions_of_integer_ones():
+    """The claim `_float_difference` rests on: for every pair of positions in
+    +-(MAX_SEQ_LEN - 1), float32(a) - float32(b) rounded to nearest is
+    float32(a - b), bit for bit (differences past 2^24 round the same way)."""
+    rng = np.random.default_rng(0)
+    top = ir.MAX_SEQ_LEN - 1
+    edges = np.array([0, 1, 2, 3, 2**23 - 1, 2**23, 2**23 + 1, 2**24 - 3, top], dtype=np.int64)
+    edges = np.concatenate([edges, -edges])
+    a = np.concatenate([rng.integers(-top, top + 1, 2_000_000), np.repeat(edges, edges.size)])
+    b = np.concatenate([rng.integers(-top, top + 1, 2_000_000), np.tile(edges, edges.size)])
+    near = rng.integers(-top, top + 1, 200_000)
+    a = np.concatenate([a, near])
+    b = np.concatenate([b, np.clip(near + rng.integers(-5, 6, near.size), -top, top)])
+    got = a.astype(np.float32) - b.astype(np.float32)
+    want = (a - b).astype(np.float32)
+    assert np.array_equal(got.view(np.int32), want.view(np.int32))
+    assert np.abs(a - b).max() > 2**24  # differences that round were drawn
 
 
 def _full_interval(mask: ir.Expr, var: str, env: dict, n: int):
