@@ -94,6 +94,7 @@ class ElementCode:
         keys_before_queries: bool = False,
         fast_log: bool = False,
         named: dict[ir.Index, str] | None = None,
+        float_distances: bool = False,
     ) -> None:
         # Score code may assume k <= q: the mask hides every other pair (see
         # `keys_before_queries`).  Then |q - k| is q - k, one operation less.
@@ -103,13 +104,18 @@ class ElementCode:
         self.fast_log = fast_log
         # Reads that the kernel has already loaded into variables of these names.
         self.named = named or {}
+        # Experiment (decision 094): distances in a real context as float32
+        # differences of positions converted per row and per column.
+        self.float_distances = float_distances
         # Subexpressions the kernel has computed already, as the code that reads
         # them back (the score itself from s2 in the derivative: `reading`).
         self.known: dict[ir.Expr, kx.Expr] = {}
 
     def reading(self, e: ir.Expr, code: kx.Expr) -> ElementCode:
         """A translator like this one that gives `code` for `e`."""
-        other = ElementCode(self.keys_before_queries, self.fast_log, self.named)
+        other = ElementCode(
+            self.keys_before_queries, self.fast_log, self.named, self.float_distances
+        )  # fmt: skip
         other.known = {**self.known, e: code}
         return other
 
@@ -139,10 +145,11 @@ class ElementCode:
 
     def _alibi(self, c: float) -> kx.Expr:
         """c * alibi, alibi = -slope * |q - k|, with c * slope computed once."""
+        # alibi = slope * (k - q) where the mask hides k > q, else -slope * |q - k|.
         if self.keys_before_queries:
-            coeff, distance = c, _float_difference(K_POS, Q_POS)
+            coeff, distance = c, self._difference(K_POS, Q_POS)
         else:
-            coeff, distance = -c, kx.Abs(_float_difference(Q_POS, K_POS))
+            coeff, distance = -c, self._absolute_difference()
         if coeff == 1.0:
             slope: kx.Expr = ALIBI_SLOPE
         elif coeff == -1.0:
@@ -166,8 +173,19 @@ class ElementCode:
         if value is not None:
             return kx.Float(float(value))
         if kind(e) is ir.Kind.INT:
-            return self._distance(e) or kx.Cast(kx.Paren(self.expr(e)), _F32)
+            distance = self._distance(e) if self.float_distances else None
+            return distance or kx.Cast(kx.Paren(self.expr(e)), _F32)
         return self.expr(e)
+
+    def _difference(self, a: kx.Var, b: kx.Var) -> kx.Expr:
+        """a - b of two position tensors as float32."""
+        return _float_difference(a, b) if self.float_distances else kx.Cast(kx.sub(a, b), _F32)
+
+    def _absolute_difference(self) -> kx.Expr:
+        """|q - k| as float32."""
+        if self.float_distances:
+            return kx.Abs(_float_difference(Q_POS, K_POS))
+        return kx.Cast(kx.Abs(kx.sub(Q_POS, K_POS)), _F32)
 
     def _distance(self, e: ir.Expr) -> kx.Expr | None:
         """k - q, q - k or |q - k| as a float32 value (`_float_difference`),

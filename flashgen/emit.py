@@ -27,6 +27,7 @@ from pathlib import Path
 import jinja2
 
 from flashgen import __version__, ir
+from flashgen.experiments import LOWERING_KNOBS
 from flashgen.experiments import apply as apply_experiments
 from flashgen.lower import Tuning, lower
 
@@ -114,8 +115,8 @@ def render_module(
     that runs the Triton kernels everywhere.
     """
     experiments = experiments or {}
-    classes = experiments.get("residue_classes")
-    model = apply_experiments(lower(variant, tuning, residue_classes=classes), experiments)
+    lowering = {name: experiments[name] for name in LOWERING_KNOBS if name in experiments}
+    model = apply_experiments(lower(variant, tuning, **lowering), experiments)
     if triton_only:
         model = dataclasses.replace(
             model, gluon_forward=None, gluon_backward=False, triton_only=True

@@ -115,10 +115,13 @@ KNOBS: dict[str, Callable[[str], object]] = {
     "gluon_one_probs_call": _one_of("off", "flag", "masked"),  # the Gluon backward's P: one call
     # on: residue classes wherever the mask allows them, off: positions (decision 085)
     "residue_classes": _bool,
+    # on: the score's distances from positions converted per row and column (decision 094)
+    "float_distances": _bool,
 }
 # Knobs the lowering takes (`lower(variant, residue_classes=...)`), as they
-# change the tile analysis itself, rather than fields set on its model.
-LOWERING_KNOBS = frozenset({"residue_classes"})
+# change the tile analysis or the element code itself, rather than fields set
+# on its model.
+LOWERING_KNOBS = frozenset({"residue_classes", "float_distances"})
 _SECTION_KNOBS = frozenset({"merged_edges", "branchless_tiles", "classify_edge_tiles"})
 
 

@@ -764,11 +764,16 @@ def _source(e: kx.Expr | None) -> str | None:
 
 
 def lower(
-    v: ir.Variant, tuning: Tuning | None = None, residue_classes: bool | None = None
+    v: ir.Variant,
+    tuning: Tuning | None = None,
+    residue_classes: bool | None = None,
+    float_distances: bool = False,
 ) -> KernelModel:
     """The module's plan for a checked variant; `residue_classes` True or
     False walks residue classes wherever they can be walked or nowhere, None
-    where they pay (the experiment knob of that name, decision 085)."""
+    where they pay (the experiment knob of that name, decision 085);
+    `float_distances` emits the score's distances as float differences of
+    positions converted per row and column (the knob, decision 094)."""
     spec_text = print_variant(v)
     pad = head_dim_pad(v.head_dim)
     v_pad = head_dim_pad(v.v_dim)
@@ -788,11 +793,10 @@ def lower(
     step, residues = classes or (1, ())
     # The score code may assume the mask's facts (keys before queries).
     fast = fast_math(v)
-    score = score_code(v.score, ElementCode(keys_before_queries(mask), fast_log=fast))
+    keys_first = keys_before_queries(mask)
+    score = score_code(v.score, ElementCode(keys_first, fast, float_distances=float_distances))
     read_names, tile_reads, tile_read_code = _tile_reads(v)
-    hoisted = score_code(
-        v.score, ElementCode(keys_before_queries(mask), fast_log=fast, named=read_names)
-    )
+    hoisted = score_code(v.score, ElementCode(keys_first, fast, read_names, float_distances))
 
     plan = None if mask_is_full else data_plan(mask)
     whole, scalar_code = _tile_section(mask, mask, v.dtype, plan, full=mask_is_full)

@@ -156,7 +156,7 @@ def _scores_log2(
     """
     # s * log2(e) + bias * log2(e), log2(e) folded into a constant factor of
     # the bias where it has one: exp2 of these scores computes exp.
-    s2 = qk * (sm_scale * 1.4426950408889634) + (alibi_slope * 1.4426950408889634) * (k_pos.to(tl.float32) - q_pos.to(tl.float32))  # fmt: skip
+    s2 = qk * (sm_scale * 1.4426950408889634) + (alibi_slope * 1.4426950408889634) * (k_pos - q_pos).to(tl.float32)  # fmt: skip
     if MASKED:
         visible = (k_pos < n_keys) & (k_pos <= q_pos)
         s2 = tl.where(visible, s2, float("-inf"))

@@ -133,7 +133,7 @@ def _scores_log2(
     """
     # s * log2(e) + bias * log2(e), log2(e) folded into a constant factor of
     # the bias where it has one: exp2 of these scores computes exp.
-    s2 = qk * (sm_scale * 1.4426950408889634) + -0.07213475204444818 * (q_pos.to(tl.float32) - k_pos.to(tl.float32))  # fmt: skip
+    s2 = qk * (sm_scale * 1.4426950408889634) + -0.07213475204444818 * ((q_pos - k_pos)).to(tl.float32)  # fmt: skip
     if MASKED:
         visible = (k_pos < n_keys) & ((k_pos <= q_pos) & (((q_pos - k_pos) & 1) == 0))
         s2 = tl.where(visible, s2, float("-inf"))

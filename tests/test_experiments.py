@@ -122,7 +122,7 @@ KNOB_SETTINGS = [
     "bwd_heads_first=on", "seqs_tma=on", "branchless_tiles=on", "branchless_tiles=off",
     "classify_edge_tiles=off", "gluon_one_probs_call=flag", "gluon_one_probs_call=masked",
     "gluon_one_probs_call=off", "residue_classes=off", "residue_classes=on",
-    "gluon_bwd_streams=64,128",
+    "gluon_bwd_streams=64,128", "float_distances=on", "float_distances=off",
 ]  # fmt: skip
 
 
@@ -278,6 +278,41 @@ def test_knobs_on_input_reads_compute_the_same_bits(knob):
         try:
             exec(compile(source, "<knobs>", "exec"), module.__dict__)
             o = module.attention(q, k, v, **data)
+            runs.append((o, *torch.autograd.grad(o.square().sum(), (q, k, v))))
+        finally:
+            del sys.modules[module.__name__]
+    for a, b in zip(*runs):
+        assert torch.equal(a, b)
+
+
+@pytest.mark.kernels
+@pytest.mark.parametrize(
+    "mask, score",
+    [
+        ("full", "s + alibi"),  # |q - k|
+        ("causal", "s + alibi"),  # k - q under the mask
+        ("causal & (q - k) % 2 == 0", "s - 0.05 * abs(q - k)"),  # the custom example's
+        ("window(40, 9)", "tanh(s * (k - q) * 0.01)"),  # a distance in the derivative too
+    ],
+)
+def test_float_distances_compute_the_same_bits(mask, score):
+    """float_distances (decision 094): the forward and the three gradients
+    are the same bits with the knob and without, positions pushed past 2^23
+    by offsets, with Nq != Nk."""
+    variant = make_variant(mask, score=score, dtype=ir.DType.FP32, head_dim=16)
+    gen = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, 2, n, 16, generator=gen).requires_grad_() for n in (37, 70, 70))
+    runs = []
+    for setting in ("off", "on"):
+        source = render_module(variant, None, parse_settings([f"float_distances={setting}"]))
+        assert ("k_pos.to(tl.float32)" in source) == (setting == "on")
+        module = type(torch)(f"flashgen_test_float_distances_{setting}")
+        import sys
+
+        sys.modules[module.__name__] = module
+        try:
+            exec(compile(source, "<knobs>", "exec"), module.__dict__)
+            o = module.attention(q, k, v, q_offset=9_000_000 + 33, k_offset=9_000_000)
             runs.append((o, *torch.autograd.grad(o.square().sum(), (q, k, v))))
         finally:
             del sys.modules[module.__name__]

@@ -448,11 +448,19 @@ def test_scores_use_the_mask_facts():
         assert lower.keys_before_queries(mask), text
     alibi = ir.Binary(ir.BinOp.ADD, n("s"), n("alibi"))
     q_pos, k_pos = kx.Var("q_pos"), kx.Var("k_pos")
-    q_f, k_f = kx.Cast(q_pos, "tl.float32"), kx.Cast(k_pos, "tl.float32")
     code = list(kx.walk(lower.score_code(alibi, lower.ElementCode(True)).log2))
     assert not any(isinstance(x, kx.Abs) for x in code)
-    assert kx.sub(k_f, q_f) in code
+    assert kx.sub(k_pos, q_pos) in code
     code = list(kx.walk(lower.score_code(alibi, lower.ElementCode()).log2))
+    assert kx.Abs(kx.sub(q_pos, k_pos)) in code
+    # With float_distances (decision 094), the same from positions converted one by one.
+    q_f, k_f = kx.Cast(q_pos, "tl.float32"), kx.Cast(k_pos, "tl.float32")
+    code = list(
+        kx.walk(lower.score_code(alibi, lower.ElementCode(True, float_distances=True)).log2)
+    )
+    assert not any(isinstance(x, kx.Abs) for x in code)
+    assert kx.sub(k_f, q_f) in code
+    code = list(kx.walk(lower.score_code(alibi, lower.ElementCode(float_distances=True)).log2))
     assert kx.Abs(kx.Paren(kx.sub(q_f, k_f))) in code
 
 
@@ -470,11 +478,15 @@ def test_scores_use_the_mask_facts():
     ],
 )
 def test_distances_convert_each_position_on_its_own(score, causal, text):
-    """k - q, q - k and |q - k| in a real context become float32 differences
-    of positions converted one row and one column at a time (decision 094)."""
+    """With float_distances (decision 094), k - q, q - k and |q - k| in a
+    real context become float32 differences of positions converted one row
+    and one column at a time; without it, one conversion of the whole."""
     variant = make_variant("causal" if causal else "full", score=score)
     nnf = lower.negation_normal_form(lower.desugar_mask(variant.mask))
-    code = lower.score_code(variant.score, lower.ElementCode(lower.keys_before_queries(nnf)))
+    keys_first = lower.keys_before_queries(nnf)
+    plain = kx.to_source(lower.score_code(variant.score, lower.ElementCode(keys_first)).log2)
+    assert "_pos.to(" not in plain and ").to(tl.float32)" in plain, plain
+    code = lower.score_code(variant.score, lower.ElementCode(keys_first, float_distances=True))
     source = kx.to_source(code.log2)
     if text is None:
         assert "_pos.to(" not in source and ").to(tl.float32)" in source, source

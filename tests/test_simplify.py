@@ -79,7 +79,7 @@ def test_softcap_among_terms_computes_tanh_once_per_function():
     )
     assert model.score_log2_code == (
         "43.2808512266689 * _tanh(s * 0.03333333333333333)"
-        " - 0.14426950408889636 * (q_pos.to(tl.float32) - k_pos.to(tl.float32))"
+        " - 0.14426950408889636 * ((q_pos - k_pos)).to(tl.float32)"
     )
     assert model.score_grad_lines == ("tanh0 = _tanh(s * 0.03333333333333333)",)
     assert model.score_grad_code == "1.0 - (tanh0 * tanh0)"
