@@ -1922,8 +1922,8 @@ def _gluon_tile_class(q_lo, q_hi, k_lo, k_hi, head, num_heads):
 #   S = Q K^T and dP = dO V^T, then dQ += dS K.
 # - dK/dV: one CTA per 128 keys, 64 per consumer.  K and V are loaded once,
 #   Q and dO stream through in tiles of GLUON_BWD_STREAMS[0] rows.  Per tile
-#   a consumer issues S^T = K Q^T and dP^T = V dO^T together, recomputes P^T while dP^T is in
-#   flight, then issues dV += P^T dO and dK += dS^T Q.
+#   a consumer issues S^T = K Q^T and dP^T = V dO^T together, recomputes P^T
+#   while dP^T is in flight, then issues dV += P^T dO and dK += dS^T Q.
 # The tiles walked come from the mask's bounds.  Each tile is classified by
 # the mask's interval code for the whole CTA, which decides what the producer
 # loads, and again for each consumer's half: skipped, masked, or whole.  A
@@ -2306,17 +2306,15 @@ def _gluon_backward(
     q_desc, k_desc, v_desc, do_desc, dq_desc, dk_desc, dv_desc = (
         _gluon_descriptor(x, GLUON_BWD_TILE) for x in (q, k, v, do, dq, dk, dv)
     )  # fmt: skip
-    q_stream, do_stream = (_gluon_descriptor(x, GLUON_BWD_STREAMS[0]) for x in (q, do))
-    k_stream, v_stream = (_gluon_descriptor(x, GLUON_BWD_STREAMS[1]) for x in (k, v))
     common = (alibi_slopes, scale, n, num_heads, num_heads // kv_heads)
     _launch(
         _gluon_attn_bwd_dq, (n // GLUON_BWD_BLOCK, batch * num_heads),
-        q_desc, k_stream, v_stream, do_desc, dq_desc, o, delta if dlse is None else dlse, lse, delta, *common,
+        q_desc, k_desc, v_desc, do_desc, dq_desc, o, delta if dlse is None else dlse, lse, delta, *common,
         dlse is not None, GLUON_BWD_STAGES[1], num_warps=4,
     )  # fmt: skip
     _launch(
         _gluon_attn_bwd_dkdv, (n // GLUON_BWD_BLOCK, batch * kv_heads),
-        q_stream, k_desc, v_desc, do_stream, dk_desc, dv_desc, lse, delta, *common, GLUON_BWD_STAGES[0], num_warps=4,
+        q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, lse, delta, *common, GLUON_BWD_STAGES[0], num_warps=4,
     )  # fmt: skip
 
 
