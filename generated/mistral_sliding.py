@@ -2205,6 +2205,47 @@ def _gluon_dkdv_cta(num_heads, kv_group, KEYS: gl.constexpr):
 
 
 @gluon.jit
+def _gluon_dkdv_step(
+    k_buf, v_buf, q_buf, do_buf, dk, dv, s_zero, k_pos, start_m, whole, row0, lse_ptr, delta_ptr,
+    n_ctx, head, num_heads, alibi_slope, sm_scale,
+):  # fmt: skip
+    """One streamed tile of Q and dO against a consumer's keys: P^T and dS^T
+    from S^T = K Q^T and dP^T = V dO^T, then dV += P^T dO and dK += dS^T Q.
+    `s_zero` sets the layout of the tile's scores, whose rows are q_buf's."""
+    dtype: gl.constexpr = q_buf.dtype
+    ROWS: gl.constexpr = q_buf.shape[0]
+    row_vec: gl.constexpr = gl.SliceLayout(0, s_zero.type.layout)
+    a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=dk.type.layout, k_width=2)
+    s_t = warpgroup_mma(
+        k_buf, q_buf.permute((1, 0)), s_zero, use_acc=False, is_async=True
+    )  # fmt: skip
+    dp_t = warpgroup_mma(v_buf, do_buf.permute((1, 0)), s_zero, use_acc=False, is_async=True)  # fmt: skip
+    q_idx = start_m + gl.arange(0, ROWS, layout=row_vec)
+    q_pos = gl.expand_dims(q_idx, 0)
+    lse = gl.expand_dims(gl.load(lse_ptr + row0 + q_idx), 0)
+    delta = gl.expand_dims(gl.load(delta_ptr + row0 + q_idx), 0)
+    s_t = warpgroup_mma_wait(num_outstanding=1, deps=(s_t,))
+    if whole:
+        p_t, s2_t = _attn_probs(
+            s_t, lse, q_pos, k_pos, n_ctx, head, num_heads, alibi_slope, sm_scale,
+            False,
+        )  # fmt: skip
+    else:
+        p_t, s2_t = _attn_probs(
+            s_t, lse, q_pos, k_pos, n_ctx, head, num_heads, alibi_slope, sm_scale,
+            True,
+        )  # fmt: skip
+    dv = warpgroup_mma(gl.convert_layout(p_t.to(dtype), a_layout), do_buf, dv, is_async=True)  # fmt: skip
+    dp_t = warpgroup_mma_wait(num_outstanding=1, deps=(dp_t,))
+    ds_t = p_t * (dp_t - delta)
+    dk = warpgroup_mma(
+        gl.convert_layout(ds_t.to(dtype), a_layout), q_buf, dk, is_async=True
+    )  # fmt: skip
+    dv, dk = warpgroup_mma_wait(num_outstanding=0, deps=(dv, dk))
+    return dk, dv
+
+
+@gluon.jit
 def _gluon_dkdv_consumer(args, HALF: gl.constexpr):
     (q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, lse_ptr, delta_ptr, alibi_slopes_ptr, sm_scale,
      n_ctx, num_heads, kv_group, k_smem, v_smem, q_smem, do_smem, kv_bar, q_ready, q_empty) = args  # fmt: skip
@@ -2218,9 +2259,7 @@ def _gluon_dkdv_consumer(args, HALF: gl.constexpr):
         version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, ROWS, 16]
     )  # fmt: skip
     acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, HEAD_DIM, 16])  # fmt: skip
-    a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_layout, k_width=2)
     key_vec: gl.constexpr = gl.SliceLayout(1, s_layout)
-    row_vec: gl.constexpr = gl.SliceLayout(0, s_layout)
 
     start_n, batch, kv_head = _gluon_dkdv_cta(num_heads, kv_group, KEYS)
     k_lo = start_n + HALF * KEYS
@@ -2251,34 +2290,10 @@ def _gluon_dkdv_consumer(args, HALF: gl.constexpr):
                     start_m, start_m + ROWS - 1, k_lo, k_lo + KEYS - 1, head, num_heads
                 )  # fmt: skip
                 if may:
-                    q_buf = q_smem.index(stage)
-                    do_buf = do_smem.index(stage)
-                    s_t = warpgroup_mma(
-                        k_buf, q_buf.permute((1, 0)), s_zero, use_acc=False, is_async=True
+                    dk, dv = _gluon_dkdv_step(
+                        k_buf, v_buf, q_smem.index(stage), do_smem.index(stage), dk, dv, s_zero, k_pos, start_m, whole,
+                        row0, lse_ptr, delta_ptr, n_ctx, head, num_heads, alibi_slope, sm_scale,
                     )  # fmt: skip
-                    dp_t = warpgroup_mma(v_buf, do_buf.permute((1, 0)), s_zero, use_acc=False, is_async=True)  # fmt: skip
-                    q_idx = start_m + gl.arange(0, ROWS, layout=row_vec)
-                    q_pos = gl.expand_dims(q_idx, 0)
-                    lse = gl.expand_dims(gl.load(lse_ptr + row0 + q_idx), 0)
-                    delta = gl.expand_dims(gl.load(delta_ptr + row0 + q_idx), 0)
-                    s_t = warpgroup_mma_wait(num_outstanding=1, deps=(s_t,))
-                    if whole:
-                        p_t, s2_t = _attn_probs(
-                            s_t, lse, q_pos, k_pos, n_ctx, head, num_heads, alibi_slope, sm_scale,
-                            False,
-                        )  # fmt: skip
-                    else:
-                        p_t, s2_t = _attn_probs(
-                            s_t, lse, q_pos, k_pos, n_ctx, head, num_heads, alibi_slope, sm_scale,
-                            True,
-                        )  # fmt: skip
-                    dv = warpgroup_mma(gl.convert_layout(p_t.to(dtype), a_layout), do_buf, dv, is_async=True)  # fmt: skip
-                    dp_t = warpgroup_mma_wait(num_outstanding=1, deps=(dp_t,))
-                    ds_t = p_t * (dp_t - delta)
-                    dk = warpgroup_mma(
-                        gl.convert_layout(ds_t.to(dtype), a_layout), q_buf, dk, is_async=True
-                    )  # fmt: skip
-                    dv, dk = warpgroup_mma_wait(num_outstanding=0, deps=(dv, dk))
                 mbarrier.arrive(q_empty.index(stage), count=1)
                 t += 1
 

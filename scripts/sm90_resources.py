@@ -251,12 +251,17 @@ def gluon_resources(module) -> list:
 
 def normalized_ptx(ptx: str) -> str:
     """PTX without what names the source rather than the code: `.loc` and
-    `.file` lines, comments, and the debug sections at the end."""
+    `.file` lines, comments, the debug sections at the end, and the labels
+    `$L__tmpN:` that only those sections read (they mark where an inlined
+    function's code starts and ends, so moving code into a function adds
+    them and renumbers the rest)."""
     ptx = ptx.split("\t.section\t.debug", 1)[0]
     kept = []
     for line in ptx.splitlines():
         stripped = line.strip()
         if stripped.startswith((".loc", ".file", "//")) or not stripped:
+            continue
+        if re.fullmatch(r"\$L__tmp\d+:", stripped):
             continue
         kept.append(line)
     return "\n".join(kept) + "\n"
