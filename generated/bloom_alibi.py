@@ -2250,8 +2250,8 @@ def _gluon_dkdv_step(
     k_buf, v_buf, q_buf, do_buf, dk, dv, s_zero, k_pos, start_m, whole, row0, lse_ptr, delta_ptr,
     n_ctx, head, num_heads, alibi_slope, sm_scale,
 ):  # fmt: skip
-    """One streamed tile of Q and dO against a consumer's keys: P^T and dS^T
-    from S^T = K Q^T and dP^T = V dO^T, then dV += P^T dO and dK += dS^T Q.
+    """One streamed tile of Q and dO against a consumer's keys: S^T = K Q^T
+    and dP^T = V dO^T give P^T and dS^T, then dV += P^T dO and dK += dS^T Q.
     `s_zero` sets the layout of the tile's scores, whose rows are q_buf's."""
     dtype: gl.constexpr = q_buf.dtype
     ROWS: gl.constexpr = q_buf.shape[0]
