@@ -188,19 +188,17 @@ class ElementCode:
         return kx.Cast(kx.Abs(kx.sub(Q_POS, K_POS)), _F32)
 
     def _distance(self, e: ir.Expr) -> kx.Expr | None:
-        """k - q, q - k or |q - k| as a float32 value (`_float_difference`),
-        or None for any other integer expression."""
+        """k - q, q - k or |q - k| as a float32 value, or None for any other
+        integer expression (called with float_distances on)."""
         absolute = isinstance(e, ir.Call) and e.fn == "abs"
         form = affine(e.args[0] if absolute else e)  # type: ignore[union-attr]
         if form is None or clean(form) not in K_MINUS_Q:
             return None
         if absolute:
             if self.keys_before_queries:  # |q - k| = q - k where the mask hides k > q
-                return _float_difference(Q_POS, K_POS)
-            return kx.Abs(_float_difference(Q_POS, K_POS))
-        return (
-            _float_difference(K_POS, Q_POS) if form["k"] == 1 else _float_difference(Q_POS, K_POS)
-        )
+                return self._difference(Q_POS, K_POS)
+            return self._absolute_difference()
+        return self._difference(K_POS, Q_POS) if form["k"] == 1 else self._difference(Q_POS, K_POS)
 
     def expr(self, e: ir.Expr) -> kx.Expr:
         if e in self.known:

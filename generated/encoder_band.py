@@ -2012,8 +2012,10 @@ def _gluon_dkdv_consumer(args, HALF: gl.constexpr):
                     start_m, start_m + ROWS - 1, k_lo, k_lo + KEYS - 1, head, num_heads
                 )  # fmt: skip
                 if may:
+                    q_buf = q_smem.index(stage)
+                    do_buf = do_smem.index(stage)
                     dk, dv = _gluon_dkdv_step(
-                        k_buf, v_buf, q_smem.index(stage), do_smem.index(stage), dk, dv, s_zero, k_pos, start_m, whole,
+                        k_buf, v_buf, q_buf, do_buf, dk, dv, s_zero, k_pos, start_m, whole,
                         row0, lse_ptr, delta_ptr, n_ctx, head, num_heads, alibi_slope, sm_scale,
                     )  # fmt: skip
                 mbarrier.arrive(q_empty.index(stage), count=1)

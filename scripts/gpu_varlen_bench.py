@@ -130,8 +130,8 @@ def main() -> None:
         f"{'D':>4} {'tokens':>6} {'system':<28} {'fwd ms':>8} {'TFLOP/s':>8} {'bwd ms':>8} {'TFLOP/s':>8}"
     )
     for head_dim in args.head_dim:
-        causal = api.load(spec("causal", head_dim, "mask = causal"))
         (variant,) = api.check_sources({"causal": spec("causal", head_dim, "mask = causal")})[0]
+        causal = api.load_variant(variant)
         knobbed = api.load_variant(variant, knobs) if knobs else None
         docs_mod = api.load(
             spec(
