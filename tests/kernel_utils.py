@@ -79,13 +79,16 @@ def run_grad_case(
     magnitude: float = 1.0,
     scale: float | None = None,
     with_lse: bool = True,
+    module: ModuleType | None = None,
 ):
     """Random inputs of `shape` (and of the variant's declared inputs); judges
-    dq, dk, dv and the learnable inputs' gradients (CaseResult)."""
+    dq, dk, dv and the learnable inputs' gradients (CaseResult) of `module`
+    (default: the variant's module as built)."""
     q, k, v, generator = kernel_inputs(variant, shape, seed, device, magnitude)
     data = runtime_inputs(variant, shape, device, generator)
+    module = module or build(variant)
     return check_backward(
-        variant, build(variant), q, k, v, scale=scale, generator=generator, with_lse=with_lse,
+        variant, module, q, k, v, scale=scale, generator=generator, with_lse=with_lse,
         inputs=data,
     )  # fmt: skip
 

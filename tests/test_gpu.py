@@ -226,11 +226,13 @@ def test_gluon_backward_on_gpu(mask, score, head_dim, dtype, streams, monkeypatc
     shapes = [Shape(1, 2, 2, 128, 128), Shape(2, 4, 2, 384, 384), Shape(1, 2, 1, 1024, 1024)]
     for i, shape in enumerate(shapes):
         for magnitude in _magnitudes(score):
-            result = run_grad_case(variant, shape, seed=i, device="cuda", magnitude=magnitude)
+            result = run_grad_case(
+                variant, shape, seed=i, device="cuda", magnitude=magnitude, module=module
+            )
             _record(variant, result)
             assert_ok(result)
     # Without a gradient of the log-sum-exp: the backward gets no dlse.
-    result = run_grad_case(variant, shapes[1], seed=9, device="cuda", with_lse=False)
+    result = run_grad_case(variant, shapes[1], seed=9, device="cuda", with_lse=False, module=module)
     _record(variant, result)
     assert_ok(result)
     assert len(launches) == len(_magnitudes(score)) * len(shapes) + 1
