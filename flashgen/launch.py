@@ -113,12 +113,15 @@ def gpu_bwd_config(
     15 at Nq 1023, Nk 2048 on an H100 (fp16 and bf16), while the same PTX
     assembled by CUDA 13.0's ptxas was right, as was every other launch tried
     (2026-12-05, scripts/gpu_t5_gradient.py).  32 x 64 x 4 x 3 spills nothing
-    there and was right at four shapes; 32 x 64 x 8 x 2 spills nothing at d128
-    (the default 64 x 128 x 8 x 3 spilled 2.5 KB; not yet run on a GPU).
-    Neither is timed yet."""
+    there and was right at four shapes.  At d128, 64 x 128 x 8 x 2 spills
+    (2.7 KB for the T5 example) but was right for all five forms of learnable
+    read (table, rows, pairs, per key, decay) in fp16 and bf16 on an H100
+    (`test_learnable_gradients_at_head_dim_128`, b6bafb2), and runs the d128
+    learnable backward 2.1-2.7x faster than 32 x 64 x 8 x 2, which spills
+    nothing (decision 086)."""
     wide = dtype is ir.DType.FP32
     if learnable and not wide and head_dim_pad <= 128:
-        return LaunchConfig(32, 64, 4, 3) if head_dim_pad <= 64 else LaunchConfig(32, 64, 8, 2)
+        return LaunchConfig(32, 64, 4, 3) if head_dim_pad <= 64 else LaunchConfig(64, 128, 8, 2)
     if wide and head_dim_pad <= 128:
         # CUDA-core products: 64 x 64 x 4 x 2 spilled 4-57 KB per thread at d32
         # and d64 on sm_90a, 32 x 32 x 4 x 2 1.5-3 KB at d128; these spill

@@ -42,7 +42,7 @@ through the reference and the ordinary same-dtype implementation's:
         [--head-dim 64|128] [--device cpu] [--small]
 
 --head-dim 128 builds the example at d128, whose 16-bit backward takes
-32 x 64 x 8 x 2 (decision 086).
+64 x 128 x 8 x 2 (decision 086; 32 x 64 x 8 x 2 before b6bafb2's run).
 
 With TRITON_PTXAS_PATH set (and a cache of its own, TRITON_CACHE_DIR), the
 same kernels assembled by another ptxas: Triton 3.6 assembles sm_90a with
@@ -120,7 +120,7 @@ else:
         "tiles 32 x 64": {"tiles": (32, 64)},
         "tiles 64 x 32": {"tiles": (64, 32)},
         # Faster d128 candidates (decision 086: the learned decay's backward ran at
-        # 168 and 219 TFLOP/s there against 83 at the rule's 32 x 64 x 8 x 2; both spill).
+        # 168 and 219 TFLOP/s there against 83 at the former rule, 32 x 64 x 8 x 2; both spill).
         "32 x 128 x 8 x 2": {"tiles": (32, 128), "warps": 8, "stages": 2},
         "64 x 128 x 8 x 2": {"tiles": (64, 128), "warps": 8, "stages": 2},
         "through Triton": {"DIRECT_LAUNCH": False},

@@ -39,6 +39,7 @@ HEADS, KV_HEADS, HEAD_DIM = 4, 2, 16 if CPU else 64
 LENGTHS = [(33, 47), (0, 9), (1, 1), (5, 0), (70, 66), (17, 40)]
 if not CPU:
     LENGTHS += [(129, 200), (300, 7)]
+assert max(nk for _, nk in LENGTHS) <= 256  # the "key bias" table's keys
 
 SPECS = {
     # A T5 table (H, 32) read by distance: relative positions.
@@ -67,8 +68,9 @@ LEARNABLE = {
     # A slot per query tile only: b indexes the input.
     "temperature per sequence": "t: learnable fp32[B, H]; score = softcap(s * t[b, h], 20.0)",
     # A bias per key position, summed by the dK/dV programs (decision 087): a slot per
-    # sequence, as each sequence's keys restart at position 0.
-    "key bias": "w: learnable fp32[H, 160]; mask = causal; score = s + w[h, k]",
+    # sequence, as each sequence's keys restart at position 0.  Its 256 entries cover the
+    # longest sequence's keys (200 on the GPU): a longer one is refused by the index rule.
+    "key bias": "w: learnable fp32[H, 256]; mask = causal; score = s + w[h, k]",
     # Forgetting Transformer's decay per key position (Nk), read by query and by key: the
     # dQ programs' row sums and the dK/dV programs' column sums, a slot per sequence.
     "fox": "c: learnable fp32[B, H, Nk]; mask = causal; score = s + c[b, h, q] - c[b, h, k]",
