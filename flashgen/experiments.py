@@ -100,6 +100,10 @@ KNOBS: dict[str, Callable[[str], object]] = {
     "gluon_stages": lambda text: _ints(1, 1, 4)(text)[0],  # K/V buffers of the Gluon forward
     "gluon_bwd_stages": _ints(2, 1, 4),  # streamed buffers: dK/dV kernel, dQ kernel
     "gluon_bwd_streams": _streams,  # streamed rows: dK/dV kernel's Q and dO, dQ kernel's K and V
+    # Rows of the parts in which the Gluon dK/dV consumers compute a masked tile (decision 095)
+    "gluon_dkdv_parts": lambda text: (
+        None if _one_of("off", "32", "64")(text) is None else int(text)
+    ),
     "gluon_min_keys": lambda text: _ints(1, 0, 1 << 24)(text)[0],
     "gluon_dq_heavy_last": _bool,  # the Gluon dQ CTAs take the last rows first
     "tanh_small_poly": _only(True),  # on: tanh accurate near 0 (never off)
@@ -117,11 +121,13 @@ KNOBS: dict[str, Callable[[str], object]] = {
     "residue_classes": _bool,
     # on: the score's distances from positions converted per row and column (decision 094)
     "float_distances": _bool,
+    # on: the Gluon backward for masks over runtime data at head dim 128 too (decision 095)
+    "gluon_data_d128": _bool,
 }
 # Knobs the lowering takes (`lower(variant, residue_classes=...)`), as they
 # change the tile analysis or the element code itself, rather than fields set
 # on its model.
-LOWERING_KNOBS = frozenset({"residue_classes", "float_distances"})
+LOWERING_KNOBS = frozenset({"residue_classes", "float_distances", "gluon_data_d128"})
 _SECTION_KNOBS = frozenset({"merged_edges", "branchless_tiles", "classify_edge_tiles"})
 
 
@@ -174,6 +180,17 @@ def apply(model: KernelModel, values: Mapping[str, object]) -> KernelModel:
                 "gluon_bwd_streams: at head dim 128 the dK/dV kernel streams 64 rows, and the "
                 "dQ kernel's 128-key tiles fit two buffers"
             )
+    parts = values.get("gluon_dkdv_parts", 64 if streams[0] > 64 else model.gluon_dkdv_parts)
+    if "gluon_dkdv_parts" in values and parts is not None:
+        # Parts split the streamed rows of a masked tile.
+        if not values.get("gluon_backward", model.gluon_backward) or model.tiles.mask_is_full:
+            raise ExperimentError(
+                "gluon_dkdv_parts: for a module with the Gluon backward and a mask that cuts tiles"
+            )
+        if parts >= streams[0]:
+            raise ExperimentError(
+                f"gluon_dkdv_parts={parts}: parts split the {streams[0]} streamed rows"
+            )
     record = tuple(f"{name}={_show(value)}" for name, value in values.items())
     fields = {
         name: value
@@ -185,6 +202,8 @@ def apply(model: KernelModel, values: Mapping[str, object]) -> KernelModel:
     looped = {name: value for name, value in values.items() if name in _SECTION_KNOBS}
     tiles = dataclasses.replace(model.tiles, **looped)
     sections = tuple(dataclasses.replace(s, **looped) for s in model.residue_sections)
+    if not model.tiles.mask_is_full:
+        fields["gluon_dkdv_parts"] = parts
     return dataclasses.replace(
         model,
         **fields,

@@ -420,7 +420,7 @@ def gluon_min_keys(forward: GluonForward | None, head_dim: int) -> int:
     return GLUON_PLAIN_MIN_KEYS.get(head_dim, 0)
 
 
-def gluon_backward(v: ir.Variant, planned: bool = False) -> bool:
+def gluon_backward(v: ir.Variant, planned: bool = False, data_d128: bool = False) -> bool:
     """Whether the module gets the warp-specialized Gluon backward for sm90
     (docs/decisions/025): any mask and score, 16-bit inputs, head dim 64
     or 128, except at head dim 128 for a score whose derivative is heavy
@@ -432,9 +432,11 @@ def gluon_backward(v: ir.Variant, planned: bool = False) -> bool:
     call's shapes and falls back to the Triton kernel.  A mask that reads
     runtime data takes it at head dim 64 where the call's plan classifies its
     tiles (`planned`: `lower.data_plan` found one) and the score reads none
-    (GLUON_DATA_MASKS, decision 078).  Not for one whose v has another head
-    dim than q (MLA's v_head_dim)."""
-    data_masks = GLUON_DATA_MASKS and planned and v.head_dim <= GLUON_DATA_MAX_HEAD_DIM
+    (GLUON_DATA_MASKS, decision 078), and at head dim 128 too with
+    `data_d128` (the lowering knob `gluon_data_d128`, decision 095).  Not for
+    one whose v has another head dim than q (MLA's v_head_dim)."""
+    max_head_dim = 128 if data_d128 else GLUON_DATA_MAX_HEAD_DIM
+    data_masks = GLUON_DATA_MASKS and planned and v.head_dim <= max_head_dim
     if not _gluon_eligible(v, data_masks=data_masks):
         return False
     if v.head_dim > GLUON_HEAVY_MAX_HEAD_DIM:

@@ -571,6 +571,10 @@ class KernelModel:
     # Rows of the streamed tiles: Q and dO in the dK/dV kernel, K and V in the
     # dQ kernel (each consumer keeps 64 resident rows whatever these are).
     gluon_bwd_streams: tuple[int, int] = (64, 64)
+    # Rows of the parts in which the dK/dV consumers compute a masked tile, or
+    # None (the tile at once): 64 with 128 streamed rows (decision 092); 32 for
+    # the register pressure at head dim 128 (decision 095, an experiment).
+    gluon_dkdv_parts: int | None = None
     gluon_dq_heavy_last: bool = False
     # Experiment knobs set on this plan (flashgen/experiments.py), as NAME=VALUE.
     experiments: tuple[str, ...] = ()
@@ -768,12 +772,16 @@ def lower(
     tuning: Tuning | None = None,
     residue_classes: bool | None = None,
     float_distances: bool = False,
+    gluon_data_d128: bool = False,
 ) -> KernelModel:
     """The module's plan for a checked variant; `residue_classes` True or
     False walks residue classes wherever they can be walked or nowhere, None
     where they pay (the experiment knob of that name, decision 085);
     `float_distances` emits the score's distances as float differences of
-    positions converted per row and column (the knob, decision 094)."""
+    positions converted per row and column (the knob, decision 094);
+    `gluon_data_d128` gives a mask over runtime data the Gluon backward at
+    head dim 128 too, its dK/dV consumers computing masked tiles in parts
+    of 32 rows (the knob, decision 095)."""
     spec_text = print_variant(v)
     pad = head_dim_pad(v.head_dim)
     v_pad = head_dim_pad(v.v_dim)
@@ -881,7 +889,8 @@ def lower(
         tuned_on=tuning.device if tuning else None,
         gluon_forward=gluon,
         gluon_min_keys=gluon_min_keys(gluon, v.head_dim),
-        gluon_backward=step == 1 and gluon_backward(v, plan is not None),
+        gluon_backward=step == 1 and gluon_backward(v, plan is not None, gluon_data_d128),
+        gluon_dkdv_parts=32 if gluon_data_d128 and plan is not None and pad > 64 else None,
         gluon_dq_heavy_last=keys_before_queries(mask),
         inputs=inputs,
         input_grads=grads,

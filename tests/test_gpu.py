@@ -211,16 +211,30 @@ def _magnitudes(score: str | None) -> tuple[float, ...]:
 WIDE_STREAMS = {64: (128, 128), 128: (64, 128)}
 
 
+def _gluon_settings(setting: str, head_dim: int, mask: str) -> dict:
+    """Plan knobs of a Gluon backward test: as built; "wide" streamed tiles;
+    "parts": masked dK/dV tiles in 32-row parts (decision 095; a mask that
+    cuts tiles)."""
+    if setting == "wide":
+        return {"gluon_bwd_streams": WIDE_STREAMS[head_dim]}
+    if setting == "parts" and mask != "full":
+        return {"gluon_dkdv_parts": 32}
+    return {}
+
+
 @pytest.mark.parametrize("mask, score, head_dim", GLUON_BACKWARD_CASES)
 @pytest.mark.parametrize("dtype", [ir.DType.FP16, ir.DType.BF16])
-@pytest.mark.parametrize("streams", ["built", "wide"])
+@pytest.mark.parametrize("streams", ["built", "wide", "parts"])
 def test_gluon_backward_on_gpu(mask, score, head_dim, dtype, streams, monkeypatch):
     """The warp-specialized Gluon backward (sm90, Nq = Nk a multiple of 128)
     against the float64 reference: one CTA, GQA, several tiles per CTA, with
     a random gradient of the log-sum-exp.  Counts its launches, so the test
     cannot pass on the Triton fallback."""
     variant = make_variant(mask, score, dtype=dtype, head_dim=head_dim)
-    module = build(variant, streams == "wide" and {"gluon_bwd_streams": WIDE_STREAMS[head_dim]})
+    settings = _gluon_settings(streams, head_dim, mask)
+    if streams != "built" and not settings:
+        pytest.skip(f"{mask}: no masked tile to compute in parts")
+    module = build(variant, settings)
     gluon = hasattr(module, "_gluon_backward")
     launches = _count_calls(monkeypatch, module, "_gluon_backward") if gluon else []
     shapes = [Shape(1, 2, 2, 128, 128), Shape(2, 4, 2, 384, 384), Shape(1, 2, 1, 1024, 1024)]
@@ -304,13 +318,15 @@ DATA_MASKS = [*PLANNED_MASKS, ("", "causal | b == 0")]
 
 
 @pytest.mark.parametrize("declared, mask", DATA_MASKS)
-@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("head_dim, knob", [(64, False), (128, False), (128, True)])
 @pytest.mark.parametrize("dtype", [ir.DType.FP16, ir.DType.BF16])
 def test_masks_over_runtime_data_and_the_gluon_backward_on_gpu(
-    declared, mask, head_dim, dtype, monkeypatch
+    declared, mask, head_dim, knob, dtype, monkeypatch
 ):
     """At head dim 64 the Gluon backward walks the tiles a call's plan leaves
-    visible (decision 078; at 128 the Triton backward, which measured faster):
+    visible (decision 078; at 128 the Triton backward, which measured faster,
+    or the Gluon one with masked tiles in 32-row parts under the knob
+    `gluon_data_d128`, decision 095):
     forward and backward against the float64 reference at Nq = Nk a multiple
     of 128 (GQA, two examples), with documents of a few tokens and of about
     150 (runs across tile edges, whole tiles inside); the launches are
@@ -321,7 +337,7 @@ def test_masks_over_runtime_data_and_the_gluon_backward_on_gpu(
     from flashgen.verify import random_inputs, random_runtime_inputs, torch_dtype
 
     variant = make_variant(mask, dtype=dtype, head_dim=head_dim, declared=declared)
-    module = build(variant)
+    module = build(variant, knob and {"gluon_data_d128": True})
     gluon = hasattr(module, "_gluon_backward")
     launches = _count_calls(monkeypatch, module, "_gluon_backward") if gluon else []
     cases = 0
@@ -351,7 +367,8 @@ def test_masks_over_runtime_data_and_the_gluon_backward_on_gpu(
                 assert torch.equal(a, b)
     # A mask whose loops run without branches keeps the Triton backward (decision 076).
     positional = positional_part(negation_normal_form(desugar_mask(variant.mask)))
-    gluon = head_dim == 64 and not kernel_choice.branchless_tiles(positional, dtype)
+    # (At head dim 128 the Gluon backward takes such masks too: decision 076.)
+    gluon = knob or head_dim == 64 and not kernel_choice.branchless_tiles(positional, dtype)
     assert len(launches) == (3 * cases if gluon else 0)
 
 
