@@ -834,6 +834,7 @@ def lower(
     # the forward takes the unmasked tiles.
     cuts_tiles = not mask_is_full and ir.mentions(mask, positions)
     gluon = gluon_forward(v) if step == 1 else None
+    gluon_bwd = step == 1 and gluon_backward(v, plan is not None, gluon_data_d128)
     return KernelModel(
         name=v.name,
         spec_text=spec_text,
@@ -889,8 +890,10 @@ def lower(
         tuned_on=tuning.device if tuning else None,
         gluon_forward=gluon,
         gluon_min_keys=gluon_min_keys(gluon, v.head_dim),
-        gluon_backward=step == 1 and gluon_backward(v, plan is not None, gluon_data_d128),
-        gluon_dkdv_parts=32 if gluon_data_d128 and plan is not None and pad > 64 else None,
+        gluon_backward=gluon_bwd,
+        gluon_dkdv_parts=(
+            32 if gluon_bwd and gluon_data_d128 and plan is not None and pad > 64 else None
+        ),
         gluon_dq_heavy_last=keys_before_queries(mask),
         inputs=inputs,
         input_grads=grads,
