@@ -15,10 +15,12 @@ status 1 if any failed.
 --dtypes and --head-dims draw from other dtypes and head dims (fp32, the
 wider heads up to 256); draw i then comes from a seed of its own, and the
 defaults keep the draws of earlier runs.  --seqs compiles the kernels of
-padded and varlen calls too.
+padded and varlen calls too.  --plan builds each module with plan knobs
+(flashgen/experiments.py); a spec the knobs are refused for is reported as
+skipped.
 
     python3 scripts/sm90_drawn.py [--first I] [--count N] [--dtypes fp16 bf16 fp32]
-        [--head-dims 16 40 64 80 128 ...] [--seqs]
+        [--head-dims 16 40 64 80 128 ...] [--seqs] [--plan KNOB=VALUE ...]
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ sys.path.insert(0, os.path.dirname(__file__))
 import sm90_resources  # noqa: E402  (puts this checkout's flashgen first on the path)
 from hypothesis import strategies as st  # noqa: E402
 
-from flashgen import api, ir, strategies  # noqa: E402
+from flashgen import api, experiments, ir, strategies  # noqa: E402
 from flashgen.printer import print_variant  # noqa: E402
 
 HEAD_DIMS = (16, 40, 64, 80, 128)
@@ -61,16 +63,18 @@ def main() -> int:
     )
     parser.add_argument("--head-dims", nargs="+", type=int, default=list(HEAD_DIMS))
     parser.add_argument("--seqs", action="store_true", help="also the padded and varlen kernels")
+    parser.add_argument("--plan", nargs="+", default=[], metavar="KNOB=VALUE", help="plan knobs")
     args = parser.parse_args()
     if os.environ.get("TRITON_INTERPRET") == "1":
         parser.error("unset TRITON_INTERPRET: the kernels must be compiled, not interpreted")
+    settings = experiments.parse_settings(args.plan)
     failed = 0
     for index in range(args.first, args.first + args.count):
         variant = drawn(index, args.dtypes, args.head_dims)
         start = time.perf_counter()
         sm90_resources.FEWER_STAGES.clear()
         try:
-            module = api.load_variant(variant)
+            module = api.load_variant(variant, settings)
             found = sm90_resources.module_resources(module)
             if args.seqs:
                 found += sm90_resources.module_resources(module, seqs=True)
@@ -79,6 +83,9 @@ def main() -> int:
             ]
             if too_big:
                 raise RuntimeError(f"more shared memory than {SHARED_MAX} B: {too_big}")
+        except experiments.ExperimentError as e:  # a knob refused for this spec
+            print(f"skipped c{index}: {e}", flush=True)
+            continue
         except Exception as e:  # noqa: BLE001 - a report, keep going
             failed += 1
             print(f"FAIL c{index} {type(e).__name__}: {str(e)[-800:]}")
