@@ -100,10 +100,9 @@ KNOBS: dict[str, Callable[[str], object]] = {
     "gluon_stages": lambda text: _ints(1, 1, 4)(text)[0],  # K/V buffers of the Gluon forward
     "gluon_bwd_stages": _ints(2, 1, 4),  # streamed buffers: dK/dV kernel, dQ kernel
     "gluon_bwd_streams": _streams,  # streamed rows: dK/dV kernel's Q and dO, dQ kernel's K and V
-    # Rows of the parts in which the Gluon dK/dV consumers compute a masked tile (decision 095)
-    "gluon_dkdv_parts": lambda text: (
-        None if _one_of("off", "32", "64")(text) is None else int(text)
-    ),
+    # off: the Gluon dK/dV consumers compute a masked tile whole.  Parts (slices of the
+    # streamed buffers) gave wrong dK and dV on an H100 (decision 095).
+    "gluon_dkdv_parts": _only(None),
     "gluon_min_keys": lambda text: _ints(1, 0, 1 << 24)(text)[0],
     "gluon_dq_heavy_last": _bool,  # the Gluon dQ CTAs take the last rows first
     "tanh_small_poly": _only(True),  # on: tanh accurate near 0 (never off)
@@ -180,16 +179,11 @@ def apply(model: KernelModel, values: Mapping[str, object]) -> KernelModel:
                 "gluon_bwd_streams: at head dim 128 the dK/dV kernel streams 64 rows, and the "
                 "dQ kernel's 128-key tiles fit two buffers"
             )
-    parts = values.get("gluon_dkdv_parts", 64 if streams[0] > 64 else model.gluon_dkdv_parts)
-    if "gluon_dkdv_parts" in values and parts is not None:
-        # Parts split the streamed rows of a masked tile.
-        if not values.get("gluon_backward", model.gluon_backward) or model.tiles.mask_is_full:
+        if streams[0] > 64 and not model.tiles.mask_is_full:
             raise ExperimentError(
-                "gluon_dkdv_parts: for a module with the Gluon backward and a mask that cuts tiles"
-            )
-        if parts >= streams[0]:
-            raise ExperimentError(
-                f"gluon_dkdv_parts={parts}: parts split the {streams[0]} streamed rows"
+                "gluon_bwd_streams: the dK/dV kernel streams 64 rows for a mask that cuts tiles "
+                "(with 128, masked tiles in 64-row parts gave wrong dK and dV for window(100, 60) "
+                "on an H100, decision 095)"
             )
     record = tuple(f"{name}={_show(value)}" for name, value in values.items())
     fields = {
@@ -202,8 +196,6 @@ def apply(model: KernelModel, values: Mapping[str, object]) -> KernelModel:
     looped = {name: value for name, value in values.items() if name in _SECTION_KNOBS}
     tiles = dataclasses.replace(model.tiles, **looped)
     sections = tuple(dataclasses.replace(s, **looped) for s in model.residue_sections)
-    if not model.tiles.mask_is_full:
-        fields["gluon_dkdv_parts"] = parts
     return dataclasses.replace(
         model,
         **fields,

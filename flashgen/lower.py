@@ -572,8 +572,9 @@ class KernelModel:
     # dQ kernel (each consumer keeps 64 resident rows whatever these are).
     gluon_bwd_streams: tuple[int, int] = (64, 64)
     # Rows of the parts in which the dK/dV consumers compute a masked tile, or
-    # None (the tile at once): 64 with 128 streamed rows (decision 092); 32 for
-    # the register pressure at head dim 128 (decision 095, an experiment).
+    # None (the tile at once).  The template's parts are slices of the streamed
+    # buffers: 64-row parts of 128 rows (decision 092) and 32-row parts of 64
+    # (decision 095) both gave wrong dK and dV on an H100, so no plan sets it.
     gluon_dkdv_parts: int | None = None
     gluon_dq_heavy_last: bool = False
     # Experiment knobs set on this plan (flashgen/experiments.py), as NAME=VALUE.
@@ -780,8 +781,7 @@ def lower(
     `float_distances` emits the score's distances as float differences of
     positions converted per row and column (the knob, decision 094);
     `gluon_data_d128` gives a mask over runtime data the Gluon backward at
-    head dim 128 too, its dK/dV consumers computing masked tiles in parts
-    of 32 rows (the knob, decision 095)."""
+    head dim 128 too (the knob, decision 095)."""
     spec_text = print_variant(v)
     pad = head_dim_pad(v.head_dim)
     v_pad = head_dim_pad(v.v_dim)
@@ -891,9 +891,6 @@ def lower(
         gluon_forward=gluon,
         gluon_min_keys=gluon_min_keys(gluon, v.head_dim),
         gluon_backward=gluon_bwd,
-        gluon_dkdv_parts=(
-            32 if gluon_bwd and gluon_data_d128 and plan is not None and pad > 64 else None
-        ),
         gluon_dq_heavy_last=keys_before_queries(mask),
         inputs=inputs,
         input_grads=grads,

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Decision 092 on the GPU machine: the Gluon backward's streamed tiles of 128
-# rows (`--plan gluon_bwd_streams=A,B`).  First the Gluon backward's test at the
+# rows (`--plan gluon_bwd_streams=A,B`; 128 dK/dV rows for a full mask alone,
+# decision 095).  First the Gluon backward's test at the
 # wide settings (tests/test_gpu.py, `test_gluon_backward_on_gpu[wide-...]`, four
 # processes: fp16 and bf16 at d64 and d128), then the full and causal examples'
 # forward + backward from CUDA graphs at each setting, one process each, with
@@ -20,17 +21,19 @@ for f in "$OUT"/wide_*.txt; do
   echo "$(basename "$f" .txt): $(tail -n 1 "$f")"
   grep -E "^(FAILED|ERROR)" "$f" | head -5
 done
-bench() {  # LABEL ARGS...
-  local label=$1
-  shift
+bench() {  # LABEL SPECS ARGS...
+  local label=$1 specs=$2
+  shift 2
   [ "$(left)" -gt 40 ] || { echo "out of time before $label"; return; }
-  timeout "$(left)" python3 -m flashgen bench examples/full.attn examples/plain_causal.attn \
+  # shellcheck disable=SC2086
+  timeout "$(left)" python3 -m flashgen bench $specs \
     --seqlens 4096 16384 --timer cuda-graph --jsonl "$OUT/streams.jsonl" "$@" 2>&1 |
     grep -E "^(full|plain_causal) " | sed "s,^,$label ,"
 }
-bench "d64 64,64" --head-dim 64 --systems flashgen sdpa-cudnn
-bench "d64 128,128" --head-dim 64 --systems flashgen --plan gluon_bwd_streams=128,128
-bench "d64 64,128" --head-dim 64 --systems flashgen --plan gluon_bwd_streams=64,128
-bench "d64 128,64" --head-dim 64 --systems flashgen --plan gluon_bwd_streams=128,64
-bench "d128 64,64" --head-dim 128 --systems flashgen sdpa-cudnn
-bench "d128 64,128" --head-dim 128 --systems flashgen --plan gluon_bwd_streams=64,128
+both="examples/full.attn examples/plain_causal.attn"
+# 128 streamed dK/dV rows only for a full mask (decision 095).
+bench "d64 64,64" "$both" --head-dim 64 --systems flashgen sdpa-cudnn
+bench "d64 128,128" examples/full.attn --head-dim 64 --systems flashgen --plan gluon_bwd_streams=128,128
+bench "d64 64,128" "$both" --head-dim 64 --systems flashgen --plan gluon_bwd_streams=64,128
+bench "d128 64,64" "$both" --head-dim 128 --systems flashgen sdpa-cudnn
+bench "d128 64,128" "$both" --head-dim 128 --systems flashgen --plan gluon_bwd_streams=64,128

@@ -123,7 +123,7 @@ KNOB_SETTINGS = [
     "classify_edge_tiles=off", "gluon_one_probs_call=flag", "gluon_one_probs_call=masked",
     "gluon_one_probs_call=off", "residue_classes=off", "residue_classes=on",
     "gluon_bwd_streams=64,128", "float_distances=on", "float_distances=off",
-    "gluon_dkdv_parts=32", "gluon_dkdv_parts=off", "gluon_data_d128=on", "gluon_data_d128=off",
+    "gluon_dkdv_parts=off", "gluon_data_d128=on", "gluon_data_d128=off",
 ]  # fmt: skip
 
 
@@ -144,10 +144,6 @@ def test_every_knob_setting_builds_modules_that_define_what_they_read(name):
         with pytest.raises(ExperimentError, match="runtime data takes 64,64"):
             render_module(variant, None, parse_settings(["gluon_bwd_streams=64,128"]))
         settings.remove("gluon_bwd_streams=64,128")
-    if "def _gluon_backward(" not in render_module(variant):  # MLA, learnable reads, d128 data
-        with pytest.raises(ExperimentError, match="gluon_dkdv_parts: for a module with the Gluon"):
-            render_module(variant, None, parse_settings(["gluon_dkdv_parts=32"]))
-        settings.remove("gluon_dkdv_parts=32")
     builds = [(s, render_module(variant, None, parse_settings([s]))) for s in settings]
     builds.append(("--triton-only", render_module(variant, triton_only=True)))
     problems = {setting: sorted(_undefined_names(source)) for setting, source in builds}
@@ -160,7 +156,7 @@ def test_streamed_gluon_backward_tiles_set_the_descriptors_and_refuse_what_canno
     128-wide head in the dK/dV kernel, or three 128-key buffers in the dQ
     kernel, would not fit shared memory, and a mask over runtime data keeps
     its plan's 64-row tiles."""
-    narrow = make_variant("causal", dtype=ir.DType.BF16, head_dim=64)
+    narrow = make_variant("full", dtype=ir.DType.BF16, head_dim=64)
     assert "GLUON_BWD_STREAMS = (64, 64)" in render_module(narrow)
     source = render_module(narrow, None, parse_settings(["gluon_bwd_streams=128,128"]))
     assert "GLUON_BWD_STREAMS = (128, 128)" in source and not _undefined_names(source)
@@ -178,41 +174,27 @@ def test_streamed_gluon_backward_tiles_set_the_descriptors_and_refuse_what_canno
         parse_settings(["gluon_bwd_streams=96,64"])
 
 
-def test_masked_dkdv_tiles_in_parts_and_the_data_masks_gluon_backward_at_head_dim_128():
-    """gluon_dkdv_parts: the Gluon dK/dV consumers compute a masked tile in
-    parts of 32 or 64 rows (64 by default with 128 streamed rows); refused
-    where there is no masked tile or no Gluon backward, or where the parts
-    would not split the streamed rows.  gluon_data_d128: a mask over runtime
-    data takes the Gluon backward at head dim 128, in parts of 32 rows."""
-    narrow = make_variant("causal", dtype=ir.DType.BF16, head_dim=64)
-    assert "PART: gl.constexpr" not in render_module(narrow)
-    for settings, part in (
-        (["gluon_dkdv_parts=32"], 32),
-        (["gluon_bwd_streams=128,128"], 64),
-        (["gluon_bwd_streams=128,128", "gluon_dkdv_parts=32"], 32),
-    ):
-        source = render_module(narrow, None, parse_settings(settings))
-        assert f"PART: gl.constexpr = {part}\n" in source and not _undefined_names(source)
-        assert "for part in gl.static_range(ROWS // PART):" in source
-    source = render_module(
-        narrow, None, parse_settings(["gluon_bwd_streams=128,128", "gluon_dkdv_parts=off"])
-    )
-    assert "PART: gl.constexpr" not in source
+def test_wrong_dkdv_parts_are_refused_and_data_masks_take_the_gluon_backward_at_head_dim_128():
+    """Decision 095: masked dK/dV tiles in parts (32 rows of 64, or 64 of 128
+    streamed rows) gave wrong dK and dV on an H100, so neither can be set; 128
+    streamed dK/dV rows stay for a full mask, which has no masked tile.
+    gluon_data_d128: a mask over runtime data takes the Gluon backward at
+    head dim 128."""
+    with pytest.raises(ExperimentError, match="gluon_dkdv_parts=32: expected on or off"):
+        parse_settings(["gluon_dkdv_parts=32"])
+    causal = make_variant("causal", dtype=ir.DType.BF16, head_dim=64)
+    with pytest.raises(ExperimentError, match="window.100, 60. on an H100, decision 095"):
+        render_module(causal, None, parse_settings(["gluon_bwd_streams=128,128"]))
     full = make_variant("full", dtype=ir.DType.BF16, head_dim=64)
-    for variant, settings, message in (
-        (full, ["gluon_dkdv_parts=32"], "a mask that cuts tiles"),
-        (narrow, ["gluon_dkdv_parts=64"], "parts split the 64 streamed rows"),
-        (narrow, ["gluon_backward=off", "gluon_dkdv_parts=32"], "with the Gluon backward"),
-    ):
-        with pytest.raises(ExperimentError, match=message):
-            render_module(variant, None, parse_settings(settings))
+    source = render_module(full, None, parse_settings(["gluon_bwd_streams=128,128"]))
+    assert "GLUON_BWD_STREAMS = (128, 128)" in source and "PART: gl.constexpr" not in source
     docs = make_variant(
         "causal & doc[b, q] == doc[b, k]", dtype=ir.DType.BF16, head_dim=128,
         declared="doc: int32[B, Nk]",
     )  # fmt: skip
     assert "def _gluon_backward(" not in render_module(docs)
     source = render_module(docs, None, parse_settings(["gluon_data_d128=on"]))
-    assert "def _gluon_backward(" in source and "PART: gl.constexpr = 32\n" in source
+    assert "def _gluon_backward(" in source and "PART: gl.constexpr" not in source
     assert not _undefined_names(source)
 
 

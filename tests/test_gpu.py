@@ -207,34 +207,26 @@ def _magnitudes(score: str | None) -> tuple[float, ...]:
 
 
 # The Gluon backward's streamed tiles (`gluon_bwd_streams`): as built, and
-# 128 rows wherever they fit (both kernels at d64, the dQ kernel at d128).
-WIDE_STREAMS = {64: (128, 128), 128: (64, 128)}
+# 128 rows wherever they are allowed: the dQ kernel's keys, and the dK/dV
+# kernel's rows for a full mask at d64 (decision 095: with a mask that cuts
+# tiles, its 64-row parts gave wrong dK and dV).
 
 
-def _gluon_settings(setting: str, head_dim: int, mask: str) -> dict:
-    """Plan knobs of a Gluon backward test: as built; "wide" streamed tiles;
-    "parts": masked dK/dV tiles in 32-row parts (decision 095; a mask that
-    cuts tiles)."""
-    if setting == "wide":
-        return {"gluon_bwd_streams": WIDE_STREAMS[head_dim]}
-    if setting == "parts" and mask != "full":
-        return {"gluon_dkdv_parts": 32}
-    return {}
+def _wide_streams(head_dim: int, mask: str) -> tuple[int, int]:
+    return (128 if head_dim == 64 and mask == "full" else 64, 128)
 
 
 @pytest.mark.parametrize("mask, score, head_dim", GLUON_BACKWARD_CASES)
 @pytest.mark.parametrize("dtype", [ir.DType.FP16, ir.DType.BF16])
-@pytest.mark.parametrize("streams", ["built", "wide", "parts"])
+@pytest.mark.parametrize("streams", ["built", "wide"])
 def test_gluon_backward_on_gpu(mask, score, head_dim, dtype, streams, monkeypatch):
     """The warp-specialized Gluon backward (sm90, Nq = Nk a multiple of 128)
     against the float64 reference: one CTA, GQA, several tiles per CTA, with
     a random gradient of the log-sum-exp.  Counts its launches, so the test
     cannot pass on the Triton fallback."""
     variant = make_variant(mask, score, dtype=dtype, head_dim=head_dim)
-    settings = _gluon_settings(streams, head_dim, mask)
-    if streams != "built" and not settings:
-        pytest.skip(f"{mask}: no masked tile to compute in parts")
-    module = build(variant, settings)
+    wide = streams == "wide" and {"gluon_bwd_streams": _wide_streams(head_dim, mask)}
+    module = build(variant, wide)
     gluon = hasattr(module, "_gluon_backward")
     launches = _count_calls(monkeypatch, module, "_gluon_backward") if gluon else []
     shapes = [Shape(1, 2, 2, 128, 128), Shape(2, 4, 2, 384, 384), Shape(1, 2, 1, 1024, 1024)]
@@ -325,8 +317,7 @@ def test_masks_over_runtime_data_and_the_gluon_backward_on_gpu(
 ):
     """At head dim 64 the Gluon backward walks the tiles a call's plan leaves
     visible (decision 078; at 128 the Triton backward, which measured faster,
-    or the Gluon one with masked tiles in 32-row parts under the knob
-    `gluon_data_d128`, decision 095):
+    or the Gluon one under the knob `gluon_data_d128`, decision 095):
     forward and backward against the float64 reference at Nq = Nk a multiple
     of 128 (GQA, two examples), with documents of a few tokens and of about
     150 (runs across tile edges, whole tiles inside); the launches are
