@@ -100,9 +100,6 @@ KNOBS: dict[str, Callable[[str], object]] = {
     "gluon_stages": lambda text: _ints(1, 1, 4)(text)[0],  # K/V buffers of the Gluon forward
     "gluon_bwd_stages": _ints(2, 1, 4),  # streamed buffers: dK/dV kernel, dQ kernel
     "gluon_bwd_streams": _streams,  # streamed rows: dK/dV kernel's Q and dO, dQ kernel's K and V
-    # off: the Gluon dK/dV consumers compute a masked tile whole.  Parts (slices of the
-    # streamed buffers) gave wrong dK and dV on an H100 (decision 095).
-    "gluon_dkdv_parts": _only(None),
     "gluon_min_keys": lambda text: _ints(1, 0, 1 << 24)(text)[0],
     "gluon_dq_heavy_last": _bool,  # the Gluon dQ CTAs take the last rows first
     "tanh_small_poly": _only(True),  # on: tanh accurate near 0 (never off)

@@ -571,11 +571,6 @@ class KernelModel:
     # Rows of the streamed tiles: Q and dO in the dK/dV kernel, K and V in the
     # dQ kernel (each consumer keeps 64 resident rows whatever these are).
     gluon_bwd_streams: tuple[int, int] = (64, 64)
-    # Rows of the parts in which the dK/dV consumers compute a masked tile, or
-    # None (the tile at once).  The template's parts are slices of the streamed
-    # buffers: 64-row parts of 128 rows (decision 092) and 32-row parts of 64
-    # (decision 095) both gave wrong dK and dV on an H100, so no plan sets it.
-    gluon_dkdv_parts: int | None = None
     gluon_dq_heavy_last: bool = False
     # Experiment knobs set on this plan (flashgen/experiments.py), as NAME=VALUE.
     experiments: tuple[str, ...] = ()
