@@ -17,10 +17,12 @@ wider heads up to 256); draw i then comes from a seed of its own, and the
 defaults keep the draws of earlier runs.  --seqs compiles the kernels of
 padded and varlen calls too.  --plan builds each module with plan knobs
 (flashgen/experiments.py); a spec the knobs are refused for is reported as
-skipped.
+skipped.  --inputs draws specs that read runtime data instead (`drawn_with_inputs`:
+masks over integer inputs, scores over real ones, learnable or not), as text
+that `flashgen check` must accept; draw i of it is the same on every machine.
 
     python3 scripts/sm90_drawn.py [--first I] [--count N] [--dtypes fp16 bf16 fp32]
-        [--head-dims 16 40 64 80 128 ...] [--seqs] [--plan KNOB=VALUE ...]
+        [--head-dims 16 40 64 80 128 ...] [--seqs] [--plan KNOB=VALUE ...] [--inputs]
 """
 
 from __future__ import annotations
@@ -28,6 +30,8 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
+import random
+import re
 import sys
 import time
 
@@ -54,6 +58,62 @@ def drawn(index: int, dtypes=DTYPES, head_dims=HEAD_DIMS) -> ir.Variant:
     return dataclasses.replace(strategies.seeded_example(strategy, seed), name=f"c{index}")
 
 
+# --inputs: atoms of masks over integer inputs (per-key ids in no order, a
+# per-example length, a per-head reach) and positional ones, and scores that
+# read real inputs (per head, a bucketed distance table, per key, per query).
+DATA_MASK_ATOMS = (
+    "d[b, q] == d[b, k]", "d[b, k] <= d[b, q] + {c}", "d[b, k] > {c}",
+    "abs(d[b, k] - d[b, q]) < {c}", "(d[b, q] + k) % 3 != 0", "k < p[b]", "k >= p[b] - {c}",
+    "q - k <= t[h]", "causal", "window({w})", "prefix({w})", "(q - k) % 3 != 1", "k >= 4",
+    "chunk({w})",
+)  # fmt: skip
+DATA_SCORES = (
+    "s", "s + w[h]", "s + rel[h, min(abs(q - k), 31)]", "s * temp[h]", "s + kb[b, k]",
+    "softcap(s, 30.0) + w[h]", "s - w[h] * abs(q - k)", "s + rel[h, min(abs(q - k), 31)] + kb[b, k]",
+    "tanh(s * temp[h]) * 8.0", "s + qb[b, q]",
+)  # fmt: skip
+DECLARATIONS = {
+    "d": "d: int32[B, Nk]", "p": "p: int32[B]", "t": "t: int32[H]", "w": "w: {L}fp32[H]",
+    "rel": "rel: {L}fp32[H, 32]", "temp": "temp: {L}fp32[H]", "kb": "kb: {L}fp32[B, Nk]",
+    "qb": "qb: {L}fp32[B, Nq]",
+}  # fmt: skip
+INPUT_HEAD_DIMS = (32, 64, 80, 128)
+
+
+def _data_mask(r: random.Random, depth: int = 0) -> str:
+    if depth > 1 or r.random() < 0.4:
+        atom = r.choice(DATA_MASK_ATOMS)
+        return atom.format(c=r.randint(0, 3), w=r.choice((9, 100, 256)))
+    if r.random() < 0.2:
+        return f"!({_data_mask(r, depth + 1)})"
+    op = r.choice(("&", "|"))
+    return f"({_data_mask(r, depth + 1)}) {op} ({_data_mask(r, depth + 1)})"
+
+
+def drawn_with_inputs(index: int, dtypes=DTYPES, head_dims=INPUT_HEAD_DIMS) -> ir.Variant:
+    """Draw `index` of specs that read runtime data: the first draw from
+    "sm90-inputs:<index>:<attempt>" that `flashgen check` accepts (it refuses,
+    say, a mask that reads no input and a score that reads none)."""
+    for attempt in range(100):
+        r = random.Random(f"sm90-inputs:{index}:{attempt}")
+        mask, score = _data_mask(r), r.choice(DATA_SCORES)
+        learnable = "learnable " if r.random() < 0.5 else ""
+        head_dim, dtype = r.choice(head_dims), r.choice(dtypes)
+        used = [n for n in DECLARATIONS if re.search(rf"\b{n}\[", f"{mask} {score}")]
+        if not used:
+            continue
+        lines = [f"head_dim = {head_dim}", f"dtype = {dtype}"]
+        lines += [DECLARATIONS[n].format(L=learnable) for n in used]
+        lines += [f"mask = {mask}", f"score = {score}"]
+        text = f"attention c{index} {{\n" + "".join(f"    {x}\n" for x in lines) + "}\n"
+        try:
+            (variant,), _ = api.check_sources({"<drawn>": text})
+        except api.SpecError:
+            continue
+        return variant
+    raise RuntimeError(f"no accepted draw for index {index}")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--first", type=int, default=0, help="the first draw (default 0)")
@@ -64,13 +124,18 @@ def main() -> int:
     parser.add_argument("--head-dims", nargs="+", type=int, default=list(HEAD_DIMS))
     parser.add_argument("--seqs", action="store_true", help="also the padded and varlen kernels")
     parser.add_argument("--plan", nargs="+", default=[], metavar="KNOB=VALUE", help="plan knobs")
+    parser.add_argument("--inputs", action="store_true", help="specs that read runtime data")
     args = parser.parse_args()
     if os.environ.get("TRITON_INTERPRET") == "1":
         parser.error("unset TRITON_INTERPRET: the kernels must be compiled, not interpreted")
     settings = experiments.parse_settings(args.plan)
     failed = 0
     for index in range(args.first, args.first + args.count):
-        variant = drawn(index, args.dtypes, args.head_dims)
+        if args.inputs:
+            head_dims = args.head_dims if "--head-dims" in sys.argv else INPUT_HEAD_DIMS
+            variant = drawn_with_inputs(index, args.dtypes, head_dims)
+        else:
+            variant = drawn(index, args.dtypes, args.head_dims)
         start = time.perf_counter()
         sm90_resources.FEWER_STAGES.clear()
         try:

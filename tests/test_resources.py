@@ -383,6 +383,40 @@ def test_drawn_specs_compile_for_sm90():
     assert [line.split()[:2] for line in lines] == [["ok", "c0"], ["ok", "c1"], ["ok", "c2"]]
 
 
+def test_drawn_specs_over_runtime_data_compile_for_sm90():
+    """scripts/sm90_drawn.py --inputs: specs that read runtime data (masks over
+    integer inputs, scores over real ones, learnable or not) compile for sm_90a,
+    the kernels of padded and varlen calls too; draw i is the same spec on every
+    run, and the checker accepts it."""
+    sys.path.insert(0, str(ROOT / "scripts"))
+    try:
+        import sm90_drawn
+    finally:
+        sys.path.remove(str(ROOT / "scripts"))
+    from flashgen.printer import print_variant
+
+    draws = [sm90_drawn.drawn_with_inputs(i) for i in range(8)]
+    assert [print_variant(v) for v in draws] == [
+        print_variant(sm90_drawn.drawn_with_inputs(i)) for i in range(8)
+    ]
+    assert all(v.inputs for v in draws)
+    assert any(i.learnable for v in draws for i in v.inputs)
+    assert any(not i.element.is_integer for v in draws for i in v.inputs)
+    assert any(i.element.is_integer for v in draws for i in v.inputs)
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    out = subprocess.run(
+        [sys.executable, "scripts/sm90_drawn.py", "--inputs", "--count", "2", "--seqs"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert out.returncode == 0, (out.stdout + out.stderr)[-3000:]
+    lines = out.stdout.splitlines()
+    assert [line.split()[:2] for line in lines] == [["ok", "c0"], ["ok", "c1"]]
+
+
 RESIDUE_CLASSES = """\
 attention periodic_bottom_right {
     head_dim = 64
