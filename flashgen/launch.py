@@ -93,6 +93,7 @@ def gpu_bwd_config(
     short_rows: bool = False,
     v_dim_pad: int | None = None,
     learnable: bool = False,
+    head_dim: int | None = None,
 ) -> LaunchConfig:
     """Backward tiles.  The dK/dV kernel keeps two BLOCK_N x HEAD_DIM fp32
     accumulators in registers, so wide heads get narrower key tiles.
@@ -118,10 +119,15 @@ def gpu_bwd_config(
     read (table, rows, pairs, per key, decay) in fp16 and bf16 on an H100
     (`test_learnable_gradients_at_head_dim_128`, b6bafb2), and runs the d128
     learnable backward 2.1-2.7x faster than 32 x 64 x 8 x 2, which spills
-    nothing (decision 086)."""
+    nothing (decision 086).  Only at `head_dim` 128 itself: a head dim padded
+    to 128 (80, 96, 112) compiles other code, which spills at those tiles too
+    (104-512 B for drawn specs at d80, `scripts/sm90_drawn.py --inputs`) and
+    has not run on a GPU, so it keeps the spill-free tiles."""
     wide = dtype is ir.DType.FP32
     if learnable and not wide and head_dim_pad <= 128:
-        return LaunchConfig(32, 64, 4, 3) if head_dim_pad <= 64 else LaunchConfig(64, 128, 8, 2)
+        if head_dim_pad <= 64:
+            return LaunchConfig(32, 64, 4, 3)
+        return LaunchConfig(64, 128, 8, 2) if head_dim == 128 else LaunchConfig(32, 64, 8, 2)
     if wide and head_dim_pad <= 128:
         # CUDA-core products: 64 x 64 x 4 x 2 spilled 4-57 KB per thread at d32
         # and d64 on sm_90a, 32 x 32 x 4 x 2 1.5-3 KB at d128; these spill

@@ -120,6 +120,30 @@ def test_learnable_gradients_follow_the_reference(name, dtype):
 D128_TILES = (None, "32,64,8,2")
 
 
+@pytest.mark.parametrize(
+    "head_dim, learned, fixed",
+    [
+        (64, (32, 64, 4, 3), (64, 64, 4, 3)),
+        (80, (32, 64, 8, 2), (64, 128, 8, 3)),
+        (112, (32, 64, 8, 2), (64, 128, 8, 3)),
+        (128, (64, 128, 8, 2), (64, 128, 8, 3)),
+    ],
+)
+def test_learnable_backward_tiles_by_head_dim(head_dim, learned, fixed):
+    """The 16-bit learnable backward's tiles (`launch.gpu_bwd_config`): the
+    spilling 64 x 128 x 8 x 2 only at head dim 128, where the GPU ran every
+    form of learnable read right at them; head dims padded to 128 keep the
+    spill-free 32 x 64 x 8 x 2; the same table not learnable, the module's own."""
+    from dataclasses import astuple
+
+    from flashgen.lower import lower
+
+    model = lower(_variant(SPECS["t5"], "bf16", head_dim=head_dim))
+    assert astuple(model.gpu_bwd_config) == learned
+    model = lower(_variant(SPECS["t5"].replace("learnable ", ""), "bf16", head_dim=head_dim))
+    assert astuple(model.gpu_bwd_config) == fixed
+
+
 @pytest.mark.kernels
 @pytest.mark.skipif(CPU, reason="head dim 128 and its Hopper tiles: the GPU's (the CPU runs d16)")
 @pytest.mark.parametrize("tiles", D128_TILES)
