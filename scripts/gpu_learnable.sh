@@ -7,7 +7,7 @@
 # process per spec (the per-key ones of decision 087 among them), the T5 example's d128
 # gradient at the rule's tiles and at two faster ones that spill, and the learned decay
 # and table timed at each; `d128`: test_learnable_gradients_at_head_dim_128, one process per
-# spec (the rule's tiles and 64 x 128 x 8 x 2, bf16 and fp16).
+# spec (d128 and d80 (padded), each at the rule's tiles and one other, bf16 and fp16).
 #   bash scripts/gpu_learnable.sh tests|bench|tiles|d128 [SECONDS]      # default 540
 set -uo pipefail
 source "$(dirname "$0")/gpu_env.sh"

@@ -113,11 +113,12 @@ def test_learnable_gradients_follow_the_reference(name, dtype):
         assert result.ok, (shape, [c for c in result.checks if not c.ok])
 
 
-# Backward tiles at head dim 128 (decision 086): the rule's 64 x 128 x 8 x 2, which spills
-# (0.5 KB for fox, 2.7 KB for the T5 table, sm_90a) and ran the d128 learnable backward
-# 2.2-2.6x faster on an H100 (forgetting 83 -> 221 TFLOP/s), and the spill-free
-# 32 x 64 x 8 x 2 that was the rule before.
-D128_TILES = (None, "32,64,8,2")
+# Backward tiles at head dims that pad to 128 (decision 086): at d128 the rule's
+# 64 x 128 x 8 x 2, which spills (0.5 KB for fox, 2.7 KB for the T5 table, sm_90a) and ran
+# the d128 learnable backward 2.2-2.6x faster on an H100 (forgetting 83 -> 221 TFLOP/s),
+# and the spill-free 32 x 64 x 8 x 2 that was the rule before; at d80 the rule's
+# 32 x 64 x 8 x 2, and 64 x 128 x 8 x 2, which the rule gives it once this passes there.
+WIDE_TILES = ((128, None), (128, "32,64,8,2"), (80, None), (80, "64,128,8,2"))
 
 
 @pytest.mark.parametrize(
@@ -146,23 +147,23 @@ def test_learnable_backward_tiles_by_head_dim(head_dim, learned, fixed):
 
 @pytest.mark.kernels
 @pytest.mark.skipif(CPU, reason="head dim 128 and its Hopper tiles: the GPU's (the CPU runs d16)")
-@pytest.mark.parametrize("tiles", D128_TILES)
+@pytest.mark.parametrize("head_dim, tiles", WIDE_TILES)
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("name", ["t5", "fox", "key_bias", "rows", "pairs"])
-def test_learnable_gradients_at_head_dim_128(name, dtype, tiles):
-    """Every form of learnable read at d128 on the GPU, at the backward tiles
-    of the rule and at the faster ones that spill (CUDA 12.8's ptxas once
-    miscompiled such a kernel: decision 086), judged as above at lengths that
-    cross the tiles."""
+def test_learnable_gradients_at_head_dim_128(name, dtype, head_dim, tiles):
+    """Every form of learnable read at d128 and at d80 (padded to 128) on the
+    GPU, at the backward tiles of the rule and at the others of WIDE_TILES,
+    one of which spills (CUDA 12.8's ptxas once miscompiled such a kernel:
+    decision 086), judged as above at lengths that cross the tiles."""
     from flashgen.experiments import KNOBS
 
-    variant = _variant(SPECS[name], dtype, head_dim=128)
+    variant = _variant(SPECS[name], dtype, head_dim=head_dim)
     module = build(variant, tiles and {"gpu_bwd_config": KNOBS["gpu_bwd_config"](tiles)})
     generator = torch.Generator().manual_seed(11)
     for shape in ((2, 4, 2, 37, 45), (1, 2, 1, 64, 64), (2, 4, 2, 300, 517), (1, 4, 4, 1024, 1024)):
         shape = verify.Shape(*shape)
         q, k, v = verify.random_inputs(
-            shape, 128, verify.torch_dtype(variant.dtype), DEVICE, generator=generator
+            shape, head_dim, verify.torch_dtype(variant.dtype), DEVICE, generator=generator
         )  # fmt: skip
         data = _data(variant, shape, generator)
         result = verify.check_backward(variant, module, q, k, v, generator=generator, inputs=data)
