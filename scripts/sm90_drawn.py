@@ -121,7 +121,9 @@ def main() -> int:
     parser.add_argument(
         "--dtypes", nargs="+", default=list(DTYPES), choices=("fp16", "bf16", "fp32")
     )
-    parser.add_argument("--head-dims", nargs="+", type=int, default=list(HEAD_DIMS))
+    parser.add_argument(
+        "--head-dims", nargs="+", type=int, help="default 16 40 64 80 128 (--inputs: 32 64 80 128)"
+    )
     parser.add_argument("--seqs", action="store_true", help="also the padded and varlen kernels")
     parser.add_argument("--plan", nargs="+", default=[], metavar="KNOB=VALUE", help="plan knobs")
     parser.add_argument("--inputs", action="store_true", help="specs that read runtime data")
@@ -129,13 +131,11 @@ def main() -> int:
     if os.environ.get("TRITON_INTERPRET") == "1":
         parser.error("unset TRITON_INTERPRET: the kernels must be compiled, not interpreted")
     settings = experiments.parse_settings(args.plan)
+    draw = drawn_with_inputs if args.inputs else drawn
+    head_dims = args.head_dims or (INPUT_HEAD_DIMS if args.inputs else HEAD_DIMS)
     failed = 0
     for index in range(args.first, args.first + args.count):
-        if args.inputs:
-            head_dims = args.head_dims if "--head-dims" in sys.argv else INPUT_HEAD_DIMS
-            variant = drawn_with_inputs(index, args.dtypes, head_dims)
-        else:
-            variant = drawn(index, args.dtypes, args.head_dims)
+        variant = draw(index, args.dtypes, head_dims)
         start = time.perf_counter()
         sm90_resources.FEWER_STAGES.clear()
         try:

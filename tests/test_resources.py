@@ -369,9 +369,15 @@ def test_drawn_specs_compile_for_sm90():
     """scripts/sm90_drawn.py: specs drawn from the whole language compile for
     sm_90a, every kernel of their modules (Gluon ones where the Triton in use
     enables them); one line per spec, exit 0."""
+    assert _sm90_drawn("--first", "0", "--count", "3") == [["ok", "c0"], ["ok", "c1"], ["ok", "c2"]]
+
+
+def _sm90_drawn(*args: str) -> list[list[str]]:
+    """The first two words of each line of scripts/sm90_drawn.py ARGS (compiled,
+    not interpreted), which must exit 0."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     out = subprocess.run(
-        [sys.executable, "scripts/sm90_drawn.py", "--first", "0", "--count", "3"],
+        [sys.executable, "scripts/sm90_drawn.py", *args],
         cwd=ROOT,
         env=env,
         capture_output=True,
@@ -379,8 +385,7 @@ def test_drawn_specs_compile_for_sm90():
         timeout=900,
     )
     assert out.returncode == 0, (out.stdout + out.stderr)[-3000:]
-    lines = out.stdout.splitlines()
-    assert [line.split()[:2] for line in lines] == [["ok", "c0"], ["ok", "c1"], ["ok", "c2"]]
+    return [line.split()[:2] for line in out.stdout.splitlines()]
 
 
 def test_drawn_specs_over_runtime_data_compile_for_sm90():
@@ -403,18 +408,7 @@ def test_drawn_specs_over_runtime_data_compile_for_sm90():
     assert any(i.learnable for v in draws for i in v.inputs)
     assert any(not i.element.is_integer for v in draws for i in v.inputs)
     assert any(i.element.is_integer for v in draws for i in v.inputs)
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    out = subprocess.run(
-        [sys.executable, "scripts/sm90_drawn.py", "--inputs", "--count", "2", "--seqs"],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
-    assert out.returncode == 0, (out.stdout + out.stderr)[-3000:]
-    lines = out.stdout.splitlines()
-    assert [line.split()[:2] for line in lines] == [["ok", "c0"], ["ok", "c1"]]
+    assert _sm90_drawn("--inputs", "--count", "2", "--seqs") == [["ok", "c0"], ["ok", "c1"]]
 
 
 RESIDUE_CLASSES = """\
