@@ -93,7 +93,6 @@ def gpu_bwd_config(
     short_rows: bool = False,
     v_dim_pad: int | None = None,
     learnable: bool = False,
-    head_dim: int | None = None,
 ) -> LaunchConfig:
     """Backward tiles.  The dK/dV kernel keeps two BLOCK_N x HEAD_DIM fp32
     accumulators in registers, so wide heads get narrower key tiles.
@@ -114,20 +113,19 @@ def gpu_bwd_config(
     15 at Nq 1023, Nk 2048 on an H100 (fp16 and bf16), while the same PTX
     assembled by CUDA 13.0's ptxas was right, as was every other launch tried
     (2026-12-05, scripts/gpu_t5_gradient.py).  32 x 64 x 4 x 3 spills nothing
-    there and was right at four shapes.  At d128, 64 x 128 x 8 x 2 spills
-    (2.7 KB for the T5 example) but was right for all five forms of learnable
-    read (table, rows, pairs, per key, decay) in fp16 and bf16 on an H100
-    (`test_learnable_gradients_at_head_dim_128`, b6bafb2), and runs the d128
-    learnable backward 2.1-2.7x faster than 32 x 64 x 8 x 2, which spills
-    nothing (decision 086).  Only at `head_dim` 128 itself: a head dim padded
-    to 128 (80, 96, 112) compiles other code, which spills at those tiles too
-    (104-512 B for drawn specs at d80, `scripts/sm90_drawn.py --inputs`) and
-    has not run on a GPU, so it keeps the spill-free tiles."""
+    there and was right at four shapes.  Above d64, 64 x 128 x 8 x 2 spills
+    (2.7 KB for the T5 example at d128, 104-512 B for drawn specs at d80) but
+    was right on an H100 in fp16 and bf16: at d128 and d80 for all five forms of
+    learnable read (table, rows, pairs, per key, decay;
+    `test_learnable_gradients_at_head_dim_128`, b6bafb2 and 9ee2515), at d96 and
+    d112 for the T5 table (`gpu_t5_gradient.py --head-dim`), and it runs the
+    learnable backward 1.9-2.7x faster than the spill-free 32 x 64 x 8 x 2
+    (decisions 086 and 096)."""
     wide = dtype is ir.DType.FP32
     if learnable and not wide and head_dim_pad <= 128:
         if head_dim_pad <= 64:
             return LaunchConfig(32, 64, 4, 3)
-        return LaunchConfig(64, 128, 8, 2) if head_dim == 128 else LaunchConfig(32, 64, 8, 2)
+        return LaunchConfig(64, 128, 8, 2)
     if wide and head_dim_pad <= 128:
         # CUDA-core products: 64 x 64 x 4 x 2 spilled 4-57 KB per thread at d32
         # and d64 on sm_90a, 32 x 32 x 4 x 2 1.5-3 KB at d128; these spill

@@ -884,7 +884,6 @@ def lower(
                 whole.merged_edges,
                 v_pad,
                 learnable=bool(grads),
-                head_dim=v.head_dim,
             )
         ),
         gpu_tma=_pick(tuning.forward_tma if tuning else None, default_tma[0]),
