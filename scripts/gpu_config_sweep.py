@@ -5,6 +5,16 @@ bands) and many (causal, full): the data behind the configurations that
 
     python3 scripts/gpu_config_sweep.py OUT.jsonl [--workers 12] [--masks NAME ...]
         [--plan NAME=VALUE ...] [--head-dims D ...] [--v-head-dim DV] [--wide] [--fp32]
+        [--specs FILE.attn ...] [--random COUNT --seed S [--names rand<S>_<I> ...]]
+        [--passes forward backward] [--backward-configs M,N,W,S ...] [--list]
+
+--specs and --random sweep whole specs (their scores too) instead of the
+masks above, at N = 4096 (B = 4), each at the head dims given: .attn files,
+and specs drawn as `flashgen bench --random COUNT --seed S` draws them
+(--names: only these).  --passes sweeps one pass only; --backward-configs
+and --forward-configs replace the candidates; --list prints the cases and
+stops (no GPU needed).  A config "built" is the module's own (recorded with
+"built" after it).  --n: the whole specs' N (default 4096).
 
 --v-head-dim gives the specs v's own head dim (MLA: --head-dims 192
 --v-head-dim 128); --wide sweeps the candidates for heads wider than 128
@@ -23,6 +33,7 @@ from __future__ import annotations
 import argparse
 import json
 import multiprocessing
+import re
 import sys
 
 sys.path.insert(0, ".")
@@ -98,7 +109,15 @@ V_HEAD_DIM: dict = {"value": None}
 DTYPE: dict = {"value": "bf16"}
 
 
+# N of the whole specs of --specs and --random (B = 16384 // N), as `flashgen bench --random`.
+SPEC_N = 4096
+
+
 def spec_text(name: str, mask: str, d: int) -> str:
+    """A mask of MASKS as a spec; a whole spec's text (starting "attention")
+    at head dim `d`."""
+    if mask.startswith("attention"):
+        return re.sub(r"head_dim = \d+", f"head_dim = {d}", mask)
     inputs = "doc: int32[B, Nk]; " if "doc[" in mask else ""
     dv = V_HEAD_DIM["value"]
     v_dim = f"v_head_dim = {dv}; " if dv else ""
@@ -106,17 +125,53 @@ def spec_text(name: str, mask: str, d: int) -> str:
     return f"attention {name} {{ head_dim = {d}; {v_dim}dtype = {dtype}; {inputs}mask = {mask} }}"
 
 
-def cases(names=None, head_dims=HEAD_DIMS, wide=False, fp32=False):
-    forward, backward = (WIDE_FORWARD, WIDE_BACKWARD) if wide else (FORWARD, BACKWARD)
+def whole_specs(
+    files=(), random_count=0, seed=0, names=None, n=SPEC_N
+) -> list[tuple[str, str, int]]:
+    """(name, text, N) of --specs and --random, as MASKS's entries."""
+    from flashgen.api import _check_specs
+    from flashgen.bench import draw_variants
+    from flashgen.printer import print_variant
+
+    found = []
+    for path in files:
+        with open(path) as f:
+            found += [(v.name, print_variant(v), n) for v in _check_specs([f.read()])]
+    if random_count:
+        drawn = draw_variants(random_count, seed, head_dim=HEAD_DIMS[-1])
+        found += [
+            (d.variant.name, print_variant(d.variant), n)
+            for d in drawn
+            if not names or d.variant.name in names
+        ]
+    return found
+
+
+def cases(
+    names=None,
+    head_dims=HEAD_DIMS,
+    wide=False,
+    fp32=False,
+    specs=None,
+    passes=("forward", "backward"),
+    forward=None,
+    backward=None,
+):
+    """(name, mask or spec text, N, head dim, pass, config) to time: the masks
+    of MASKS (`names`: only these), or `specs` (`whole_specs`) where given."""
+    default_forward, default_backward = (
+        (WIDE_FORWARD, WIDE_BACKWARD) if wide else (FORWARD, BACKWARD)
+    )
     if fp32:
-        forward, backward = FP32_FORWARD, FP32_BACKWARD
-    for name, mask, n in MASKS:
-        if names and name not in names:
+        default_forward, default_backward = FP32_FORWARD, FP32_BACKWARD
+    forward, backward = forward or default_forward, backward or default_backward
+    for name, mask, n in specs or MASKS:
+        if names and name not in names and not specs:
             continue
         for d in head_dims:
-            for c in forward:
+            for c in forward if "forward" in passes else ():
                 yield (name, mask, n, d, "forward", c)
-            for c in backward:
+            for c in backward if "backward" in passes else ():
                 yield (name, mask, n, d, "backward", c)
 
 
@@ -163,7 +218,7 @@ def run_case(case, timed: bool):
 
     name, mask, n, d, which, c = case
     module, (q, k, v, do, o, lse, data) = setup(name, mask, n, d)
-    kw = dict(block_m=c[0], block_n=c[1], num_warps=c[2], num_stages=c[3])
+    kw = {} if c is None else dict(block_m=c[0], block_n=c[1], num_warps=c[2], num_stages=c[3])
     if which == "forward":
         fn = lambda: module.forward(q, k, v, **kw, **data)  # noqa: E731
     else:
@@ -190,6 +245,15 @@ def warm(share):
     return len(share)
 
 
+def _config(text: str) -> tuple[int, ...] | None:
+    if text == "built":
+        return None
+    config = tuple(int(x) for x in text.split(","))
+    if len(config) != 4:
+        raise argparse.ArgumentTypeError(f"{text!r}: BLOCK_M,BLOCK_N,WARPS,STAGES")
+    return config
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("out")
@@ -200,11 +264,30 @@ def main() -> None:
     parser.add_argument("--v-head-dim", type=int, default=None)
     parser.add_argument("--wide", action="store_true", help="WIDE_FORWARD and WIDE_BACKWARD")
     parser.add_argument("--fp32", action="store_true", help="FP32_FORWARD and FP32_BACKWARD")
+    parser.add_argument("--specs", nargs="*", default=[], help=".attn files (whole specs)")
+    parser.add_argument("--random", type=int, default=0, metavar="COUNT", help="drawn specs")
+    parser.add_argument("--seed", type=int, default=0, help="--random's seed")
+    parser.add_argument("--names", nargs="*", help="--random: only these draws")
+    parser.add_argument("--passes", nargs="*", default=["forward", "backward"])
+    parser.add_argument("--forward-configs", nargs="*", type=_config, metavar="M,N,W,S")
+    parser.add_argument("--backward-configs", nargs="*", type=_config, metavar="M,N,W,S")
+    parser.add_argument("--n", type=int, default=SPEC_N, help="N of --specs and --random")
+    parser.add_argument("--list", action="store_true", help="print the cases and stop")
     args = parser.parse_args()
     KNOBS.update(parse_settings(args.plan))
     V_HEAD_DIM["value"] = args.v_head_dim
     DTYPE["value"] = "fp32" if args.fp32 else "bf16"
-    all_cases = list(cases(args.masks, args.head_dims, args.wide, args.fp32))
+    specs = whole_specs(args.specs, args.random, args.seed, args.names, args.n)
+    all_cases = list(
+        cases(
+            args.masks, args.head_dims, args.wide, args.fp32, specs, args.passes,
+            args.forward_configs, args.backward_configs,
+        )  # fmt: skip
+    )
+    if args.list:
+        for name, _, n, d, which, c in all_cases:
+            print(name, n, d, which, c)
+        return
     shares = [all_cases[i :: args.workers] for i in range(args.workers)]
     ctx = multiprocessing.get_context("spawn")
     with ctx.Pool(
@@ -215,7 +298,13 @@ def main() -> None:
         for case in all_cases:
             name, mask, n, d, which, c = case
             ms = run_case(case, timed=True)
+            if c is None:  # "built": the module's own
+                module = setup(name, mask, n, d)[0]
+                c = module.GPU_CONFIG if which == "forward" else module.GPU_BWD_CONFIG
+                c = (*c, "built")
             record = dict(spec=name, mask=mask, n=n, d=d, passes=which, config=c, plan=args.plan)
+            if mask.startswith("attention"):
+                record.update(mask=None, text=spec_text(name, mask, d))
             if args.v_head_dim:
                 record["v_head_dim"] = args.v_head_dim
             if args.fp32:

@@ -326,3 +326,26 @@ def test_gpu_tests_groups_select_every_gpu_test():
         return False
 
     assert [i for i in ids if not selected(i)] == []
+
+
+def test_config_sweep_lists_whole_specs_at_their_own_and_given_tiles(capsys, monkeypatch):
+    """scripts/gpu_config_sweep.py --specs/--random --list: the cases of whole
+    specs (their scores too, at the head dim asked), "built" for the module's
+    own tiles, one pass only; without a GPU."""
+    import gpu_config_sweep
+
+    spec = os.path.join(os.path.dirname(__file__), "..", "benchmarks", "specs", "t5_bias.attn")
+    argv = ["sweep", "unused.jsonl", "--specs", spec, "--random", "3", "--seed", "1"]
+    argv += ["--names", "rand1_2", "--head-dims", "128", "--passes", "backward"]
+    argv += ["--backward-configs", "built", "32,64,4,3", "--list"]
+    monkeypatch.setattr(sys, "argv", argv)
+    gpu_config_sweep.main()
+    assert capsys.readouterr().out.splitlines() == [
+        "t5_bias 4096 128 backward None",
+        "t5_bias 4096 128 backward (32, 64, 4, 3)",
+        "rand1_2 4096 128 backward None",
+        "rand1_2 4096 128 backward (32, 64, 4, 3)",
+    ]
+    ((name, text, n),) = gpu_config_sweep.whole_specs([spec])
+    assert (name, n) == ("t5_bias", 4096) and "score = s + " in text
+    assert "head_dim = 80\n" in gpu_config_sweep.spec_text(name, text, 80)
