@@ -198,7 +198,7 @@ def setup(name, mask, n, d):
     if ikey not in _INPUTS:
         b, h = 16384 // n, 16
         gen = torch.Generator(device="cuda").manual_seed(n)
-        dtype = torch.float32 if DTYPE["value"] == "fp32" else torch.bfloat16
+        dtype = module.DTYPE  # the spec's own (bf16 for MASKS, fp32 with --fp32)
         q, k, v, do = (
             torch.randn(b, h, n, width, device="cuda", dtype=dtype, generator=gen)
             for width in (d, d, variant.v_dim, variant.v_dim)
