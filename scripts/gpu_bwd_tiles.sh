@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# Decision 097's sweep: the d128 Triton backward's tiles on the specs that take
+# it, at their own tiles ("built") and at two that spill nothing offline
+# (scripts/gpu_config_sweep.py, bf16, B4 H16 N4096, records in $OUT/bwd_tiles.jsonl):
+#   a: the drawn specs of seeds 1 and 2 (held out: the finding came from seed 0),
+#      then the earlier sweep's masks (score s) with 32,64,4,2 too;
+#   b: the benchmark specs that take the Triton backward, seed 0's draws, and the
+#      varlen calls of scripts/gpu_varlen_bench.py at 32,64,4,3 beside as built;
+#   c: d64, six draws whose Gluon dK/dV kernel spills 184-1,448 B offline, timed
+#      with the Gluon backward and with the Triton one (--plan gluon_backward=off).
+# Each part ends with a table: per spec, each config's ms and the built one's over it.
+#   bash scripts/gpu_bwd_tiles.sh a|b|c
+set -uo pipefail
+source scripts/gpu_env.sh
+C="built 32,64,4,3 32,128,8,2"
+S1="rand1_3 rand1_4 rand1_6 rand1_8 rand1_9 rand1_11 rand1_14 rand1_15 rand1_16 rand1_17 rand1_19 rand1_20 rand1_21 rand1_24 rand1_25 rand1_27 rand1_29"
+S2="rand2_0 rand2_2 rand2_5 rand2_6 rand2_7 rand2_8 rand2_9 rand2_14 rand2_15 rand2_16 rand2_18 rand2_19 rand2_20 rand2_21 rand2_22 rand2_25 rand2_29"
+S0="rand0_2 rand0_3 rand0_5 rand0_8 rand0_12 rand0_13 rand0_14 rand0_15 rand0_17 rand0_18 rand0_19 rand0_20 rand0_22 rand0_23 rand0_25 rand0_26 rand0_27 rand0_28 rand0_29"
+sweep() { timeout "$1" python3 scripts/gpu_config_sweep.py "$OUT/bwd_tiles.jsonl" --workers 15 --head-dims 128 \
+  --passes backward "${@:2}" 2>&1 | grep -v "^rand\|^packed\|^chunked\|^window\|^band\|^causal\|^full\|^periodic\|^prefix\|^t5\|^paligemma" | tail -3; }
+if [ "${1:-a}" = c ]; then
+  # d64: drawn specs whose Gluon dK/dV kernel spills 184-1,448 B offline, Gluon against Triton.
+  for c in "" gluon_backward=off; do
+    timeout 250 python3 -m flashgen bench --random 30 --seed 0 --name rand0_12 rand0_13 rand0_17 rand0_20 \
+      rand0_23 rand0_25 --head-dim 64 --seqlens 4096 --systems flashgen --timer cuda-graph ${c:+--plan $c} \
+      2>&1 | grep -E "^rand" | sed "s/^/[${c:-built}] /"
+  done
+  exit 0
+elif [ "${1:-a}" = a ]; then
+  sweep 200 --backward-configs $C --random 30 --seed 1 --names $S1
+  sweep 200 --backward-configs $C --random 30 --seed 2 --names $S2
+  sweep 150 --backward-configs built 32,64,4,3 32,64,4,2 32,128,8,2
+else
+  sweep 100 --backward-configs $C --specs benchmarks/specs/periodic_causal.attn benchmarks/specs/prefix_per_example.attn benchmarks/specs/t5_bias.attn examples/paligemma_prefix.attn
+  sweep 200 --backward-configs $C --random 30 --seed 0 --names $S0
+  timeout 150 python3 scripts/gpu_varlen_bench.py --tokens 16384 --head-dim 128 --timer cuda-graph \
+    --plan gpu_bwd_config=32,64,4,3 --jsonl "$OUT/varlen.jsonl" 2>&1 | tail -12
+fi
+python3 - "$OUT/bwd_tiles.jsonl" <<'PY'
+import json, sys, collections
+t = collections.defaultdict(dict)
+for line in open(sys.argv[1]):
+    r = json.loads(line)
+    c = r["config"]; key = "built" if c[-1] == "built" else ",".join(map(str, c))
+    t[(r["spec"], r["n"])][key] = (r.get("ms"), tuple(c[:4]))
+for (spec, n), v in t.items():
+    built = v.get("built", (None, None))
+    cells = " ".join(f"{k}={ms:.3f}" + (f"({built[0] / ms:.2f}x)" if built[0] and k != "built" else "")
+                     for k, (ms, _) in v.items() if isinstance(ms, float))
+    print(f"{spec:20s} {n:6d} built={built[1]} {cells}")
+PY
