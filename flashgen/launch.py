@@ -123,9 +123,7 @@ def gpu_bwd_config(
     (decisions 086 and 096)."""
     wide = dtype is ir.DType.FP32
     if learnable and not wide and head_dim_pad <= 128:
-        if head_dim_pad <= 64:
-            return LaunchConfig(32, 64, 4, 3)
-        return LaunchConfig(64, 128, 8, 2)
+        return LaunchConfig(32, 64, 4, 3) if head_dim_pad <= 64 else LaunchConfig(64, 128, 8, 2)
     if wide and head_dim_pad <= 128:
         # CUDA-core products: 64 x 64 x 4 x 2 spilled 4-57 KB per thread at d32
         # and d64 on sm_90a, 32 x 32 x 4 x 2 1.5-3 KB at d128; these spill

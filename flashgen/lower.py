@@ -878,13 +878,7 @@ def lower(
         gpu_bwd_config=(
             tuning.backward
             if tuning
-            else gpu_bwd_config(
-                widest,
-                v.dtype,
-                whole.merged_edges,
-                v_pad,
-                learnable=bool(grads),
-            )
+            else gpu_bwd_config(widest, v.dtype, whole.merged_edges, v_pad, learnable=bool(grads))
         ),
         gpu_tma=_pick(tuning.forward_tma if tuning else None, default_tma[0]),
         gpu_bwd_tma=_pick(tuning.backward_tma if tuning else None, default_tma[1]),

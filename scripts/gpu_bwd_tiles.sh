@@ -16,8 +16,11 @@ C="built 32,64,4,3 32,128,8,2"
 S1="rand1_3 rand1_4 rand1_6 rand1_8 rand1_9 rand1_11 rand1_14 rand1_15 rand1_16 rand1_17 rand1_19 rand1_20 rand1_21 rand1_24 rand1_25 rand1_27 rand1_29"
 S2="rand2_0 rand2_2 rand2_5 rand2_6 rand2_7 rand2_8 rand2_9 rand2_14 rand2_15 rand2_16 rand2_18 rand2_19 rand2_20 rand2_21 rand2_22 rand2_25 rand2_29"
 S0="rand0_2 rand0_3 rand0_5 rand0_8 rand0_12 rand0_13 rand0_14 rand0_15 rand0_17 rand0_18 rand0_19 rand0_20 rand0_22 rand0_23 rand0_25 rand0_26 rand0_27 rand0_28 rand0_29"
-sweep() { timeout "$1" python3 scripts/gpu_config_sweep.py "$OUT/bwd_tiles.jsonl" --workers 15 --head-dims 128 \
-  --passes backward "${@:2}" 2>&1 | grep -v "^rand\|^packed\|^chunked\|^window\|^band\|^causal\|^full\|^periodic\|^prefix\|^t5\|^paligemma" | tail -3; }
+sweep() {  # SECONDS ARGS...: one sweep; its per-case lines go to $OUT/bwd_tiles.log
+  timeout "$1" python3 scripts/gpu_config_sweep.py "$OUT/bwd_tiles.jsonl" --workers 15 \
+    --head-dims 128 --passes backward "${@:2}" >>"$OUT/bwd_tiles.log" 2>&1
+  echo "sweep ${*:2}: exit $?"
+}
 if [ "${1:-a}" = c ]; then
   # d64: drawn specs whose Gluon dK/dV kernel spills 184-1,448 B offline, Gluon against Triton.
   for c in "" gluon_backward=off; do
