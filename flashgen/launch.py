@@ -93,6 +93,7 @@ def gpu_bwd_config(
     short_rows: bool = False,
     v_dim_pad: int | None = None,
     learnable: bool = False,
+    heavy_score: bool = False,
 ) -> LaunchConfig:
     """Backward tiles.  The dK/dV kernel keeps two BLOCK_N x HEAD_DIM fp32
     accumulators in registers, so wide heads get narrower key tiles.
@@ -120,7 +121,14 @@ def gpu_bwd_config(
     `test_learnable_gradients_at_head_dim_128`, b6bafb2 and 9ee2515), at d96 and
     d112 for the T5 table (`gpu_t5_gradient.py --head-dim`), and it runs the
     learnable backward 1.9-2.7x faster than the spill-free 32 x 64 x 8 x 2
-    (decisions 086 and 096)."""
+    (decisions 086 and 096).
+
+    `heavy_score`: the score's derivative is heavy (`kernel_choice.heavy_derivative`),
+    which keeps such specs on the Triton backward at d128.  At 64 x 128 x 8 x 3
+    and 64 x 64 x 4 x 2 their dK/dV programs spilled 80-1,916 B on sm_90a; the
+    spill-free 32 x 64 x 4 x 3 ran 36 of 37 of them faster on an H100 (median
+    1.31x, 0.94-2.45x; bf16, B4 H16 N4096, decision 097), where the score `s`
+    lost 3-9% and positional derivatives alone were mixed (7 of 10, 0.89-1.30x)."""
     wide = dtype is ir.DType.FP32
     if learnable and not wide and head_dim_pad <= 128:
         return LaunchConfig(32, 64, 4, 3) if head_dim_pad <= 64 else LaunchConfig(64, 128, 8, 2)
@@ -133,6 +141,8 @@ def gpu_bwd_config(
     if head_dim_pad <= 64:
         return LaunchConfig(64, 64, 4, 3)
     if head_dim_pad <= 128:
+        if heavy_score:
+            return LaunchConfig(32, 64, 4, 3)
         # Measured on the H200: 64 x 128 with 8 warps and TMA loads (see
         # `gpu_tma`), 336-396 TFLOP/s at d128.
         return LaunchConfig(64, 64, 4, 2) if short_rows else LaunchConfig(64, 128, 8, 3)

@@ -40,6 +40,7 @@ from flashgen.kernel_choice import (
     gluon_forward,
     gluon_min_keys,
     heads_first,
+    heavy_derivative,
     key_span,
     merged_edges,
     narrow_gap_tiles,
@@ -878,7 +879,14 @@ def lower(
         gpu_bwd_config=(
             tuning.backward
             if tuning
-            else gpu_bwd_config(widest, v.dtype, whole.merged_edges, v_pad, learnable=bool(grads))
+            else gpu_bwd_config(
+                widest,
+                v.dtype,
+                whole.merged_edges,
+                v_pad,
+                learnable=bool(grads),
+                heavy_score=heavy_derivative(v.score),
+            )
         ),
         gpu_tma=_pick(tuning.forward_tma if tuning else None, default_tma[0]),
         gpu_bwd_tma=_pick(tuning.backward_tma if tuning else None, default_tma[1]),

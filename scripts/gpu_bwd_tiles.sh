@@ -7,9 +7,14 @@
 #   b: the benchmark specs that take the Triton backward, seed 0's draws, and the
 #      varlen calls of scripts/gpu_varlen_bench.py at 32,64,4,3 beside as built;
 #   c: d64, six draws whose Gluon dK/dV kernel spills 184-1,448 B offline, timed
-#      with the Gluon backward and with the Triton one (--plan gluon_backward=off).
+#      with the Gluon backward and with the Triton one (--plan gluon_backward=off);
+#   d: after the rule (heavy derivatives at d128 -> 32,64,4,3): `flashgen verify
+#      --device cuda` on eight heavy draws of seed 0 (fp16 and bf16), and six heavy
+#      draws of seed 1 at d96 (padded to 128, where the rule applies too) against
+#      the old tiles;
+#   e: seed 0's heavy draws beside FlexAttention at d128 ($OUT/random.jsonl).
 # Each part ends with a table: per spec, each config's ms and the built one's over it.
-#   bash scripts/gpu_bwd_tiles.sh a|b|c
+#   bash scripts/gpu_bwd_tiles.sh a|b|c|d|e
 set -uo pipefail
 source scripts/gpu_env.sh
 C="built 32,64,4,3 32,128,8,2"
@@ -29,6 +34,35 @@ if [ "${1:-a}" = c ]; then
       2>&1 | grep -E "^rand" | sed "s/^/[${c:-built}] /"
   done
   exit 0
+elif [ "${1:-a}" = d ] || [ "${1:-a}" = e ]; then
+  heavy=$(python3 - "$OUT/specs" <<'PY'
+import pathlib, sys
+from flashgen import ir
+from flashgen.bench import draw_variants
+from flashgen.kernel_choice import heavy_derivative
+from flashgen.printer import print_variant
+out = pathlib.Path(sys.argv[1]); out.mkdir(parents=True, exist_ok=True)
+names = [d.variant.name for d in draw_variants(30, 0, 128) if heavy_derivative(d.variant.score)]
+for dtype in (ir.DType.FP16, ir.DType.BF16):
+    for d in draw_variants(30, 0, 128, dtype):
+        if d.variant.name in (names[0:8:2] if dtype is ir.DType.FP16 else names[1:8:2]):
+            name = f"{d.variant.name}_{dtype.value}"
+            (out / f"{name}.attn").write_text(print_variant(d.variant).replace(d.variant.name, name, 1))
+print(" ".join(names))
+PY
+)
+  echo "heavy draws of seed 0 at d128: $heavy"
+  if [ "$1" = e ]; then
+    # shellcheck disable=SC2086
+    timeout 500 python3 -m flashgen bench --random 30 --seed 0 --name $heavy --head-dim 128 --seqlens 4096 \
+      --systems flashgen flex --timer cuda-graph --jsonl "$OUT/random.jsonl" 2>&1 | grep -A40 "^flashgen / Flex"
+    exit 0
+  fi
+  for f in "$OUT"/specs/*.attn; do
+    timeout 45 python3 -m flashgen verify --device cuda --examples 3 "$f" 2>&1 | tail -3 | sed "s|^|[$(basename "$f")] |"
+  done
+  sweep 150 --head-dims 96 --backward-configs built 64,128,8,3 64,64,4,2 --random 30 --seed 1 \
+    --names rand1_4 rand1_9 rand1_14 rand1_20 rand1_24 rand1_25
 elif [ "${1:-a}" = a ]; then
   sweep 200 --backward-configs $C --random 30 --seed 1 --names $S1
   sweep 200 --backward-configs $C --random 30 --seed 2 --names $S2

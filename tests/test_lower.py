@@ -1878,6 +1878,29 @@ def test_a_mask_of_heads_alone_takes_the_unmasked_forward_tiles():
     assert config("causal & h % 2 == 0") == gpu_config(128, ir.DType.BF16, True)
 
 
+@pytest.mark.parametrize(
+    "mask, score, head_dim, tiles",
+    [
+        ("!causal", "exp(-abs(s - 0.003 * abs(q - k)))", 128, (32, 64, 4, 3)),
+        ("abs(q - k) < 22", "sqrt(abs(s))", 128, (32, 64, 4, 3)),  # few tiles a row
+        ("causal", "log(1.0 + abs(s))", 96, (32, 64, 4, 3)),  # padded to 128
+        ("!causal", "max(s - 0.004 * abs(q - k), -0.8)", 128, (64, 128, 8, 3)),
+        ("chunk(55)", "max(s - 0.004 * abs(q - k), -0.8)", 128, (64, 64, 4, 2)),
+        ("causal", "s", 128, (64, 128, 8, 3)),
+        ("causal", "exp(-abs(s))", 64, (64, 64, 4, 3)),
+    ],
+)
+def test_heavy_score_derivatives_take_small_backward_tiles_at_d128(mask, score, head_dim, tiles):
+    """The Triton backward's tiles from the score (decision 097): a heavy
+    derivative at the head dims padded to 128 takes the spill-free 32 x 64 x 4 x 3
+    whatever its rows; a derivative that only reads positions, or the score s,
+    keeps the mask's tiles; d64 keeps its own."""
+    variant = make_variant(mask, score, dtype=ir.DType.BF16, head_dim=head_dim)
+    heavy = kernel_choice.heavy_derivative(variant.score)
+    assert heavy == (tiles == (32, 64, 4, 3)) or head_dim == 64 and heavy
+    assert dataclasses.astuple(lower.lower(variant).gpu_bwd_config) == tiles
+
+
 @st.composite
 def _congruences(draw) -> ir.Expr:
     """`(a*q + b*k + c*h + d) % n == r` (or !=), n up to past MIN_BLOCK's reach."""
