@@ -520,6 +520,7 @@ def _tune(args: argparse.Namespace) -> int:
                 batch=args.batch,
                 heads=args.heads,
                 passes=args.passes,
+                warn=lambda message: print(message, file=sys.stderr),
                 **candidates,
             )
             # Saved at once: a run stopped by a time limit keeps what it measured.

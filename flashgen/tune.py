@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import itertools
 import re
+from dataclasses import astuple
 from typing import Callable, Sequence
 
 from flashgen import ir
@@ -82,13 +83,21 @@ def tune(
     backward_candidates: Sequence[LaunchConfig] = BACKWARD_CANDIDATES,
     device_name: str | None = None,
     passes: Sequence[str] = PASSES,
+    warn: Callable[[str], object] = lambda message: None,
 ) -> tuple[Tuning, dict[str, dict[LaunchConfig, float]]]:
-    """The fastest forward and backward configs, and every candidate's time.
+    """The fastest forward and backward configs that compute the right
+    answer, and every candidate's time.
 
     A candidate that fails to compile or launch (too much shared memory, say)
-    is skipped.  `batch=None` keeps B·N at 16384 tokens.  A pass left out of
-    `passes` keeps the module's current config and TMA choice (its sidecar's,
-    or the defaults).
+    is skipped.  One that faults the GPU ends the search with a RuntimeError
+    naming it: the process's CUDA context is lost with it.  The fastest
+    candidate of each pass, at its faster TMA setting, is checked against the
+    float64 reference (`check_config`) before it is taken; a wrong one is
+    passed over for the next fastest, and `warn` is told why.  (Decision 086:
+    ptxas assembled a spilling backward wrong at one launch configuration and
+    right at others.)  `batch=None` keeps B·N at 16384 tokens.  A pass left out
+    of `passes` keeps the module's current config and TMA choice (its
+    sidecar's, or the defaults).
     """
     if not passes or not set(passes) <= set(PASSES):
         raise ValueError(f"passes must be some of {PASSES}, got {list(passes)}")
@@ -115,22 +124,34 @@ def tune(
         o, lse = module.forward(q, k, v, **data)
         cases.append((q, k, v, do, o, lse, data))
 
-    def total(run) -> float | None:
+    def total(run, name: str, c: LaunchConfig) -> float | None:
         try:
             return sum(timer(lambda case=case: run(*case)) for case in cases)
-        except Exception:  # does not fit this GPU: not a candidate
+        except Exception as e:  # does not fit this GPU: not a candidate
+            if not _context_alive(device):
+                raise RuntimeError(
+                    f"{variant.name}: the {name} candidate {astuple(c)} faulted the GPU "
+                    f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}); this "
+                    "process's CUDA context is lost, so the search stops here"
+                ) from None
             return None
 
     def time_forward(c: LaunchConfig, tma: bool | None = None) -> float | None:
         return total(
-            lambda q, k, v, do, o, lse, data: module.forward(q, k, v, **c.kwargs(), tma=tma, **data)
+            lambda q, k, v, do, o, lse, data: module.forward(
+                q, k, v, **c.kwargs(), tma=tma, **data
+            ),
+            "forward",
+            c,
         )
 
     def time_backward(c: LaunchConfig, tma: bool | None = None) -> float | None:
         return total(
             lambda q, k, v, do, o, lse, data: module.backward(
                 q, k, v, o, lse, do, **c.kwargs(), tma=tma, **data
-            )
+            ),
+            "backward",
+            c,
         )
 
     timers = {"forward": time_forward, "backward": time_backward}
@@ -149,9 +170,18 @@ def tune(
                 times[name][c] = t
         if not times[name]:
             raise RuntimeError(f"{variant.name}: no {name} candidate configuration ran")
-        config = min(times[name], key=times[name].get)
-        # Then TMA on and off at the chosen config (one compilation each).
-        chosen[name] = (config, _faster_tma(lambda tma: timers[name](config, tma)))
+        for config in sorted(times[name], key=times[name].get):
+            # Then TMA on and off at the fastest config (one compilation each).
+            tma = _faster_tma(lambda tma: timers[name](config, tma))
+            wrong = check_config(variant, module, name, config, tma, device)
+            if wrong is None:
+                chosen[name] = (config, tma)
+                break
+            warn(f"{variant.name}: {name} {astuple(config)} passed over: {wrong}")
+        else:
+            raise RuntimeError(
+                f"{variant.name}: no {name} candidate that ran computed the right answer"
+            )
     if device_name is None:
         device_name = torch.cuda.get_device_name() if device == "cuda" else "cpu"
     device_name = re.sub(r"[^A-Za-z0-9 _.()+-]", "", device_name)[:64] or "unknown"
@@ -166,6 +196,69 @@ def tune(
         backward_tma,
     )
     return best, times
+
+
+def check_config(
+    variant: ir.Variant,
+    module,
+    name: str,
+    config: LaunchConfig,
+    tma: bool | None,
+    device: str,
+) -> str | None:
+    """None if `module`'s pass `name` ("forward" or "backward") at `config` and
+    `tma` is right against the float64 reference (`flashgen.verify`'s rule), or
+    what was wrong.  At lengths that cross the config's tiles and leave a
+    partial last tile, Nq != Nk, two query heads on one kv head (GQA); on a
+    GPU also at Nq 1023, Nk 2048 (decision 086's miscompile showed there)."""
+    import torch
+
+    from flashgen.bench import DOCUMENT_LENGTH
+    from flashgen.verify import Shape, check_backward, check_forward, random_inputs
+    from flashgen.verify import random_runtime_inputs, torch_dtype
+
+    lengths = [(2 * config.block_m + 7, 3 * config.block_n - 5)]
+    if device == "cuda":
+        lengths.append((1023, 2048))
+    launch = dict(config.kwargs(), tma=tma)
+    for n_queries, n_keys in lengths:
+        shape = Shape(1, 2, 1, n_queries, n_keys)
+        generator = torch.Generator().manual_seed(n_queries)
+        q, k, v = random_inputs(
+            shape, variant.head_dim, torch_dtype(variant.dtype), device,
+            generator=generator, v_head_dim=variant.v_dim,
+        )  # fmt: skip
+        data = random_runtime_inputs(  # as the timed cases draw them
+            variant, shape, device, generator=generator, mean_run=DOCUMENT_LENGTH
+        )
+        if name == "forward":
+            result = check_forward(variant, module, q, k, v, inputs=data, **launch)
+        else:
+            result = check_backward(
+                variant, module, q, k, v, generator=generator, inputs=data, launch=launch
+            )
+        if not result.ok:
+            bad = ", ".join(
+                f"{c.what} off by {c.error:.3g} (bound {c.bound:.3g})"
+                for c in result.checks
+                if not c.ok
+            )
+            return f"wrong at {shape}: {bad}"
+    return None
+
+
+def _context_alive(device: str) -> bool:
+    """Whether this process can still use `device` (on a GPU, an illegal
+    address or a trap in a kernel loses the whole CUDA context)."""
+    import torch
+
+    if device != "cuda":
+        return True
+    try:
+        torch.cuda.synchronize()
+        return True
+    except Exception:
+        return False
 
 
 def _faster_tma(time: Callable[[bool], float | None]) -> bool | None:

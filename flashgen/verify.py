@@ -256,11 +256,17 @@ def check_backward(
     with_lse: bool = True,
     rows: Sequence[int] | None = None,
     inputs: Mapping[str, torch.Tensor] | None = None,
+    launch: Mapping[str, object] | None = None,
 ) -> CaseResult:
     """Gradients through `module.attention` against float64 autograd of the
     reference, with the 3x rule.  The loss weights o by a random dO and, when
     `with_lse`, the finite log-sum-exps by a random dlse; without, the module
     is called without return_lse, so its backward gets no dlse at all.
+
+    `launch`: keyword arguments of the module's forward() and backward()
+    (block_m, block_n, num_warps, num_stages, tma).  The gradients then come
+    from those two functions at these settings (the Triton kernels at a
+    configuration `flashgen tune` measured), not from `module.attention`.
 
     With `rows`, the loss reads only those query rows: dO and dlse are zero
     on every other row, so dq is zero there and dk, dv depend on those rows
@@ -295,6 +301,13 @@ def check_backward(
         return [torch.zeros_like(x) if x.grad is None else x.grad for x in leaves]
 
     def kernel_fn(a, b, c, data):
+        if launch is not None:
+            learned = [data[n] for n in learnable]
+            fixed = {n: x for n, x in data.items() if n not in learnable}
+            o, lse = _Launched.apply(
+                module, scale, dict(launch), fixed, learnable, a, b, c, *learned
+            )
+            return o, lse if with_lse else None
         if with_lse:
             return module.attention(a, b, c, scale=scale, return_lse=True, **data)
         return module.attention(a, b, c, scale=scale, **data), None
@@ -334,6 +347,28 @@ def check_backward(
     )
     shape = Shape(q.shape[0], q.shape[1], k.shape[1], q.shape[2], k.shape[2])
     return CaseResult(shape, q.dtype, checks, rows=_describe_rows(rows))
+
+
+class _Launched(torch.autograd.Function):
+    """A module's forward() and backward() at given launch settings, as one
+    autograd operation of q, k, v and the learnable inputs (`names`, in the
+    order backward() returns their gradients: the spec's)."""
+
+    @staticmethod
+    def forward(ctx, module, scale, launch, fixed, names, q, k, v, *learned):
+        inputs = {**fixed, **dict(zip(names, learned))}
+        o, lse = module.forward(q, k, v, scale, **launch, **inputs)
+        ctx.save_for_backward(q, k, v, o, lse, *learned)
+        ctx.call = (module, scale, launch, fixed, names)
+        return o, lse
+
+    @staticmethod
+    def backward(ctx, do, dlse):
+        module, scale, launch, fixed, names = ctx.call
+        q, k, v, o, lse, *learned = ctx.saved_tensors
+        inputs = {**fixed, **dict(zip(names, learned))}
+        grads = module.backward(q, k, v, o, lse, do, dlse, scale, **launch, **inputs)
+        return (None, None, None, None, None, *grads)
 
 
 @dataclass(frozen=True)

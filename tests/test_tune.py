@@ -298,3 +298,101 @@ def test_quick_candidates_are_valid_configs():
         assert sidecar.parse_config(sidecar.as_list(config)) == config
     assert set(tune.QUICK_FORWARD_CANDIDATES) <= set(tune.FORWARD_CANDIDATES)
     assert set(tune.QUICK_BACKWARD_CANDIDATES) <= set(tune.BACKWARD_CANDIDATES)
+
+
+class _WrongAt:
+    """A generated module whose forward (or backward) is off wherever it runs
+    at block_m = `block_m`: a stand-in for a launch configuration that a
+    compiler assembles wrong (decision 086)."""
+
+    def __init__(self, module, which: str, block_m: int):
+        self._module, self._which, self._block_m = module, which, block_m
+
+    def __getattr__(self, name):
+        return getattr(self._module, name)
+
+    def forward(self, *args, **kwargs):
+        o, lse = self._module.forward(*args, **kwargs)
+        if self._which == "forward" and kwargs.get("block_m") == self._block_m:
+            o = o + 0.5
+        return o, lse
+
+    def backward(self, *args, **kwargs):
+        dq, dk, dv, *rest = self._module.backward(*args, **kwargs)
+        if self._which == "backward" and kwargs.get("block_m") == self._block_m:
+            dk = dk * 1.5
+        return (dq, dk, dv, *rest)
+
+
+@pytest.mark.parametrize("which", ["forward", "backward"])
+def test_a_fast_candidate_that_computes_wrong_is_passed_over(spec_file, monkeypatch, which):
+    """The fastest config is taken only once the float64 reference agrees
+    with it; a wrong one is named, and the next fastest is taken."""
+    from flashgen import api
+
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    load = api.load_variant
+    monkeypatch.setattr(api, "load_variant", lambda v, *a: _WrongAt(load(v, *a), which, 32))
+    variant = _variant(spec_file)
+    right, wrong = LaunchConfig(16, 16, 1, 1), LaunchConfig(32, 16, 1, 1)
+    said = []
+    best, times = tune.tune(
+        variant,
+        seqlens=[20],
+        batch=1,
+        heads=1,
+        device="cpu",
+        timer=lambda fn: (fn(), 1.0)[1],  # a tie: the candidate listed first is tried first
+        forward_candidates=[wrong, right] if which == "forward" else [right],
+        backward_candidates=[wrong, right] if which == "backward" else [right],
+        device_name="Test GPU",
+        warn=said.append,
+    )
+    assert best.forward == right and best.backward == right
+    assert wrong in times[which]  # it ran, and was timed
+    (message,) = said
+    assert message.startswith(f"tiny: {which} (32, 16, 1, 1) passed over: wrong at B=1 H=2/1")
+    assert ("o off by" if which == "forward" else "dk off by") in message
+
+
+def test_no_right_candidate_is_an_error(spec_file, monkeypatch):
+    from flashgen import api
+
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    load = api.load_variant
+    monkeypatch.setattr(api, "load_variant", lambda v, *a: _WrongAt(load(v, *a), "backward", 16))
+    with pytest.raises(
+        RuntimeError, match="tiny: no backward candidate that ran computed the right"
+    ):
+        tune.tune(
+            _variant(spec_file),
+            seqlens=[20],
+            batch=1,
+            heads=1,
+            device="cpu",
+            timer=lambda fn: (fn(), 1.0)[1],
+            forward_candidates=[LaunchConfig(16, 16, 1, 1)],
+            backward_candidates=[LaunchConfig(16, 16, 1, 1), LaunchConfig(16, 32, 1, 1)],
+            device_name="Test GPU",
+        )
+
+
+def test_a_candidate_that_loses_the_device_ends_the_search(spec_file, monkeypatch):
+    """After a fault that loses the CUDA context every later launch fails
+    too, so the search stops and names the candidate instead of timing
+    the rest as failures (stood in for here by a config that cannot
+    compile and a context that reads as lost)."""
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    monkeypatch.setattr(tune, "_context_alive", lambda device: False)
+    with pytest.raises(RuntimeError, match=r"tiny: the forward candidate \(24, 16, 1, 1\) faulted"):
+        tune.tune(
+            _variant(spec_file),
+            seqlens=[20],
+            batch=1,
+            heads=1,
+            device="cpu",
+            timer=lambda fn: (fn(), 1.0)[1],
+            forward_candidates=[LaunchConfig(16, 16, 1, 1), LaunchConfig(24, 16, 1, 1)],
+            backward_candidates=[LaunchConfig(16, 16, 1, 1)],
+            device_name="Test GPU",
+        )

@@ -412,3 +412,46 @@ def test_an_output_that_overflows_fails_where_the_ordinary_one_overflows_too():
     assert overflowed.error == float("inf") and not overflowed.ok
     masked = torch.tensor([1.0, float("-inf")], dtype=torch.float64)  # e.g. the lse of a masked row
     assert tolerance(masked.float(), masked, masked.float(), torch.float32).ok
+
+
+@pytest.mark.parametrize("wrong", [None, "dq", "drel"])
+def test_check_backward_at_launch_settings_judges_forward_and_backward(wrong):
+    """`launch` runs the module's forward() and backward() at the given
+    settings (what `flashgen tune` checks before it takes a config), learnable
+    inputs' gradients included; a gradient that is off fails by name."""
+    text = (
+        "attention t { head_dim = 16; dtype = fp32; rel: learnable fp32[H, 8]; mask = causal; "
+        "score = s + rel[h, min(q - k, 7)] }"
+    )
+    (variant,), _ = check_sources({"<t>": text})
+    module = load_variant(variant)
+    seen = []
+
+    class Spy:
+        def __getattr__(self, name):
+            return getattr(module, name)
+
+        def forward(self, *args, **kwargs):
+            seen.append(("forward", kwargs["block_m"], kwargs["num_stages"]))
+            return module.forward(*args, **kwargs)
+
+        def backward(self, *args, **kwargs):
+            seen.append(("backward", kwargs["block_m"], kwargs["num_stages"]))
+            dq, dk, dv, drel = module.backward(*args, **kwargs)
+            return (
+                dq + 0.5 if wrong == "dq" else dq,
+                dk,
+                dv,
+                drel * 2 if wrong == "drel" else drel,
+            )
+
+    gen = torch.Generator().manual_seed(3)
+    q, k, v = random_inputs(Shape(1, 2, 1, 37, 45), 16, torch.float32, "cpu", generator=gen)
+    rel = torch.randn(2, 8, generator=gen)
+    launch = dict(block_m=16, block_n=32, num_warps=1, num_stages=1, tma=None)
+    result = check_backward(
+        variant, Spy(), q, k, v, generator=gen, inputs={"rel": rel}, launch=launch
+    )
+    assert seen == [("forward", 16, 1), ("backward", 16, 1)]
+    assert [c.what for c in result.checks] == ["dq", "dk", "dv", "drel"]
+    assert [c.what for c in result.checks if not c.ok] == ([wrong] if wrong else [])
