@@ -12,9 +12,14 @@
 #      --device cuda` on eight heavy draws of seed 0 (fp16 and bf16), and six heavy
 #      draws of seed 1 at d96 (padded to 128, where the rule applies too) against
 #      the old tiles;
-#   e: seed 0's heavy draws beside FlexAttention at d128 ($OUT/random.jsonl).
+#   e: seed 0's heavy draws beside FlexAttention at d128 ($OUT/random.jsonl);
+#   f: what part a left open: plain causal's d128 backward at 32,64,4,2 (its first
+#      launch lost the context there), each setting in its own process with
+#      CUDA_LAUNCH_BLOCKING=1; `flashgen tune --quick --passes backward` of the T5
+#      example (the reference check of each pass's winner on a GPU); the varlen
+#      calls at d64 and d128 with the backward at 32,64,4,3 beside as built.
 # Each part ends with a table: per spec, each config's ms and the built one's over it.
-#   bash scripts/gpu_bwd_tiles.sh a|b|c|d|e
+#   bash scripts/gpu_bwd_tiles.sh a|b|c|d|e|f
 set -uo pipefail
 source scripts/gpu_env.sh
 C="built 32,64,4,3 32,128,8,2"
@@ -33,6 +38,17 @@ if [ "${1:-a}" = c ]; then
       rand0_23 rand0_25 --head-dim 64 --seqlens 4096 --systems flashgen --timer cuda-graph ${c:+--plan $c} \
       2>&1 | grep -E "^rand" | sed "s/^/[${c:-built}] /"
   done
+  exit 0
+elif [ "${1:-a}" = f ]; then
+  for plan in gpu_bwd_config=32,64,4,2 "gpu_bwd_config=32,64,4,2 gpu_bwd_tma=off" gpu_bwd_config=32,64,4,3; do
+    # shellcheck disable=SC2086
+    CUDA_LAUNCH_BLOCKING=1 timeout 90 python3 -m flashgen bench examples/plain_causal.attn --head-dim 128 \
+      --seqlens 4096 --systems flashgen --plan $plan 2>&1 | tail -3 | sed "s/^/[$plan] /"
+  done
+  cp examples/t5_relative_bias.attn "$OUT/"
+  timeout 240 python3 -m flashgen tune "$OUT/t5_relative_bias.attn" --quick --passes backward 2>&1 | tail -6
+  timeout 220 python3 scripts/gpu_varlen_bench.py --tokens 16384 65536 --head-dim 64 128 --timer cuda-graph \
+    --plan gpu_bwd_config=32,64,4,3 --jsonl "$OUT/varlen.jsonl" 2>&1 | tail -32
   exit 0
 elif [ "${1:-a}" = d ] || [ "${1:-a}" = e ]; then
   heavy=$(python3 - "$OUT/specs" <<'PY'
