@@ -119,11 +119,15 @@ KNOBS: dict[str, Callable[[str], object]] = {
     "float_distances": _bool,
     # on: the Gluon backward for masks over runtime data at head dim 128 too (decision 095)
     "gluon_data_d128": _bool,
+    # on: the any-mask Gluon forward for masks over runtime data (decision 098)
+    "gluon_data_forward": _bool,
 }
 # Knobs the lowering takes (`lower(variant, residue_classes=...)`), as they
 # change the tile analysis or the element code itself, rather than fields set
 # on its model.
-LOWERING_KNOBS = frozenset({"residue_classes", "float_distances", "gluon_data_d128"})
+LOWERING_KNOBS = frozenset(
+    {"residue_classes", "float_distances", "gluon_data_d128", "gluon_data_forward"}
+)
 _SECTION_KNOBS = frozenset({"merged_edges", "branchless_tiles", "classify_edge_tiles"})
 
 

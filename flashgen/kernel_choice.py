@@ -168,7 +168,7 @@ def _chunk_size(e: ir.Expr) -> int | None:
     return int_arg(sides[0].right)
 
 
-def gluon_forward(v: ir.Variant) -> GluonForward | None:
+def gluon_forward(v: ir.Variant, data: bool = False) -> GluonForward | None:
     """Whether the module gets the warp-specialized Gluon forward for sm90
     (docs/decisions/013, 016 and 029), and which, or None.
 
@@ -183,17 +183,26 @@ def gluon_forward(v: ir.Variant) -> GluonForward | None:
     rescale at every tile (decision 083).  The module still
     checks each call's shapes and falls back to the Triton kernel.  Its tiles
     assume v's head dim is q's: a v_head_dim (MLA) takes the Triton kernel.
+
+    `data`: a mask over runtime data takes the any-mask kernel too, walking
+    the tiles the call's plan leaves visible (the lowering knob
+    `gluon_data_forward`, which the lowering passes on only where
+    `lower.data_plan` finds a plan; decision 098, not yet measured).  A score
+    that reads runtime data never does.
     """
     if (
         v.dtype is ir.DType.FP32
         or v.head_dim not in GLUON_FORWARD_HEAD_DIMS
         or v.v_dim != v.head_dim
-        or _runtime_data(v)
+        or ir.reads_runtime_data(v.score)
+        or ir.reads_runtime_data(v.mask)
+        and not data
     ):
         return None
     if v.score == ir.IDENTITY_SCORE and v.mask in (ir.FULL, ir.Name("causal")):
         return GluonForward.FULL if v.mask == ir.FULL else GluonForward.CAUSAL
-    if not (GLUON_FORWARD_ANY and v.head_dim in GLUON_FORWARD_ANY_HEAD_DIMS and _gluon_eligible(v)):
+    eligible = _gluon_eligible(v, data_masks=data)
+    if not (GLUON_FORWARD_ANY and v.head_dim in GLUON_FORWARD_ANY_HEAD_DIMS and eligible):
         return None
     if score_special_ops(v.score) > GLUON_ANY_MAX_SPECIAL_OPS:
         return None

@@ -770,6 +770,7 @@ def lower(
     residue_classes: bool | None = None,
     float_distances: bool = False,
     gluon_data_d128: bool = False,
+    gluon_data_forward: bool = False,
 ) -> KernelModel:
     """The module's plan for a checked variant; `residue_classes` True or
     False walks residue classes wherever they can be walked or nowhere, None
@@ -777,7 +778,8 @@ def lower(
     `float_distances` emits the score's distances as float differences of
     positions converted per row and column (the knob, decision 094);
     `gluon_data_d128` gives a mask over runtime data the Gluon backward at
-    head dim 128 too (the knob, decision 095)."""
+    head dim 128 too (the knob, decision 095); `gluon_data_forward` the
+    any-mask Gluon forward (the knob, decision 098)."""
     spec_text = print_variant(v)
     pad = head_dim_pad(v.head_dim)
     v_pad = head_dim_pad(v.v_dim)
@@ -829,7 +831,7 @@ def lower(
     # A mask of heads (or the batch) alone leaves every tile whole or empty:
     # the forward takes the unmasked tiles.
     cuts_tiles = not mask_is_full and ir.mentions(mask, positions)
-    gluon = gluon_forward(v) if step == 1 else None
+    gluon = gluon_forward(v, gluon_data_forward and plan is not None) if step == 1 else None
     gluon_bwd = step == 1 and gluon_backward(v, plan is not None, gluon_data_d128)
     return KernelModel(
         name=v.name,

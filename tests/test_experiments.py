@@ -4,6 +4,8 @@ computes the variant."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -123,7 +125,8 @@ KNOB_SETTINGS = [
     "classify_edge_tiles=off", "gluon_one_probs_call=flag", "gluon_one_probs_call=masked",
     "gluon_one_probs_call=off", "residue_classes=off", "residue_classes=on",
     "gluon_bwd_streams=64,128", "float_distances=on", "float_distances=off",
-    "gluon_data_d128=on", "gluon_data_d128=off",
+    "gluon_data_d128=on", "gluon_data_d128=off", "gluon_data_forward=on",
+    "gluon_data_forward=off",
 ]  # fmt: skip
 
 
@@ -196,6 +199,39 @@ def test_wrong_dkdv_parts_are_refused_and_data_masks_take_the_gluon_backward_at_
     source = render_module(docs, None, parse_settings(["gluon_data_d128=on"]))
     assert "def _gluon_backward(" in source
     assert not _undefined_names(source)
+
+
+def test_data_masks_take_the_any_mask_gluon_forward_under_the_knob():
+    """gluon_data_forward (decision 098): a mask over runtime data takes the
+    any-mask Gluon forward where the any-mask kernel is built (d128), walking
+    the call's plan: the module computes the plan of its consumers' 64-row
+    tiles and tile_plan() builds it too.  Not for a score that reads runtime
+    data, not at d64, and not without the knob."""
+    docs = make_variant(
+        "causal & doc[b, q] == doc[b, k]", dtype=ir.DType.BF16, head_dim=128,
+        declared="doc: int32[B, Nk]",
+    )  # fmt: skip
+    assert "def _gluon_forward(" not in render_module(docs)
+    source = render_module(docs, None, parse_settings(["gluon_data_forward=on"]))
+    assert "def _gluon_forward(q, k, v, o, lse, scale: float, inputs=(), plan=None)" in source
+    assert "_data_plans(q, k, 64, 64, (True,), inputs, plan=plan)" in source
+    assert "shapes.setdefault((64, 64), set()).add(True)" in source
+    assert "_gluon_forward(q, k, v, o, lse, scale, inputs, plan)" in source
+    assert not _undefined_names(source)
+    # The batch index alone: a plan, and no inputs to pass on.
+    batch = make_variant("causal | b == 1", dtype=ir.DType.FP16, head_dim=128)
+    source = render_module(batch, None, parse_settings(["gluon_data_forward=on"]))
+    assert "_gluon_forward(q, k, v, o, lse, scale, (), plan)" in source
+    assert not _undefined_names(source)
+    for variant in (
+        dataclasses.replace(docs, head_dim=64),
+        make_variant(
+            "causal", "s + bias[b, k]", dtype=ir.DType.BF16, head_dim=128,
+            declared="bias: fp32[B, Nk]",
+        ),
+    ):  # fmt: skip
+        source = render_module(variant, None, parse_settings(["gluon_data_forward=on"]))
+        assert "def _gluon_forward(" not in source
 
 
 def test_every_knob_is_a_plan_field():

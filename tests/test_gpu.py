@@ -452,6 +452,43 @@ def test_gluon_forward_any_mask_on_gpu(mask, score, dtype, monkeypatch):
     _check_gluon_forward(make_variant(mask, score, dtype=dtype, head_dim=128), 1024, monkeypatch)
 
 
+@pytest.mark.parametrize("declared, mask", DATA_MASKS)
+@pytest.mark.parametrize("dtype", [ir.DType.FP16, ir.DType.BF16])
+def test_gluon_forward_any_over_runtime_data_on_gpu(declared, mask, dtype, monkeypatch):
+    """Decision 098's knob `gluon_data_forward`: the any-mask Gluon forward
+    walks the keys a call's plan leaves visible and takes its whole tiles
+    from the plan.  Forward and backward (through its log-sum-exp) against
+    the float64 reference at d128, Nq = Nk a multiple of 128 (GQA, two
+    examples), documents of a few tokens and of about 150, at every length
+    (GLUON_ANY_MIN_KEYS = 0); its launches are counted.  A plan built once by
+    tile_plan() gives the same bits as the plan each call builds."""
+    from flashgen import kernel_choice
+    from flashgen.verify import random_inputs, random_runtime_inputs, torch_dtype
+
+    monkeypatch.setattr(kernel_choice, "GLUON_ANY_MIN_KEYS", 0)
+    variant = make_variant(mask, dtype=dtype, head_dim=128, declared=declared)
+    module = build(variant, {"gluon_data_forward": True})
+    launches = _count_calls(monkeypatch, module, "_gluon_forward")
+    cases = 0
+    for i, shape in enumerate([Shape(2, 4, 2, 256, 256), Shape(1, 2, 1, 1024, 1024)]):
+        for mean_run in (1 / 0.15, 150.0):
+            generator = torch.Generator().manual_seed(10 * i + int(mean_run))
+            q, k, v = random_inputs(shape, 128, torch_dtype(dtype), "cuda", generator=generator)
+            data = random_runtime_inputs(
+                variant, shape, "cuda", generator=generator, mean_run=mean_run
+            )
+            forward = check_forward(variant, module, q, k, v, inputs=data)
+            backward = check_backward(variant, module, q, k, v, generator=generator, inputs=data)
+            for result in (forward, backward):
+                _record(variant, result)
+                assert_ok(result)
+            cases += 1
+            plan = module.tile_plan(q, k, v, **data)
+            outputs = [module.attention(q, k, v, **data, plan=p) for p in (None, plan)]
+            assert torch.equal(*outputs)
+    assert len(launches) == 4 * cases  # check_forward, check_backward, and the two calls
+
+
 def _check_gluon_forward(variant, longest: int, monkeypatch) -> None:
     """`variant`'s Gluon forward against the float64 reference: one CTA's
     tile, GQA with several tiles, rows of `longest` keys, inputs x1 and x5,

@@ -290,6 +290,21 @@ def test_kernels_of_masks_that_read_runtime_data_compile_for_sm90(tmp_path):
         assert {(name, kernel) for name in names} <= kernels, stdout[-2000:]
 
 
+@needs_gluon
+def test_gluon_forward_over_runtime_data_compiles_for_sm90(tmp_path):
+    """Decision 098's knob: the any-mask Gluon forward walking a call's plan
+    compiles for sm_90a at d128 for every mask over runtime data here (its
+    consumers spilled 4-260 B, 2026-12-06)."""
+    spec = tmp_path / "data_masks.attn"
+    spec.write_text(DATA_MASKS)
+    rows, stdout = _sm90_resources(
+        str(spec), "--head-dim", "128", "--plan", "gluon_data_forward=on"
+    )  # fmt: skip
+    assert "failed" not in stdout, stdout[-2000:]
+    gluon = {r["name"] for r in rows if r["kernel"] == "_gluon_attn_fwd"}
+    assert gluon == {"packed_docs", "prefix_per_example", "reach_per_head", "batch_index"}, stdout
+
+
 def test_kernels_of_padded_and_varlen_calls_with_sinks_and_offsets_compile_for_sm90():
     """The SEQS, HAS_SINKS and SHIFTED paths (decision 046) compile for sm_90a:
     ALiBi in fp16 (bloom_alibi) and a periodic mask with a score in fp32 (custom)."""
