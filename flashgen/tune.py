@@ -129,11 +129,7 @@ def tune(
             return sum(timer(lambda case=case: run(*case)) for case in cases)
         except Exception as e:  # does not fit this GPU: not a candidate
             if not _context_alive(device):
-                raise RuntimeError(
-                    f"{variant.name}: the {name} candidate {astuple(c)} faulted the GPU "
-                    f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}); this "
-                    "process's CUDA context is lost, so the search stops here"
-                ) from None
+                raise _fault(variant, name, c, e) from None
             return None
 
     def time_forward(c: LaunchConfig, tma: bool | None = None) -> float | None:
@@ -173,7 +169,12 @@ def tune(
         for config in sorted(times[name], key=times[name].get):
             # Then TMA on and off at the fastest config (one compilation each).
             tma = _faster_tma(lambda tma: timers[name](config, tma))
-            wrong = check_config(variant, module, name, config, tma, device)
+            try:
+                wrong = check_config(variant, module, name, config, tma, device)
+            except Exception as e:  # at the check's shapes only
+                if not _context_alive(device):
+                    raise _fault(variant, name, config, e) from None
+                wrong = f"{type(e).__name__}: {e}"
             if wrong is None:
                 chosen[name] = (config, tma)
                 break
@@ -245,6 +246,15 @@ def check_config(
             )
             return f"wrong at {shape}: {bad}"
     return None
+
+
+def _fault(variant: ir.Variant, name: str, c: LaunchConfig, e: Exception) -> RuntimeError:
+    first = str(e).splitlines()[0] if str(e) else ""
+    return RuntimeError(
+        f"{variant.name}: the {name} candidate {astuple(c)} faulted the GPU "
+        f"({type(e).__name__}: {first}); this process's CUDA context is lost, so the "
+        "search stops here"
+    )
 
 
 def _context_alive(device: str) -> bool:

@@ -396,3 +396,47 @@ def test_a_candidate_that_loses_the_device_ends_the_search(spec_file, monkeypatc
             backward_candidates=[LaunchConfig(16, 16, 1, 1)],
             device_name="Test GPU",
         )
+
+
+@pytest.mark.parametrize("alive", [True, False])
+def test_a_check_that_raises_passes_the_candidate_over_or_ends_the_search(
+    spec_file, monkeypatch, alive
+):
+    """The check runs the candidate at shapes of its own: an error there
+    passes it over (named), unless the GPU was lost with it."""
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    first, second = LaunchConfig(16, 16, 1, 1), LaunchConfig(32, 16, 1, 1)
+    checked = []
+
+    def check(variant, module, name, config, tma, device):
+        checked.append((name, config))
+        if (name, config) == ("backward", first):
+            raise RuntimeError("CUDA error: an illegal memory access was encountered")
+        return None
+
+    monkeypatch.setattr(tune, "check_config", check)
+    monkeypatch.setattr(tune, "_context_alive", lambda device: alive)
+    said = []
+    run = lambda: tune.tune(  # noqa: E731
+        _variant(spec_file),
+        seqlens=[20],
+        batch=1,
+        heads=1,
+        device="cpu",
+        timer=lambda fn: (fn(), 1.0)[1],  # a tie: the candidate listed first is tried first
+        forward_candidates=[first],
+        backward_candidates=[first, second],
+        device_name="Test GPU",
+        warn=said.append,
+    )
+    if not alive:
+        with pytest.raises(RuntimeError, match=r"backward candidate \(16, 16, 1, 1\) faulted"):
+            run()
+        return
+    best, _ = run()
+    assert best.backward == second
+    assert checked == [("forward", first), ("backward", first), ("backward", second)]
+    assert said == [
+        "tiny: backward (16, 16, 1, 1) passed over: RuntimeError: CUDA error: an illegal "
+        "memory access was encountered"
+    ]
