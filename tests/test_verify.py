@@ -4,6 +4,7 @@ report's coverage lines.  Kernels run under the Triton interpreter."""
 from __future__ import annotations
 
 import dataclasses
+import functools
 import random
 
 import pytest
@@ -300,40 +301,70 @@ def test_score_curvature_is_the_derivative_of_the_slope(score):
         assert bool((curvature == 0).all()) == (score == "s")
 
 
-@pytest.mark.kernels
-@pytest.mark.parametrize("factor", [None, 1.01, 0.99])
-def test_a_singular_slope_passes_and_a_gradient_off_by_a_percent_still_fails(factor):
-    """sqrt(abs(s)) in fp32: f'(s) = 1/(2 sqrt|s|) is singular at 0, and s rounds by
-    about eps times the size of its terms however small it is, so f''(s) turns one
-    pair's rounding into most of both the kernel's and the ordinary implementation's
-    max error, and the 3x rule compares two roundings of one number.  At seed 118 the
-    kernel's dq is off by 3.6x the ordinary error (4 and 5 of 300 seeds failed dq and
-    dk before decision 081).  The floor that admits it (about 0.1% of max |dq| here)
-    must still reject gradients off by 1%."""
+# Seeds of the singular-slope cases: about one in thirteen gives a dq or dk off
+# by more than 3x the ordinary error (9 of seeds 100-219 on 2026-12-06).  Which
+# ones depends on the machine's float32 rounding (seed 118's dq was off by 3.6x
+# where decision 081 was written, and by 1.0x with its dk at 3.3x elsewhere),
+# so the tests find theirs rather than name one.
+SINGULAR_SEEDS = range(100, 180)
+
+
+@functools.lru_cache(maxsize=None)
+def _singular_case(seed: int):
+    """sqrt(abs(s)) in fp32, causal, at seed `seed`: (variant, module, q, k, v)."""
     variant = dataclasses.replace(
         _scored("sqrt(abs(s))", head_dim=32, mask="causal"), align=ir.Align.BOTTOM_RIGHT
     )
     module = load_variant(dataclasses.replace(variant, name="singular"))
-    q, k, v = random_inputs(
-        Shape(1, 2, 1, 7, 12),
-        32,
-        torch.float32,
-        "cpu",
-        generator=torch.Generator().manual_seed(118),
-    )
-    g = torch.Generator().manual_seed(1118)
-    if factor is None:
-        result = check_backward(variant, module, q, k, v, generator=g)
-        assert result.ok, result
-        dq = result.checks[0]
-        assert dq.error > GRADIENT_FACTOR * dq.ordinary_error  # the case the floor is for
-        return
+    generator = torch.Generator().manual_seed(seed)
+    q, k, v = random_inputs(Shape(1, 2, 1, 7, 12), 32, torch.float32, "cpu", generator=generator)
+    return variant, module, q, k, v
+
+
+def _floor_cases():
+    """Each seed's check of the singular slope, and whether its dq or dk is
+    off by more than GRADIENT_FACTOR times the ordinary error: the cases the
+    floor is for."""
+    for seed in SINGULAR_SEEDS:
+        variant, module, q, k, v = _singular_case(seed)
+        result = check_backward(
+            variant, module, q, k, v, generator=torch.Generator().manual_seed(1000 + seed)
+        )
+        dq, dk = result.checks[:2]
+        needs_floor = any(c.error > GRADIENT_FACTOR * c.ordinary_error for c in (dq, dk))
+        yield seed, result, needs_floor
+
+
+@pytest.mark.kernels
+def test_a_singular_slope_passes():
+    """sqrt(abs(s)) in fp32: f'(s) = 1/(2 sqrt|s|) is singular at 0, and s rounds by
+    about eps times the size of its terms however small it is, so f''(s) turns one
+    pair's rounding into most of both the kernel's and the ordinary implementation's
+    max error, and the 3x rule compares two roundings of one number (4 and 5 of 300
+    seeds failed dq and dk before decision 081).  Every seed passes, and some of them
+    only by the floor."""
+    floor_cases = []
+    for seed, result, needs_floor in _floor_cases():
+        assert result.ok, (seed, result)
+        if needs_floor:
+            floor_cases.append(seed)
+    assert floor_cases, "no seed needed the floor: the test no longer tests it"
+
+
+@pytest.mark.kernels
+@pytest.mark.parametrize("factor", [1.01, 0.99])
+def test_a_gradient_off_by_a_percent_still_fails_where_the_floor_admits_rounding(factor):
+    """The floor that admits the singular slope's rounding (about 0.1% of max |dq|)
+    must still reject a dq off by 1%, on the first seed that needs the floor."""
+    seed = next(seed for seed, _, needs_floor in _floor_cases() if needs_floor)
+    variant, module, q, k, v = _singular_case(seed)
 
     class Scaled:
         @staticmethod
         def attention(a, b, c, **kwargs):
             return module.attention(_ScaleGradient.apply(a, factor), b, c, **kwargs)
 
+    g = torch.Generator().manual_seed(1000 + seed)
     result = check_backward(variant, Scaled, q, k, v, generator=g)
     assert [c.what for c in result.checks if not c.ok] == ["dq"]
 
