@@ -300,6 +300,16 @@ def test_quick_candidates_are_valid_configs():
     assert set(tune.QUICK_BACKWARD_CANDIDATES) <= set(tune.BACKWARD_CANDIDATES)
 
 
+def _tiny_tune(variant, **kwargs):
+    """tune.tune on the CPU at one tiny shape, every candidate timed alike (a
+    tie: the candidate listed first is tried first)."""
+    settings = dict(
+        seqlens=[20], batch=1, heads=1, device="cpu", timer=lambda fn: (fn(), 1.0)[1],
+        device_name="Test GPU",
+    )  # fmt: skip
+    return tune.tune(variant, **{**settings, **kwargs})
+
+
 class _WrongAt:
     """A generated module whose forward (or backward) is off wherever it runs
     at block_m = `block_m`: a stand-in for a launch configuration that a
@@ -336,16 +346,10 @@ def test_a_fast_candidate_that_computes_wrong_is_passed_over(spec_file, monkeypa
     variant = _variant(spec_file)
     right, wrong = LaunchConfig(16, 16, 1, 1), LaunchConfig(32, 16, 1, 1)
     said = []
-    best, times = tune.tune(
+    best, times = _tiny_tune(
         variant,
-        seqlens=[20],
-        batch=1,
-        heads=1,
-        device="cpu",
-        timer=lambda fn: (fn(), 1.0)[1],  # a tie: the candidate listed first is tried first
         forward_candidates=[wrong, right] if which == "forward" else [right],
         backward_candidates=[wrong, right] if which == "backward" else [right],
-        device_name="Test GPU",
         warn=said.append,
     )
     assert best.forward == right and best.backward == right
@@ -364,16 +368,10 @@ def test_no_right_candidate_is_an_error(spec_file, monkeypatch):
     with pytest.raises(
         RuntimeError, match="tiny: no backward candidate that ran computed the right"
     ):
-        tune.tune(
+        _tiny_tune(
             _variant(spec_file),
-            seqlens=[20],
-            batch=1,
-            heads=1,
-            device="cpu",
-            timer=lambda fn: (fn(), 1.0)[1],
             forward_candidates=[LaunchConfig(16, 16, 1, 1)],
             backward_candidates=[LaunchConfig(16, 16, 1, 1), LaunchConfig(16, 32, 1, 1)],
-            device_name="Test GPU",
         )
 
 
@@ -385,16 +383,10 @@ def test_a_candidate_that_loses_the_device_ends_the_search(spec_file, monkeypatc
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     monkeypatch.setattr(tune, "_context_alive", lambda device: False)
     with pytest.raises(RuntimeError, match=r"tiny: the forward candidate \(24, 16, 1, 1\) faulted"):
-        tune.tune(
+        _tiny_tune(
             _variant(spec_file),
-            seqlens=[20],
-            batch=1,
-            heads=1,
-            device="cpu",
-            timer=lambda fn: (fn(), 1.0)[1],
             forward_candidates=[LaunchConfig(16, 16, 1, 1), LaunchConfig(24, 16, 1, 1)],
             backward_candidates=[LaunchConfig(16, 16, 1, 1)],
-            device_name="Test GPU",
         )
 
 
@@ -417,16 +409,10 @@ def test_a_check_that_raises_passes_the_candidate_over_or_ends_the_search(
     monkeypatch.setattr(tune, "check_config", check)
     monkeypatch.setattr(tune, "_context_alive", lambda device: alive)
     said = []
-    run = lambda: tune.tune(  # noqa: E731
+    run = lambda: _tiny_tune(  # noqa: E731
         _variant(spec_file),
-        seqlens=[20],
-        batch=1,
-        heads=1,
-        device="cpu",
-        timer=lambda fn: (fn(), 1.0)[1],  # a tie: the candidate listed first is tried first
         forward_candidates=[first],
         backward_candidates=[first, second],
-        device_name="Test GPU",
         warn=said.append,
     )
     if not alive:
