@@ -16,10 +16,11 @@
 #   f: what part a left open: plain causal's d128 backward at 32,64,4,2 (its first
 #      launch lost the context there), each setting in its own process with
 #      CUDA_LAUNCH_BLOCKING=1; `flashgen tune --quick --passes backward` of the T5
-#      example (the reference check of each pass's winner on a GPU); the varlen
-#      calls at d64 and d128 with the backward at 32,64,4,3 beside as built.
+#      example (the reference check of each pass's winner on a GPU);
+#   g: the varlen calls at d64 and d128 with the backward at 32,64,4,3 beside as
+#      built ($OUT/varlen.jsonl).  (f and g each fit one call of 600 s.)
 # Each part ends with a table: per spec, each config's ms and the built one's over it.
-#   bash scripts/gpu_bwd_tiles.sh a|b|c|d|e|f
+#   bash scripts/gpu_bwd_tiles.sh a|b|c|d|e|f|g
 set -uo pipefail
 source scripts/gpu_env.sh
 C="built 32,64,4,3 32,128,8,2"
@@ -42,12 +43,14 @@ if [ "${1:-a}" = c ]; then
 elif [ "${1:-a}" = f ]; then
   for plan in gpu_bwd_config=32,64,4,2 "gpu_bwd_config=32,64,4,2 gpu_bwd_tma=off" gpu_bwd_config=32,64,4,3; do
     # shellcheck disable=SC2086
-    CUDA_LAUNCH_BLOCKING=1 timeout 90 python3 -m flashgen bench examples/plain_causal.attn --head-dim 128 \
+    CUDA_LAUNCH_BLOCKING=1 timeout 80 python3 -m flashgen bench examples/plain_causal.attn --head-dim 128 \
       --seqlens 4096 --systems flashgen --plan $plan 2>&1 | tail -3 | sed "s/^/[$plan] /"
   done
   cp examples/t5_relative_bias.attn "$OUT/"
-  timeout 240 python3 -m flashgen tune "$OUT/t5_relative_bias.attn" --quick --passes backward 2>&1 | tail -6
-  timeout 220 python3 scripts/gpu_varlen_bench.py --tokens 16384 65536 --head-dim 64 128 --timer cuda-graph \
+  timeout 300 python3 -m flashgen tune "$OUT/t5_relative_bias.attn" --quick --passes backward 2>&1 | tail -6
+  exit 0
+elif [ "${1:-a}" = g ]; then
+  timeout 540 python3 scripts/gpu_varlen_bench.py --tokens 16384 65536 --head-dim 64 128 --timer cuda-graph \
     --plan gpu_bwd_config=32,64,4,3 --jsonl "$OUT/varlen.jsonl" 2>&1 | tail -32
   exit 0
 elif [ "${1:-a}" = d ] || [ "${1:-a}" = e ]; then

@@ -309,6 +309,31 @@ def test_masks_without_tile_test_and_positional_backward_on_gpu(
 DATA_MASKS = [*PLANNED_MASKS, ("", "causal | b == 0")]
 
 
+def _checked_data_calls(variant, module):
+    """The calls of the data-mask tests, each checked forward and backward
+    against the float64 reference before it is yielded (q, k, v, the runtime
+    inputs and the generator, for the test's own checks): Nq = Nk a multiple
+    of 128 (GQA, two examples), documents of a few tokens and of about 150
+    (runs across tile edges, whole tiles inside)."""
+    from flashgen.verify import random_inputs, random_runtime_inputs, torch_dtype
+
+    for i, shape in enumerate([Shape(2, 4, 2, 256, 256), Shape(1, 2, 1, 1024, 1024)]):
+        for mean_run in (1 / 0.15, 150.0):
+            generator = torch.Generator().manual_seed(10 * i + int(mean_run))
+            q, k, v = random_inputs(
+                shape, variant.head_dim, torch_dtype(variant.dtype), "cuda", generator=generator
+            )
+            data = random_runtime_inputs(
+                variant, shape, "cuda", generator=generator, mean_run=mean_run
+            )
+            forward = check_forward(variant, module, q, k, v, inputs=data)
+            backward = check_backward(variant, module, q, k, v, generator=generator, inputs=data)
+            for result in (forward, backward):
+                _record(variant, result)
+                assert_ok(result)
+            yield q, k, v, data, generator
+
+
 @pytest.mark.parametrize("declared, mask", DATA_MASKS)
 @pytest.mark.parametrize("head_dim, knob", [(64, False), (128, False), (128, True)])
 @pytest.mark.parametrize("dtype", [ir.DType.FP16, ir.DType.BF16])
@@ -325,37 +350,23 @@ def test_masks_over_runtime_data_and_the_gluon_backward_on_gpu(
     once by tile_plan() gives the same bits as the plan each call builds."""
     from flashgen import kernel_choice
     from flashgen.mask_forms import desugar_mask, negation_normal_form, positional_part
-    from flashgen.verify import random_inputs, random_runtime_inputs, torch_dtype
 
     variant = make_variant(mask, dtype=dtype, head_dim=head_dim, declared=declared)
     module = build(variant, knob and {"gluon_data_d128": True})
     gluon = hasattr(module, "_gluon_backward")
     launches = _count_calls(monkeypatch, module, "_gluon_backward") if gluon else []
     cases = 0
-    for i, shape in enumerate([Shape(2, 4, 2, 256, 256), Shape(1, 2, 1, 1024, 1024)]):
-        for mean_run in (1 / 0.15, 150.0):
-            generator = torch.Generator().manual_seed(10 * i + int(mean_run))
-            q, k, v = random_inputs(
-                shape, head_dim, torch_dtype(dtype), "cuda", generator=generator
-            )
-            data = random_runtime_inputs(
-                variant, shape, "cuda", generator=generator, mean_run=mean_run
-            )
-            forward = check_forward(variant, module, q, k, v, inputs=data)
-            backward = check_backward(variant, module, q, k, v, generator=generator, inputs=data)
-            for result in (forward, backward):
-                _record(variant, result)
-                assert_ok(result)
-            cases += 1
-            do = torch.randn(q.shape, generator=generator).to(device="cuda", dtype=q.dtype)
-            plan = module.tile_plan(q, k, v, **data)
-            grads = []
-            for given_plan in (None, plan):
-                leaves = [x.detach().requires_grad_() for x in (q, k, v)]
-                o = module.attention(*leaves, **data, plan=given_plan)
-                grads.append(torch.autograd.grad(o, leaves, do))
-            for a, b in zip(*grads, strict=True):
-                assert torch.equal(a, b)
+    for q, k, v, data, generator in _checked_data_calls(variant, module):
+        cases += 1
+        do = torch.randn(q.shape, generator=generator).to(device="cuda", dtype=q.dtype)
+        plan = module.tile_plan(q, k, v, **data)
+        grads = []
+        for given_plan in (None, plan):
+            leaves = [x.detach().requires_grad_() for x in (q, k, v)]
+            o = module.attention(*leaves, **data, plan=given_plan)
+            grads.append(torch.autograd.grad(o, leaves, do))
+        for a, b in zip(*grads, strict=True):
+            assert torch.equal(a, b)
     # A mask whose loops run without branches keeps the Triton backward (decision 076).
     positional = positional_part(negation_normal_form(desugar_mask(variant.mask)))
     # (At head dim 128 the Gluon backward takes such masks too: decision 076.)
@@ -463,29 +474,17 @@ def test_gluon_forward_any_over_runtime_data_on_gpu(declared, mask, dtype, monke
     (GLUON_ANY_MIN_KEYS = 0); its launches are counted.  A plan built once by
     tile_plan() gives the same bits as the plan each call builds."""
     from flashgen import kernel_choice
-    from flashgen.verify import random_inputs, random_runtime_inputs, torch_dtype
 
     monkeypatch.setattr(kernel_choice, "GLUON_ANY_MIN_KEYS", 0)
     variant = make_variant(mask, dtype=dtype, head_dim=128, declared=declared)
     module = build(variant, {"gluon_data_forward": True})
     launches = _count_calls(monkeypatch, module, "_gluon_forward")
     cases = 0
-    for i, shape in enumerate([Shape(2, 4, 2, 256, 256), Shape(1, 2, 1, 1024, 1024)]):
-        for mean_run in (1 / 0.15, 150.0):
-            generator = torch.Generator().manual_seed(10 * i + int(mean_run))
-            q, k, v = random_inputs(shape, 128, torch_dtype(dtype), "cuda", generator=generator)
-            data = random_runtime_inputs(
-                variant, shape, "cuda", generator=generator, mean_run=mean_run
-            )
-            forward = check_forward(variant, module, q, k, v, inputs=data)
-            backward = check_backward(variant, module, q, k, v, generator=generator, inputs=data)
-            for result in (forward, backward):
-                _record(variant, result)
-                assert_ok(result)
-            cases += 1
-            plan = module.tile_plan(q, k, v, **data)
-            outputs = [module.attention(q, k, v, **data, plan=p) for p in (None, plan)]
-            assert torch.equal(*outputs)
+    for q, k, v, data, _ in _checked_data_calls(variant, module):
+        cases += 1
+        plan = module.tile_plan(q, k, v, **data)
+        outputs = [module.attention(q, k, v, **data, plan=p) for p in (None, plan)]
+        assert torch.equal(*outputs)
     assert len(launches) == 4 * cases  # check_forward, check_backward, and the two calls
 
 
