@@ -185,10 +185,10 @@ def gluon_forward(v: ir.Variant, data: bool = False) -> GluonForward | None:
     assume v's head dim is q's: a v_head_dim (MLA) takes the Triton kernel.
 
     `data`: a mask over runtime data takes the any-mask kernel too, walking
-    the tiles the call's plan leaves visible (the lowering knob
-    `gluon_data_forward`, which the lowering passes on only where
-    `lower.data_plan` finds a plan; decision 098, not yet measured).  A score
-    that reads runtime data never does.
+    the tiles the call's plan leaves visible (decision 098; the lowering
+    passes `gluon_data_forward(mask)` or the knob of that name, and only where
+    `lower.data_plan` finds a plan).  A score that reads runtime data never
+    does.
     """
     if (
         v.dtype is ir.DType.FP32
@@ -417,6 +417,22 @@ def _documents(e: ir.Expr) -> bool:
         and ir.reads_runtime_data(e.left)
         and ir.reads_runtime_data(e.right)
     )
+
+
+# The any-mask Gluon forward for masks over runtime data (the knob
+# `gluon_data_forward`, decision 098) against the Triton forward of the same
+# module, d128, bf16, B·N = 16384 tokens, CUDA graphs (H100, 2026-12-06,
+# `bash scripts/gpu_data_forward.sh time`): a prefix per example (`causal | k <
+# prefix_len[b]`, rows of up to N keys) 1.21x, 1.16x and 1.24x at N = 4096,
+# 16384 and 65536; packed documents of ~1,000 tokens (rows of a few hundred
+# keys: a CTA's fixed cost weighs) 0.85x, 0.83x and 0.94x.  So a mask whose
+# plan bounds rows by documents (`_documents`) keeps the Triton forward, and
+# every other mask over runtime data takes the Gluon one where it is built.
+def gluon_data_forward(mask: ir.Expr) -> bool:
+    """Whether a mask over runtime data takes the any-mask Gluon forward by
+    default (the knob `gluon_data_forward` decides otherwise).  `mask`
+    desugared, in negation normal form."""
+    return not _documents(mask)
 
 
 def gluon_min_keys(forward: GluonForward | None, head_dim: int) -> int:

@@ -37,6 +37,7 @@ from flashgen.kernel_choice import (
     branchless_tiles,
     fast_math,
     gluon_backward,
+    gluon_data_forward as data_forward_pays,
     gluon_forward,
     gluon_min_keys,
     heads_first,
@@ -770,7 +771,7 @@ def lower(
     residue_classes: bool | None = None,
     float_distances: bool = False,
     gluon_data_d128: bool = False,
-    gluon_data_forward: bool = False,
+    gluon_data_forward: bool | None = None,
 ) -> KernelModel:
     """The module's plan for a checked variant; `residue_classes` True or
     False walks residue classes wherever they can be walked or nowhere, None
@@ -778,8 +779,9 @@ def lower(
     `float_distances` emits the score's distances as float differences of
     positions converted per row and column (the knob, decision 094);
     `gluon_data_d128` gives a mask over runtime data the Gluon backward at
-    head dim 128 too (the knob, decision 095); `gluon_data_forward` the
-    any-mask Gluon forward (the knob, decision 098)."""
+    head dim 128 too (the knob, decision 095); `gluon_data_forward` True or
+    False gives such a mask the any-mask Gluon forward or not, None where it
+    pays (`kernel_choice.gluon_data_forward`; the knob, decision 098)."""
     spec_text = print_variant(v)
     pad = head_dim_pad(v.head_dim)
     v_pad = head_dim_pad(v.v_dim)
@@ -831,6 +833,8 @@ def lower(
     # A mask of heads (or the batch) alone leaves every tile whole or empty:
     # the forward takes the unmasked tiles.
     cuts_tiles = not mask_is_full and ir.mentions(mask, positions)
+    if gluon_data_forward is None:
+        gluon_data_forward = data_forward_pays(mask)
     gluon = gluon_forward(v, gluon_data_forward and plan is not None) if step == 1 else None
     gluon_bwd = step == 1 and gluon_backward(v, plan is not None, gluon_data_d128)
     return KernelModel(

@@ -42,9 +42,10 @@ if [ "${1:-a}" = c ]; then
   exit 0
 elif [ "${1:-a}" = f ]; then
   for plan in gpu_bwd_config=32,64,4,2 "gpu_bwd_config=32,64,4,2 gpu_bwd_tma=off" gpu_bwd_config=32,64,4,3; do
-    # shellcheck disable=SC2086
+    knobs=()
+    for knob in $plan; do knobs+=(--plan "$knob"); done  # --plan takes one knob each
     CUDA_LAUNCH_BLOCKING=1 timeout 80 python3 -m flashgen bench examples/plain_causal.attn --head-dim 128 \
-      --seqlens 4096 --systems flashgen --plan $plan 2>&1 | tail -3 | sed "s/^/[$plan] /"
+      --seqlens 4096 --systems flashgen "${knobs[@]}" 2>&1 | tail -3 | sed "s/^/[$plan] /"
   done
   cp examples/t5_relative_bias.attn "$OUT/"
   timeout 300 python3 -m flashgen tune "$OUT/t5_relative_bias.attn" --quick --passes backward 2>&1 | tail -6

@@ -201,12 +201,20 @@ def test_wrong_dkdv_parts_are_refused_and_data_masks_take_the_gluon_backward_at_
     assert not _undefined_names(source)
 
 
-def test_data_masks_take_the_any_mask_gluon_forward_under_the_knob():
-    """gluon_data_forward (decision 098): a mask over runtime data takes the
-    any-mask Gluon forward where the any-mask kernel is built (d128), walking
-    the call's plan: the module computes the plan of its consumers' 64-row
-    tiles and tile_plan() builds it too.  Not for a score that reads runtime
-    data, not at d64, and not without the knob."""
+def test_data_masks_take_the_any_mask_gluon_forward_unless_documents_bound_their_rows():
+    """Decision 098: a mask over runtime data takes the any-mask Gluon forward
+    where the any-mask kernel is built (d128), walking the call's plan: the
+    module computes the plan of its consumers' 64-row tiles and tile_plan()
+    builds it too.  By default not a mask whose plan bounds rows by documents
+    (measured slower), and the knob gluon_data_forward decides either way.
+    Not for a score that reads runtime data, and not at d64."""
+    prefix = make_variant(
+        "causal | k < prefix_len[b]", dtype=ir.DType.BF16, head_dim=128,
+        declared="prefix_len: int32[B]",
+    )  # fmt: skip
+    assert "def _gluon_forward(" in render_module(prefix)
+    source = render_module(prefix, None, parse_settings(["gluon_data_forward=off"]))
+    assert "def _gluon_forward(" not in source
     docs = make_variant(
         "causal & doc[b, q] == doc[b, k]", dtype=ir.DType.BF16, head_dim=128,
         declared="doc: int32[B, Nk]",
@@ -220,7 +228,7 @@ def test_data_masks_take_the_any_mask_gluon_forward_under_the_knob():
     assert not _undefined_names(source)
     # The batch index alone: a plan, and no inputs to pass on.
     batch = make_variant("causal | b == 1", dtype=ir.DType.FP16, head_dim=128)
-    source = render_module(batch, None, parse_settings(["gluon_data_forward=on"]))
+    source = render_module(batch)
     assert "_gluon_forward(q, k, v, o, lse, scale, (), plan)" in source
     assert not _undefined_names(source)
     for variant in (

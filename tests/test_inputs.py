@@ -356,26 +356,30 @@ def test_a_module_checks_its_inputs_like_q_k_v(_interpreter):
         module.backward(q, k, v, q, torch.zeros(2, 1, 5), q, doc=[[0] * 5] * 2)
 
 
-def test_which_variants_that_read_inputs_take_the_gluon_backward():
-    """The Triton forward for every variant that reads runtime data; the
-    Gluon backward at head dim 64 where the mask alone reads it and the
-    call's plan classifies its tiles (decision 078), not where the score
-    reads it, nor where the plan cannot bound a read (an index over both q
-    and k); at head dim 128 the Triton backward, which measured faster."""
+def test_which_variants_that_read_inputs_take_the_gluon_kernels():
+    """The Gluon backward at head dim 64 where the mask alone reads runtime
+    data and the call's plan classifies its tiles (decision 078), not where
+    the score reads it, nor where the plan cannot bound a read (an index over
+    both q and k); at head dim 128 the Triton backward, which measured faster.
+    The any-mask Gluon forward at head dim 128 where the plan classifies its
+    tiles and documents do not bound the rows (decision 098); else the Triton
+    forward."""
     from flashgen import kernel_choice, lower
 
-    cases = {  # body: (Gluon backward, a plan)
-        "doc: int32[B, Nk]; mask = causal & doc[b, q] == doc[b, k]": (True, True),
-        "mask = causal | b == 0": (True, True),
-        "rel: fp32[H, 8]; mask = causal; score = s + rel[h, min(q - k, 7)]": (False, False),
-        "rel: fp32[B, H]; mask = causal; score = s * rel[b, h]": (False, False),
-        "d: int32[16]; mask = d[(q + k) % 16] > 0": (False, False),
+    cases = {  # body: (Gluon backward, a plan, the Gluon forward at d128)
+        "doc: int32[B, Nk]; mask = causal & doc[b, q] == doc[b, k]": (True, True, False),
+        "mask = causal | b == 0": (True, True, True),
+        "n: int32[B]; mask = causal | k < n[b]": (True, True, True),
+        "rel: fp32[H, 8]; mask = causal; score = s + rel[h, min(q - k, 7)]": (False, False, False),
+        "rel: fp32[B, H]; mask = causal; score = s * rel[b, h]": (False, False, False),
+        "d: int32[16]; mask = d[(q + k) % 16] > 0": (False, False, False),
     }
-    for body, (gluon, planned) in cases.items():
+    for body, (gluon, planned, gluon_forward) in cases.items():
         for head_dim in (64, 128):
             variant = _variant(f"attention t {{ head_dim = {head_dim}; dtype = bf16; {body} }}")
             model = lower.lower(variant)
-            assert model.gluon_forward is None
+            any_mask = lower.GluonForward.ANY if gluon_forward and head_dim == 128 else None
+            assert model.gluon_forward is any_mask, body
             assert model.gluon_backward is (gluon and head_dim == 64), body
             assert (model.data_plan is not None) is planned, body
     # Without the rule, none does.
