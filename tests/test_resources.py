@@ -61,12 +61,16 @@ SPILL_FREE_BACKWARD |= {("t5_relative_bias", 64)}
 # The modules with a warp-specialized Gluon forward (`kernel_choice.gluon_forward`):
 # its own code for full and causal, and its mode for any other mask at d128
 # whose rows may see 4096 keys (not encoder_band's 257-key band; gemma2_local
-# since decision 083, its rescale threshold no longer keeping it off).
+# since decision 083, its rescale threshold no longer keeping it off; paligemma_prefix,
+# built here at d128, since decision 098: a mask over data that documents do not bound).
 GLUON = {(name, d) for name in ("full", "plain_causal") for d in (64, 128)}  # decision 068
 GLUON_ANY = {
     (name, 128)
-    for name in ("bloom_alibi", "gemma2_local", "llama4_local", "mistral_sliding", "prefix_lm")
-}
+    for name in (
+        "bloom_alibi", "gemma2_local", "llama4_local", "mistral_sliding", "prefix_lm",
+        "paligemma_prefix",
+    )
+}  # fmt: skip
 # Every 16-bit module at d64 and d128 has the Gluon backward's two kernels
 # (`kernel_choice.gluon_backward`).  Its dQ kernel is free of spills, and so is its
 # dK/dV kernel at d64; at d128 the dK/dV consumers (two accumulators of
