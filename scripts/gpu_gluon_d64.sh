@@ -5,7 +5,12 @@
 # mask and score forced on.  bench: the examples at d64 with it on for every
 # mask, score and length (beside FlexAttention and cuDNN), then with it off
 # (the Triton forward), each in one process; records in $OUT/gluon_d64.jsonl.
-#   [BENCH_ARGS="--timer cuda-graph"] bash scripts/gpu_gluon_d64.sh [check] [bench]
+# drawn: decision 099's run: drawn specs of seeds 0-2 that would take the
+# any-mask kind at d64 (all seven whose score costs no special operation,
+# kernel_choice.score_special_ops, and seven of one), N = 4096, CUDA graphs: as
+# built (the Triton forward), then with the any-mask kind at d64 (seed 0's
+# beside FlexAttention).
+#   [BENCH_ARGS="--timer cuda-graph"] bash scripts/gpu_gluon_d64.sh [check] [bench] [drawn]
 source scripts/gpu_env.sh
 bench() {  # bench HEAD_DIMS_OF_THE_GLUON_FORWARD ARGS...: flashgen bench with that setting
   local dims=$1
@@ -39,6 +44,19 @@ for step in ${*:-check bench}; do
       bench "$dims" bench examples/mistral_sliding.attn examples/bloom_alibi.attn \
         examples/gemma2_local.attn --head-dim 64 --seqlens 4096 16384 --systems $systems $BENCH_ARGS \
         --jsonl "$OUT/gluon_d64.jsonl" 2>&1 | grep -A12 "^TFLOP/s"
+    done ;;
+  drawn)
+    for dims in 128 64,128; do
+      for drawn in "0 rand0_1 rand0_7 rand0_11 rand0_16" "1 rand1_0 rand1_26 rand1_1 rand1_2 rand1_16 rand1_23" \
+        "2 rand2_11 rand2_13 rand2_16 rand2_24"; do
+        set -- $drawn
+        systems="flashgen"
+        [ "$dims" = 64,128 ] && [ "$1" = 0 ] && systems="flashgen flex"
+        # shellcheck disable=SC2086
+        timeout 200 bash -c "$(declare -f bench); bench $dims bench --random 30 --seed $1 --name ${*:2} \
+          --head-dim 64 --seqlens 4096 --systems $systems --timer cuda-graph \
+          --jsonl $OUT/gluon_d64_drawn.jsonl" 2>&1 | grep -E "^rand" | sed "s/^/[d64 any-mask on $dims] /"
+      done
     done ;;
   esac
 done
