@@ -9,7 +9,7 @@
 # any-mask kind at d64 (all seven whose score costs no special operation,
 # kernel_choice.score_special_ops, and seven of one), N = 4096, CUDA graphs: as
 # built (the Triton forward), then with the any-mask kind at d64 (seed 0's
-# beside FlexAttention).
+# beside FlexAttention), and the example prefix_lm (causal | prefix, score s).
 #   [BENCH_ARGS="--timer cuda-graph"] bash scripts/gpu_gluon_d64.sh [check] [bench] [drawn]
 source scripts/gpu_env.sh
 bench() {  # bench HEAD_DIMS_OF_THE_GLUON_FORWARD ARGS...: flashgen bench with that setting
@@ -57,6 +57,10 @@ for step in ${*:-check bench}; do
           --head-dim 64 --seqlens 4096 --systems $systems --timer cuda-graph \
           --jsonl $OUT/gluon_d64_drawn.jsonl" 2>&1 | grep -E "^rand" | sed "s/^/[d64 any-mask on $dims] /"
       done
+      # A causal mask with a prefix and the score s (an example, d64 as written).
+      timeout 100 bash -c "$(declare -f bench); bench $dims bench examples/prefix_lm.attn --seqlens 4096 \
+        --systems flashgen --timer cuda-graph --jsonl $OUT/gluon_d64_drawn.jsonl" 2>&1 \
+        | grep -A3 "^TFLOP/s" | sed "s/^/[d64 any-mask on $dims] /"
     done ;;
   esac
 done
