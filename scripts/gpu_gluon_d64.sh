@@ -9,8 +9,9 @@
 # any-mask kind at d64 (all seven whose score costs no special operation,
 # kernel_choice.score_special_ops, and seven of one), N = 4096, CUDA graphs: as
 # built (the Triton forward), then with the any-mask kind at d64 (seed 0's
-# beside FlexAttention), and the example prefix_lm (causal | prefix, score s).
-#   [BENCH_ARGS="--timer cuda-graph"] bash scripts/gpu_gluon_d64.sh [check] [bench] [drawn]
+# beside FlexAttention), and the example prefix_lm (causal | prefix, score s);
+# DIMS=128 or DIMS=64,128 runs one of the two settings (each fits a call of 600 s).
+#   [BENCH_ARGS="--timer cuda-graph"] [DIMS=...] bash scripts/gpu_gluon_d64.sh [check] [bench] [drawn]
 source scripts/gpu_env.sh
 bench() {  # bench HEAD_DIMS_OF_THE_GLUON_FORWARD ARGS...: flashgen bench with that setting
   local dims=$1
@@ -46,7 +47,7 @@ for step in ${*:-check bench}; do
         --jsonl "$OUT/gluon_d64.jsonl" 2>&1 | grep -A12 "^TFLOP/s"
     done ;;
   drawn)
-    for dims in 128 64,128; do
+    for dims in ${DIMS:-128 64,128}; do
       for drawn in "0 rand0_1 rand0_7 rand0_11 rand0_16" "1 rand1_0 rand1_26 rand1_1 rand1_2 rand1_16 rand1_23" \
         "2 rand2_11 rand2_13 rand2_16 rand2_24"; do
         set -- $drawn
