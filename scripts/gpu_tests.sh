@@ -25,7 +25,8 @@
 # GLUON_FORWARD_ONLY=1: the tests that run the Gluon forward (its own test,
 # the 16-bit full and plain_causal examples, outputs and gradients, and the
 # any-mask kernel with the modules' dispatch), for a change to that kernel alone.
-#   [FLASHGEN_GPU_EXAMPLES=16] [PART=1|2|3] [BACKWARD_ONLY=1 | GLUON_FORWARD_ONLY=1] [GPUS=N] \
+# ONLY="NAME ...": only the named groups of the part(s) chosen.
+#   [FLASHGEN_GPU_EXAMPLES=16] [PART=1|2|3] [ONLY="NAME ..."] [BACKWARD_ONLY=1 | GLUON_FORWARD_ONLY=1] [GPUS=N] \
 #     bash scripts/gpu_tests.sh SECONDS
 set -uo pipefail
 source "$(dirname "$0")/gpu_env.sh"
@@ -34,6 +35,7 @@ logs=$(mktemp -d)
 gpus=${GPUS:-$(nvidia-smi -L | wc -l)}
 started=0
 group() {  # in the background, on the machine's GPUs in turn
+  if [ -n "${ONLY:-}" ] && [[ " $ONLY " != *" $1 "* ]]; then return; fi
   _group "$((started % gpus))" "$@" &
   started=$((started + 1))
 }

@@ -231,19 +231,29 @@ class _InBatch:
     `index` of a varlen or padded call with random neighbours, each with its
     own random rows of the inputs' `B` dimensions (the judged sequence's rows
     are the inputs passed); o and lse come back for that sequence only, so
-    `verify.check_forward` and `check_backward` judge it against the reference
+    `verify.check_backward` and `check_forward` judge it against the reference
     of the sequence alone.  The neighbours' rows get no dO, so a learnable
-    input's gradient is the judged sequence's alone."""
+    input's gradient is the judged sequence's alone.
+
+    `forward` makes no call of its own: it gives back the o and lse of the
+    last `attention` call (the one `check_backward` made, a call of the same
+    kernels), after checking that it was made on the same q, k, v, scale and
+    inputs; a `forward` before any `attention` call fails."""
 
     def __init__(self, module, variant, layout, index, neighbours, g):
         self.module, self.variant, self.layout, self.index = module, variant, layout, index
         self.others = [s[:3] for s in _draw(neighbours, module.DTYPE, g)]
         self.other_inputs = [_inputs(variant, 1, g, n) for n in neighbours]
         self.g = g
+        self.last = None  # (q, k, v, scale, inputs), (o, lse) of the last call
 
     def forward(self, q, k, v, scale=None, **inputs):
-        o, lse = self.attention(q, k, v, scale=scale, return_lse=True, **inputs)
-        return o.detach(), lse.detach()
+        assert self.last is not None, "forward() gives back the last attention() call's o, lse"
+        (q0, k0, v0, scale0, inputs0), outputs = self.last
+        assert scale == scale0 and inputs.keys() == inputs0.keys()
+        for x, y in zip((q, k, v, *inputs.values()), (q0, k0, v0, *inputs0.values())):
+            assert torch.equal(x, y), "forward() on other arguments than the last call's"
+        return outputs
 
     def attention(self, q, k, v, *, scale=None, return_lse=False, **inputs):
         i = self.index
@@ -259,7 +269,60 @@ class _InBatch:
             *call.tensors, scale=scale, return_lse=True, **call.kwargs, **data
         )
         o, lse = call.part(o, i, 0), call.part(lse, i, 0)
+        arguments = [x.detach().clone() for x in (q, k, v)]
+        kept = {n: x.detach().clone() for n, x in inputs.items()}
+        self.last = ((*arguments, scale, kept), (o.detach(), lse.detach()))
         return (o, lse) if return_lse else o
+
+
+class _Replay:
+    """One sequence's part of a call already made (o, lse, and dq, dk, dv and
+    the learnable inputs' gradients, by name, for the dO and dlse that
+    `verify.check_backward` draws), given back as `module.forward` and
+    `module.attention` of that sequence alone, so that `verify.check_forward`
+    and `check_backward` judge it.  Each call must come with the sequence's
+    own q, k, v and inputs, and the backward with the very dO and dlse that
+    the call was made with."""
+
+    def __init__(self, seq, inputs, outputs, grads, input_grads):
+        self.q, self.k, self.v, self.do, self.dlse = seq
+        self.inputs, (self.o, self.lse) = inputs, outputs
+        self.grads, self.input_grads = grads, input_grads
+
+    def _same(self, q, k, v, scale, inputs):
+        assert scale is None and inputs.keys() == self.inputs.keys()
+        for x, y in zip(
+            (q, k, v, *inputs.values()), (self.q, self.k, self.v, *self.inputs.values())
+        ):
+            assert torch.equal(x, y), "a call on other arguments than the sequence's"
+
+    def forward(self, q, k, v, scale=None, **inputs):
+        self._same(q, k, v, scale, inputs)
+        return self.o, self.lse
+
+    def attention(self, q, k, v, *, scale=None, return_lse=False, **inputs):
+        self._same(q, k, v, scale, inputs)
+        names = [n for n, x in inputs.items() if x.requires_grad]
+        o, lse = _Replayed.apply(self, names, q, k, v, *(inputs[n] for n in names))
+        return (o, lse) if return_lse else o
+
+
+class _Replayed(torch.autograd.Function):
+    """`_Replay`'s o and lse as an autograd operation of q, k, v and the
+    learnable inputs `names`: its backward gives the call's gradients."""
+
+    @staticmethod
+    def forward(ctx, replay, names, q, k, v, *learned):
+        ctx.replay, ctx.names = replay, names
+        return replay.o.clone(), replay.lse.clone()
+
+    @staticmethod
+    def backward(ctx, do, dlse):
+        r = ctx.replay
+        # verify's loss weights the finite log-sum-exps only.
+        assert torch.equal(do, r.do.to(do.dtype)), "check_backward drew another dO"
+        assert torch.equal(dlse, torch.where(torch.isfinite(r.lse), r.dlse, 0.0)), "another dlse"
+        return (None, None, *r.grads, *(r.input_grads[n] for n in ctx.names))
 
 
 def _run(fn, tensors, dtype, data, learnable):
@@ -346,17 +409,84 @@ def _learnable_sums(variant, module, layout, g):
     return call, mine, data
 
 
-CASES = [(name, layout) for name in sorted(SPECS) for layout in ("varlen", "right", "left")]
-CASES += [(name, layout) for name in sorted(LEARNABLE) for layout in ("varlen", "left")]
+# Learnable inputs with a `B` dimension: a sequence's gradient is its own row of the
+# call's, so a call of all the sequences judges each alone; any other learnable input
+# sums the sequences', and each is judged in a call whose neighbours get no dO.
+BY_ROW = [
+    n
+    for n, text in LEARNABLE.items()
+    if all("B" in i.shape for i in _variant(text).inputs if i.learnable)
+]
+ONE_CALL = [(name, layout) for name in sorted(SPECS) for layout in ("varlen", "right", "left")]
+ONE_CALL += [(name, layout) for name in sorted(BY_ROW) for layout in ("varlen", "left")]
 
 
 @pytest.mark.kernels
-@pytest.mark.parametrize("name, layout", CASES)
+@pytest.mark.parametrize("name, layout", ONE_CALL)
 def test_each_sequence_matches_the_reference_of_the_sequence_alone(name, layout, _interpreter):
-    """Forward and backward (learnable inputs' gradients included) of each
-    length in LENGTHS, as one sequence among neighbours, by the one
-    tolerance rule against the float64 reference of the sequence alone."""
+    """Forward and backward (learnable inputs' gradients included: each
+    sequence's rows of theirs) of each length in LENGTHS, as one sequence of
+    a call that holds them all (each the others' neighbour, each with its
+    own dO and dlse), by the one tolerance rule against the float64
+    reference of the sequence alone: `verify.check_forward` and
+    `check_backward` judge each sequence's part of that one call
+    (`_Replay`).  A learnable input's entries that no sequence reads (past
+    its length) get a zero gradient."""
     variant = _variant({**SPECS, **LEARNABLE}[name])
+    module = build(variant)
+    dtype = module.DTYPE
+    g = torch.Generator().manual_seed(5)
+    # check_backward draws each sequence's dO, then its dlse, from grads_g; `drawn`
+    # draws the same values first, for the call (`_Replayed` checks that they are).
+    grads_g = torch.Generator().manual_seed(10)
+    drawn = torch.Generator().set_state(grads_g.get_state())
+    seqs = []
+    for nq, nk in LENGTHS:
+        q = _rand(1, HEADS, nq, HEAD_DIM, dtype=dtype, g=g)
+        k, v = (_rand(1, KV_HEADS, nk, HEAD_DIM, dtype=dtype, g=g) for _ in "kv")
+        do = _rand(1, HEADS, nq, HEAD_DIM, dtype=dtype, g=drawn)
+        seqs.append((q, k, v, do, torch.randn(1, HEADS, nq, generator=drawn).to(DEVICE)))
+    call = _Call(layout, seqs, g)
+    data = _call_inputs(variant, call, g)
+    learnable = [i for i in variant.inputs if i.learnable]
+    mine = _run(
+        lambda a, b, c, d: module.attention(a, b, c, return_lse=True, **call.kwargs, **d),
+        call.tensors, dtype, data, [i.name for i in learnable],
+    )  # fmt: skip
+    for decl, grad in zip(learnable, mine[5:]):
+        read = torch.zeros_like(grad, dtype=torch.bool)
+        for s, lengths in enumerate(call.lengths):
+            _slice(decl, read, s, lengths).fill_(True)
+        assert not grad[~read].any(), decl.name
+    for s, seq in enumerate(seqs):
+        parts = [call.part(x, s, side) for x, side in zip(mine, (0, 0, 0, 1, 1))]
+        own = {i.name: _slice(i, x, s, call.lengths[s]) for i, x in zip(learnable, mine[5:])}
+        replay = _Replay(seq, _own(variant, data, s, call.lengths[s]), parts[:2], parts[2:], own)
+        q, k, v = seq[:3]
+        forward = verify.check_forward(variant, replay, q, k, v, inputs=replay.inputs)
+        backward = verify.check_backward(
+            variant, replay, q, k, v, generator=grads_g, inputs=replay.inputs
+        )
+        learned = [c.what for c in backward.checks if c.what not in ("dq", "dk", "dv")]
+        assert learned == [f"d{i.name}" for i in learnable]
+        for result in (forward, backward):
+            checks = [(c.what, c.error, c.bound) for c in result.checks]
+            assert result.ok, (layout, call.lengths[s], checks)
+
+
+@pytest.mark.kernels
+@pytest.mark.parametrize("layout", ["varlen", "left"])
+@pytest.mark.parametrize("name", sorted(set(LEARNABLE) - set(BY_ROW)))
+def test_each_sequence_with_learnable_inputs_matches_the_reference_alone(
+    name, layout, _interpreter
+):
+    """Forward and backward (learnable inputs' gradients included) of each
+    length in LENGTHS, as one sequence among neighbours that get no dO (these
+    inputs' gradients sum a call's sequences: so they are the judged
+    sequence's alone), by the one tolerance rule against the float64
+    reference of the sequence alone; o and lse are those of the call that
+    gives the gradients (`_InBatch.forward`)."""
+    variant = _variant(LEARNABLE[name])
     module = build(variant)
     g = torch.Generator().manual_seed(5)
     neighbours = [(40, 3), (0, 9), (5, 0), (70, 66)]
@@ -365,8 +495,8 @@ def test_each_sequence_matches_the_reference_of_the_sequence_alone(name, layout,
         shape = verify.Shape(1, HEADS, KV_HEADS, nq, nk)
         q, k, v = verify.random_inputs(shape, HEAD_DIM, module.DTYPE, DEVICE, generator=g)
         data = _inputs(variant, 1, g, (nq, nk))
-        forward = verify.check_forward(variant, adapter, q, k, v, inputs=data)
         backward = verify.check_backward(variant, adapter, q, k, v, generator=g, inputs=data)
+        forward = verify.check_forward(variant, adapter, q, k, v, inputs=data)
         learned = [c.what for c in backward.checks if c.what not in ("dq", "dk", "dv")]
         assert len(learned) == sum(i.learnable for i in variant.inputs)
         for result in (forward, backward):
