@@ -10,7 +10,8 @@
 # kernel_choice.score_special_ops, and seven of one), N = 4096, CUDA graphs: as
 # built (the Triton forward), then with the any-mask kind at d64 (seed 0's
 # beside FlexAttention), and the example prefix_lm (causal | prefix, score s);
-# DIMS=128 or DIMS=64,128 runs one of the two settings (each fits a call of 600 s).
+# DIMS=128 or DIMS=64,128 runs one of the two settings (each fits a call of 600 s);
+# DRAWN="SEED NAME ...;SEED NAME ..." other drawn specs (then no prefix_lm).
 #   [BENCH_ARGS="--timer cuda-graph"] [DIMS=...] bash scripts/gpu_gluon_d64.sh [check] [bench] [drawn]
 source scripts/gpu_env.sh
 bench() {  # bench HEAD_DIMS_OF_THE_GLUON_FORWARD ARGS...: flashgen bench with that setting
@@ -48,8 +49,9 @@ for step in ${*:-check bench}; do
     done ;;
   drawn)
     for dims in ${DIMS:-128 64,128}; do
-      for drawn in "0 rand0_1 rand0_7 rand0_11 rand0_16" "1 rand1_0 rand1_26 rand1_1 rand1_2 rand1_16 rand1_23" \
-        "2 rand2_11 rand2_13 rand2_16 rand2_24"; do
+      IFS=';' read -ra sets <<<"${DRAWN:-0 rand0_1 rand0_7 rand0_11 rand0_16;1 rand1_0 rand1_26 rand1_1 \
+rand1_2 rand1_16 rand1_23;2 rand2_11 rand2_13 rand2_16 rand2_24}"
+      for drawn in "${sets[@]}"; do
         set -- $drawn
         systems="flashgen"
         [ "$dims" = 64,128 ] && [ "$1" = 0 ] && systems="flashgen flex"
@@ -59,7 +61,7 @@ for step in ${*:-check bench}; do
           --jsonl $OUT/gluon_d64_drawn.jsonl" 2>&1 | grep -E "^rand" | sed "s/^/[d64 any-mask on $dims] /"
       done
       # A causal mask with a prefix and the score s (an example, d64 as written).
-      timeout 100 bash -c "$(declare -f bench); bench $dims bench examples/prefix_lm.attn --seqlens 4096 \
+      [ -z "${DRAWN:-}" ] && timeout 100 bash -c "$(declare -f bench); bench $dims bench examples/prefix_lm.attn --seqlens 4096 \
         --systems flashgen --timer cuda-graph --jsonl $OUT/gluon_d64_drawn.jsonl" 2>&1 \
         | grep -A3 "^TFLOP/s" | sed "s/^/[d64 any-mask on $dims] /"
     done ;;
