@@ -12,7 +12,8 @@
 # beside FlexAttention), and the example prefix_lm (causal | prefix, score s);
 # DIMS=128 or DIMS=64,128 runs one of the two settings (each fits a call of 600 s);
 # DRAWN="SEED NAME ...;SEED NAME ..." other drawn specs (then no prefix_lm).
-#   [BENCH_ARGS="--timer cuda-graph"] [DIMS=...] bash scripts/gpu_gluon_d64.sh [check] [bench] [drawn]
+# files: the held-out draws of benchmarks/specs/split_walk (seeds 3-5), both ways.
+#   [BENCH_ARGS="--timer cuda-graph"] [DIMS=...] bash scripts/gpu_gluon_d64.sh [check] [bench] [drawn] [files]
 source scripts/gpu_env.sh
 bench() {  # bench HEAD_DIMS_OF_THE_GLUON_FORWARD ARGS...: flashgen bench with that setting
   local dims=$1
@@ -64,6 +65,12 @@ rand1_2 rand1_16 rand1_23;2 rand2_11 rand2_13 rand2_16 rand2_24}"
       [ -z "${DRAWN:-}" ] && timeout 100 bash -c "$(declare -f bench); bench $dims bench examples/prefix_lm.attn --seqlens 4096 \
         --systems flashgen --timer cuda-graph --jsonl $OUT/gluon_d64_drawn.jsonl" 2>&1 \
         | grep -A3 "^TFLOP/s" | sed "s/^/[d64 any-mask on $dims] /"
+    done ;;
+  files)  # decision 099's held-out check: benchmarks/specs/split_walk, both ways, two processes
+    for dims in ${DIMS:-128 64,128}; do
+      timeout 150 bash -c "$(declare -f bench); bench $dims bench benchmarks/specs/split_walk/*.attn \
+        --seqlens 4096 --systems flashgen --timer cuda-graph --jsonl $OUT/gluon_d64_drawn.jsonl" 2>&1 \
+        | grep -A14 "^TFLOP/s" | sed "s/^/[d64 any-mask on $dims] /"
     done ;;
   esac
 done
