@@ -13,6 +13,7 @@ import enum
 import math
 
 from flashgen import grad, ir
+from flashgen.loop_bounds import interiors
 from flashgen.simplify import simplify
 from flashgen.tiles import residue_masks
 from flashgen.mask_forms import (
@@ -202,12 +203,38 @@ def gluon_forward(v: ir.Variant, data: bool = False) -> GluonForward | None:
     if v.score == ir.IDENTITY_SCORE and v.mask in (ir.FULL, ir.Name("causal")):
         return GluonForward.FULL if v.mask == ir.FULL else GluonForward.CAUSAL
     eligible = _gluon_eligible(v, data_masks=data)
-    if not (GLUON_FORWARD_ANY and v.head_dim in GLUON_FORWARD_ANY_HEAD_DIMS and eligible):
+    head_dims = GLUON_FORWARD_ANY_HEAD_DIMS
+    if not ir.reads_runtime_data(v.mask) and split_key_walk(
+        negation_normal_form(desugar_mask(v.mask))
+    ):
+        head_dims += GLUON_FORWARD_SPLIT_WALK_HEAD_DIMS
+    if not (GLUON_FORWARD_ANY and v.head_dim in head_dims and eligible):
         return None
     if score_special_ops(v.score) > GLUON_ANY_MAX_SPECIAL_OPS:
         return None
     span = key_span(negation_normal_form(desugar_mask(v.mask)))
     return GluonForward.ANY if span is None or span >= GLUON_ANY_MIN_KEYS else None
+
+
+# The any-mask Gluon forward at d64 against the Triton forward (H100, bf16,
+# B4 H16 N4096, CUDA graphs, `bash scripts/gpu_gluon_d64.sh drawn`,
+# 2026-12-06, decision 099): over 15 drawn specs the score's cost did not tell
+# winners from losers (0.71-1.18x); the masks whose Triton key loop finds no
+# interior (every tile masked) or two (three loops around a gap) all gained,
+# 1.02-1.18x, and every one with a single interior ran 0.71-1.03x.  Found
+# after the run, so not yet a default: with (64,) here the any-mask kind
+# takes those masks at d64 (`split_key_walk`), never a mask over runtime
+# data; `bash scripts/gpu_gluon_d64.sh files` times held-out draws first.
+GLUON_FORWARD_SPLIT_WALK_HEAD_DIMS: tuple[int, ...] = ()
+
+
+def split_key_walk(mask: ir.Expr) -> bool:
+    """Whether the Triton kernels' key loop finds no interval of keys that
+    every query of a tile sees (`loop_bounds.interiors`: every tile then runs
+    masked) or two (a gap: three loops).  `mask` desugared, in negation
+    normal form, as `lower` classifies its tiles."""
+    found = interiors(mask, "k")
+    return found is None or len(found) > 1
 
 
 # The any-mask Gluon forward against the Triton forward of the same module

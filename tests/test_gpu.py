@@ -518,6 +518,8 @@ GLUON_FORWARD_D64_CASES = [
     ("causal & (q - k) % 3 != 1 & (h != 1 | k >= 64)", None),
     ("causal", "s + alibi"),
     ("full", "softcap(s, 20.0)"),
+    ("causal | !(causal | abs(q - k) < 27)", "s + 0.05 * h"),  # a gap (decision 099)
+    ("q != k", "s + alibi"),  # no interior (decision 099)
 ]
 
 
@@ -577,6 +579,22 @@ def test_gluon_forward_d64_plain_dispatch_on_gpu(mask, monkeypatch):
 
     assert kernel_choice.GLUON_PLAIN_MIN_KEYS[64] == 4096
     _check_gluon_dispatch(make_variant(mask, dtype=ir.DType.BF16, head_dim=64), 4095, monkeypatch)
+
+
+@pytest.mark.parametrize(
+    "mask, score", [("causal | !(causal | abs(q - k) < 27)", "s + 0.05 * h"), ("q != k", "s")]
+)
+def test_gluon_forward_d64_split_walk_dispatch_on_gpu(mask, score, monkeypatch):
+    """At head dim 64 a mask whose Triton key loop finds no interior or two
+    takes the any-mask Gluon forward as generated under decision 099's rule
+    (off by default until its held-out run): the Triton forward below
+    GLUON_ANY_MIN_KEYS keys, the Gluon forward from there, both against the
+    float64 reference, forward and gradients."""
+    from flashgen import kernel_choice
+
+    monkeypatch.setattr(kernel_choice, "GLUON_FORWARD_SPLIT_WALK_HEAD_DIMS", (64,))
+    variant = make_variant(mask, score, dtype=ir.DType.BF16, head_dim=64)
+    _check_gluon_dispatch(variant, 2048, monkeypatch)
 
 
 @pytest.mark.parametrize("name", ["full", "mistral_sliding"])

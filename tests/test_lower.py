@@ -806,6 +806,43 @@ def test_gluon_forward_for_any_mask(mask, score, expected, monkeypatch):
 
 
 @pytest.mark.parametrize(
+    "mask, declared, expected",
+    [
+        ("causal | !(causal | abs(q - k) < 27)", "", "any"),  # a gap: two interiors (rand0_7)
+        ("!window(46, 214)", "", "any"),  # a gap (rand1_23)
+        ("q != k", "", "any"),  # no interior: every tile masked (rand1_16)
+        ("!(window(10) | chunk(127))", "", "any"),  # no interior (rand1_2)
+        ("causal", "", None),  # one interior each: the Triton forward
+        ("causal | prefix(256)", "", None),
+        ("h % 2 == 0", "", None),  # whole heads (rand0_1, rand0_11: 0.92x)
+        ("full", "", None),
+        ("causal | (q - k) % 3 != 1", "", None),  # rand2_13: 0.71x
+        ("!(d[b, k] > d[b, q] + 2)", "d: int32[B, Nk]", None),  # runtime data: never at d64
+    ],
+)
+def test_the_any_mask_gluon_forward_at_d64_where_the_triton_key_walk_splits(
+    mask, declared, expected, monkeypatch
+):
+    """Decision 099 (off until its held-out run): with
+    GLUON_FORWARD_SPLIT_WALK_HEAD_DIMS = (64,) the any-mask Gluon forward
+    takes at d64 a mask whose Triton key loop finds no interior or two
+    (`split_key_walk`), whatever the score's cost up to
+    GLUON_ANY_MAX_SPECIAL_OPS; at d128 it takes every mask, as before."""
+    off = make_variant(mask, "s * 0.5", dtype=ir.DType.BF16, head_dim=64, declared=declared)
+    assert lower.lower(off).gluon_forward is None  # the default
+    monkeypatch.setattr(kernel_choice, "GLUON_FORWARD_SPLIT_WALK_HEAD_DIMS", (64,))
+    for score in ("s * 0.5", "s + alibi"):
+        at_64 = make_variant(mask, score, dtype=ir.DType.BF16, head_dim=64, declared=declared)
+        model = lower.lower(at_64)
+        assert model.gluon_forward == expected, score
+        assert model.gluon_min_keys == (4096 if expected else 0)
+        at_128 = lower.lower(dataclasses.replace(at_64, head_dim=128))
+        assert at_128.gluon_forward == "any"  # runtime data too (decision 098)
+    costly = make_variant(mask, "exp(-abs(s - 0.003 * abs(q - k)))", head_dim=64, declared=declared)
+    assert lower.lower(dataclasses.replace(costly, dtype=ir.DType.BF16)).gluon_forward is None
+
+
+@pytest.mark.parametrize(
     "score, ops",
     [
         ("s", 0),
