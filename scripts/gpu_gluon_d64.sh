@@ -68,7 +68,7 @@ rand1_2 rand1_16 rand1_23;2 rand2_11 rand2_13 rand2_16 rand2_24}"
     done ;;
   files)  # decision 099's held-out check: benchmarks/specs/split_walk, both ways, two processes
     for dims in ${DIMS:-128 64,128}; do
-      timeout 150 bash -c "$(declare -f bench); bench $dims bench benchmarks/specs/split_walk/*.attn \
+      timeout 250 bash -c "$(declare -f bench); bench $dims bench benchmarks/specs/split_walk/*.attn \
         --seqlens 4096 --systems flashgen --timer cuda-graph --jsonl $OUT/gluon_d64_drawn.jsonl" 2>&1 \
         | grep -A14 "^TFLOP/s" | sed "s/^/[d64 any-mask on $dims] /"
     done ;;
