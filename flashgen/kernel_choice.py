@@ -202,17 +202,17 @@ def gluon_forward(v: ir.Variant, data: bool = False) -> GluonForward | None:
         return None
     if v.score == ir.IDENTITY_SCORE and v.mask in (ir.FULL, ir.Name("causal")):
         return GluonForward.FULL if v.mask == ir.FULL else GluonForward.CAUSAL
-    eligible = _gluon_eligible(v, data_masks=data)
-    head_dims = GLUON_FORWARD_ANY_HEAD_DIMS
-    if not ir.reads_runtime_data(v.mask) and split_key_walk(
-        negation_normal_form(desugar_mask(v.mask))
-    ):
-        head_dims += GLUON_FORWARD_SPLIT_WALK_HEAD_DIMS
-    if not (GLUON_FORWARD_ANY and v.head_dim in head_dims and eligible):
+    mask = negation_normal_form(desugar_mask(v.mask))
+    head_dim_taken = v.head_dim in GLUON_FORWARD_ANY_HEAD_DIMS or (
+        v.head_dim in GLUON_FORWARD_SPLIT_WALK_HEAD_DIMS
+        and not ir.reads_runtime_data(v.mask)
+        and split_key_walk(mask)
+    )
+    if not (GLUON_FORWARD_ANY and head_dim_taken and _gluon_eligible(v, data_masks=data)):
         return None
     if score_special_ops(v.score) > GLUON_ANY_MAX_SPECIAL_OPS:
         return None
-    span = key_span(negation_normal_form(desugar_mask(v.mask)))
+    span = key_span(mask)
     return GluonForward.ANY if span is None or span >= GLUON_ANY_MIN_KEYS else None
 
 

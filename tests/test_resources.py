@@ -243,23 +243,15 @@ def test_gluon_forward_at_head_dim_64_compiles_for_sm90():
     extended to it, as scripts/gpu_gluon_d64.sh measures it): full, causal,
     a window with ALiBi and two masks whose Triton key loop splits (decision
     099: none, rand5_3; two, rand3_12) compile for sm_90a without spills."""
-    split = [
-        "benchmarks/specs/split_walk/rand5_3.attn",
-        "benchmarks/specs/split_walk/rand3_12.attn",
-    ]
-    specs = [
-        "examples/full.attn",
-        "examples/plain_causal.attn",
-        "examples/bloom_alibi.attn",
-        *split,
-    ]
+    split = ["rand5_3", "rand3_12"]
+    examples = ["full", "plain_causal", "bloom_alibi"]
+    specs = [f"examples/{n}.attn" for n in examples]
+    specs += [f"benchmarks/specs/split_walk/{n}.attn" for n in split]
     rows, stdout = _sm90_resources(
         *specs, "--head-dim", "64", "--gluon-forward-head-dims", "64", "128", "--gluon-forward-any"
     )
     gluon = {r["name"]: r for r in rows if r["kernel"] == "_gluon_attn_fwd"}
-    assert set(gluon) == {"full", "plain_causal", "bloom_alibi", "rand5_3", "rand3_12"}, stdout[
-        -2000:
-    ]
+    assert set(gluon) == {*examples, *split}, stdout[-2000:]
     assert all(r["head_dim"] == 64 and r["spill_stores"] == 0 for r in gluon.values()), gluon
 
 
