@@ -1235,16 +1235,20 @@ def _gluon_layout(rows: int, d: int, dtype: torch.dtype) -> "gl.NVMMASharedLayou
     )
 
 
-def _gluon_fits(block: int, q: torch.Tensor, k: torch.Tensor, *tensors: torch.Tensor) -> bool:
+def _gluon_fits(
+    block: int, q: torch.Tensor, k: torch.Tensor, *tensors: torch.Tensor, any_length: bool = False
+) -> bool:
     """Whether the Gluon kernels can take these tensors: a Triton with Gluon,
-    an sm90 GPU, Nq = Nk a multiple of `block`, q, k and `tensors` contiguous
-    and 16-byte aligned, and fewer than 2^31 rows of q in all (the kernels
-    address rows as (batch * heads + head) * N + row, and TMA coordinates, in
-    int32)."""
+    an sm90 GPU, Nq = Nk a multiple of `block` (`any_length`: at least
+    `block`, for kernels that mask the last tile's rows and keys), q, k and
+    `tensors` contiguous and 16-byte aligned, and fewer than 2^31 - `block`
+    rows of q in all (the kernels address rows as (batch * heads + head) * N +
+    row, and TMA coordinates, in int32, a tile past the last row included)."""
     if not GLUON or _interpreting() or q.device.type != "cuda" or _capability(q.device) != (9, 0):
         return False
     n = q.shape[2]
-    if k.shape[2] != n or n % block or q.shape[0] * q.shape[1] * n >= 2**31:
+    uneven = n < block if any_length else n % block
+    if k.shape[2] != n or uneven or q.shape[0] * q.shape[1] * n >= 2**31 - block:
         return False
     return all(x.is_contiguous() and x.data_ptr() % 16 == 0 for x in (q, k, *tensors))
 

@@ -1806,16 +1806,20 @@ def _gluon_layout(rows: int, d: int, dtype: torch.dtype) -> "gl.NVMMASharedLayou
     )
 
 
-def _gluon_fits(block: int, q: torch.Tensor, k: torch.Tensor, *tensors: torch.Tensor) -> bool:
+def _gluon_fits(
+    block: int, q: torch.Tensor, k: torch.Tensor, *tensors: torch.Tensor, any_length: bool = False
+) -> bool:
     """Whether the Gluon kernels can take these tensors: a Triton with Gluon,
-    an sm90 GPU, Nq = Nk a multiple of `block`, q, k and `tensors` contiguous
-    and 16-byte aligned, and fewer than 2^31 rows of q in all (the kernels
-    address rows as (batch * heads + head) * N + row, and TMA coordinates, in
-    int32)."""
+    an sm90 GPU, Nq = Nk a multiple of `block` (`any_length`: at least
+    `block`, for kernels that mask the last tile's rows and keys), q, k and
+    `tensors` contiguous and 16-byte aligned, and fewer than 2^31 - `block`
+    rows of q in all (the kernels address rows as (batch * heads + head) * N +
+    row, and TMA coordinates, in int32, a tile past the last row included)."""
     if not GLUON or _interpreting() or q.device.type != "cuda" or _capability(q.device) != (9, 0):
         return False
     n = q.shape[2]
-    if k.shape[2] != n or n % block or q.shape[0] * q.shape[1] * n >= 2**31:
+    uneven = n < block if any_length else n % block
+    if k.shape[2] != n or uneven or q.shape[0] * q.shape[1] * n >= 2**31 - block:
         return False
     return all(x.is_contiguous() and x.data_ptr() % 16 == 0 for x in (q, k, *tensors))
 
@@ -1942,8 +1946,9 @@ def _gluon_dkdv_step(
     dp_t = warpgroup_mma(v_buf, do_buf.permute((1, 0)), s_zero, use_acc=False, is_async=True)  # fmt: skip
     q_idx = start_m + gl.arange(0, ROWS, layout=row_vec)
     q_pos = gl.expand_dims(q_idx, 0)
-    lse = gl.expand_dims(gl.load(lse_ptr + row0 + q_idx), 0)
-    delta = gl.expand_dims(gl.load(delta_ptr + row0 + q_idx), 0)
+    # Rows past the last (N no multiple of 128): lse = +inf, so p = 0.
+    lse = gl.expand_dims(gl.load(lse_ptr + row0 + q_idx, mask=q_idx < n_ctx, other=float("inf")), 0)
+    delta = gl.expand_dims(gl.load(delta_ptr + row0 + q_idx, mask=q_idx < n_ctx, other=0.0), 0)
     s_t = warpgroup_mma_wait(num_outstanding=1, deps=(s_t,))
     if whole:
         p_t, s2_t = _attn_probs(
@@ -1967,7 +1972,7 @@ def _gluon_dkdv_step(
 
 @gluon.jit
 def _gluon_dkdv_consumer(args, HALF: gl.constexpr):
-    (q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, lse_ptr, delta_ptr, alibi_slopes_ptr, sm_scale,
+    (q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, dk_ptr, dv_ptr, lse_ptr, delta_ptr, alibi_slopes_ptr, sm_scale,
      n_ctx, num_heads, kv_group, k_smem, v_smem, q_smem, do_smem, kv_bar, q_ready, q_empty) = args  # fmt: skip
     dtype: gl.constexpr = q_desc.dtype
     ROWS: gl.constexpr = q_desc.block_type.shape[0]
@@ -2019,19 +2024,27 @@ def _gluon_dkdv_consumer(args, HALF: gl.constexpr):
                 mbarrier.arrive(q_empty.index(stage), count=1)
                 t += 1
 
-    # K and V are read for the last time above: their buffers stage dK and dV.
-    k_buf.store((dk * sm_scale).to(dtype))
-    v_buf.store(dv.to(dtype))
-    fence_async_shared()
     row = gl.program_id(1) * n_ctx + k_lo
-    gl_tma.async_copy_shared_to_global(dk_desc, [row, 0], k_buf)
-    gl_tma.async_copy_shared_to_global(dv_desc, [row, 0], v_buf)
-    gl_tma.store_wait(pendings=0)
+    if k_lo + KEYS <= n_ctx:
+        # K and V are read for the last time above: their buffers stage dK and dV.
+        k_buf.store((dk * sm_scale).to(dtype))
+        v_buf.store(dv.to(dtype))
+        fence_async_shared()
+        gl_tma.async_copy_shared_to_global(dk_desc, [row, 0], k_buf)
+        gl_tma.async_copy_shared_to_global(dv_desc, [row, 0], v_buf)
+        gl_tma.store_wait(pendings=0)
+    else:  # past the last key (N no multiple of 128) lie the next head's keys: a masked store
+        keys = gl.arange(0, KEYS, layout=gl.SliceLayout(1, acc_layout))
+        cols = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, acc_layout))
+        offsets = gl.expand_dims((row + keys).to(gl.int64) * HEAD_DIM, 1) + gl.expand_dims(cols, 0)
+        inside = gl.expand_dims(k_lo + keys < n_ctx, 1)
+        gl.store(dk_ptr + offsets, (dk * sm_scale).to(dtype), mask=inside)
+        gl.store(dv_ptr + offsets, dv.to(dtype), mask=inside)
 
 
 @gluon.jit
 def _gluon_dkdv_producer(args, HALF: gl.constexpr):
-    (q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, lse_ptr, delta_ptr, alibi_slopes_ptr, sm_scale,
+    (q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, dk_ptr, dv_ptr, lse_ptr, delta_ptr, alibi_slopes_ptr, sm_scale,
      n_ctx, num_heads, kv_group, k_smem, v_smem, q_smem, do_smem, kv_bar, q_ready, q_empty) = args  # fmt: skip
     ROWS: gl.constexpr = q_desc.block_type.shape[0]
     KEYS: gl.constexpr = k_desc.block_type.shape[0]
@@ -2069,10 +2082,10 @@ def _gluon_dkdv_producer(args, HALF: gl.constexpr):
 
 @gluon.jit
 def _gluon_attn_bwd_dkdv(
-    q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, lse_ptr, delta_ptr, alibi_slopes_ptr, sm_scale,
+    q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, dk_ptr, dv_ptr, lse_ptr, delta_ptr, alibi_slopes_ptr, sm_scale,
     n_ctx, num_heads, kv_group, STAGES: gl.constexpr,
 ):  # fmt: skip
-    """Grid: (N / 128, batch * kv heads).  dK (scaled) and dV of 128 keys."""
+    """Grid: (cdiv(N, 128), batch * kv heads).  dK (scaled) and dV of 128 keys."""
     dtype: gl.constexpr = q_desc.dtype
     ROWS: gl.constexpr = q_desc.block_type.shape[0]
     HEAD_DIM: gl.constexpr = q_desc.block_type.shape[1]
@@ -2088,7 +2101,7 @@ def _gluon_attn_bwd_dkdv(
     for i in gl.static_range(STAGES):
         mbarrier.init(q_ready.index(i), count=1)
         mbarrier.init(q_empty.index(i), count=2)  # released by both consumers
-    args = (q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, lse_ptr, delta_ptr, alibi_slopes_ptr, sm_scale,
+    args = (q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, dk_ptr, dv_ptr, lse_ptr, delta_ptr, alibi_slopes_ptr, sm_scale,
             n_ctx, num_heads, kv_group, k_smem, v_smem, q_smem, do_smem, kv_bar, q_ready, q_empty)  # fmt: skip
     gl.warp_specialize(
         [
@@ -2109,7 +2122,7 @@ def _gluon_dq_cta(ROWS: gl.constexpr):
 
 @gluon.jit
 def _gluon_dq_consumer(args, HALF: gl.constexpr, HAS_DLSE: gl.constexpr):
-    (q_desc, k_desc, v_desc, do_desc, dq_desc, o_ptr, dlse_ptr, lse_ptr, delta_ptr, alibi_slopes_ptr, sm_scale,
+    (q_desc, k_desc, v_desc, do_desc, dq_desc, dq_ptr, o_ptr, dlse_ptr, lse_ptr, delta_ptr, alibi_slopes_ptr, sm_scale,
      n_ctx, num_heads, kv_group, q_smem, do_smem, k_smem, v_smem, q_bar, k_ready, v_ready, kv_empty) = args  # fmt: skip
     dtype: gl.constexpr = q_desc.dtype
     ROWS: gl.constexpr = q_desc.block_type.shape[0]  # this consumer's query rows
@@ -2130,14 +2143,19 @@ def _gluon_dq_consumer(args, HALF: gl.constexpr, HAS_DLSE: gl.constexpr):
     q_lo = start_cta + HALF * ROWS
     q_idx = q_lo + gl.arange(0, ROWS, layout=row_vec)
     q_pos = gl.expand_dims(q_idx, 1)
-    lse = gl.expand_dims(gl.load(lse_ptr + batch_head * n_ctx + q_idx), 1)
+    # Rows past the last (N no multiple of 128) read nothing and store nothing.
+    lse = gl.load(lse_ptr + batch_head * n_ctx + q_idx, mask=q_idx < n_ctx, other=float("inf"))
+    lse = gl.expand_dims(lse, 1)
     # delta = rowsum(dO * O) - dlse, the softmax backward's row term
     # (`_attn_bwd_preprocess`), from O read here and dO once it has landed;
     # stored for the dK/dV kernel, which runs next.
     rows_layout: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
-    rows = batch_head * n_ctx + q_lo + gl.arange(0, ROWS, layout=gl.SliceLayout(1, rows_layout))
+    row_idx = q_lo + gl.arange(0, ROWS, layout=gl.SliceLayout(1, rows_layout))
+    inside = row_idx < n_ctx
+    rows = batch_head * n_ctx + row_idx
     cols = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, rows_layout))
-    o = gl.load(o_ptr + gl.expand_dims(rows.to(gl.int64) * HEAD_DIM, 1) + gl.expand_dims(cols, 0))
+    o_ptrs = o_ptr + gl.expand_dims(rows.to(gl.int64) * HEAD_DIM, 1) + gl.expand_dims(cols, 0)
+    o = gl.load(o_ptrs, mask=gl.expand_dims(inside, 1), other=0.0)
     alibi_slope = 0.0
     q_buf = q_smem.index(HALF)
     do_buf = do_smem.index(HALF)
@@ -2147,8 +2165,8 @@ def _gluon_dq_consumer(args, HALF: gl.constexpr, HAS_DLSE: gl.constexpr):
     mbarrier.wait(q_bar, 0)
     row_delta = gl.sum(do_buf.load(rows_layout).to(gl.float32) * o.to(gl.float32), 1)
     if HAS_DLSE:
-        row_delta -= gl.load(dlse_ptr + rows)
-    gl.store(delta_ptr + rows, row_delta)
+        row_delta -= gl.load(dlse_ptr + rows, mask=inside, other=0.0)
+    gl.store(delta_ptr + rows, row_delta, mask=inside)
     delta = gl.expand_dims(gl.convert_layout(row_delta, row_vec), 1)
     lo, hi = _gluon_key_cols(start_cta, start_cta + 2 * ROWS - 1, n_ctx, head, num_heads, BLOCK_N)
     t = 0  # tiles received
@@ -2163,6 +2181,7 @@ def _gluon_dq_consumer(args, HALF: gl.constexpr, HAS_DLSE: gl.constexpr):
             whole, may = _gluon_tile_class(
                 q_lo, q_lo + ROWS - 1, start_n, start_n + BLOCK_N - 1, head, num_heads
             )  # fmt: skip
+            whole = whole & (start_n + BLOCK_N <= n_ctx)  # a tile past the last key is masked
             if may:
                 k_buf = k_smem.index(stage)
                 s = warpgroup_mma(
@@ -2194,16 +2213,23 @@ def _gluon_dq_consumer(args, HALF: gl.constexpr, HAS_DLSE: gl.constexpr):
             mbarrier.arrive(kv_empty.index(stage), count=1)
             t += 1
 
-    # Q is read for the last time above: its buffer stages dQ.
-    q_buf.store((dq * sm_scale).to(dtype))
-    fence_async_shared()
-    gl_tma.async_copy_shared_to_global(dq_desc, [batch_head * n_ctx + q_lo, 0], q_buf)
-    gl_tma.store_wait(pendings=0)
+    if q_lo + ROWS <= n_ctx:
+        # Q is read for the last time above: its buffer stages dQ.
+        q_buf.store((dq * sm_scale).to(dtype))
+        fence_async_shared()
+        gl_tma.async_copy_shared_to_global(dq_desc, [batch_head * n_ctx + q_lo, 0], q_buf)
+        gl_tma.store_wait(pendings=0)
+    else:  # past the last row lie the next head's: a masked store
+        dq_rows = q_lo + gl.arange(0, ROWS, layout=gl.SliceLayout(1, acc_layout))
+        dq_cols = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, acc_layout))
+        dq_offsets = gl.expand_dims((batch_head * n_ctx + dq_rows).to(gl.int64) * HEAD_DIM, 1)
+        dq_ptrs = dq_ptr + dq_offsets + gl.expand_dims(dq_cols, 0)
+        gl.store(dq_ptrs, (dq * sm_scale).to(dtype), mask=gl.expand_dims(dq_rows < n_ctx, 1))
 
 
 @gluon.jit
 def _gluon_dq_producer(args, HALF: gl.constexpr):
-    (q_desc, k_desc, v_desc, do_desc, dq_desc, o_ptr, dlse_ptr, lse_ptr, delta_ptr, alibi_slopes_ptr, sm_scale,
+    (q_desc, k_desc, v_desc, do_desc, dq_desc, dq_ptr, o_ptr, dlse_ptr, lse_ptr, delta_ptr, alibi_slopes_ptr, sm_scale,
      n_ctx, num_heads, kv_group, q_smem, do_smem, k_smem, v_smem, q_bar, k_ready, v_ready, kv_empty) = args  # fmt: skip
     ROWS: gl.constexpr = q_desc.block_type.shape[0]
     BLOCK_N: gl.constexpr = k_desc.block_type.shape[0]
@@ -2241,10 +2267,10 @@ def _gluon_dq_producer(args, HALF: gl.constexpr):
 
 @gluon.jit
 def _gluon_attn_bwd_dq(
-    q_desc, k_desc, v_desc, do_desc, dq_desc, o_ptr, dlse_ptr, lse_ptr, delta_ptr, alibi_slopes_ptr, sm_scale,
+    q_desc, k_desc, v_desc, do_desc, dq_desc, dq_ptr, o_ptr, dlse_ptr, lse_ptr, delta_ptr, alibi_slopes_ptr, sm_scale,
     n_ctx, num_heads, kv_group, HAS_DLSE: gl.constexpr, STAGES: gl.constexpr,
 ):  # fmt: skip
-    """Grid: (N / 128, batch * heads).  dQ (scaled) of 128 query rows, and
+    """Grid: (cdiv(N, 128), batch * heads).  dQ (scaled) of 128 query rows, and
     their delta = rowsum(dO * O) - dlse (dlse read only if HAS_DLSE)."""
     dtype: gl.constexpr = q_desc.dtype
     ROWS: gl.constexpr = q_desc.block_type.shape[0]
@@ -2263,7 +2289,7 @@ def _gluon_attn_bwd_dq(
         mbarrier.init(k_ready.index(i), count=1)
         mbarrier.init(v_ready.index(i), count=1)
         mbarrier.init(kv_empty.index(i), count=2)  # released by both consumers
-    args = (q_desc, k_desc, v_desc, do_desc, dq_desc, o_ptr, dlse_ptr, lse_ptr, delta_ptr, alibi_slopes_ptr, sm_scale,
+    args = (q_desc, k_desc, v_desc, do_desc, dq_desc, dq_ptr, o_ptr, dlse_ptr, lse_ptr, delta_ptr, alibi_slopes_ptr, sm_scale,
             n_ctx, num_heads, kv_group, q_smem, do_smem, k_smem, v_smem, q_bar, k_ready, v_ready, kv_empty)  # fmt: skip
     gl.warp_specialize(
         [
@@ -2280,7 +2306,7 @@ def _gluon_backward_supported(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor, do: torch.Tensor
 ) -> bool:  # fmt: skip
     """Whether this call can take the Gluon backward (`_gluon_fits`)."""
-    return _gluon_fits(GLUON_BWD_BLOCK, q, k, v, o, do)
+    return _gluon_fits(GLUON_BWD_BLOCK, q, k, v, o, do, any_length=True)
 
 
 def _gluon_backward(
@@ -2294,13 +2320,13 @@ def _gluon_backward(
     )  # fmt: skip
     common = (alibi_slopes, scale, n, num_heads, num_heads // kv_heads)
     _launch(
-        _gluon_attn_bwd_dq, (n // GLUON_BWD_BLOCK, batch * num_heads),
-        q_desc, k_desc, v_desc, do_desc, dq_desc, o, delta if dlse is None else dlse, lse, delta, *common,
+        _gluon_attn_bwd_dq, (triton.cdiv(n, GLUON_BWD_BLOCK), batch * num_heads),
+        q_desc, k_desc, v_desc, do_desc, dq_desc, dq, o, delta if dlse is None else dlse, lse, delta, *common,
         dlse is not None, GLUON_BWD_STAGES[1], num_warps=4,
     )  # fmt: skip
     _launch(
-        _gluon_attn_bwd_dkdv, (n // GLUON_BWD_BLOCK, batch * kv_heads),
-        q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, lse, delta, *common, GLUON_BWD_STAGES[0], num_warps=4,
+        _gluon_attn_bwd_dkdv, (triton.cdiv(n, GLUON_BWD_BLOCK), batch * kv_heads),
+        q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, dk, dv, lse, delta, *common, GLUON_BWD_STAGES[0], num_warps=4,
     )  # fmt: skip
 
 
@@ -2472,7 +2498,7 @@ def backward(
     launch use the transposed shape (block_n queries, block_m keys).  tma as
     in forward(), with GPU_BWD_TMA as the default.
     Without a launch configuration or tma=False, on an sm90 GPU with Nq = Nk
-    a multiple of 128, the Gluon kernels run instead (`_gluon_backward_supported`).
+    of 128 or more, the Gluon kernels run instead (`_gluon_backward_supported`).
     """
     _check_inputs(q, k, v)
     _check_backward_inputs(q, o, lse, do, dlse)

@@ -1837,16 +1837,20 @@ def _gluon_layout(rows: int, d: int, dtype: torch.dtype) -> "gl.NVMMASharedLayou
     )
 
 
-def _gluon_fits(block: int, q: torch.Tensor, k: torch.Tensor, *tensors: torch.Tensor) -> bool:
+def _gluon_fits(
+    block: int, q: torch.Tensor, k: torch.Tensor, *tensors: torch.Tensor, any_length: bool = False
+) -> bool:
     """Whether the Gluon kernels can take these tensors: a Triton with Gluon,
-    an sm90 GPU, Nq = Nk a multiple of `block`, q, k and `tensors` contiguous
-    and 16-byte aligned, and fewer than 2^31 rows of q in all (the kernels
-    address rows as (batch * heads + head) * N + row, and TMA coordinates, in
-    int32)."""
+    an sm90 GPU, Nq = Nk a multiple of `block` (`any_length`: at least
+    `block`, for kernels that mask the last tile's rows and keys), q, k and
+    `tensors` contiguous and 16-byte aligned, and fewer than 2^31 - `block`
+    rows of q in all (the kernels address rows as (batch * heads + head) * N +
+    row, and TMA coordinates, in int32, a tile past the last row included)."""
     if not GLUON or _interpreting() or q.device.type != "cuda" or _capability(q.device) != (9, 0):
         return False
     n = q.shape[2]
-    if k.shape[2] != n or n % block or q.shape[0] * q.shape[1] * n >= 2**31:
+    uneven = n < block if any_length else n % block
+    if k.shape[2] != n or uneven or q.shape[0] * q.shape[1] * n >= 2**31 - block:
         return False
     return all(x.is_contiguous() and x.data_ptr() % 16 == 0 for x in (q, k, *tensors))
 
@@ -1924,11 +1928,11 @@ GLUON_STAGES = 3
 
 @gluon.jit
 def _gluon_softmax_step(
-    s, m_i, l_i, qk_scale, q_idx, k_start, MASKED: gl.constexpr, o_rows: gl.constexpr
+    s, m_i, l_i, qk_scale, q_idx, k_start, n_ctx, MASKED: gl.constexpr, o_rows: gl.constexpr
 ):  # fmt: skip
     """One tile of the online softmax: P (unnormalized), the new running max
     and sum (log2 units), and the accumulator's rescale factor laid out for
-    the output rows."""
+    the output rows.  MASKED: the last key tile."""
     if MASKED:  # the diagonal tile: key k is visible from query q when k <= q
         k_idx = k_start + gl.arange(0, s.shape[1], layout=gl.SliceLayout(0, s.type.layout))
         s = gl.where(gl.expand_dims(k_idx, 0) <= gl.expand_dims(q_idx, 1), s, float("-inf"))
@@ -1953,7 +1957,7 @@ def _gluon_key_tiles(start_cta, n_ctx, head, num_heads, BLOCK_N: gl.constexpr):
 
 @gluon.jit
 def _gluon_fwd_consumer(args, HALF: gl.constexpr):
-    (q_desc, k_desc, v_desc, o_desc, lse_ptr, qk_scale, n_ctx, num_heads, group,
+    (q_desc, k_desc, v_desc, o_desc, o_ptr, lse_ptr, qk_scale, n_ctx, num_heads, group,
      q_smem, k_smem, v_smem, q_bars, k_ready, v_ready, k_empty, v_empty) = args  # fmt: skip
     dtype: gl.constexpr = q_desc.dtype
     ROWS: gl.constexpr = q_desc.block_type.shape[0]
@@ -2001,7 +2005,7 @@ def _gluon_fwd_consumer(args, HALF: gl.constexpr):
     if n_tiles > 1:
         # Tiles 0 .. last - 1 unmasked; turn j issues S(j), then P(j - 1) V(j - 1).
         p, m_i, l_i, alpha = _gluon_softmax_step(
-            s, m_i, l_i, qk_scale, q_idx, key0, False, o_rows
+            s, m_i, l_i, qk_scale, q_idx, key0, n_ctx, False, o_rows
         )  # fmt: skip
         for j in range(1, last):
             stage = j % STAGES
@@ -2020,7 +2024,7 @@ def _gluon_fwd_consumer(args, HALF: gl.constexpr):
             s = warpgroup_mma_wait(num_outstanding=1, deps=(s,))  # S(j) is done
             mbarrier.arrive(k_empty.index(stage), count=1)
             p, m_i, l_i, alpha = _gluon_softmax_step(
-                s, m_i, l_i, qk_scale, q_idx, key0 + j * BLOCK_N, False, o_rows
+                s, m_i, l_i, qk_scale, q_idx, key0 + j * BLOCK_N, n_ctx, False, o_rows
             )  # fmt: skip
             acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
             mbarrier.arrive(v_empty.index(prev), count=1)
@@ -2040,13 +2044,13 @@ def _gluon_fwd_consumer(args, HALF: gl.constexpr):
         s = warpgroup_mma_wait(num_outstanding=1, deps=(s,))
         mbarrier.arrive(k_empty.index(stage), count=1)
         p, m_i, l_i, alpha = _gluon_softmax_step(
-            s, m_i, l_i, qk_scale, q_idx, key0 + last * BLOCK_N, True, o_rows
+            s, m_i, l_i, qk_scale, q_idx, key0 + last * BLOCK_N, n_ctx, True, o_rows
         )  # fmt: skip
         acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
         mbarrier.arrive(v_empty.index(prev), count=1)
     else:
         p, m_i, l_i, alpha = _gluon_softmax_step(
-            s, m_i, l_i, qk_scale, q_idx, key0, True, o_rows
+            s, m_i, l_i, qk_scale, q_idx, key0, n_ctx, True, o_rows
         )  # fmt: skip
     mbarrier.wait(turn, ((last + 1) & 1) ^ (1 - HALF))  # the last turn: P(last) V(last)
     acc = acc * gl.expand_dims(alpha, 1)
@@ -2059,17 +2063,24 @@ def _gluon_fwd_consumer(args, HALF: gl.constexpr):
     mbarrier.arrive(v_empty.index(last % STAGES), count=1)
 
     acc = acc / gl.expand_dims(gl.convert_layout(l_i, o_rows), 1)
-    q_buf.store(acc.to(dtype))  # Q is no longer needed: its buffer stages O
-    fence_async_shared()
-    gl_tma.async_copy_shared_to_global(o_desc, [batch_head * n_ctx + start_m, 0], q_buf)
+    if start_m + ROWS <= n_ctx:
+        q_buf.store(acc.to(dtype))  # Q is no longer needed: its buffer stages O
+        fence_async_shared()
+        gl_tma.async_copy_shared_to_global(o_desc, [batch_head * n_ctx + start_m, 0], q_buf)
+    else:  # past the last row (N no multiple of 128) lie the next head's rows: a masked store
+        o_idx = start_m + gl.arange(0, ROWS, layout=o_rows)
+        cols = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, o_layout))
+        rows = (batch_head * n_ctx + o_idx).to(gl.int64) * HEAD_DIM
+        o_ptrs = o_ptr + gl.expand_dims(rows, 1) + gl.expand_dims(cols, 0)
+        gl.store(o_ptrs, acc.to(dtype), mask=gl.expand_dims(o_idx < n_ctx, 1))
     lse = (m_i + gl.log2(l_i)) * 0.6931471805599453
-    gl.store(lse_ptr + batch_head * n_ctx + q_idx, lse)
+    gl.store(lse_ptr + batch_head * n_ctx + q_idx, lse, mask=q_idx < n_ctx)
     gl_tma.store_wait(pendings=0)
 
 
 @gluon.jit
 def _gluon_fwd_producer(args, HALF: gl.constexpr):
-    (q_desc, k_desc, v_desc, o_desc, lse_ptr, qk_scale, n_ctx, num_heads, group,
+    (q_desc, k_desc, v_desc, o_desc, o_ptr, lse_ptr, qk_scale, n_ctx, num_heads, group,
      q_smem, k_smem, v_smem, q_bars, k_ready, v_ready, k_empty, v_empty) = args  # fmt: skip
     ROWS: gl.constexpr = q_desc.block_type.shape[0]
     BLOCK_N: gl.constexpr = k_desc.block_type.shape[0]
@@ -2103,7 +2114,7 @@ def _gluon_fwd_producer(args, HALF: gl.constexpr):
 
 @gluon.jit
 def _gluon_attn_fwd(
-    q_desc, k_desc, v_desc, o_desc, lse_ptr, qk_scale, n_ctx, num_heads, group,
+    q_desc, k_desc, v_desc, o_desc, o_ptr, lse_ptr, qk_scale, n_ctx, num_heads, group,
     STAGES: gl.constexpr,
 ):  # fmt: skip
     dtype: gl.constexpr = q_desc.dtype
@@ -2125,7 +2136,7 @@ def _gluon_attn_fwd(
         mbarrier.init(v_ready.index(i), count=1)
         mbarrier.init(k_empty.index(i), count=2)  # released by both consumers
         mbarrier.init(v_empty.index(i), count=2)
-    args = (q_desc, k_desc, v_desc, o_desc, lse_ptr, qk_scale, n_ctx, num_heads, group,
+    args = (q_desc, k_desc, v_desc, o_desc, o_ptr, lse_ptr, qk_scale, n_ctx, num_heads, group,
             q_smem, k_smem, v_smem, q_bars, k_ready, v_ready, k_empty, v_empty)  # fmt: skip
     gl.warp_specialize(
         [
@@ -2141,7 +2152,7 @@ def _gluon_attn_fwd(
 def _gluon_supported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> bool:
     """Whether this call can take the Gluon forward (`_gluon_fits`), with a
     positive scale (the kernel takes each row's max before scaling)."""
-    return scale > 0 and _gluon_fits(GLUON_BLOCK, q, k, v)
+    return scale > 0 and _gluon_fits(GLUON_BLOCK, q, k, v, any_length=True)
 
 
 def _gluon_forward(q, k, v, o, lse, scale: float) -> None:
@@ -2151,8 +2162,8 @@ def _gluon_forward(q, k, v, o, lse, scale: float) -> None:
         for x, rows in ((q, 64), (k, GLUON_BLOCK), (v, GLUON_BLOCK), (o, 64))
     ]
     _launch(
-        _gluon_attn_fwd, (n // GLUON_BLOCK, batch * num_heads),
-        *descriptors, lse, scale * 1.4426950408889634, n, num_heads, num_heads // k.shape[1],
+        _gluon_attn_fwd, (triton.cdiv(n, GLUON_BLOCK), batch * num_heads),
+        *descriptors, o, lse, scale * 1.4426950408889634, n, num_heads, num_heads // k.shape[1],
         GLUON_STAGES, num_warps=4, maxnreg=168,
     )  # fmt: skip
 
@@ -2221,8 +2232,9 @@ def _gluon_dkdv_step(
     dp_t = warpgroup_mma(v_buf, do_buf.permute((1, 0)), s_zero, use_acc=False, is_async=True)  # fmt: skip
     q_idx = start_m + gl.arange(0, ROWS, layout=row_vec)
     q_pos = gl.expand_dims(q_idx, 0)
-    lse = gl.expand_dims(gl.load(lse_ptr + row0 + q_idx), 0)
-    delta = gl.expand_dims(gl.load(delta_ptr + row0 + q_idx), 0)
+    # Rows past the last (N no multiple of 128): lse = +inf, so p = 0.
+    lse = gl.expand_dims(gl.load(lse_ptr + row0 + q_idx, mask=q_idx < n_ctx, other=float("inf")), 0)
+    delta = gl.expand_dims(gl.load(delta_ptr + row0 + q_idx, mask=q_idx < n_ctx, other=0.0), 0)
     s_t = warpgroup_mma_wait(num_outstanding=1, deps=(s_t,))
     if whole:
         p_t, s2_t = _attn_probs(
@@ -2246,7 +2258,7 @@ def _gluon_dkdv_step(
 
 @gluon.jit
 def _gluon_dkdv_consumer(args, HALF: gl.constexpr):
-    (q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, lse_ptr, delta_ptr, alibi_slopes_ptr, sm_scale,
+    (q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, dk_ptr, dv_ptr, lse_ptr, delta_ptr, alibi_slopes_ptr, sm_scale,
      n_ctx, num_heads, kv_group, k_smem, v_smem, q_smem, do_smem, kv_bar, q_ready, q_empty) = args  # fmt: skip
     dtype: gl.constexpr = q_desc.dtype
     ROWS: gl.constexpr = q_desc.block_type.shape[0]
@@ -2298,19 +2310,27 @@ def _gluon_dkdv_consumer(args, HALF: gl.constexpr):
                 mbarrier.arrive(q_empty.index(stage), count=1)
                 t += 1
 
-    # K and V are read for the last time above: their buffers stage dK and dV.
-    k_buf.store((dk * sm_scale).to(dtype))
-    v_buf.store(dv.to(dtype))
-    fence_async_shared()
     row = gl.program_id(1) * n_ctx + k_lo
-    gl_tma.async_copy_shared_to_global(dk_desc, [row, 0], k_buf)
-    gl_tma.async_copy_shared_to_global(dv_desc, [row, 0], v_buf)
-    gl_tma.store_wait(pendings=0)
+    if k_lo + KEYS <= n_ctx:
+        # K and V are read for the last time above: their buffers stage dK and dV.
+        k_buf.store((dk * sm_scale).to(dtype))
+        v_buf.store(dv.to(dtype))
+        fence_async_shared()
+        gl_tma.async_copy_shared_to_global(dk_desc, [row, 0], k_buf)
+        gl_tma.async_copy_shared_to_global(dv_desc, [row, 0], v_buf)
+        gl_tma.store_wait(pendings=0)
+    else:  # past the last key (N no multiple of 128) lie the next head's keys: a masked store
+        keys = gl.arange(0, KEYS, layout=gl.SliceLayout(1, acc_layout))
+        cols = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, acc_layout))
+        offsets = gl.expand_dims((row + keys).to(gl.int64) * HEAD_DIM, 1) + gl.expand_dims(cols, 0)
+        inside = gl.expand_dims(k_lo + keys < n_ctx, 1)
+        gl.store(dk_ptr + offsets, (dk * sm_scale).to(dtype), mask=inside)
+        gl.store(dv_ptr + offsets, dv.to(dtype), mask=inside)
 
 
 @gluon.jit
 def _gluon_dkdv_producer(args, HALF: gl.constexpr):
-    (q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, lse_ptr, delta_ptr, alibi_slopes_ptr, sm_scale,
+    (q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, dk_ptr, dv_ptr, lse_ptr, delta_ptr, alibi_slopes_ptr, sm_scale,
      n_ctx, num_heads, kv_group, k_smem, v_smem, q_smem, do_smem, kv_bar, q_ready, q_empty) = args  # fmt: skip
     ROWS: gl.constexpr = q_desc.block_type.shape[0]
     KEYS: gl.constexpr = k_desc.block_type.shape[0]
@@ -2348,10 +2368,10 @@ def _gluon_dkdv_producer(args, HALF: gl.constexpr):
 
 @gluon.jit
 def _gluon_attn_bwd_dkdv(
-    q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, lse_ptr, delta_ptr, alibi_slopes_ptr, sm_scale,
+    q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, dk_ptr, dv_ptr, lse_ptr, delta_ptr, alibi_slopes_ptr, sm_scale,
     n_ctx, num_heads, kv_group, STAGES: gl.constexpr,
 ):  # fmt: skip
-    """Grid: (N / 128, batch * kv heads).  dK (scaled) and dV of 128 keys."""
+    """Grid: (cdiv(N, 128), batch * kv heads).  dK (scaled) and dV of 128 keys."""
     dtype: gl.constexpr = q_desc.dtype
     ROWS: gl.constexpr = q_desc.block_type.shape[0]
     HEAD_DIM: gl.constexpr = q_desc.block_type.shape[1]
@@ -2367,7 +2387,7 @@ def _gluon_attn_bwd_dkdv(
     for i in gl.static_range(STAGES):
         mbarrier.init(q_ready.index(i), count=1)
         mbarrier.init(q_empty.index(i), count=2)  # released by both consumers
-    args = (q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, lse_ptr, delta_ptr, alibi_slopes_ptr, sm_scale,
+    args = (q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, dk_ptr, dv_ptr, lse_ptr, delta_ptr, alibi_slopes_ptr, sm_scale,
             n_ctx, num_heads, kv_group, k_smem, v_smem, q_smem, do_smem, kv_bar, q_ready, q_empty)  # fmt: skip
     gl.warp_specialize(
         [
@@ -2388,7 +2408,7 @@ def _gluon_dq_cta(ROWS: gl.constexpr):
 
 @gluon.jit
 def _gluon_dq_consumer(args, HALF: gl.constexpr, HAS_DLSE: gl.constexpr):
-    (q_desc, k_desc, v_desc, do_desc, dq_desc, o_ptr, dlse_ptr, lse_ptr, delta_ptr, alibi_slopes_ptr, sm_scale,
+    (q_desc, k_desc, v_desc, do_desc, dq_desc, dq_ptr, o_ptr, dlse_ptr, lse_ptr, delta_ptr, alibi_slopes_ptr, sm_scale,
      n_ctx, num_heads, kv_group, q_smem, do_smem, k_smem, v_smem, q_bar, k_ready, v_ready, kv_empty) = args  # fmt: skip
     dtype: gl.constexpr = q_desc.dtype
     ROWS: gl.constexpr = q_desc.block_type.shape[0]  # this consumer's query rows
@@ -2409,14 +2429,19 @@ def _gluon_dq_consumer(args, HALF: gl.constexpr, HAS_DLSE: gl.constexpr):
     q_lo = start_cta + HALF * ROWS
     q_idx = q_lo + gl.arange(0, ROWS, layout=row_vec)
     q_pos = gl.expand_dims(q_idx, 1)
-    lse = gl.expand_dims(gl.load(lse_ptr + batch_head * n_ctx + q_idx), 1)
+    # Rows past the last (N no multiple of 128) read nothing and store nothing.
+    lse = gl.load(lse_ptr + batch_head * n_ctx + q_idx, mask=q_idx < n_ctx, other=float("inf"))
+    lse = gl.expand_dims(lse, 1)
     # delta = rowsum(dO * O) - dlse, the softmax backward's row term
     # (`_attn_bwd_preprocess`), from O read here and dO once it has landed;
     # stored for the dK/dV kernel, which runs next.
     rows_layout: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
-    rows = batch_head * n_ctx + q_lo + gl.arange(0, ROWS, layout=gl.SliceLayout(1, rows_layout))
+    row_idx = q_lo + gl.arange(0, ROWS, layout=gl.SliceLayout(1, rows_layout))
+    inside = row_idx < n_ctx
+    rows = batch_head * n_ctx + row_idx
     cols = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, rows_layout))
-    o = gl.load(o_ptr + gl.expand_dims(rows.to(gl.int64) * HEAD_DIM, 1) + gl.expand_dims(cols, 0))
+    o_ptrs = o_ptr + gl.expand_dims(rows.to(gl.int64) * HEAD_DIM, 1) + gl.expand_dims(cols, 0)
+    o = gl.load(o_ptrs, mask=gl.expand_dims(inside, 1), other=0.0)
     alibi_slope = 0.0
     q_buf = q_smem.index(HALF)
     do_buf = do_smem.index(HALF)
@@ -2426,8 +2451,8 @@ def _gluon_dq_consumer(args, HALF: gl.constexpr, HAS_DLSE: gl.constexpr):
     mbarrier.wait(q_bar, 0)
     row_delta = gl.sum(do_buf.load(rows_layout).to(gl.float32) * o.to(gl.float32), 1)
     if HAS_DLSE:
-        row_delta -= gl.load(dlse_ptr + rows)
-    gl.store(delta_ptr + rows, row_delta)
+        row_delta -= gl.load(dlse_ptr + rows, mask=inside, other=0.0)
+    gl.store(delta_ptr + rows, row_delta, mask=inside)
     delta = gl.expand_dims(gl.convert_layout(row_delta, row_vec), 1)
     lo, hi = _gluon_key_cols(start_cta, start_cta + 2 * ROWS - 1, n_ctx, head, num_heads, BLOCK_N)
     t = 0  # tiles received
@@ -2442,6 +2467,7 @@ def _gluon_dq_consumer(args, HALF: gl.constexpr, HAS_DLSE: gl.constexpr):
             whole, may = _gluon_tile_class(
                 q_lo, q_lo + ROWS - 1, start_n, start_n + BLOCK_N - 1, head, num_heads
             )  # fmt: skip
+            whole = whole & (start_n + BLOCK_N <= n_ctx)  # a tile past the last key is masked
             if may:
                 k_buf = k_smem.index(stage)
                 s = warpgroup_mma(
@@ -2473,16 +2499,23 @@ def _gluon_dq_consumer(args, HALF: gl.constexpr, HAS_DLSE: gl.constexpr):
             mbarrier.arrive(kv_empty.index(stage), count=1)
             t += 1
 
-    # Q is read for the last time above: its buffer stages dQ.
-    q_buf.store((dq * sm_scale).to(dtype))
-    fence_async_shared()
-    gl_tma.async_copy_shared_to_global(dq_desc, [batch_head * n_ctx + q_lo, 0], q_buf)
-    gl_tma.store_wait(pendings=0)
+    if q_lo + ROWS <= n_ctx:
+        # Q is read for the last time above: its buffer stages dQ.
+        q_buf.store((dq * sm_scale).to(dtype))
+        fence_async_shared()
+        gl_tma.async_copy_shared_to_global(dq_desc, [batch_head * n_ctx + q_lo, 0], q_buf)
+        gl_tma.store_wait(pendings=0)
+    else:  # past the last row lie the next head's: a masked store
+        dq_rows = q_lo + gl.arange(0, ROWS, layout=gl.SliceLayout(1, acc_layout))
+        dq_cols = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, acc_layout))
+        dq_offsets = gl.expand_dims((batch_head * n_ctx + dq_rows).to(gl.int64) * HEAD_DIM, 1)
+        dq_ptrs = dq_ptr + dq_offsets + gl.expand_dims(dq_cols, 0)
+        gl.store(dq_ptrs, (dq * sm_scale).to(dtype), mask=gl.expand_dims(dq_rows < n_ctx, 1))
 
 
 @gluon.jit
 def _gluon_dq_producer(args, HALF: gl.constexpr):
-    (q_desc, k_desc, v_desc, do_desc, dq_desc, o_ptr, dlse_ptr, lse_ptr, delta_ptr, alibi_slopes_ptr, sm_scale,
+    (q_desc, k_desc, v_desc, do_desc, dq_desc, dq_ptr, o_ptr, dlse_ptr, lse_ptr, delta_ptr, alibi_slopes_ptr, sm_scale,
      n_ctx, num_heads, kv_group, q_smem, do_smem, k_smem, v_smem, q_bar, k_ready, v_ready, kv_empty) = args  # fmt: skip
     ROWS: gl.constexpr = q_desc.block_type.shape[0]
     BLOCK_N: gl.constexpr = k_desc.block_type.shape[0]
@@ -2520,10 +2553,10 @@ def _gluon_dq_producer(args, HALF: gl.constexpr):
 
 @gluon.jit
 def _gluon_attn_bwd_dq(
-    q_desc, k_desc, v_desc, do_desc, dq_desc, o_ptr, dlse_ptr, lse_ptr, delta_ptr, alibi_slopes_ptr, sm_scale,
+    q_desc, k_desc, v_desc, do_desc, dq_desc, dq_ptr, o_ptr, dlse_ptr, lse_ptr, delta_ptr, alibi_slopes_ptr, sm_scale,
     n_ctx, num_heads, kv_group, HAS_DLSE: gl.constexpr, STAGES: gl.constexpr,
 ):  # fmt: skip
-    """Grid: (N / 128, batch * heads).  dQ (scaled) of 128 query rows, and
+    """Grid: (cdiv(N, 128), batch * heads).  dQ (scaled) of 128 query rows, and
     their delta = rowsum(dO * O) - dlse (dlse read only if HAS_DLSE)."""
     dtype: gl.constexpr = q_desc.dtype
     ROWS: gl.constexpr = q_desc.block_type.shape[0]
@@ -2542,7 +2575,7 @@ def _gluon_attn_bwd_dq(
         mbarrier.init(k_ready.index(i), count=1)
         mbarrier.init(v_ready.index(i), count=1)
         mbarrier.init(kv_empty.index(i), count=2)  # released by both consumers
-    args = (q_desc, k_desc, v_desc, do_desc, dq_desc, o_ptr, dlse_ptr, lse_ptr, delta_ptr, alibi_slopes_ptr, sm_scale,
+    args = (q_desc, k_desc, v_desc, do_desc, dq_desc, dq_ptr, o_ptr, dlse_ptr, lse_ptr, delta_ptr, alibi_slopes_ptr, sm_scale,
             n_ctx, num_heads, kv_group, q_smem, do_smem, k_smem, v_smem, q_bar, k_ready, v_ready, kv_empty)  # fmt: skip
     gl.warp_specialize(
         [
@@ -2559,7 +2592,7 @@ def _gluon_backward_supported(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor, do: torch.Tensor
 ) -> bool:  # fmt: skip
     """Whether this call can take the Gluon backward (`_gluon_fits`)."""
-    return _gluon_fits(GLUON_BWD_BLOCK, q, k, v, o, do)
+    return _gluon_fits(GLUON_BWD_BLOCK, q, k, v, o, do, any_length=True)
 
 
 def _gluon_backward(
@@ -2573,13 +2606,13 @@ def _gluon_backward(
     )  # fmt: skip
     common = (alibi_slopes, scale, n, num_heads, num_heads // kv_heads)
     _launch(
-        _gluon_attn_bwd_dq, (n // GLUON_BWD_BLOCK, batch * num_heads),
-        q_desc, k_desc, v_desc, do_desc, dq_desc, o, delta if dlse is None else dlse, lse, delta, *common,
+        _gluon_attn_bwd_dq, (triton.cdiv(n, GLUON_BWD_BLOCK), batch * num_heads),
+        q_desc, k_desc, v_desc, do_desc, dq_desc, dq, o, delta if dlse is None else dlse, lse, delta, *common,
         dlse is not None, GLUON_BWD_STAGES[1], num_warps=4,
     )  # fmt: skip
     _launch(
-        _gluon_attn_bwd_dkdv, (n // GLUON_BWD_BLOCK, batch * kv_heads),
-        q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, lse, delta, *common, GLUON_BWD_STAGES[0], num_warps=4,
+        _gluon_attn_bwd_dkdv, (triton.cdiv(n, GLUON_BWD_BLOCK), batch * kv_heads),
+        q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, dk, dv, lse, delta, *common, GLUON_BWD_STAGES[0], num_warps=4,
     )  # fmt: skip
 
 
@@ -2610,7 +2643,7 @@ def forward(
     Without a launch configuration or tma=False, a call whose H / Hkv * Nq
     query rows fit DECODE_MAX_ROWS runs split-KV decoding (`_decode`).
     Without a launch configuration or tma=False, on an sm90 GPU with Nq = Nk
-    a multiple of 128, the Gluon kernel runs instead (`_gluon_supported`).
+    of 128 or more, the Gluon kernel runs instead (`_gluon_supported`).
     cache_seqlens, block_table, workspace, check_values: a KV-cache call, as
     attention() takes it; no launch configuration.
     """
@@ -2756,7 +2789,7 @@ def backward(
     launch use the transposed shape (block_n queries, block_m keys).  tma as
     in forward(), with GPU_BWD_TMA as the default.
     Without a launch configuration or tma=False, on an sm90 GPU with Nq = Nk
-    a multiple of 128, the Gluon kernels run instead (`_gluon_backward_supported`).
+    of 128 or more, the Gluon kernels run instead (`_gluon_backward_supported`).
     """
     _check_inputs(q, k, v)
     _check_backward_inputs(q, o, lse, do, dlse)

@@ -201,7 +201,7 @@ def gluon_resources(module) -> list:
         return found
     if hasattr(module, "_gluon_attn_fwd"):
         config = (64, 128, 4, module.GLUON_STAGES)  # rows per consumer, BLOCK_N, warps, buffers
-        scalars = dict(lse_ptr="*fp32", alibi_slopes_ptr="*fp32", qk_scale="fp32")
+        scalars = dict(o_ptr="*DTYPE", lse_ptr="*fp32", alibi_slopes_ptr="*fp32", qk_scale="fp32")
         scalars.update(n_ctx="i32", num_heads="i32", group="i32")
         params = {p.name for p in module._gluon_attn_fwd.params}
         resources = compile_gluon(
@@ -216,6 +216,8 @@ def gluon_resources(module) -> list:
     if hasattr(module, "_gluon_attn_bwd_dkdv"):
         tile = module.GLUON_BWD_TILE
         scalars = dict(
+            dk_ptr="*DTYPE",
+            dv_ptr="*DTYPE",
             lse_ptr="*fp32",
             delta_ptr="*fp32",
             alibi_slopes_ptr="*fp32",
@@ -224,7 +226,7 @@ def gluon_resources(module) -> list:
             num_heads="i32",
             kv_group="i32",
         )
-        dq_scalars = dict(scalars, o_ptr="*DTYPE", dlse_ptr="*fp32")
+        dq_scalars = dict(scalars, dq_ptr="*DTYPE", o_ptr="*DTYPE", dlse_ptr="*fp32")
         # The streamed tiles' rows: Q and dO in the dK/dV kernel, K and V in the dQ kernel.
         rows, cols = getattr(module, "GLUON_BWD_STREAMS", (tile, tile))
         dkdv = dict(q=rows, k=tile, v=tile, do=rows, dk=tile, dv=tile)

@@ -155,25 +155,35 @@ def test_tanh_is_accurate_on_gpu():
 @pytest.mark.parametrize("name", ["full", "plain_causal"])
 @pytest.mark.parametrize("dtype", [ir.DType.FP16, ir.DType.BF16])
 def test_gluon_forward_on_gpu(name, dtype, monkeypatch):
-    """The warp-specialized Gluon forward (sm90, Nq = Nk a multiple of 128):
-    one CTA's tile, several tiles with GQA, long rows, large inputs, and
-    gradients through the log-sum-exp it returns.  Counts its launches, so
-    the test cannot pass on the Triton fallback."""
+    """The warp-specialized Gluon forward (sm90, Nq = Nk of 128 or more):
+    one CTA's tile, several tiles with GQA, long rows, large inputs, lengths
+    that are no multiple of 128 (the last CTA's second consumer with some
+    rows, or none, before the next head's), and gradients through the
+    log-sum-exp it returns.  Counts its launches, so the test cannot pass on
+    the Triton fallback."""
     (variant,) = [v for v in example_variants() if v.name == name]
     variant = dataclasses.replace(variant, dtype=dtype)
     module = build(variant)
     launches = _count_calls(monkeypatch, module, "_gluon_forward")
     shapes = [Shape(1, 2, 2, 128, 128), Shape(2, 4, 2, 384, 384), Shape(1, 4, 1, 2048, 2048)]
+    shapes += RAGGED_SHAPES
     for i, shape in enumerate(shapes):
         for magnitude in (1.0, 5.0):
             result = run_case(variant, shape, seed=i, device="cuda", magnitude=magnitude)
             _record(variant, result)
             assert_ok(result)
     assert len(launches) == 2 * len(shapes)
-    result = run_grad_case(variant, Shape(1, 4, 2, 1024, 1024), seed=7, device="cuda")
-    _record(variant, result)
-    assert_ok(result)
+    for i, n in enumerate((1024, 1000)):
+        result = run_grad_case(variant, Shape(1, 4, 2, n, n), seed=7 + i, device="cuda")
+        _record(variant, result)
+        assert_ok(result)
     assert len(launches) > 2 * len(shapes)
+
+
+# Lengths of no multiple of 128 for the Gluon forward: the last CTA's second
+# consumer has no row (130), some (200, 1000); batches and heads follow, so a
+# store past a head's last row would overwrite its neighbour's.
+RAGGED_SHAPES = [Shape(2, 2, 2, 130, 130), Shape(2, 4, 2, 200, 200), Shape(1, 2, 1, 1000, 1000)]
 
 
 # Masks and scores for the Gluon backward: the mask's bounds, its interior
@@ -220,16 +230,18 @@ def _wide_streams(head_dim: int, mask: str) -> tuple[int, int]:
 @pytest.mark.parametrize("dtype", [ir.DType.FP16, ir.DType.BF16])
 @pytest.mark.parametrize("streams", ["built", "wide"])
 def test_gluon_backward_on_gpu(mask, score, head_dim, dtype, streams, monkeypatch):
-    """The warp-specialized Gluon backward (sm90, Nq = Nk a multiple of 128)
-    against the float64 reference: one CTA, GQA, several tiles per CTA, with
-    a random gradient of the log-sum-exp.  Counts its launches, so the test
-    cannot pass on the Triton fallback."""
+    """The warp-specialized Gluon backward (sm90, Nq = Nk of 128 or more)
+    against the float64 reference: one CTA, GQA, several tiles per CTA,
+    lengths of no multiple of 128 (RAGGED_SHAPES), with a random gradient of
+    the log-sum-exp.  Counts its launches, so the test cannot pass on the
+    Triton fallback."""
     variant = make_variant(mask, score, dtype=dtype, head_dim=head_dim)
     wide = streams == "wide" and {"gluon_bwd_streams": _wide_streams(head_dim, mask)}
     module = build(variant, wide)
     gluon = hasattr(module, "_gluon_backward")
     launches = _count_calls(monkeypatch, module, "_gluon_backward") if gluon else []
     shapes = [Shape(1, 2, 2, 128, 128), Shape(2, 4, 2, 384, 384), Shape(1, 2, 1, 1024, 1024)]
+    shapes += RAGGED_SHAPES
     for i, shape in enumerate(shapes):
         for magnitude in _magnitudes(score):
             result = run_grad_case(
@@ -490,12 +502,13 @@ def test_gluon_forward_any_over_runtime_data_on_gpu(declared, mask, dtype, monke
 
 def _check_gluon_forward(variant, longest: int, monkeypatch) -> None:
     """`variant`'s Gluon forward against the float64 reference: one CTA's
-    tile, GQA with several tiles, rows of `longest` keys, inputs x1 and x5,
-    then gradients through its log-sum-exp; counts its launches, so that it
+    tile, GQA with several tiles, rows of `longest` keys, lengths of no
+    multiple of 128, inputs x1 and x5, then gradients through its log-sum-exp; counts its launches, so that it
     cannot pass on the Triton fallback."""
     module = build(variant)
     launches = _count_calls(monkeypatch, module, "_gluon_forward")
     shapes = [Shape(1, 2, 2, 128, 128), Shape(2, 4, 2, 384, 384), Shape(1, 2, 1, longest, longest)]
+    shapes += RAGGED_SHAPES
     for i, shape in enumerate(shapes):
         for magnitude in (1.0, 5.0):
             result = run_case(variant, shape, seed=i, device="cuda", magnitude=magnitude)
