@@ -33,6 +33,32 @@ def test_host_stub_runs_the_gluon_paths():
     assert taken == ["_gluon_forward", "_launch", "_gluon_backward", "_launch", "_launch"]
 
 
+def test_host_stub_gluon_paths_at_lengths_of_no_multiple_of_128():
+    """Decision 100: N = 200 takes the Gluon forward and backward, on grids of
+    cdiv(N, 128) CTAs; N = 100 (shorter than a CTA's rows) the Triton kernels."""
+    import host_stub
+    import torch
+
+    path = os.path.join(os.path.dirname(__file__), "..", "generated", "plain_causal.py")
+    module = host_stub.load(path)
+    taken = []
+    for name in ("_gluon_forward", "_gluon_backward"):
+        fn = getattr(module, name)
+        setattr(module, name, lambda *a, fn=fn, name=name, **k: taken.append(name) or fn(*a, **k))
+    launch = module._launch
+    module._launch = lambda kernel, grid, *a, **k: taken.append(grid) or launch(kernel, grid, *a, **k)
+    for n in (200, 100):
+        taken.clear()
+        q, k, v, do = (torch.randn(2, 4, n, 128, dtype=module.DTYPE) for _ in range(4))
+        o, lse = module._forward(q, k, v, 0.1)
+        module._backward(q, k, v, o, lse, do, None, 0.1)
+        if n == 200:
+            assert taken == ["_gluon_forward", (2, 8), "_gluon_backward", (2, 8), (2, 8)]
+        else:
+            assert "_gluon_forward" not in taken and "_gluon_backward" not in taken
+            assert taken and all(isinstance(grid, tuple) for grid in taken)
+
+
 def test_host_stub_a_plan_serves_the_gluon_backward_of_a_data_mask(tmp_path):
     """Packed documents at d64 take the Gluon backward (decision 078): a plan
     from tile_plan() holds its 64-row tiles, so a call given it launches no
