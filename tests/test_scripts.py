@@ -46,7 +46,9 @@ def test_host_stub_gluon_paths_at_lengths_of_no_multiple_of_128():
         fn = getattr(module, name)
         setattr(module, name, lambda *a, fn=fn, name=name, **k: taken.append(name) or fn(*a, **k))
     launch = module._launch
-    module._launch = lambda kernel, grid, *a, **k: taken.append(grid) or launch(kernel, grid, *a, **k)
+    module._launch = lambda kernel, grid, *a, **k: taken.append(grid) or launch(
+        kernel, grid, *a, **k
+    )
     for n in (200, 100):
         taken.clear()
         q, k, v, do = (torch.randn(2, 4, n, 128, dtype=module.DTYPE) for _ in range(4))
