@@ -503,8 +503,9 @@ def test_gluon_forward_any_over_runtime_data_on_gpu(declared, mask, dtype, monke
 def _check_gluon_forward(variant, longest: int, monkeypatch) -> None:
     """`variant`'s Gluon forward against the float64 reference: one CTA's
     tile, GQA with several tiles, rows of `longest` keys, lengths of no
-    multiple of 128, inputs x1 and x5, then gradients through its log-sum-exp; counts its launches, so that it
-    cannot pass on the Triton fallback."""
+    multiple of 128, inputs x1 and x5, then gradients through its
+    log-sum-exp; counts its launches, so that it cannot pass on the Triton
+    fallback."""
     module = build(variant)
     launches = _count_calls(monkeypatch, module, "_gluon_forward")
     shapes = [Shape(1, 2, 2, 128, 128), Shape(2, 4, 2, 384, 384), Shape(1, 2, 1, longest, longest)]
