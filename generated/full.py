@@ -2210,7 +2210,7 @@ def _gluon_dkdv_cta(num_heads, kv_group, KEYS: gl.constexpr):
 
 @gluon.jit
 def _gluon_dkdv_step(
-    k_buf, v_buf, q_buf, do_buf, dk, dv, s_zero, k_pos, start_m, whole, row0, lse_ptr, delta_ptr,
+    k_buf, v_buf, q_buf, do_buf, dk, dv, s_zero, k_pos, start_m, whole, stat0, lse_ptr, delta_ptr,
     n_ctx, head, num_heads, alibi_slope, sm_scale,
 ):  # fmt: skip
     """One streamed tile of Q and dO against a consumer's keys: S^T = K Q^T
@@ -2226,9 +2226,10 @@ def _gluon_dkdv_step(
     dp_t = warpgroup_mma(v_buf, do_buf.permute((1, 0)), s_zero, use_acc=False, is_async=True)  # fmt: skip
     q_idx = start_m + gl.arange(0, ROWS, layout=row_vec)
     q_pos = gl.expand_dims(q_idx, 0)
-    # Rows past the last (N no multiple of 128): lse = +inf, so p = 0.
-    lse = gl.expand_dims(gl.load(lse_ptr + row0 + q_idx, mask=q_idx < n_ctx, other=float("inf")), 0)
-    delta = gl.expand_dims(gl.load(delta_ptr + row0 + q_idx, mask=q_idx < n_ctx, other=0.0), 0)
+    # The dQ kernel's copies, at a row stride padded to a multiple of 128:
+    # past N, lse = +inf (so p = 0) and delta = 0.
+    lse = gl.expand_dims(gl.load(lse_ptr + stat0 + q_idx), 0)
+    delta = gl.expand_dims(gl.load(delta_ptr + stat0 + q_idx), 0)
     s_t = warpgroup_mma_wait(num_outstanding=1, deps=(s_t,))
     if whole:
         p_t, s2_t = _attn_probs(
@@ -2253,7 +2254,7 @@ def _gluon_dkdv_step(
 @gluon.jit
 def _gluon_dkdv_consumer(args, HALF: gl.constexpr):
     (q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, dk_ptr, dv_ptr, lse_ptr, delta_ptr, alibi_slopes_ptr, sm_scale,
-     n_ctx, num_heads, kv_group, k_smem, v_smem, q_smem, do_smem, kv_bar, q_ready, q_empty) = args  # fmt: skip
+     n_ctx, n_pad, num_heads, kv_group, k_smem, v_smem, q_smem, do_smem, kv_bar, q_ready, q_empty) = args  # fmt: skip
     dtype: gl.constexpr = q_desc.dtype
     ROWS: gl.constexpr = q_desc.block_type.shape[0]
     HEAD_DIM: gl.constexpr = q_desc.block_type.shape[1]
@@ -2279,7 +2280,7 @@ def _gluon_dkdv_consumer(args, HALF: gl.constexpr):
     t = 0  # tiles received
     for group_head in range(kv_group):  # GQA: the query heads of this kv head
         head = kv_head * kv_group + group_head
-        row0 = (batch * num_heads + head) * n_ctx
+        stat0 = (batch * num_heads + head) * n_pad  # this head's lse and delta
         alibi_slope = 0.0
         row_lo, row_hi = _gluon_query_rows(
             start_n, start_n + 2 * KEYS - 1, n_ctx, head, num_heads, ROWS,
@@ -2299,7 +2300,7 @@ def _gluon_dkdv_consumer(args, HALF: gl.constexpr):
                     do_buf = do_smem.index(stage)
                     dk, dv = _gluon_dkdv_step(
                         k_buf, v_buf, q_buf, do_buf, dk, dv, s_zero, k_pos, start_m, whole,
-                        row0, lse_ptr, delta_ptr, n_ctx, head, num_heads, alibi_slope, sm_scale,
+                        stat0, lse_ptr, delta_ptr, n_ctx, head, num_heads, alibi_slope, sm_scale,
                     )  # fmt: skip
                 mbarrier.arrive(q_empty.index(stage), count=1)
                 t += 1
@@ -2325,7 +2326,7 @@ def _gluon_dkdv_consumer(args, HALF: gl.constexpr):
 @gluon.jit
 def _gluon_dkdv_producer(args, HALF: gl.constexpr):
     (q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, dk_ptr, dv_ptr, lse_ptr, delta_ptr, alibi_slopes_ptr, sm_scale,
-     n_ctx, num_heads, kv_group, k_smem, v_smem, q_smem, do_smem, kv_bar, q_ready, q_empty) = args  # fmt: skip
+     n_ctx, n_pad, num_heads, kv_group, k_smem, v_smem, q_smem, do_smem, kv_bar, q_ready, q_empty) = args  # fmt: skip
     ROWS: gl.constexpr = q_desc.block_type.shape[0]
     KEYS: gl.constexpr = k_desc.block_type.shape[0]
     STAGES: gl.constexpr = q_smem.type.shape[0]
@@ -2363,7 +2364,7 @@ def _gluon_dkdv_producer(args, HALF: gl.constexpr):
 @gluon.jit
 def _gluon_attn_bwd_dkdv(
     q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, dk_ptr, dv_ptr, lse_ptr, delta_ptr, alibi_slopes_ptr, sm_scale,
-    n_ctx, num_heads, kv_group, STAGES: gl.constexpr,
+    n_ctx, n_pad, num_heads, kv_group, STAGES: gl.constexpr,
 ):  # fmt: skip
     """Grid: (cdiv(N, 128), batch * kv heads).  dK (scaled) and dV of 128 keys."""
     dtype: gl.constexpr = q_desc.dtype
@@ -2382,7 +2383,7 @@ def _gluon_attn_bwd_dkdv(
         mbarrier.init(q_ready.index(i), count=1)
         mbarrier.init(q_empty.index(i), count=2)  # released by both consumers
     args = (q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, dk_ptr, dv_ptr, lse_ptr, delta_ptr, alibi_slopes_ptr, sm_scale,
-            n_ctx, num_heads, kv_group, k_smem, v_smem, q_smem, do_smem, kv_bar, q_ready, q_empty)  # fmt: skip
+            n_ctx, n_pad, num_heads, kv_group, k_smem, v_smem, q_smem, do_smem, kv_bar, q_ready, q_empty)  # fmt: skip
     gl.warp_specialize(
         [
             (_gluon_dkdv_consumer, (args, 0)),
@@ -2402,8 +2403,8 @@ def _gluon_dq_cta(ROWS: gl.constexpr):
 
 @gluon.jit
 def _gluon_dq_consumer(args, HALF: gl.constexpr, HAS_DLSE: gl.constexpr):
-    (q_desc, k_desc, v_desc, do_desc, dq_desc, dq_ptr, o_ptr, dlse_ptr, lse_ptr, delta_ptr, alibi_slopes_ptr, sm_scale,
-     n_ctx, num_heads, kv_group, q_smem, do_smem, k_smem, v_smem, q_bar, k_ready, v_ready, kv_empty) = args  # fmt: skip
+    (q_desc, k_desc, v_desc, do_desc, dq_desc, dq_ptr, o_ptr, dlse_ptr, lse_ptr, delta_ptr, lse_pad_ptr, alibi_slopes_ptr, sm_scale,
+     n_ctx, n_pad, num_heads, kv_group, q_smem, do_smem, k_smem, v_smem, q_bar, k_ready, v_ready, kv_empty) = args  # fmt: skip
     dtype: gl.constexpr = q_desc.dtype
     ROWS: gl.constexpr = q_desc.block_type.shape[0]  # this consumer's query rows
     HEAD_DIM: gl.constexpr = q_desc.block_type.shape[1]
@@ -2424,11 +2425,13 @@ def _gluon_dq_consumer(args, HALF: gl.constexpr, HAS_DLSE: gl.constexpr):
     q_idx = q_lo + gl.arange(0, ROWS, layout=row_vec)
     q_pos = gl.expand_dims(q_idx, 1)
     # Rows past the last (N no multiple of 128) read nothing and store nothing.
-    lse = gl.load(lse_ptr + batch_head * n_ctx + q_idx, mask=q_idx < n_ctx, other=float("inf"))
-    lse = gl.expand_dims(lse, 1)
+    row_lse = gl.load(lse_ptr + batch_head * n_ctx + q_idx, mask=q_idx < n_ctx, other=float("inf"))
+    gl.store(lse_pad_ptr + batch_head * n_pad + q_idx, row_lse)  # for the dK/dV kernel
+    lse = gl.expand_dims(row_lse, 1)
     # delta = rowsum(dO * O) - dlse, the softmax backward's row term
     # (`_attn_bwd_preprocess`), from O read here and dO once it has landed;
-    # stored for the dK/dV kernel, which runs next.
+    # stored for the dK/dV kernel, which runs next, at rows padded to n_pad
+    # (0 past N: O reads 0 there).
     rows_layout: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
     row_idx = q_lo + gl.arange(0, ROWS, layout=gl.SliceLayout(1, rows_layout))
     inside = row_idx < n_ctx
@@ -2446,7 +2449,7 @@ def _gluon_dq_consumer(args, HALF: gl.constexpr, HAS_DLSE: gl.constexpr):
     row_delta = gl.sum(do_buf.load(rows_layout).to(gl.float32) * o.to(gl.float32), 1)
     if HAS_DLSE:
         row_delta -= gl.load(dlse_ptr + rows, mask=inside, other=0.0)
-    gl.store(delta_ptr + rows, row_delta, mask=inside)
+    gl.store(delta_ptr + batch_head * n_pad + row_idx, row_delta)
     delta = gl.expand_dims(gl.convert_layout(row_delta, row_vec), 1)
     lo, hi = _gluon_key_cols(start_cta, start_cta + 2 * ROWS - 1, n_ctx, head, num_heads, BLOCK_N)
     t = 0  # tiles received
@@ -2509,8 +2512,8 @@ def _gluon_dq_consumer(args, HALF: gl.constexpr, HAS_DLSE: gl.constexpr):
 
 @gluon.jit
 def _gluon_dq_producer(args, HALF: gl.constexpr):
-    (q_desc, k_desc, v_desc, do_desc, dq_desc, dq_ptr, o_ptr, dlse_ptr, lse_ptr, delta_ptr, alibi_slopes_ptr, sm_scale,
-     n_ctx, num_heads, kv_group, q_smem, do_smem, k_smem, v_smem, q_bar, k_ready, v_ready, kv_empty) = args  # fmt: skip
+    (q_desc, k_desc, v_desc, do_desc, dq_desc, dq_ptr, o_ptr, dlse_ptr, lse_ptr, delta_ptr, lse_pad_ptr, alibi_slopes_ptr, sm_scale,
+     n_ctx, n_pad, num_heads, kv_group, q_smem, do_smem, k_smem, v_smem, q_bar, k_ready, v_ready, kv_empty) = args  # fmt: skip
     ROWS: gl.constexpr = q_desc.block_type.shape[0]
     BLOCK_N: gl.constexpr = k_desc.block_type.shape[0]
     STAGES: gl.constexpr = k_smem.type.shape[0]
@@ -2547,8 +2550,8 @@ def _gluon_dq_producer(args, HALF: gl.constexpr):
 
 @gluon.jit
 def _gluon_attn_bwd_dq(
-    q_desc, k_desc, v_desc, do_desc, dq_desc, dq_ptr, o_ptr, dlse_ptr, lse_ptr, delta_ptr, alibi_slopes_ptr, sm_scale,
-    n_ctx, num_heads, kv_group, HAS_DLSE: gl.constexpr, STAGES: gl.constexpr,
+    q_desc, k_desc, v_desc, do_desc, dq_desc, dq_ptr, o_ptr, dlse_ptr, lse_ptr, delta_ptr, lse_pad_ptr, alibi_slopes_ptr, sm_scale,
+    n_ctx, n_pad, num_heads, kv_group, HAS_DLSE: gl.constexpr, STAGES: gl.constexpr,
 ):  # fmt: skip
     """Grid: (cdiv(N, 128), batch * heads).  dQ (scaled) of 128 query rows, and
     their delta = rowsum(dO * O) - dlse (dlse read only if HAS_DLSE)."""
@@ -2569,8 +2572,8 @@ def _gluon_attn_bwd_dq(
         mbarrier.init(k_ready.index(i), count=1)
         mbarrier.init(v_ready.index(i), count=1)
         mbarrier.init(kv_empty.index(i), count=2)  # released by both consumers
-    args = (q_desc, k_desc, v_desc, do_desc, dq_desc, dq_ptr, o_ptr, dlse_ptr, lse_ptr, delta_ptr, alibi_slopes_ptr, sm_scale,
-            n_ctx, num_heads, kv_group, q_smem, do_smem, k_smem, v_smem, q_bar, k_ready, v_ready, kv_empty)  # fmt: skip
+    args = (q_desc, k_desc, v_desc, do_desc, dq_desc, dq_ptr, o_ptr, dlse_ptr, lse_ptr, delta_ptr, lse_pad_ptr, alibi_slopes_ptr, sm_scale,
+            n_ctx, n_pad, num_heads, kv_group, q_smem, do_smem, k_smem, v_smem, q_bar, k_ready, v_ready, kv_empty)  # fmt: skip
     gl.warp_specialize(
         [
             (_gluon_dq_consumer, (args, 0, HAS_DLSE)),
@@ -2590,7 +2593,7 @@ def _gluon_backward_supported(
 
 
 def _gluon_backward(
-    q, k, v, o, do, lse, dlse, delta, dq, dk, dv, alibi_slopes, scale: float
+    q, k, v, o, do, lse, dlse, dq, dk, dv, alibi_slopes, scale: float
 ) -> None:  # fmt: skip
     """dQ and delta first (the dQ kernel computes delta), then dK and dV."""
     batch, num_heads, n, _ = q.shape
@@ -2598,15 +2601,19 @@ def _gluon_backward(
     q_desc, k_desc, v_desc, do_desc, dq_desc, dk_desc, dv_desc = (
         _gluon_descriptor(x, GLUON_BWD_TILE) for x in (q, k, v, do, dq, dk, dv)
     )  # fmt: skip
-    common = (alibi_slopes, scale, n, num_heads, num_heads // kv_heads)
+    # lse and delta for the dK/dV kernel, written by the dQ kernel: rows padded to a
+    # multiple of GLUON_BWD_BLOCK, a stride that 16 divides whatever N is (decision 100).
+    n_pad = triton.cdiv(n, GLUON_BWD_BLOCK) * GLUON_BWD_BLOCK
+    lse_pad, delta = torch.empty((2, batch * num_heads, n_pad), dtype=torch.float32, device=q.device)  # fmt: skip
+    common = (alibi_slopes, scale, n, n_pad, num_heads, num_heads // kv_heads)
     _launch(
         _gluon_attn_bwd_dq, (triton.cdiv(n, GLUON_BWD_BLOCK), batch * num_heads),
-        q_desc, k_desc, v_desc, do_desc, dq_desc, dq, o, delta if dlse is None else dlse, lse, delta, *common,
+        q_desc, k_desc, v_desc, do_desc, dq_desc, dq, o, delta if dlse is None else dlse, lse, delta, lse_pad, *common,
         dlse is not None, GLUON_BWD_STAGES[1], num_warps=4,
     )  # fmt: skip
     _launch(
         _gluon_attn_bwd_dkdv, (triton.cdiv(n, GLUON_BWD_BLOCK), batch * kv_heads),
-        q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, dk, dv, lse, delta, *common, GLUON_BWD_STAGES[0], num_warps=4,
+        q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, dk, dv, lse_pad, delta, *common, GLUON_BWD_STAGES[0], num_warps=4,
     )  # fmt: skip
 
 
@@ -2834,11 +2841,11 @@ def _backward(
         do = _kernel_view(_user_view(do, seqs).contiguous(), seqs)
     if dlse is not None:
         dlse = dlse.to(torch.float32).contiguous()
-    delta = torch.empty_strided(lse.shape, lse.stride(), dtype=lse.dtype, device=lse.device)
     alibi_slopes = _alibi_or_placeholder(num_heads, lse)
     if not explicit and seqs is None and shifts is None and _gluon_backward_supported(q, k, v, o, do):  # fmt: skip
-        _gluon_backward(q, k, v, o, do, lse, dlse, delta, dq, dk, dv, alibi_slopes, scale)
+        _gluon_backward(q, k, v, o, do, lse, dlse, dq, dk, dv, alibi_slopes, scale)
         return dq, dk, dv
+    delta = torch.empty_strided(lse.shape, lse.stride(), dtype=lse.dtype, device=lse.device)
     grid = (_cdiv(n_queries, block_m), batch * num_heads)
     _launch(
         _attn_bwd_preprocess, grid,

@@ -1874,8 +1874,8 @@ def _backward(
         do = _kernel_view(_user_view(do, seqs).contiguous(), seqs)
     if dlse is not None:
         dlse = dlse.to(torch.float32).contiguous()
-    delta = torch.empty_strided(lse.shape, lse.stride(), dtype=lse.dtype, device=lse.device)
     alibi_slopes = _alibi_or_placeholder(num_heads, lse)
+    delta = torch.empty_strided(lse.shape, lse.stride(), dtype=lse.dtype, device=lse.device)
     grid = (_cdiv(n_queries, block_m), batch * num_heads)
     _launch(
         _attn_bwd_preprocess, grid,

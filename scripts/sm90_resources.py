@@ -181,7 +181,7 @@ def compile_gluon(module, fn, descriptors, scalars, constants, options):
     attrs = {
         (i,): [["tt.divisibility", 16]]
         for i, (name, kind) in enumerate(signature.items())
-        if kind.startswith("*") or name == "n_ctx"
+        if kind.startswith("*") or name in ("n_ctx", "n_pad")
     }
     kernel = triton.compile(
         GluonASTSource(fn, signature, constants, attrs),
@@ -225,8 +225,11 @@ def gluon_resources(module) -> list:
             n_ctx="i32",
             num_heads="i32",
             kv_group="i32",
+            n_pad="i32",
         )
-        dq_scalars = dict(scalars, dq_ptr="*DTYPE", o_ptr="*DTYPE", dlse_ptr="*fp32")
+        dq_scalars = dict(
+            scalars, dq_ptr="*DTYPE", o_ptr="*DTYPE", dlse_ptr="*fp32", lse_pad_ptr="*fp32"
+        )
         # The streamed tiles' rows: Q and dO in the dK/dV kernel, K and V in the dQ kernel.
         rows, cols = getattr(module, "GLUON_BWD_STREAMS", (tile, tile))
         dkdv = dict(q=rows, k=tile, v=tile, do=rows, dk=tile, dv=tile)
