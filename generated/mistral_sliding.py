@@ -1038,21 +1038,25 @@ class Sequences:
     `sequences(...)` once per batch (reading the lengths on the host once)
     and passed to every layer's `attention(..., sequences=...)`."""
 
-    def __init__(self, varlen: bool, tensors: tuple, side: str, longest, rows, lengths, most):
+    def __init__(
+        self, varlen: bool, tensors: tuple, side: str, longest, rows, lengths, most, tiles=None
+    ):
         self.varlen, self.side, self.lengths = varlen, side, lengths  # lengths: on the host
         self.longest = longest  # the longest query and key sequences (None: the call's)
         self.most = most  # varlen: max_seqlen_q and max_seqlen_k as given (None: the longest)
         self.rows = rows  # varlen: the rows of q and k the sequences cover
         self.tensors = tensors  # varlen: the table; padded: seqlens_q, seqlens_k
+        self.tiles = tiles  # varlen with as many queries as keys: `_gluon_tiles`
         self.device = next(x.device for x in tensors if x is not None)
         self.batch = next(x.shape[0] for x in tensors if x is not None)
         self._tables: dict = {}
 
     def bind(self, q: torch.Tensor, k: torch.Tensor) -> tuple:
         """What the kernels take for a call on q and k: (table, longest query
-        sequence, longest key sequence, varlen, lengths, sizes), the table (S, 4)
-        int32 holding each sequence's first row of q, its queries, its first row
-        of k, its keys; `lengths` for the index check, `sizes` the inputs' Nq, Nk."""
+        sequence, longest key sequence, varlen, lengths, sizes, tiles), the table
+        (S, 4) int32 holding each sequence's first row of q, its queries, its first
+        row of k, its keys; `lengths` for the index check, `sizes` the inputs' Nq,
+        Nk; `tiles` the Gluon forward's (`_gluon_tiles`) or None."""
         for name, x in (("q", q), ("k", k)):
             dims, layout = (3, "(tokens, heads, head_dim)") if self.varlen else (4, "(B, H, N, D)")
             if not isinstance(x, torch.Tensor) or x.dim() != dims:
@@ -1066,7 +1070,7 @@ class Sequences:
                         f"cu_seqlens_{name} reaches row {rows}, past {name}'s {x.shape[0]}"
                     )
             sizes = tuple(n if m is None else m for m, n in zip(self.most, self.longest))
-            return (self.tensors[0], *self.longest, True, self.lengths, sizes)
+            return (self.tensors[0], *self.longest, True, self.lengths, sizes, self.tiles)
         (batch, _, n_q, _), n_k = q.shape, k.shape[2]
         if batch != self.batch:
             raise ValueError(f"q has batch size {batch}, but the sequences {self.batch}")
@@ -1082,7 +1086,7 @@ class Sequences:
                 columns += [first, lengths]
             table = self._tables[(n_q, n_k)] = torch.stack(columns, 1).to(torch.int32)
         longest = tuple(n if m is None else m for m, n in zip(self.longest, (n_q, n_k)))
-        return (table, *longest, False, self.lengths, (n_q, n_k))
+        return (table, *longest, False, self.lengths, (n_q, n_k), None)
 
 
 def _sequences(
@@ -1097,6 +1101,7 @@ def _sequences(
     Checked here, with one read of the lengths on the host; None when no
     lengths are given."""
     varlen = cu_seqlens_q is not None or cu_seqlens_k is not None
+    tiles = None
     lengths = (seqlens_q, seqlens_k, cu_seqlens_q, cu_seqlens_k)
     named = zip(("seqlens_q", "seqlens_k", "cu_seqlens_q", "cu_seqlens_k"), lengths)
     given = {name: x for name, x in named if x is not None}
@@ -1138,6 +1143,8 @@ def _sequences(
             [cu_seqlens_q[:-1], cu_seqlens_q.diff(), cu_seqlens_k[:-1], cu_seqlens_k.diff()], 1
         ).to(torch.int32)
         tensors, rows = (table,), (values["cu_seqlens_q"][-1], values["cu_seqlens_k"][-1])
+        if lengths[0] == lengths[1]:
+            tiles = _gluon_tiles(lengths[0], table.device)
     else:
         lengths = [values.get(f"seqlens_{s}") for s in "qk"]  # None: every row
         longest, tensors, rows = tuple(x and max(x) for x in lengths), (seqlens_q, seqlens_k), None
@@ -1150,10 +1157,20 @@ def _sequences(
                 f"{name} must be an int >= the longest sequence, {most}: got {limit!r}"
             )
     most = (max_seqlen_q, max_seqlen_k)
-    return Sequences(varlen, tensors, padding_side, longest, rows, lengths, most)
+    return Sequences(varlen, tensors, padding_side, longest, rows, lengths, most, tiles)
 
 
 sequences = _sequences  # attention()'s argument `sequences` hides the name there
+
+
+def _gluon_tiles(lengths: list[int], device, block: int = 128) -> torch.Tensor:
+    """The Gluon forward's tiles of a varlen call whose sequences have as many
+    queries as keys: (sequence, first row) int32 for every `block` rows of
+    every sequence, the tiles furthest into their sequence first (under a
+    causal mask the heaviest; without one, those of the longest sequences)."""
+    tiles = [(s, row) for s, n in enumerate(lengths) for row in range(0, n, block)]
+    tiles.sort(key=lambda t: (-t[1], -lengths[t[0]]))
+    return torch.tensor(tiles, dtype=torch.int32).reshape(-1, 2).to(device)
 
 
 def _bound_sequences(q, k, given, **lengths) -> tuple | None:
@@ -1850,10 +1867,34 @@ class _GluonBlocks(NamedTuple):
         )
 
 
-def _gluon_descriptor(x: torch.Tensor, rows: int) -> _GluonBlocks:
-    """A TMA descriptor of [rows, D] blocks over contiguous x seen as (B * heads * N, D)."""
+def _gluon_descriptor(x: torch.Tensor, rows: int, width: int = 0) -> _GluonBlocks:
+    """A TMA descriptor of [rows, D] blocks over contiguous x seen as (B * heads * N, D),
+    or with `width` as (x.numel() / width, width): a varlen (tokens, heads, D) as
+    (tokens, heads * D), a head's block at column head * D."""
     d = x.shape[-1]
-    return _GluonBlocks(x, (x.numel() // d, d), (d, 1), (rows, d), _gluon_layout(rows, d, x.dtype))
+    width = width or d
+    return _GluonBlocks(
+        x, (x.numel() // width, width), (width, 1), (rows, d), _gluon_layout(rows, d, x.dtype)
+    )  # fmt: skip
+
+
+def _gluon_varlen_fits(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, seqs) -> bool:
+    """Whether the Gluon forward can take this varlen call (kernel views of q,
+    k, v; `seqs` bound): a Triton with Gluon, an sm90 GPU, sequences of as many
+    queries as keys (the call's tile table, `Sequences.bind`; calls through the
+    custom ops under torch.compile carry none), q, k and v contiguous as
+    (tokens, heads, D) and 16-byte aligned, and lse's (heads, tokens) offsets
+    in int32."""
+    if not GLUON or _interpreting() or q.device.type != "cuda" or _capability(q.device) != (9, 0):
+        return False
+    # No tile table: a padded call, sequences that differ, or a custom op's (`_op_args`).
+    tiles = seqs[6] if seqs is not None and len(seqs) > 6 else None
+    if tiles is None or tiles.shape[0] >= 2**16:
+        return False  # grid axis 1: at most 65535 tiles
+    users = [_user_view(x, seqs) for x in (q, k, v)]
+    if q.shape[1] * q.shape[2] >= 2**31 - 128:
+        return False
+    return all(x.is_contiguous() and x.data_ptr() % 16 == 0 for x in users)
 
 
 _STAND_INS = (_GluonBlocks,)
@@ -1934,9 +1975,30 @@ def _gluon_softmax_step(s, m_i, l_i, sm_scale, q_idx, k_start, o_rows: gl.conste
 
 
 @gluon.jit
-def _gluon_tile_rows():
-    """The first query row of this CTA: heaviest tiles first under a causal mask."""
-    return (gl.num_programs(0) - 1 - gl.program_id(0)) * (2 * 64)
+def _gluon_cta(n_ctx, num_heads, group, seqs_ptr, tiles_ptr, lse_stride, HEAD_DIM: gl.constexpr, VARLEN: gl.constexpr):  # fmt: skip
+    """Where this CTA's rows lie: (its first query position, the head, the
+    sequence's length, the rows of q and of k where the sequence's position 0
+    lies and the columns of the head and of its KV head, in the descriptors'
+    (rows, columns) view, and the offset of position 0 in lse).  Dense calls:
+    grid (tiles, batch * heads) over (B * H * N, D) views, heaviest tiles first
+    under a causal mask.  VARLEN: grid (the call's tiles, heads) over (tokens,
+    heads * D) views, tile i = (sequence, first row) from `tiles_ptr` (heaviest
+    first), the sequence's first rows and lengths from `seqs_ptr` (S, 4)."""
+    if VARLEN:
+        head = gl.program_id(1)
+        seq = gl.load(tiles_ptr + 2 * gl.program_id(0))
+        start_cta = gl.load(tiles_ptr + 2 * gl.program_id(0) + 1)
+        q_row = gl.load(seqs_ptr + 4 * seq)
+        n = gl.load(seqs_ptr + 4 * seq + 1)
+        k_row = gl.load(seqs_ptr + 4 * seq + 2)
+        return start_cta, head, n, q_row, k_row, head * HEAD_DIM, head // group * HEAD_DIM, head * lse_stride + q_row  # fmt: skip
+    else:
+        batch_head = gl.program_id(1)
+        head = batch_head % num_heads
+        batch_kv_head = batch_head // num_heads * (num_heads // group) + head // group
+        start_cta = (gl.num_programs(0) - 1 - gl.program_id(0)) * (2 * 64)
+        q_row = batch_head * n_ctx
+        return start_cta, head, n_ctx, q_row, batch_kv_head * n_ctx, 0, 0, q_row
 
 
 @gluon.jit
@@ -1952,6 +2014,7 @@ def _gluon_key_tiles(start_cta, n_ctx, head, num_heads, BLOCK_N: gl.constexpr):
 @gluon.jit
 def _gluon_fwd_consumer(args, HALF: gl.constexpr):
     (q_desc, k_desc, v_desc, o_desc, o_ptr, lse_ptr, qk_scale, n_ctx, num_heads, group,
+     seqs_ptr, tiles_ptr, lse_stride, VARLEN,
      q_smem, k_smem, v_smem, q_bars, k_ready, v_ready, k_empty, v_empty) = args  # fmt: skip
     dtype: gl.constexpr = q_desc.dtype
     ROWS: gl.constexpr = q_desc.block_type.shape[0]
@@ -1966,10 +2029,10 @@ def _gluon_fwd_consumer(args, HALF: gl.constexpr):
     s_rows: gl.constexpr = gl.SliceLayout(1, s_layout)
     o_rows: gl.constexpr = gl.SliceLayout(1, o_layout)
 
-    start_cta = _gluon_tile_rows()
+    start_cta, head, n_ctx, q_row, k_row, q_col, k_col, lse_row = _gluon_cta(
+        n_ctx, num_heads, group, seqs_ptr, tiles_ptr, lse_stride, HEAD_DIM, VARLEN
+    )  # fmt: skip
     start_m = start_cta + HALF * ROWS
-    batch_head = gl.program_id(1)
-    head = batch_head % num_heads
     key0, n_tiles = _gluon_key_tiles(start_cta, n_ctx, head, num_heads, BLOCK_N)
     q_buf = q_smem.index(HALF)
     alibi_slope = 0.0
@@ -2065,56 +2128,57 @@ def _gluon_fwd_consumer(args, HALF: gl.constexpr):
     if start_m + ROWS <= n_ctx:
         q_buf.store(acc.to(dtype))  # Q is no longer needed: its buffer stages O
         fence_async_shared()
-        gl_tma.async_copy_shared_to_global(o_desc, [batch_head * n_ctx + start_m, 0], q_buf)
-    else:  # past the last row (N no multiple of 128) lie the next head's rows: a masked store
+        gl_tma.async_copy_shared_to_global(o_desc, [q_row + start_m, q_col], q_buf)
+    else:  # past the last row lie the next head's (or sequence's) rows: a masked store
         o_idx = start_m + gl.arange(0, ROWS, layout=o_rows)
-        cols = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, o_layout))
-        rows = (batch_head * n_ctx + o_idx).to(gl.int64) * HEAD_DIM
+        cols = q_col + gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, o_layout))
+        rows = (q_row + o_idx).to(gl.int64) * (num_heads * HEAD_DIM if VARLEN else HEAD_DIM)
         o_ptrs = o_ptr + gl.expand_dims(rows, 1) + gl.expand_dims(cols, 0)
         gl.store(o_ptrs, acc.to(dtype), mask=gl.expand_dims(o_idx < n_ctx, 1))
     lse = gl.where(l_i == 0.0, float("-inf"), (m_i + gl.log2(l_safe)) * 0.6931471805599453)
-    gl.store(lse_ptr + batch_head * n_ctx + q_idx, lse, mask=q_idx < n_ctx)
+    gl.store(lse_ptr + lse_row + q_idx, lse, mask=q_idx < n_ctx)
     gl_tma.store_wait(pendings=0)
 
 
 @gluon.jit
 def _gluon_fwd_producer(args, HALF: gl.constexpr):
     (q_desc, k_desc, v_desc, o_desc, o_ptr, lse_ptr, qk_scale, n_ctx, num_heads, group,
+     seqs_ptr, tiles_ptr, lse_stride, VARLEN,
      q_smem, k_smem, v_smem, q_bars, k_ready, v_ready, k_empty, v_empty) = args  # fmt: skip
     ROWS: gl.constexpr = q_desc.block_type.shape[0]
     BLOCK_N: gl.constexpr = k_desc.block_type.shape[0]
     STAGES: gl.constexpr = k_smem.type.shape[0]
-    start_cta = _gluon_tile_rows()
-    batch_head = gl.program_id(1)
-    kv_heads = num_heads // group
-    batch_kv_head = batch_head // num_heads * kv_heads + batch_head % num_heads // group
+    HEAD_DIM: gl.constexpr = q_desc.block_type.shape[1]
+    start_cta, head, n_ctx, q_row, k_row, q_col, k_col, _ = _gluon_cta(
+        n_ctx, num_heads, group, seqs_ptr, tiles_ptr, lse_stride, HEAD_DIM, VARLEN
+    )  # fmt: skip
     for i in gl.static_range(2):
         mbarrier.expect(q_bars.index(i), q_desc.block_type.nbytes)
         gl_tma.async_copy_global_to_shared(
-            q_desc, [batch_head * n_ctx + start_cta + i * ROWS, 0], q_bars.index(i), q_smem.index(i)
+            q_desc, [q_row + start_cta + i * ROWS, q_col], q_bars.index(i), q_smem.index(i)
         )  # fmt: skip
-    key0, n_tiles = _gluon_key_tiles(start_cta, n_ctx, batch_head % num_heads, num_heads, BLOCK_N)
+    key0, n_tiles = _gluon_key_tiles(start_cta, n_ctx, head, num_heads, BLOCK_N)
     for j in range(n_tiles):
         stage = j % STAGES
         phase = (j // STAGES) & 1
-        row = batch_kv_head * n_ctx + key0 + j * BLOCK_N
+        row = k_row + key0 + j * BLOCK_N
         # A barrier starts with phase 1 complete: the first STAGES waits pass.
         mbarrier.wait(k_empty.index(stage), phase ^ 1)
         mbarrier.expect(k_ready.index(stage), k_desc.block_type.nbytes)
         gl_tma.async_copy_global_to_shared(
-            k_desc, [row, 0], k_ready.index(stage), k_smem.index(stage)
+            k_desc, [row, k_col], k_ready.index(stage), k_smem.index(stage)
         )  # fmt: skip
         mbarrier.wait(v_empty.index(stage), phase ^ 1)
         mbarrier.expect(v_ready.index(stage), v_desc.block_type.nbytes)
         gl_tma.async_copy_global_to_shared(
-            v_desc, [row, 0], v_ready.index(stage), v_smem.index(stage)
+            v_desc, [row, k_col], v_ready.index(stage), v_smem.index(stage)
         )  # fmt: skip
 
 
 @gluon.jit
 def _gluon_attn_fwd(
     q_desc, k_desc, v_desc, o_desc, o_ptr, lse_ptr, qk_scale, n_ctx, num_heads, group,
-    STAGES: gl.constexpr,
+    seqs_ptr, tiles_ptr, lse_stride, STAGES: gl.constexpr, VARLEN: gl.constexpr,
 ):  # fmt: skip
     dtype: gl.constexpr = q_desc.dtype
     ROWS: gl.constexpr = q_desc.block_type.shape[0]
@@ -2136,6 +2200,7 @@ def _gluon_attn_fwd(
         mbarrier.init(k_empty.index(i), count=2)  # released by both consumers
         mbarrier.init(v_empty.index(i), count=2)
     args = (q_desc, k_desc, v_desc, o_desc, o_ptr, lse_ptr, qk_scale, n_ctx, num_heads, group,
+            seqs_ptr, tiles_ptr, lse_stride, VARLEN,
             q_smem, k_smem, v_smem, q_bars, k_ready, v_ready, k_empty, v_empty)  # fmt: skip
     gl.warp_specialize(
         [
@@ -2157,8 +2222,32 @@ def _gluon_supported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: f
     return scale > 0 and _gluon_fits(GLUON_BLOCK, q, k, v, any_length=True)
 
 
-def _gluon_forward(q, k, v, o, lse, scale: float) -> None:
+def _gluon_varlen_supported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, seqs) -> bool:  # fmt: skip
+    """Whether this varlen call (`seqs` bound, q, k, v kernel views) can take
+    the Gluon forward (`_gluon_varlen_fits`), with a positive scale and, as a
+    dense call's N, sequences of GLUON_MIN_KEYS or more tokens on average."""
+    if seqs is None or not seqs[3] or scale <= 0 or not _gluon_varlen_fits(q, k, v, seqs):
+        return False
+    lengths = seqs[4][1]
+    return sum(lengths) >= GLUON_MIN_KEYS * len(lengths)
+
+
+def _gluon_forward(q, k, v, o, lse, scale: float, seqs=None) -> None:
+    """`seqs`: a varlen call's (`_gluon_varlen_supported`), q, k, v, o and lse as kernel views."""
     batch, num_heads, n, d = q.shape
+    if seqs is not None:  # (tokens, heads * D) views; a CTA per tile of the call's table and head
+        q, k, v, o = (_user_view(x, seqs) for x in (q, k, v, o))
+        tiles = seqs[6]
+        descriptors = [
+            _gluon_descriptor(x, rows, x.shape[1] * d)
+            for x, rows in ((q, 64), (k, GLUON_BLOCK), (v, GLUON_BLOCK), (o, 64))
+        ]
+        _launch(
+            _gluon_attn_fwd, (num_heads, tiles.shape[0]),
+            *descriptors, o, lse, scale * 1.4426950408889634, 0, num_heads, num_heads // k.shape[1],
+            seqs[0], tiles, lse.stride(1), GLUON_STAGES, True, num_warps=4, maxnreg=168,
+        )  # fmt: skip
+        return
     descriptors = [
         _gluon_descriptor(x, rows)
         for x, rows in ((q, 64), (k, GLUON_BLOCK), (v, GLUON_BLOCK), (o, 64))
@@ -2166,7 +2255,7 @@ def _gluon_forward(q, k, v, o, lse, scale: float) -> None:
     _launch(
         _gluon_attn_fwd, (triton.cdiv(n, GLUON_BLOCK), batch * num_heads),
         *descriptors, o, lse, scale * 1.4426950408889634, n, num_heads, num_heads // k.shape[1],
-        GLUON_STAGES, num_warps=4, maxnreg=168,
+        lse, lse, 0, GLUON_STAGES, False, num_warps=4, maxnreg=168,
     )  # fmt: skip
 
 
@@ -2647,6 +2736,8 @@ def forward(
     Without a launch configuration or tma=False, on an sm90 GPU with Nq = Nk
     of 128 or more and at least GLUON_MIN_KEYS keys, the Gluon kernel
     runs instead (`_gluon_supported`).
+    So does a varlen call whose sequences have as many queries as keys
+    (`_gluon_varlen_supported`).
     cache_seqlens, block_table, workspace, check_values: a KV-cache call, as
     attention() takes it; no launch configuration.
     """
@@ -2693,6 +2784,9 @@ def _forward(
         return _decode(q, k, v, o, lse, scale, sinks, shifts, tma)
     if not explicit and (seqs, sinks, shifts) == (None,) * 3 and _gluon_supported(q, k, v, scale):
         _gluon_forward(q, k, v, o, lse, scale)
+        return o, lse
+    if not explicit and (sinks, shifts) == (None, None) and _gluon_varlen_supported(q, k, v, scale, seqs):  # fmt: skip
+        _gluon_forward(q, k, v, o, lse, scale, seqs=seqs)
         return o, lse
     use_tma = n_keys > 0 and seqs is None and _use_tma(tma, GPU_TMA, k, v)
     grid = (_cdiv(n_queries, block_m), batch * num_heads)
