@@ -2253,7 +2253,7 @@ def _gluon_forward(q, k, v, o, lse, scale: float, seqs=None) -> None:
     _launch(
         _gluon_attn_fwd, (triton.cdiv(n, GLUON_BLOCK), batch * num_heads),
         *descriptors, o, lse, scale * 1.4426950408889634, n, num_heads, num_heads // k.shape[1],
-        lse, lse, 0, GLUON_STAGES, False, num_warps=4, maxnreg=168,
+        *(lse.view(torch.int32),) * 2, 0, GLUON_STAGES, False, num_warps=4, maxnreg=168,
     )  # fmt: skip
 
 
@@ -2783,7 +2783,7 @@ def _forward(
         _gluon_forward(q, k, v, o, lse, scale)
         return o, lse
     if not explicit and (sinks, shifts) == (None, None) and _gluon_varlen_supported(q, k, v, scale, seqs):  # fmt: skip
-        _gluon_forward(q, k, v, o, lse, scale, seqs=seqs)
+        _gluon_forward(q, k, v, o, lse, scale, seqs)
         return o, lse
     use_tma = n_keys > 0 and seqs is None and _use_tma(tma, GPU_TMA, k, v)
     grid = (_cdiv(n_queries, block_m), batch * num_heads)
