@@ -2012,9 +2012,9 @@ def _gluon_key_tiles(start_cta, n_ctx, head, num_heads, BLOCK_N: gl.constexpr):
 
 
 @gluon.jit
-def _gluon_fwd_consumer(args, HALF: gl.constexpr):
+def _gluon_fwd_consumer(args, HALF: gl.constexpr, VARLEN: gl.constexpr):
     (q_desc, k_desc, v_desc, o_desc, o_ptr, lse_ptr, qk_scale, n_ctx, num_heads, group,
-     seqs_ptr, tiles_ptr, lse_stride, VARLEN,
+     seqs_ptr, tiles_ptr, lse_stride,
      q_smem, k_smem, v_smem, q_bars, k_ready, v_ready, k_empty, v_empty) = args  # fmt: skip
     dtype: gl.constexpr = q_desc.dtype
     ROWS: gl.constexpr = q_desc.block_type.shape[0]
@@ -2141,9 +2141,9 @@ def _gluon_fwd_consumer(args, HALF: gl.constexpr):
 
 
 @gluon.jit
-def _gluon_fwd_producer(args, HALF: gl.constexpr):
+def _gluon_fwd_producer(args, HALF: gl.constexpr, VARLEN: gl.constexpr):
     (q_desc, k_desc, v_desc, o_desc, o_ptr, lse_ptr, qk_scale, n_ctx, num_heads, group,
-     seqs_ptr, tiles_ptr, lse_stride, VARLEN,
+     seqs_ptr, tiles_ptr, lse_stride,
      q_smem, k_smem, v_smem, q_bars, k_ready, v_ready, k_empty, v_empty) = args  # fmt: skip
     ROWS: gl.constexpr = q_desc.block_type.shape[0]
     BLOCK_N: gl.constexpr = k_desc.block_type.shape[0]
@@ -2200,13 +2200,13 @@ def _gluon_attn_fwd(
         mbarrier.init(k_empty.index(i), count=2)  # released by both consumers
         mbarrier.init(v_empty.index(i), count=2)
     args = (q_desc, k_desc, v_desc, o_desc, o_ptr, lse_ptr, qk_scale, n_ctx, num_heads, group,
-            seqs_ptr, tiles_ptr, lse_stride, VARLEN,
+            seqs_ptr, tiles_ptr, lse_stride,
             q_smem, k_smem, v_smem, q_bars, k_ready, v_ready, k_empty, v_empty)  # fmt: skip
     gl.warp_specialize(
         [
-            (_gluon_fwd_consumer, (args, 0)),
-            (_gluon_fwd_consumer, (args, 1)),
-            (_gluon_fwd_producer, (args, 0)),
+            (_gluon_fwd_consumer, (args, 0, VARLEN)),
+            (_gluon_fwd_consumer, (args, 1, VARLEN)),
+            (_gluon_fwd_producer, (args, 0, VARLEN)),
         ],
         [4, 1],  # warps of the second consumer and of the producer
         [240, 24],  # their registers per thread; the first consumer gets the rest
@@ -2255,7 +2255,7 @@ def _gluon_forward(q, k, v, o, lse, scale: float, seqs=None) -> None:
     _launch(
         _gluon_attn_fwd, (triton.cdiv(n, GLUON_BLOCK), batch * num_heads),
         *descriptors, o, lse, scale * 1.4426950408889634, n, num_heads, num_heads // k.shape[1],
-        *(lse.view(torch.int32),) * 2, 0, GLUON_STAGES, False, num_warps=4, maxnreg=168,
+        lse, lse, 0, GLUON_STAGES, False, num_warps=4, maxnreg=168,
     )  # fmt: skip
 
 

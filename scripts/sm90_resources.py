@@ -204,9 +204,10 @@ def gluon_resources(module, seqs: bool = False) -> list:
         config = (64, 128, 4, module.GLUON_STAGES)  # rows per consumer, BLOCK_N, warps, buffers
         scalars = dict(o_ptr="*DTYPE", lse_ptr="*fp32", alibi_slopes_ptr="*fp32", qk_scale="fp32")
         scalars.update(n_ctx="i32", num_heads="i32", group="i32")
-        scalars.update(seqs_ptr="*i32", tiles_ptr="*i32", lse_stride="i32")
-        params = {p.name for p in module._gluon_attn_fwd.params}
         varlen = seqs and hasattr(module, "_gluon_varlen_supported")
+        table = "*i32" if varlen else "*fp32"  # a dense call passes lse for the varlen tables
+        scalars.update(seqs_ptr=table, tiles_ptr=table, lse_stride="i32")
+        params = {p.name for p in module._gluon_attn_fwd.params}
         resources = compile_gluon(
             module,
             module._gluon_attn_fwd,
