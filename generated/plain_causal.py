@@ -1077,7 +1077,7 @@ class Sequences:
         self.most = most  # varlen: max_seqlen_q and max_seqlen_k as given (None: the longest)
         self.rows = rows  # varlen: the rows of q and k the sequences cover
         self.tensors = tensors  # varlen: the table; padded: seqlens_q, seqlens_k
-        self.tiles = tiles  # varlen with as many queries as keys: `_gluon_tiles`
+        self.tiles = tiles  # varlen with as many queries as keys: `_sequence_tiles`
         self.device = next(x.device for x in tensors if x is not None)
         self.batch = next(x.shape[0] for x in tensors if x is not None)
         self._tables: dict = {}
@@ -1087,7 +1087,7 @@ class Sequences:
         sequence, longest key sequence, varlen, lengths, sizes, tiles), the table
         (S, 4) int32 holding each sequence's first row of q, its queries, its first
         row of k, its keys; `lengths` for the index check, `sizes` the inputs' Nq,
-        Nk; `tiles` the Gluon forward's (`_gluon_tiles`) or None."""
+        Nk; `tiles` the varlen kernels' (`_sequence_tiles`) or None."""
         for name, x in (("q", q), ("k", k)):
             dims, layout = (3, "(tokens, heads, head_dim)") if self.varlen else (4, "(B, H, N, D)")
             if not isinstance(x, torch.Tensor) or x.dim() != dims:
@@ -1175,7 +1175,7 @@ def _sequences(
         ).to(torch.int32)
         tensors, rows = (table,), (values["cu_seqlens_q"][-1], values["cu_seqlens_k"][-1])
         if lengths[0] == lengths[1]:
-            tiles = _gluon_tiles(lengths[0], table.device)
+            tiles = _sequence_tiles(lengths[0], table.device)
     else:
         lengths = [values.get(f"seqlens_{s}") for s in "qk"]  # None: every row
         longest, tensors, rows = tuple(x and max(x) for x in lengths), (seqlens_q, seqlens_k), None
@@ -1194,10 +1194,10 @@ def _sequences(
 sequences = _sequences  # attention()'s argument `sequences` hides the name there
 
 
-def _gluon_tiles(lengths: list[int], device, block: int = 128) -> torch.Tensor:
-    """The Gluon forward's tiles of a varlen call whose sequences have as many
-    queries as keys: (sequence, first row) int32 for every `block` rows of
-    every sequence, the tiles furthest into their sequence first (under a
+def _sequence_tiles(lengths: list[int], device, block: int = 128) -> torch.Tensor:
+    """The grid of the sm90 forward for a varlen call whose sequences have as
+    many queries as keys: (sequence, first row) int32 for every `block` rows
+    of every sequence, the tiles furthest into their sequence first (under a
     causal mask the heaviest; without one, those of the longest sequences)."""
     tiles = [(s, row) for s, n in enumerate(lengths) for row in range(0, n, block)]
     tiles.sort(key=lambda t: (-t[1], -lengths[t[0]]))
