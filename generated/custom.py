@@ -1084,25 +1084,22 @@ class Sequences:
     `sequences(...)` once per batch (reading the lengths on the host once)
     and passed to every layer's `attention(..., sequences=...)`."""
 
-    def __init__(
-        self, varlen: bool, tensors: tuple, side: str, longest, rows, lengths, most, tiles=None
-    ):
+    def __init__(self, varlen: bool, tensors: tuple, side: str, longest, rows, lengths, most):
         self.varlen, self.side, self.lengths = varlen, side, lengths  # lengths: on the host
         self.longest = longest  # the longest query and key sequences (None: the call's)
         self.most = most  # varlen: max_seqlen_q and max_seqlen_k as given (None: the longest)
         self.rows = rows  # varlen: the rows of q and k the sequences cover
         self.tensors = tensors  # varlen: the table; padded: seqlens_q, seqlens_k
-        self.tiles = tiles  # varlen with as many queries as keys: `_sequence_tiles`
         self.device = next(x.device for x in tensors if x is not None)
         self.batch = next(x.shape[0] for x in tensors if x is not None)
         self._tables: dict = {}
 
     def bind(self, q: torch.Tensor, k: torch.Tensor) -> tuple:
         """What the kernels take for a call on q and k: (table, longest query
-        sequence, longest key sequence, varlen, lengths, sizes, tiles), the table
+        sequence, longest key sequence, varlen, lengths, sizes, cache), the table
         (S, 4) int32 holding each sequence's first row of q, its queries, its first
         row of k, its keys; `lengths` for the index check, `sizes` the inputs' Nq,
-        Nk; `tiles` the varlen kernels' (`_sequence_tiles`) or None."""
+        Nk; `cache` a dict that lives as long as these sequences."""
         for name, x in (("q", q), ("k", k)):
             dims, layout = (3, "(tokens, heads, head_dim)") if self.varlen else (4, "(B, H, N, D)")
             if not isinstance(x, torch.Tensor) or x.dim() != dims:
@@ -1116,7 +1113,7 @@ class Sequences:
                         f"cu_seqlens_{name} reaches row {rows}, past {name}'s {x.shape[0]}"
                     )
             sizes = tuple(n if m is None else m for m, n in zip(self.most, self.longest))
-            return (self.tensors[0], *self.longest, True, self.lengths, sizes, self.tiles)
+            return (self.tensors[0], *self.longest, True, self.lengths, sizes, self._tables)
         (batch, _, n_q, _), n_k = q.shape, k.shape[2]
         if batch != self.batch:
             raise ValueError(f"q has batch size {batch}, but the sequences {self.batch}")
@@ -1132,7 +1129,7 @@ class Sequences:
                 columns += [first, lengths]
             table = self._tables[(n_q, n_k)] = torch.stack(columns, 1).to(torch.int32)
         longest = tuple(n if m is None else m for m, n in zip(self.longest, (n_q, n_k)))
-        return (table, *longest, False, self.lengths, (n_q, n_k), None)
+        return (table, *longest, False, self.lengths, (n_q, n_k), self._tables)
 
 
 def _sequences(
@@ -1147,7 +1144,6 @@ def _sequences(
     Checked here, with one read of the lengths on the host; None when no
     lengths are given."""
     varlen = cu_seqlens_q is not None or cu_seqlens_k is not None
-    tiles = None
     lengths = (seqlens_q, seqlens_k, cu_seqlens_q, cu_seqlens_k)
     named = zip(("seqlens_q", "seqlens_k", "cu_seqlens_q", "cu_seqlens_k"), lengths)
     given = {name: x for name, x in named if x is not None}
@@ -1189,8 +1185,6 @@ def _sequences(
             [cu_seqlens_q[:-1], cu_seqlens_q.diff(), cu_seqlens_k[:-1], cu_seqlens_k.diff()], 1
         ).to(torch.int32)
         tensors, rows = (table,), (values["cu_seqlens_q"][-1], values["cu_seqlens_k"][-1])
-        if lengths[0] == lengths[1]:
-            tiles = _sequence_tiles(lengths[0], table.device)
     else:
         lengths = [values.get(f"seqlens_{s}") for s in "qk"]  # None: every row
         longest, tensors, rows = tuple(x and max(x) for x in lengths), (seqlens_q, seqlens_k), None
@@ -1203,20 +1197,10 @@ def _sequences(
                 f"{name} must be an int >= the longest sequence, {most}: got {limit!r}"
             )
     most = (max_seqlen_q, max_seqlen_k)
-    return Sequences(varlen, tensors, padding_side, longest, rows, lengths, most, tiles)
+    return Sequences(varlen, tensors, padding_side, longest, rows, lengths, most)
 
 
 sequences = _sequences  # attention()'s argument `sequences` hides the name there
-
-
-def _sequence_tiles(lengths: list[int], device, block: int = 128) -> torch.Tensor:
-    """The grid of the sm90 forward for a varlen call whose sequences have as
-    many queries as keys: (sequence, first row) int32 for every `block` rows
-    of every sequence, the tiles furthest into their sequence first (under a
-    causal mask the heaviest; without one, those of the longest sequences)."""
-    tiles = [(s, row) for s, n in enumerate(lengths) for row in range(0, n, block)]
-    tiles.sort(key=lambda t: (-t[1], -lengths[t[0]]))
-    return torch.tensor(tiles, dtype=torch.int32).reshape(-1, 2).to(device)
 
 
 def _bound_sequences(q, k, given, **lengths) -> tuple | None:

@@ -1065,25 +1065,22 @@ class Sequences:
     `sequences(...)` once per batch (reading the lengths on the host once)
     and passed to every layer's `attention(..., sequences=...)`."""
 
-    def __init__(
-        self, varlen: bool, tensors: tuple, side: str, longest, rows, lengths, most, tiles=None
-    ):
+    def __init__(self, varlen: bool, tensors: tuple, side: str, longest, rows, lengths, most):
         self.varlen, self.side, self.lengths = varlen, side, lengths  # lengths: on the host
         self.longest = longest  # the longest query and key sequences (None: the call's)
         self.most = most  # varlen: max_seqlen_q and max_seqlen_k as given (None: the longest)
         self.rows = rows  # varlen: the rows of q and k the sequences cover
         self.tensors = tensors  # varlen: the table; padded: seqlens_q, seqlens_k
-        self.tiles = tiles  # varlen with as many queries as keys: `_sequence_tiles`
         self.device = next(x.device for x in tensors if x is not None)
         self.batch = next(x.shape[0] for x in tensors if x is not None)
         self._tables: dict = {}
 
     def bind(self, q: torch.Tensor, k: torch.Tensor) -> tuple:
         """What the kernels take for a call on q and k: (table, longest query
-        sequence, longest key sequence, varlen, lengths, sizes, tiles), the table
+        sequence, longest key sequence, varlen, lengths, sizes, cache), the table
         (S, 4) int32 holding each sequence's first row of q, its queries, its first
         row of k, its keys; `lengths` for the index check, `sizes` the inputs' Nq,
-        Nk; `tiles` the varlen kernels' (`_sequence_tiles`) or None."""
+        Nk; `cache` a dict that lives as long as these sequences."""
         for name, x in (("q", q), ("k", k)):
             dims, layout = (3, "(tokens, heads, head_dim)") if self.varlen else (4, "(B, H, N, D)")
             if not isinstance(x, torch.Tensor) or x.dim() != dims:
@@ -1097,7 +1094,7 @@ class Sequences:
                         f"cu_seqlens_{name} reaches row {rows}, past {name}'s {x.shape[0]}"
                     )
             sizes = tuple(n if m is None else m for m, n in zip(self.most, self.longest))
-            return (self.tensors[0], *self.longest, True, self.lengths, sizes, self.tiles)
+            return (self.tensors[0], *self.longest, True, self.lengths, sizes, self._tables)
         (batch, _, n_q, _), n_k = q.shape, k.shape[2]
         if batch != self.batch:
             raise ValueError(f"q has batch size {batch}, but the sequences {self.batch}")
@@ -1113,7 +1110,7 @@ class Sequences:
                 columns += [first, lengths]
             table = self._tables[(n_q, n_k)] = torch.stack(columns, 1).to(torch.int32)
         longest = tuple(n if m is None else m for m, n in zip(self.longest, (n_q, n_k)))
-        return (table, *longest, False, self.lengths, (n_q, n_k), None)
+        return (table, *longest, False, self.lengths, (n_q, n_k), self._tables)
 
 
 def _sequences(
@@ -1128,7 +1125,6 @@ def _sequences(
     Checked here, with one read of the lengths on the host; None when no
     lengths are given."""
     varlen = cu_seqlens_q is not None or cu_seqlens_k is not None
-    tiles = None
     lengths = (seqlens_q, seqlens_k, cu_seqlens_q, cu_seqlens_k)
     named = zip(("seqlens_q", "seqlens_k", "cu_seqlens_q", "cu_seqlens_k"), lengths)
     given = {name: x for name, x in named if x is not None}
@@ -1170,8 +1166,6 @@ def _sequences(
             [cu_seqlens_q[:-1], cu_seqlens_q.diff(), cu_seqlens_k[:-1], cu_seqlens_k.diff()], 1
         ).to(torch.int32)
         tensors, rows = (table,), (values["cu_seqlens_q"][-1], values["cu_seqlens_k"][-1])
-        if lengths[0] == lengths[1]:
-            tiles = _sequence_tiles(lengths[0], table.device)
     else:
         lengths = [values.get(f"seqlens_{s}") for s in "qk"]  # None: every row
         longest, tensors, rows = tuple(x and max(x) for x in lengths), (seqlens_q, seqlens_k), None
@@ -1184,20 +1178,10 @@ def _sequences(
                 f"{name} must be an int >= the longest sequence, {most}: got {limit!r}"
             )
     most = (max_seqlen_q, max_seqlen_k)
-    return Sequences(varlen, tensors, padding_side, longest, rows, lengths, most, tiles)
+    return Sequences(varlen, tensors, padding_side, longest, rows, lengths, most)
 
 
 sequences = _sequences  # attention()'s argument `sequences` hides the name there
-
-
-def _sequence_tiles(lengths: list[int], device, block: int = 128) -> torch.Tensor:
-    """The grid of the sm90 forward for a varlen call whose sequences have as
-    many queries as keys: (sequence, first row) int32 for every `block` rows
-    of every sequence, the tiles furthest into their sequence first (under a
-    causal mask the heaviest; without one, those of the longest sequences)."""
-    tiles = [(s, row) for s, n in enumerate(lengths) for row in range(0, n, block)]
-    tiles.sort(key=lambda t: (-t[1], -lengths[t[0]]))
-    return torch.tensor(tiles, dtype=torch.int32).reshape(-1, 2).to(device)
 
 
 def _bound_sequences(q, k, given, **lengths) -> tuple | None:
@@ -1905,17 +1889,37 @@ def _gluon_descriptor(x: torch.Tensor, rows: int, width: int = 0) -> _GluonBlock
     )  # fmt: skip
 
 
+def _gluon_tiles(seqs) -> torch.Tensor | None:
+    """The Gluon forward's grid for a varlen call (`seqs` bound) whose
+    sequences have as many queries as keys, else None: (sequence, first row)
+    int32 for every 128 rows of every sequence, the tiles furthest into their
+    sequence first (under a causal mask the heaviest; without one, those of
+    the longest sequences).  Made once per `sequences(...)`, from the lengths
+    it read (a call made before a CUDA graph captures the next ones)."""
+    if seqs is None or not seqs[3] or len(seqs) < 7:  # a custom op's (`_op_args`): none
+        return None
+    cache = seqs[6]
+    if "gluon tiles" not in cache:
+        tiles = None
+        lengths, keys = seqs[4]
+        if lengths == keys:
+            order = sorted(
+                ((s, row) for s, n in enumerate(lengths) for row in range(0, n, 128)),
+                key=lambda t: (-t[1], -lengths[t[0]]),
+            )  # fmt: skip
+            tiles = torch.tensor(order, dtype=torch.int32).reshape(-1, 2).to(seqs[0].device)
+        cache["gluon tiles"] = tiles
+    return cache["gluon tiles"]
+
+
 def _gluon_varlen_fits(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, seqs) -> bool:
     """Whether the Gluon forward can take this varlen call (kernel views of q,
     k, v; `seqs` bound): a Triton with Gluon, an sm90 GPU, sequences of as many
-    queries as keys (the call's tile table, `Sequences.bind`; calls through the
-    custom ops under torch.compile carry none), q, k and v contiguous as
-    (tokens, heads, D) and 16-byte aligned, and lse's (heads, tokens) offsets
-    in int32."""
+    queries as keys (`_gluon_tiles`), q, k and v contiguous as (tokens, heads,
+    D) and 16-byte aligned, and lse's (heads, tokens) offsets in int32."""
     if not GLUON or _interpreting() or q.device.type != "cuda" or _capability(q.device) != (9, 0):
         return False
-    # No tile table: a padded call, sequences that differ, or a custom op's (`_op_args`).
-    tiles = seqs[6] if seqs is not None and len(seqs) > 6 else None
+    tiles = _gluon_tiles(seqs)
     if tiles is None or tiles.shape[0] >= 2**16:
         return False  # grid axis 1: at most 65535 tiles
     users = [_user_view(x, seqs) for x in (q, k, v)]
@@ -2229,7 +2233,7 @@ def _gluon_forward(q, k, v, o, lse, scale: float, seqs=None) -> None:
     batch, num_heads, n, d = q.shape
     if seqs is not None:  # (tokens, heads * D) views; a CTA per tile of the call's table and head
         q, k, v, o = (_user_view(x, seqs) for x in (q, k, v, o))
-        tiles = seqs[6]
+        tiles = _gluon_tiles(seqs)
         descriptors = [
             _gluon_descriptor(x, rows, x.shape[1] * d)
             for x, rows in ((q, 64), (k, GLUON_BLOCK), (v, GLUON_BLOCK), (o, 64))

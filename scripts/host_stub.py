@@ -92,7 +92,7 @@ def load(path: str):
     if hasattr(module, "_gluon_varlen_fits"):
 
         def varlen_fits(q, k, v, seqs):
-            tiles = seqs[6] if seqs is not None and len(seqs) > 6 else None
+            tiles = module._gluon_tiles(seqs)
             if tiles is None or tiles.shape[0] >= 2**16 or q.shape[1] * q.shape[2] >= 2**31 - 128:
                 return False
             users = [module._user_view(x, seqs) for x in (q, k, v)]

@@ -84,10 +84,10 @@ def test_host_stub_varlen_calls_take_the_gluon_forward():
     q, k, v = (torch.randn(t, 4, 128, dtype=module.DTYPE) for _ in range(3))
     k, v = k[:, :2].contiguous(), v[:, :2].contiguous()
     seqs = module.sequences(cu_seqlens_q=cu, cu_seqlens_k=cu)
-    tiles = [[0, 256], [0, 128], [4, 128], [3, 128], [0, 0], [4, 0], [3, 0], [2, 0]]
-    assert seqs.tiles.tolist() == tiles
     module.attention(q, k, v, sequences=seqs)
     assert taken == ["_gluon_forward", (4, 8)]
+    tiles = [[0, 256], [0, 128], [4, 128], [3, 128], [0, 0], [4, 0], [3, 0], [2, 0]]
+    assert module._gluon_tiles(seqs.bind(q, k)).tolist() == tiles
     short = torch.tensor([0, 100, 200], dtype=torch.int32)  # 100 tokens on average
     other = torch.tensor([0, 150, 301], dtype=torch.int32)  # 150 and 151 keys for 100 queries
     for cu_q, cu_k in ((short, short), (short, other)):
