@@ -2026,13 +2026,13 @@ def _gluon_cta(n_ctx, num_heads, group, seqs_ptr, tiles_ptr, lse_stride, HEAD_DI
     lies and the columns of the head and of its KV head, in the descriptors'
     (rows, columns) view, and the offset of position 0 in lse).  Dense calls:
     grid (tiles, batch * heads) over (B * H * N, D) views, heaviest tiles first
-    under a causal mask.  VARLEN: grid (the call's tiles, heads) over (tokens,
+    under a causal mask.  VARLEN: grid (heads, the call's tiles) over (tokens,
     heads * D) views, tile i = (sequence, first row) from `tiles_ptr` (heaviest
     first), the sequence's first rows and lengths from `seqs_ptr` (S, 4)."""
     if VARLEN:
-        head = gl.program_id(1)
-        seq = gl.load(tiles_ptr + 2 * gl.program_id(0))
-        start_cta = gl.load(tiles_ptr + 2 * gl.program_id(0) + 1)
+        head = gl.program_id(0)
+        seq = gl.load(tiles_ptr + 2 * gl.program_id(1))
+        start_cta = gl.load(tiles_ptr + 2 * gl.program_id(1) + 1)
         q_row = gl.load(seqs_ptr + 4 * seq)
         n = gl.load(seqs_ptr + 4 * seq + 1)
         k_row = gl.load(seqs_ptr + 4 * seq + 2)
