@@ -2226,32 +2226,8 @@ def _gluon_supported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: f
     return scale > 0 and _gluon_fits(GLUON_BLOCK, q, k, v, any_length=True)
 
 
-def _gluon_varlen_supported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, seqs) -> bool:  # fmt: skip
-    """Whether this varlen call (`seqs` bound, q, k, v kernel views) can take
-    the Gluon forward (`_gluon_varlen_fits`), with a positive scale and, as a
-    dense call's N, sequences of GLUON_MIN_KEYS or more tokens on average."""
-    if seqs is None or not seqs[3] or scale <= 0 or not _gluon_varlen_fits(q, k, v, seqs):
-        return False
-    lengths = seqs[4][1]
-    return sum(lengths) >= GLUON_MIN_KEYS * len(lengths)
-
-
-def _gluon_forward(q, k, v, o, lse, scale: float, seqs=None) -> None:
-    """`seqs`: a varlen call's (`_gluon_varlen_supported`), q, k, v, o and lse as kernel views."""
+def _gluon_forward(q, k, v, o, lse, scale: float) -> None:
     batch, num_heads, n, d = q.shape
-    if seqs is not None:  # (tokens, heads * D) views; a CTA per tile of the call's table and head
-        q, k, v, o = (_user_view(x, seqs) for x in (q, k, v, o))
-        tiles = _gluon_tiles(seqs)
-        descriptors = [
-            _gluon_descriptor(x, rows, x.shape[1] * d)
-            for x, rows in ((q, 64), (k, GLUON_BLOCK), (v, GLUON_BLOCK), (o, 64))
-        ]
-        _launch(
-            _gluon_attn_fwd, (num_heads, tiles.shape[0]),
-            *descriptors, o, lse, scale * 1.4426950408889634, 0, num_heads, num_heads // k.shape[1],
-            seqs[0], tiles, lse.stride(1), GLUON_STAGES, True, num_warps=4, maxnreg=168,
-        )  # fmt: skip
-        return
     descriptors = [
         _gluon_descriptor(x, rows)
         for x, rows in ((q, 64), (k, GLUON_BLOCK), (v, GLUON_BLOCK), (o, 64))
@@ -2740,8 +2716,6 @@ def forward(
     Without a launch configuration or tma=False, on an sm90 GPU with Nq = Nk
     of 128 or more and at least GLUON_MIN_KEYS keys, the Gluon kernel
     runs instead (`_gluon_supported`).
-    So does a varlen call whose sequences have as many queries as keys
-    (`_gluon_varlen_supported`).
     cache_seqlens, block_table, workspace, check_values: a KV-cache call, as
     attention() takes it; no launch configuration.
     """
@@ -2788,9 +2762,6 @@ def _forward(
         return _decode(q, k, v, o, lse, scale, sinks, shifts, tma)
     if not explicit and (seqs, sinks, shifts) == (None,) * 3 and _gluon_supported(q, k, v, scale):
         _gluon_forward(q, k, v, o, lse, scale)
-        return o, lse
-    if not explicit and (sinks, shifts) == (None, None) and _gluon_varlen_supported(q, k, v, scale, seqs):  # fmt: skip
-        _gluon_forward(q, k, v, o, lse, scale, seqs)
         return o, lse
     use_tma = n_keys > 0 and seqs is None and _use_tma(tma, GPU_TMA, k, v)
     grid = (_cdiv(n_queries, block_m), batch * num_heads)

@@ -220,7 +220,8 @@ def gluon_resources(module, seqs: bool = False) -> list:
             },
             dict(num_warps=4, maxnreg=168),
         )
-        found.append(Resources("_gluon_attn_fwd", config, True, *resources))
+        label = "_gluon_attn_fwd[varlen]" if varlen else "_gluon_attn_fwd"
+        found.append(Resources(label, config, True, *resources))
     if hasattr(module, "_gluon_attn_bwd_dkdv"):
         tile = module.GLUON_BWD_TILE
         scalars = dict(

@@ -227,8 +227,9 @@ class _VarlenBatch:
 )
 @pytest.mark.parametrize("dtype", [ir.DType.FP16, ir.DType.BF16])
 def test_gluon_forward_of_varlen_calls_on_gpu(mask, score, dtype, monkeypatch):
-    """Varlen calls of sequences with as many queries as keys take the Gluon
-    forward (full, causal and the any-mask kind): each sequence judged
+    """Under the knob gluon_varlen (decision 102), varlen calls of sequences
+    with as many queries as keys take the Gluon forward (full, causal and the
+    any-mask kind): each sequence judged
     against the float64 reference of the sequence alone, forward and
     backward (the Triton backward from the Gluon forward's log-sum-exp), at
     1, 100, 128, 129, 300 and 1000 tokens amid neighbours of 700, 0, 1 and
@@ -240,7 +241,7 @@ def test_gluon_forward_of_varlen_calls_on_gpu(mask, score, dtype, monkeypatch):
 
     monkeypatch.setattr(kernel_choice, "GLUON_ANY_MIN_KEYS", 0)
     variant = make_variant(mask, score, dtype=dtype, head_dim=128)
-    module = build(variant)
+    module = build(variant, {"gluon_varlen": True})
     launches = _count_calls(monkeypatch, module, "_gluon_forward")
     generator = torch.Generator().manual_seed(0)
     for i, n in enumerate((1, 100, 128, 129, 300, 1000)):
