@@ -121,6 +121,8 @@ KNOBS: dict[str, Callable[[str], object]] = {
     "gluon_data_d128": _bool,
     # on: the any-mask Gluon forward for masks over runtime data (decision 098)
     "gluon_data_forward": _bool,
+    # on: varlen calls of sequences with as many queries as keys take the Gluon forward (102)
+    "gluon_varlen": _bool,
 }
 # Knobs the lowering takes (`lower(variant, residue_classes=...)`), as they
 # change the tile analysis or the element code itself, rather than fields set
@@ -167,6 +169,10 @@ def apply(model: KernelModel, values: Mapping[str, object]) -> KernelModel:
                 f"{', '.join(clash)}: not for kernels that walk residue classes (decision 085); "
                 "set residue_classes=off with it"
             )
+    if values.get("gluon_varlen") and (not model.gluon_forward or model.inputs):
+        raise ExperimentError(
+            "gluon_varlen: for a module with the Gluon forward and no declared inputs"
+        )
     streams = values.get("gluon_bwd_streams", (64, 64))
     stages = values.get("gluon_bwd_stages", model.gluon_bwd_stages)
     if streams != (64, 64):

@@ -574,6 +574,10 @@ class KernelModel:
     # dQ kernel (each consumer keeps 64 resident rows whatever these are).
     gluon_bwd_streams: tuple[int, int] = (64, 64)
     gluon_dq_heavy_last: bool = False
+    # Varlen calls of sequences with as many queries as keys take the Gluon
+    # forward too (knob `gluon_varlen`, off: measured 1.01x the Triton forward,
+    # decision 102).
+    gluon_varlen: bool = False
     # Experiment knobs set on this plan (flashgen/experiments.py), as NAME=VALUE.
     experiments: tuple[str, ...] = ()
     # Experiment (decision 080): the Gluon backward's consumers compute P through

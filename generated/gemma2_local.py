@@ -1056,9 +1056,10 @@ class Sequences:
 
     def bind(self, q: torch.Tensor, k: torch.Tensor) -> tuple:
         """What the kernels take for a call on q and k: (table, longest query
-        sequence, longest key sequence, varlen, lengths, sizes), the table (S, 4)
-        int32 holding each sequence's first row of q, its queries, its first row
-        of k, its keys; `lengths` for the index check, `sizes` the inputs' Nq, Nk."""
+        sequence, longest key sequence, varlen, lengths, sizes, cache), the table
+        (S, 4) int32 holding each sequence's first row of q, its queries, its first
+        row of k, its keys; `lengths` for the index check, `sizes` the inputs' Nq,
+        Nk; `cache` a dict that lives as long as these sequences."""
         for name, x in (("q", q), ("k", k)):
             dims, layout = (3, "(tokens, heads, head_dim)") if self.varlen else (4, "(B, H, N, D)")
             if not isinstance(x, torch.Tensor) or x.dim() != dims:
@@ -1072,7 +1073,7 @@ class Sequences:
                         f"cu_seqlens_{name} reaches row {rows}, past {name}'s {x.shape[0]}"
                     )
             sizes = tuple(n if m is None else m for m, n in zip(self.most, self.longest))
-            return (self.tensors[0], *self.longest, True, self.lengths, sizes)
+            return (self.tensors[0], *self.longest, True, self.lengths, sizes, self._tables)
         (batch, _, n_q, _), n_k = q.shape, k.shape[2]
         if batch != self.batch:
             raise ValueError(f"q has batch size {batch}, but the sequences {self.batch}")
@@ -1088,7 +1089,7 @@ class Sequences:
                 columns += [first, lengths]
             table = self._tables[(n_q, n_k)] = torch.stack(columns, 1).to(torch.int32)
         longest = tuple(n if m is None else m for m, n in zip(self.longest, (n_q, n_k)))
-        return (table, *longest, False, self.lengths, (n_q, n_k))
+        return (table, *longest, False, self.lengths, (n_q, n_k), self._tables)
 
 
 def _sequences(

@@ -1050,9 +1050,10 @@ class Sequences:
 
     def bind(self, q: torch.Tensor, k: torch.Tensor) -> tuple:
         """What the kernels take for a call on q and k: (table, longest query
-        sequence, longest key sequence, varlen, lengths, sizes), the table (S, 4)
-        int32 holding each sequence's first row of q, its queries, its first row
-        of k, its keys; `lengths` for the index check, `sizes` the inputs' Nq, Nk."""
+        sequence, longest key sequence, varlen, lengths, sizes, cache), the table
+        (S, 4) int32 holding each sequence's first row of q, its queries, its first
+        row of k, its keys; `lengths` for the index check, `sizes` the inputs' Nq,
+        Nk; `cache` a dict that lives as long as these sequences."""
         for name, x in (("q", q), ("k", k)):
             dims, layout = (3, "(tokens, heads, head_dim)") if self.varlen else (4, "(B, H, N, D)")
             if not isinstance(x, torch.Tensor) or x.dim() != dims:
@@ -1066,7 +1067,7 @@ class Sequences:
                         f"cu_seqlens_{name} reaches row {rows}, past {name}'s {x.shape[0]}"
                     )
             sizes = tuple(n if m is None else m for m, n in zip(self.most, self.longest))
-            return (self.tensors[0], *self.longest, True, self.lengths, sizes)
+            return (self.tensors[0], *self.longest, True, self.lengths, sizes, self._tables)
         (batch, _, n_q, _), n_k = q.shape, k.shape[2]
         if batch != self.batch:
             raise ValueError(f"q has batch size {batch}, but the sequences {self.batch}")
@@ -1082,7 +1083,7 @@ class Sequences:
                 columns += [first, lengths]
             table = self._tables[(n_q, n_k)] = torch.stack(columns, 1).to(torch.int32)
         longest = tuple(n if m is None else m for m, n in zip(self.longest, (n_q, n_k)))
-        return (table, *longest, False, self.lengths, (n_q, n_k))
+        return (table, *longest, False, self.lengths, (n_q, n_k), self._tables)
 
 
 def _sequences(
@@ -1850,10 +1851,54 @@ class _GluonBlocks(NamedTuple):
         )
 
 
-def _gluon_descriptor(x: torch.Tensor, rows: int) -> _GluonBlocks:
-    """A TMA descriptor of [rows, D] blocks over contiguous x seen as (B * heads * N, D)."""
+def _gluon_descriptor(x: torch.Tensor, rows: int, width: int = 0) -> _GluonBlocks:
+    """A TMA descriptor of [rows, D] blocks over contiguous x seen as (B * heads * N, D),
+    or with `width` as (x.numel() / width, width): a varlen (tokens, heads, D) as
+    (tokens, heads * D), a head's block at column head * D."""
     d = x.shape[-1]
-    return _GluonBlocks(x, (x.numel() // d, d), (d, 1), (rows, d), _gluon_layout(rows, d, x.dtype))
+    width = width or d
+    return _GluonBlocks(
+        x, (x.numel() // width, width), (width, 1), (rows, d), _gluon_layout(rows, d, x.dtype)
+    )  # fmt: skip
+
+
+def _gluon_tiles(seqs) -> torch.Tensor | None:
+    """The Gluon forward's grid for a varlen call (`seqs` bound) whose
+    sequences have as many queries as keys, else None: (sequence, first row)
+    int32 for every 128 rows of every sequence, the tiles furthest into their
+    sequence first (under a causal mask the heaviest; without one, those of
+    the longest sequences).  Made once per `sequences(...)`, from the lengths
+    it read (a call made before a CUDA graph captures the next ones)."""
+    if seqs is None or not seqs[3] or len(seqs) < 7:  # a custom op's (`_op_args`): none
+        return None
+    cache = seqs[6]
+    if "gluon tiles" not in cache:
+        tiles = None
+        lengths, keys = seqs[4]
+        if lengths == keys:
+            order = sorted(
+                ((s, row) for s, n in enumerate(lengths) for row in range(0, n, 128)),
+                key=lambda t: (-t[1], -lengths[t[0]]),
+            )  # fmt: skip
+            tiles = torch.tensor(order, dtype=torch.int32).reshape(-1, 2).to(seqs[0].device)
+        cache["gluon tiles"] = tiles
+    return cache["gluon tiles"]
+
+
+def _gluon_varlen_fits(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, seqs) -> bool:
+    """Whether the Gluon forward can take this varlen call (kernel views of q,
+    k, v; `seqs` bound): a Triton with Gluon, an sm90 GPU, sequences of as many
+    queries as keys (`_gluon_tiles`), q, k and v contiguous as (tokens, heads,
+    D) and 16-byte aligned, and lse's (heads, tokens) offsets in int32."""
+    if not GLUON or _interpreting() or q.device.type != "cuda" or _capability(q.device) != (9, 0):
+        return False
+    tiles = _gluon_tiles(seqs)
+    if tiles is None or tiles.shape[0] >= 2**16:
+        return False  # grid axis 1: at most 65535 tiles
+    users = [_user_view(x, seqs) for x in (q, k, v)]
+    if q.shape[1] * q.shape[2] >= 2**31 - 128:
+        return False
+    return all(x.is_contiguous() and x.data_ptr() % 16 == 0 for x in users)
 
 
 _STAND_INS = (_GluonBlocks,)

@@ -1081,9 +1081,10 @@ class Sequences:
 
     def bind(self, q: torch.Tensor, k: torch.Tensor) -> tuple:
         """What the kernels take for a call on q and k: (table, longest query
-        sequence, longest key sequence, varlen, lengths, sizes), the table (S, 4)
-        int32 holding each sequence's first row of q, its queries, its first row
-        of k, its keys; `lengths` for the index check, `sizes` the inputs' Nq, Nk."""
+        sequence, longest key sequence, varlen, lengths, sizes, cache), the table
+        (S, 4) int32 holding each sequence's first row of q, its queries, its first
+        row of k, its keys; `lengths` for the index check, `sizes` the inputs' Nq,
+        Nk; `cache` a dict that lives as long as these sequences."""
         for name, x in (("q", q), ("k", k)):
             dims, layout = (3, "(tokens, heads, head_dim)") if self.varlen else (4, "(B, H, N, D)")
             if not isinstance(x, torch.Tensor) or x.dim() != dims:
@@ -1097,7 +1098,7 @@ class Sequences:
                         f"cu_seqlens_{name} reaches row {rows}, past {name}'s {x.shape[0]}"
                     )
             sizes = tuple(n if m is None else m for m, n in zip(self.most, self.longest))
-            return (self.tensors[0], *self.longest, True, self.lengths, sizes)
+            return (self.tensors[0], *self.longest, True, self.lengths, sizes, self._tables)
         (batch, _, n_q, _), n_k = q.shape, k.shape[2]
         if batch != self.batch:
             raise ValueError(f"q has batch size {batch}, but the sequences {self.batch}")
@@ -1113,7 +1114,7 @@ class Sequences:
                 columns += [first, lengths]
             table = self._tables[(n_q, n_k)] = torch.stack(columns, 1).to(torch.int32)
         longest = tuple(n if m is None else m for m, n in zip(self.longest, (n_q, n_k)))
-        return (table, *longest, False, self.lengths, (n_q, n_k))
+        return (table, *longest, False, self.lengths, (n_q, n_k), self._tables)
 
 
 def _sequences(
@@ -1881,10 +1882,54 @@ class _GluonBlocks(NamedTuple):
         )
 
 
-def _gluon_descriptor(x: torch.Tensor, rows: int) -> _GluonBlocks:
-    """A TMA descriptor of [rows, D] blocks over contiguous x seen as (B * heads * N, D)."""
+def _gluon_descriptor(x: torch.Tensor, rows: int, width: int = 0) -> _GluonBlocks:
+    """A TMA descriptor of [rows, D] blocks over contiguous x seen as (B * heads * N, D),
+    or with `width` as (x.numel() / width, width): a varlen (tokens, heads, D) as
+    (tokens, heads * D), a head's block at column head * D."""
     d = x.shape[-1]
-    return _GluonBlocks(x, (x.numel() // d, d), (d, 1), (rows, d), _gluon_layout(rows, d, x.dtype))
+    width = width or d
+    return _GluonBlocks(
+        x, (x.numel() // width, width), (width, 1), (rows, d), _gluon_layout(rows, d, x.dtype)
+    )  # fmt: skip
+
+
+def _gluon_tiles(seqs) -> torch.Tensor | None:
+    """The Gluon forward's grid for a varlen call (`seqs` bound) whose
+    sequences have as many queries as keys, else None: (sequence, first row)
+    int32 for every 128 rows of every sequence, the tiles furthest into their
+    sequence first (under a causal mask the heaviest; without one, those of
+    the longest sequences).  Made once per `sequences(...)`, from the lengths
+    it read (a call made before a CUDA graph captures the next ones)."""
+    if seqs is None or not seqs[3] or len(seqs) < 7:  # a custom op's (`_op_args`): none
+        return None
+    cache = seqs[6]
+    if "gluon tiles" not in cache:
+        tiles = None
+        lengths, keys = seqs[4]
+        if lengths == keys:
+            order = sorted(
+                ((s, row) for s, n in enumerate(lengths) for row in range(0, n, 128)),
+                key=lambda t: (-t[1], -lengths[t[0]]),
+            )  # fmt: skip
+            tiles = torch.tensor(order, dtype=torch.int32).reshape(-1, 2).to(seqs[0].device)
+        cache["gluon tiles"] = tiles
+    return cache["gluon tiles"]
+
+
+def _gluon_varlen_fits(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, seqs) -> bool:
+    """Whether the Gluon forward can take this varlen call (kernel views of q,
+    k, v; `seqs` bound): a Triton with Gluon, an sm90 GPU, sequences of as many
+    queries as keys (`_gluon_tiles`), q, k and v contiguous as (tokens, heads,
+    D) and 16-byte aligned, and lse's (heads, tokens) offsets in int32."""
+    if not GLUON or _interpreting() or q.device.type != "cuda" or _capability(q.device) != (9, 0):
+        return False
+    tiles = _gluon_tiles(seqs)
+    if tiles is None or tiles.shape[0] >= 2**16:
+        return False  # grid axis 1: at most 65535 tiles
+    users = [_user_view(x, seqs) for x in (q, k, v)]
+    if q.shape[1] * q.shape[2] >= 2**31 - 128:
+        return False
+    return all(x.is_contiguous() and x.data_ptr() % 16 == 0 for x in users)
 
 
 _STAND_INS = (_GluonBlocks,)
@@ -1944,9 +1989,30 @@ def _gluon_softmax_step(
 
 
 @gluon.jit
-def _gluon_tile_rows():
-    """The first query row of this CTA: heaviest tiles first under a causal mask."""
-    return (gl.num_programs(0) - 1 - gl.program_id(0)) * (2 * 64)
+def _gluon_cta(n_ctx, num_heads, group, seqs_ptr, tiles_ptr, lse_stride, HEAD_DIM: gl.constexpr, VARLEN: gl.constexpr):  # fmt: skip
+    """Where this CTA's rows lie: (its first query position, the head, the
+    sequence's length, the rows of q and of k where the sequence's position 0
+    lies and the columns of the head and of its KV head, in the descriptors'
+    (rows, columns) view, and the offset of position 0 in lse).  Dense calls:
+    grid (tiles, batch * heads) over (B * H * N, D) views, heaviest tiles first
+    under a causal mask.  VARLEN: grid (heads, the call's tiles) over (tokens,
+    heads * D) views, tile i = (sequence, first row) from `tiles_ptr` (heaviest
+    first), the sequence's first rows and lengths from `seqs_ptr` (S, 4)."""
+    if VARLEN:
+        head = gl.program_id(0)
+        seq = gl.load(tiles_ptr + 2 * gl.program_id(1))
+        start_cta = gl.load(tiles_ptr + 2 * gl.program_id(1) + 1)
+        q_row = gl.load(seqs_ptr + 4 * seq)
+        n = gl.load(seqs_ptr + 4 * seq + 1)
+        k_row = gl.load(seqs_ptr + 4 * seq + 2)
+        return start_cta, head, n, q_row, k_row, head * HEAD_DIM, head // group * HEAD_DIM, head * lse_stride + q_row  # fmt: skip
+    else:
+        batch_head = gl.program_id(1)
+        head = batch_head % num_heads
+        batch_kv_head = batch_head // num_heads * (num_heads // group) + head // group
+        start_cta = (gl.num_programs(0) - 1 - gl.program_id(0)) * (2 * 64)
+        q_row = batch_head * n_ctx
+        return start_cta, head, n_ctx, q_row, batch_kv_head * n_ctx, 0, 0, q_row
 
 
 @gluon.jit
@@ -1956,8 +2022,9 @@ def _gluon_key_tiles(start_cta, n_ctx, head, num_heads, BLOCK_N: gl.constexpr):
 
 
 @gluon.jit
-def _gluon_fwd_consumer(args, HALF: gl.constexpr):
+def _gluon_fwd_consumer(args, HALF: gl.constexpr, VARLEN: gl.constexpr):
     (q_desc, k_desc, v_desc, o_desc, o_ptr, lse_ptr, qk_scale, n_ctx, num_heads, group,
+     seqs_ptr, tiles_ptr, lse_stride,
      q_smem, k_smem, v_smem, q_bars, k_ready, v_ready, k_empty, v_empty) = args  # fmt: skip
     dtype: gl.constexpr = q_desc.dtype
     ROWS: gl.constexpr = q_desc.block_type.shape[0]
@@ -1972,10 +2039,10 @@ def _gluon_fwd_consumer(args, HALF: gl.constexpr):
     s_rows: gl.constexpr = gl.SliceLayout(1, s_layout)
     o_rows: gl.constexpr = gl.SliceLayout(1, o_layout)
 
-    start_cta = _gluon_tile_rows()
+    start_cta, head, n_ctx, q_row, k_row, q_col, k_col, lse_row = _gluon_cta(
+        n_ctx, num_heads, group, seqs_ptr, tiles_ptr, lse_stride, HEAD_DIM, VARLEN
+    )  # fmt: skip
     start_m = start_cta + HALF * ROWS
-    batch_head = gl.program_id(1)
-    head = batch_head % num_heads
     key0, n_tiles = _gluon_key_tiles(start_cta, n_ctx, head, num_heads, BLOCK_N)
     q_buf = q_smem.index(HALF)
 
@@ -2066,56 +2133,57 @@ def _gluon_fwd_consumer(args, HALF: gl.constexpr):
     if start_m + ROWS <= n_ctx:
         q_buf.store(acc.to(dtype))  # Q is no longer needed: its buffer stages O
         fence_async_shared()
-        gl_tma.async_copy_shared_to_global(o_desc, [batch_head * n_ctx + start_m, 0], q_buf)
-    else:  # past the last row (N no multiple of 128) lie the next head's rows: a masked store
+        gl_tma.async_copy_shared_to_global(o_desc, [q_row + start_m, q_col], q_buf)
+    else:  # past the last row lie the next head's (or sequence's) rows: a masked store
         o_idx = start_m + gl.arange(0, ROWS, layout=o_rows)
-        cols = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, o_layout))
-        rows = (batch_head * n_ctx + o_idx).to(gl.int64) * HEAD_DIM
+        cols = q_col + gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, o_layout))
+        rows = (q_row + o_idx).to(gl.int64) * (num_heads * HEAD_DIM if VARLEN else HEAD_DIM)
         o_ptrs = o_ptr + gl.expand_dims(rows, 1) + gl.expand_dims(cols, 0)
         gl.store(o_ptrs, acc.to(dtype), mask=gl.expand_dims(o_idx < n_ctx, 1))
     lse = (m_i + gl.log2(l_i)) * 0.6931471805599453
-    gl.store(lse_ptr + batch_head * n_ctx + q_idx, lse, mask=q_idx < n_ctx)
+    gl.store(lse_ptr + lse_row + q_idx, lse, mask=q_idx < n_ctx)
     gl_tma.store_wait(pendings=0)
 
 
 @gluon.jit
-def _gluon_fwd_producer(args, HALF: gl.constexpr):
+def _gluon_fwd_producer(args, HALF: gl.constexpr, VARLEN: gl.constexpr):
     (q_desc, k_desc, v_desc, o_desc, o_ptr, lse_ptr, qk_scale, n_ctx, num_heads, group,
+     seqs_ptr, tiles_ptr, lse_stride,
      q_smem, k_smem, v_smem, q_bars, k_ready, v_ready, k_empty, v_empty) = args  # fmt: skip
     ROWS: gl.constexpr = q_desc.block_type.shape[0]
     BLOCK_N: gl.constexpr = k_desc.block_type.shape[0]
     STAGES: gl.constexpr = k_smem.type.shape[0]
-    start_cta = _gluon_tile_rows()
-    batch_head = gl.program_id(1)
-    kv_heads = num_heads // group
-    batch_kv_head = batch_head // num_heads * kv_heads + batch_head % num_heads // group
+    HEAD_DIM: gl.constexpr = q_desc.block_type.shape[1]
+    start_cta, head, n_ctx, q_row, k_row, q_col, k_col, _ = _gluon_cta(
+        n_ctx, num_heads, group, seqs_ptr, tiles_ptr, lse_stride, HEAD_DIM, VARLEN
+    )  # fmt: skip
     for i in gl.static_range(2):
         mbarrier.expect(q_bars.index(i), q_desc.block_type.nbytes)
         gl_tma.async_copy_global_to_shared(
-            q_desc, [batch_head * n_ctx + start_cta + i * ROWS, 0], q_bars.index(i), q_smem.index(i)
+            q_desc, [q_row + start_cta + i * ROWS, q_col], q_bars.index(i), q_smem.index(i)
         )  # fmt: skip
-    key0, n_tiles = _gluon_key_tiles(start_cta, n_ctx, batch_head % num_heads, num_heads, BLOCK_N)
+    key0, n_tiles = _gluon_key_tiles(start_cta, n_ctx, head, num_heads, BLOCK_N)
     for j in range(n_tiles):
         stage = j % STAGES
         phase = (j // STAGES) & 1
-        row = batch_kv_head * n_ctx + key0 + j * BLOCK_N
+        row = k_row + key0 + j * BLOCK_N
         # A barrier starts with phase 1 complete: the first STAGES waits pass.
         mbarrier.wait(k_empty.index(stage), phase ^ 1)
         mbarrier.expect(k_ready.index(stage), k_desc.block_type.nbytes)
         gl_tma.async_copy_global_to_shared(
-            k_desc, [row, 0], k_ready.index(stage), k_smem.index(stage)
+            k_desc, [row, k_col], k_ready.index(stage), k_smem.index(stage)
         )  # fmt: skip
         mbarrier.wait(v_empty.index(stage), phase ^ 1)
         mbarrier.expect(v_ready.index(stage), v_desc.block_type.nbytes)
         gl_tma.async_copy_global_to_shared(
-            v_desc, [row, 0], v_ready.index(stage), v_smem.index(stage)
+            v_desc, [row, k_col], v_ready.index(stage), v_smem.index(stage)
         )  # fmt: skip
 
 
 @gluon.jit
 def _gluon_attn_fwd(
     q_desc, k_desc, v_desc, o_desc, o_ptr, lse_ptr, qk_scale, n_ctx, num_heads, group,
-    STAGES: gl.constexpr,
+    seqs_ptr, tiles_ptr, lse_stride, STAGES: gl.constexpr, VARLEN: gl.constexpr,
 ):  # fmt: skip
     dtype: gl.constexpr = q_desc.dtype
     ROWS: gl.constexpr = q_desc.block_type.shape[0]
@@ -2137,12 +2205,13 @@ def _gluon_attn_fwd(
         mbarrier.init(k_empty.index(i), count=2)  # released by both consumers
         mbarrier.init(v_empty.index(i), count=2)
     args = (q_desc, k_desc, v_desc, o_desc, o_ptr, lse_ptr, qk_scale, n_ctx, num_heads, group,
+            seqs_ptr, tiles_ptr, lse_stride,
             q_smem, k_smem, v_smem, q_bars, k_ready, v_ready, k_empty, v_empty)  # fmt: skip
     gl.warp_specialize(
         [
-            (_gluon_fwd_consumer, (args, 0)),
-            (_gluon_fwd_consumer, (args, 1)),
-            (_gluon_fwd_producer, (args, 0)),
+            (_gluon_fwd_consumer, (args, 0, VARLEN)),
+            (_gluon_fwd_consumer, (args, 1, VARLEN)),
+            (_gluon_fwd_producer, (args, 0, VARLEN)),
         ],
         [4, 1],  # warps of the second consumer and of the producer
         [240, 24],  # their registers per thread; the first consumer gets the rest
@@ -2164,7 +2233,7 @@ def _gluon_forward(q, k, v, o, lse, scale: float) -> None:
     _launch(
         _gluon_attn_fwd, (triton.cdiv(n, GLUON_BLOCK), batch * num_heads),
         *descriptors, o, lse, scale * 1.4426950408889634, n, num_heads, num_heads // k.shape[1],
-        GLUON_STAGES, num_warps=4, maxnreg=168,
+        lse, lse, 0, GLUON_STAGES, False, num_warps=4, maxnreg=168,
     )  # fmt: skip
 
 

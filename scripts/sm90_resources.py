@@ -191,11 +191,12 @@ def compile_gluon(module, fn, descriptors, scalars, constants, options):
     return (*ptxas_report(kernel.asm["ptx"]), kernel.metadata.shared, kernel.asm["ptx"])
 
 
-def gluon_resources(module) -> list:
+def gluon_resources(module, seqs: bool = False) -> list:
     """Resources of a module's Gluon kernels, launched as the module launches them;
     none where the module has none (no `GLUON`) or leaves them off (`GLUON` False: a
     Triton other than the one they were tested with, whose Gluon API differs; Triton
-    3.9's does not compile them)."""
+    3.9's does not compile them).  `seqs`: the forward of varlen calls (VARLEN), where
+    the module has it (`_gluon_varlen_supported`)."""
     found = []
     if not getattr(module, "GLUON", False):
         return found
@@ -203,16 +204,24 @@ def gluon_resources(module) -> list:
         config = (64, 128, 4, module.GLUON_STAGES)  # rows per consumer, BLOCK_N, warps, buffers
         scalars = dict(o_ptr="*DTYPE", lse_ptr="*fp32", alibi_slopes_ptr="*fp32", qk_scale="fp32")
         scalars.update(n_ctx="i32", num_heads="i32", group="i32")
+        varlen = seqs and hasattr(module, "_gluon_varlen_supported")
+        table = "*i32" if varlen else "*fp32"  # a dense call passes lse for the varlen tables
+        scalars.update(seqs_ptr=table, tiles_ptr=table, lse_stride="i32")
         params = {p.name for p in module._gluon_attn_fwd.params}
         resources = compile_gluon(
             module,
             module._gluon_attn_fwd,
             dict(q_desc=64, k_desc=128, v_desc=128, o_desc=64),
             {name: kind for name, kind in scalars.items() if name in params},
-            dict(STAGES=module.GLUON_STAGES),
+            {
+                name: v
+                for name, v in dict(STAGES=module.GLUON_STAGES, VARLEN=varlen).items()
+                if name in params
+            },
             dict(num_warps=4, maxnreg=168),
         )
-        found.append(Resources("_gluon_attn_fwd", config, True, *resources))
+        label = "_gluon_attn_fwd[varlen]" if varlen else "_gluon_attn_fwd"
+        found.append(Resources(label, config, True, *resources))
     if hasattr(module, "_gluon_attn_bwd_dkdv"):
         tile = module.GLUON_BWD_TILE
         scalars = dict(
@@ -467,7 +476,7 @@ def module_resources(
         found
         + decode_resources(module, seqs)
         + plan_resources(module, seqs)
-        + gluon_resources(module)
+        + gluon_resources(module, seqs)
     )
 
 

@@ -13,6 +13,7 @@ from flashgen import ir
 from flashgen.emit import render_module
 from flashgen.experiments import KNOBS, ExperimentError, parse_settings
 from flashgen.launch import LaunchConfig
+from flashgen.lower import lower
 from flashgen.verify import check_forward
 
 from kernel_utils import make_variant
@@ -126,7 +127,7 @@ KNOB_SETTINGS = [
     "gluon_one_probs_call=off", "residue_classes=off", "residue_classes=on",
     "gluon_bwd_streams=64,128", "float_distances=on", "float_distances=off",
     "gluon_data_d128=on", "gluon_data_d128=off", "gluon_data_forward=on",
-    "gluon_data_forward=off",
+    "gluon_data_forward=off", "gluon_varlen=on", "gluon_varlen=off",
 ]  # fmt: skip
 
 
@@ -147,6 +148,11 @@ def test_every_knob_setting_builds_modules_that_define_what_they_read(name):
         with pytest.raises(ExperimentError, match="runtime data takes 64,64"):
             render_module(variant, None, parse_settings(["gluon_bwd_streams=64,128"]))
         settings.remove("gluon_bwd_streams=64,128")
+    model = lower(variant)
+    if not model.gluon_forward or model.inputs:  # decision 102
+        with pytest.raises(ExperimentError, match="gluon_varlen: for a module with the Gluon"):
+            render_module(variant, None, parse_settings(["gluon_varlen=on"]))
+        settings.remove("gluon_varlen=on")
     builds = [(s, render_module(variant, None, parse_settings([s]))) for s in settings]
     builds.append(("--triton-only", render_module(variant, triton_only=True)))
     problems = {setting: sorted(_undefined_names(source)) for setting, source in builds}

@@ -186,6 +186,86 @@ def test_gluon_forward_on_gpu(name, dtype, monkeypatch):
 RAGGED_SHAPES = [Shape(2, 2, 2, 130, 130), Shape(2, 4, 2, 200, 200), Shape(1, 2, 1, 1000, 1000)]
 
 
+class _VarlenBatch:
+    """A module's calls on one sequence (1, H, n, D), run as sequence `index`
+    of a varlen batch of self-attention sequences (as many queries as keys)
+    amid neighbours of the given lengths, whose q, k and v are random and
+    large; o, lse and, through autograd, the gradients come back for that
+    sequence alone."""
+
+    def __init__(self, module, index: int, neighbours, heads: int, kv_heads: int, generator):
+        self.module, self.index = module, index
+        d = module.HEAD_DIM
+        self.others = [
+            [
+                (3.0 * torch.randn(n, h, d, generator=generator)).to("cuda", module.DTYPE)
+                for h in (heads, kv_heads, kv_heads)
+            ]
+            for n in neighbours
+        ]
+
+    def forward(self, q, k, v, scale=None):
+        o, lse = self.attention(q, k, v, scale=scale, return_lse=True)
+        return o.detach(), lse.detach()
+
+    def attention(self, q, k, v, *, scale=None, return_lse=False):
+        mine = [x[0].transpose(0, 1) for x in (q, k, v)]  # (n, heads, D)
+        seqs = self.others[: self.index] + [mine] + self.others[self.index :]
+        cu = torch.tensor([0] + [s[0].shape[0] for s in seqs], device="cuda").cumsum(0)
+        q, k, v = (torch.cat([s[i] for s in seqs]) for i in range(3))
+        cu = cu.to(torch.int32)
+        o, lse = self.module.attention(
+            q, k, v, scale=scale, return_lse=True, cu_seqlens_q=cu, cu_seqlens_k=cu
+        )  # fmt: skip
+        rows = slice(int(cu[self.index]), int(cu[self.index + 1]))
+        o, lse = o[rows].transpose(0, 1)[None], lse[:, rows][None]
+        return (o, lse) if return_lse else o
+
+
+@pytest.mark.parametrize(
+    "mask, score", [("full", None), ("causal", None), ("causal & window(200)", "s + alibi")]
+)
+@pytest.mark.parametrize("dtype", [ir.DType.FP16, ir.DType.BF16])
+def test_gluon_forward_of_varlen_calls_on_gpu(mask, score, dtype, monkeypatch):
+    """Under the knob gluon_varlen (decision 102), varlen calls of sequences
+    with as many queries as keys take the Gluon forward (full, causal and the
+    any-mask kind): each sequence judged
+    against the float64 reference of the sequence alone, forward and
+    backward (the Triton backward from the Gluon forward's log-sum-exp), at
+    1, 100, 128, 129, 300 and 1000 tokens amid neighbours of 700, 0, 1 and
+    257, GQA, x1 and x5 inputs; where it has 128 tokens or more, bit for bit
+    the dense Gluon call of the sequence alone (the same tiles in the same
+    order).  Counts its launches."""
+    from flashgen import kernel_choice
+    from flashgen.verify import random_inputs
+
+    monkeypatch.setattr(kernel_choice, "GLUON_ANY_MIN_KEYS", 0)
+    variant = make_variant(mask, score, dtype=dtype, head_dim=128)
+    module = build(variant, {"gluon_varlen": True})
+    launches = _count_calls(monkeypatch, module, "_gluon_forward")
+    generator = torch.Generator().manual_seed(0)
+    for i, n in enumerate((1, 100, 128, 129, 300, 1000)):
+        for magnitude in (1.0, 5.0):
+            adapter = _VarlenBatch(module, i % 5, [700, 0, 1, 257], 4, 2, generator)
+            q, k, v = random_inputs(
+                Shape(1, 4, 2, n, n), 128, module.DTYPE, "cuda", generator=generator,
+                magnitude=magnitude,
+            )  # fmt: skip
+            before = len(launches)
+            for result in (
+                check_forward(variant, adapter, q, k, v),
+                check_backward(variant, adapter, q, k, v, generator=generator),
+            ):
+                _record(variant, result)
+                assert_ok(result)
+            assert len(launches) == before + 2
+            if n >= 128:
+                o, lse = adapter.forward(q, k, v)
+                o_alone, lse_alone = module.forward(q, k, v)
+                assert len(launches) == before + 4
+                assert torch.equal(o, o_alone) and torch.equal(lse, lse_alone)
+
+
 # Masks and scores for the Gluon backward: the mask's bounds, its interior
 # and its per-tile classification (non-affine terms, heads, rows that see no
 # key at all), score modifiers with a derivative, ALiBi.

@@ -313,6 +313,19 @@ def test_gluon_forward_over_runtime_data_compiles_for_sm90(tmp_path):
     assert gluon == {"packed_docs", "prefix_per_example", "reach_per_head", "batch_index"}, stdout
 
 
+@needs_gluon
+def test_gluon_forward_of_varlen_calls_compiles_for_sm90():
+    """Decision 102's knob: the Gluon forward of varlen calls (VARLEN: a tile
+    table, (tokens, heads * D) descriptors) compiles for sm_90a for full,
+    causal and the any-mask kind, without spills (2026-12-06)."""
+    specs = ["examples/full.attn", "examples/plain_causal.attn", "examples/mistral_sliding.attn"]
+    args = ["--head-dim", "128", "--seqs", "--gluon-forward-any", "--plan", "gluon_varlen=on"]
+    rows, stdout = _sm90_resources(*specs, *args)
+    gluon = {r["name"]: r for r in rows if r["kernel"] == "_gluon_attn_fwd[varlen]"}
+    assert set(gluon) == {"full", "plain_causal", "mistral_sliding"}, stdout[-2000:]
+    assert all(r["spill_stores"] == 0 for r in gluon.values()), gluon
+
+
 def test_kernels_of_padded_and_varlen_calls_with_sinks_and_offsets_compile_for_sm90():
     """The SEQS, HAS_SINKS and SHIFTED paths (decision 046) compile for sm_90a:
     ALiBi in fp16 (bloom_alibi) and a periodic mask with a score in fp32 (custom)."""

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import pathlib
 import sys
 
 import pytest
@@ -59,6 +60,52 @@ def test_host_stub_gluon_paths_at_lengths_of_no_multiple_of_128():
         else:
             assert "_gluon_forward" not in taken and "_gluon_backward" not in taken
             assert taken and all(isinstance(grid, tuple) for grid in taken)
+
+
+def test_host_stub_varlen_calls_take_the_gluon_forward(tmp_path):
+    """Under the knob gluon_varlen (decision 102), a varlen call whose
+    sequences have as many queries as keys takes the Gluon forward on a grid
+    of (heads, the call's 128-row tiles), the tiles furthest into their
+    sequences first; one whose sequences differ, or average fewer than 128
+    tokens, takes the Triton forward, as every varlen call does without it."""
+    import host_stub
+    import torch
+
+    from flashgen.api import _check_specs
+    from flashgen.emit import render_module
+
+    spec = os.path.join(os.path.dirname(__file__), "..", "examples", "plain_causal.attn")
+    (variant,) = _check_specs(pathlib.Path(spec))
+    path = tmp_path / "plain_causal.py"
+    path.write_text(render_module(variant, None, {"gluon_varlen": True}))
+    module = host_stub.load(str(path))
+    taken = []
+    fn = module._gluon_forward
+    module._gluon_forward = lambda *a, **k: taken.append("_gluon_forward") or fn(*a, **k)
+    launch = module._launch
+    module._launch = lambda kernel, grid, *a, **k: taken.append(grid) or launch(
+        kernel, grid, *a, **k
+    )
+    lengths = [300, 0, 1, 129, 256]  # tiles 3 + 0 + 1 + 2 + 2
+    cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32)
+    t = int(cu[-1])
+    q, k, v = (torch.randn(t, 4, 128, dtype=module.DTYPE) for _ in range(3))
+    k, v = k[:, :2].contiguous(), v[:, :2].contiguous()
+    seqs = module.sequences(cu_seqlens_q=cu, cu_seqlens_k=cu)
+    module.attention(q, k, v, sequences=seqs)
+    assert taken == ["_gluon_forward", (4, 8)]
+    tiles = [[0, 256], [0, 128], [4, 128], [3, 128], [0, 0], [4, 0], [3, 0], [2, 0]]
+    assert module._gluon_tiles(seqs.bind(q, k)).tolist() == tiles
+    built = host_stub.load(
+        os.path.join(os.path.dirname(spec), "..", "generated", "plain_causal.py")
+    )
+    assert not hasattr(built, "_gluon_varlen_supported")  # the knob is off by default
+    short = torch.tensor([0, 100, 200], dtype=torch.int32)  # 100 tokens on average
+    other = torch.tensor([0, 150, 301], dtype=torch.int32)  # 150 and 151 keys for 100 queries
+    for cu_q, cu_k in ((short, short), (short, other)):
+        taken.clear()
+        module.attention(q, k, v, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k)
+        assert "_gluon_forward" not in taken and len(taken) == 1
 
 
 def test_host_stub_a_plan_serves_the_gluon_backward_of_a_data_mask(tmp_path):
