@@ -13,6 +13,8 @@ module that needs them, after the module's own constants and kernels:
     direct_launch   `_launch`: the launch path, with the one use of Triton internals
     compile_ahead   the backward's kernels compiled beside the first forward
     gluon           descriptors and the support test of the Hopper Gluon kernels
+    gluon_varlen    the Gluon forward's tiles and support test for varlen calls (the
+                    knob gluon_varlen, decision 102)
 
 Everything above the first section is not copied: it stands for the names a
 generated module defines itself, so that this file imports, lints and is
@@ -1288,9 +1290,13 @@ def _gluon_descriptor(x: torch.Tensor, rows: int, width: int = 0) -> _GluonBlock
     width = width or d
     return _GluonBlocks(
         x, (x.numel() // width, width), (width, 1), (rows, d), _gluon_layout(rows, d, x.dtype)
-    )  # fmt: skip
+    )
 
 
+_STAND_INS = (_GluonBlocks,)
+
+
+# flashgen: section gluon_varlen
 def _gluon_tiles(seqs) -> torch.Tensor | None:
     """The Gluon forward's grid for a varlen call (`seqs` bound) whose
     sequences have as many queries as keys, else None: (sequence, first row)
@@ -1324,10 +1330,7 @@ def _gluon_varlen_fits(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, seqs) 
     tiles = _gluon_tiles(seqs)
     if tiles is None or tiles.shape[0] >= 2**16:
         return False  # grid axis 1: at most 65535 tiles
-    users = [_user_view(x, seqs) for x in (q, k, v)]
     if q.shape[1] * q.shape[2] >= 2**31 - 128:
         return False
+    users = [_user_view(x, seqs) for x in (q, k, v)]
     return all(x.is_contiguous() and x.data_ptr() % 16 == 0 for x in users)
-
-
-_STAND_INS = (_GluonBlocks,)

@@ -1859,46 +1859,7 @@ def _gluon_descriptor(x: torch.Tensor, rows: int, width: int = 0) -> _GluonBlock
     width = width or d
     return _GluonBlocks(
         x, (x.numel() // width, width), (width, 1), (rows, d), _gluon_layout(rows, d, x.dtype)
-    )  # fmt: skip
-
-
-def _gluon_tiles(seqs) -> torch.Tensor | None:
-    """The Gluon forward's grid for a varlen call (`seqs` bound) whose
-    sequences have as many queries as keys, else None: (sequence, first row)
-    int32 for every 128 rows of every sequence, the tiles furthest into their
-    sequence first (under a causal mask the heaviest; without one, those of
-    the longest sequences).  Made once per `sequences(...)`, from the lengths
-    it read (a call made before a CUDA graph captures the next ones)."""
-    if seqs is None or not seqs[3] or len(seqs) < 7:  # a custom op's (`_op_args`): none
-        return None
-    cache = seqs[6]
-    if "gluon tiles" not in cache:
-        tiles = None
-        lengths, keys = seqs[4]
-        if lengths == keys:
-            order = sorted(
-                ((s, row) for s, n in enumerate(lengths) for row in range(0, n, 128)),
-                key=lambda t: (-t[1], -lengths[t[0]]),
-            )  # fmt: skip
-            tiles = torch.tensor(order, dtype=torch.int32).reshape(-1, 2).to(seqs[0].device)
-        cache["gluon tiles"] = tiles
-    return cache["gluon tiles"]
-
-
-def _gluon_varlen_fits(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, seqs) -> bool:
-    """Whether the Gluon forward can take this varlen call (kernel views of q,
-    k, v; `seqs` bound): a Triton with Gluon, an sm90 GPU, sequences of as many
-    queries as keys (`_gluon_tiles`), q, k and v contiguous as (tokens, heads,
-    D) and 16-byte aligned, and lse's (heads, tokens) offsets in int32."""
-    if not GLUON or _interpreting() or q.device.type != "cuda" or _capability(q.device) != (9, 0):
-        return False
-    tiles = _gluon_tiles(seqs)
-    if tiles is None or tiles.shape[0] >= 2**16:
-        return False  # grid axis 1: at most 65535 tiles
-    users = [_user_view(x, seqs) for x in (q, k, v)]
-    if q.shape[1] * q.shape[2] >= 2**31 - 128:
-        return False
-    return all(x.is_contiguous() and x.data_ptr() % 16 == 0 for x in users)
+    )
 
 
 _STAND_INS = (_GluonBlocks,)

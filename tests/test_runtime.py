@@ -43,7 +43,7 @@ def _qkv(b=1, h=4, hkv=2, nq=5, nk=7, d=64, dtype=torch.float16):
 def test_sections_are_the_documented_ones():
     assert list(runtime_sections()) == [
         "common", "sequences", "decode", "alibi", "inputs", "input_grads", "direct_launch",
-        "compile_ahead", "gluon",
+        "compile_ahead", "gluon", "gluon_varlen",
     ]  # fmt: skip
     for text in runtime_sections().values():
         assert "# flashgen: section" not in text and text == text.strip("\n")
