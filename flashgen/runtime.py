@@ -1298,24 +1298,32 @@ _STAND_INS = (_GluonBlocks,)
 
 # flashgen: section gluon_varlen
 def _gluon_tiles(seqs) -> torch.Tensor | None:
-    """The Gluon forward's grid for a varlen call (`seqs` bound) whose
-    sequences have as many queries as keys, else None: (sequence, first row)
-    int32 for every 128 rows of every sequence, the tiles furthest into their
-    sequence first (under a causal mask the heaviest; without one, those of
-    the longest sequences).  Made once per `sequences(...)`, from the lengths
-    it read (a call made before a CUDA graph captures the next ones)."""
+    """The Gluon forward's tiles for a varlen call (`seqs` bound) whose
+    sequences have as many queries as keys, else None: int32 rows (first row
+    of q, first row of k, the sequence's length, the tile's first row in it),
+    one for every 128 rows of every sequence.  Sequence by sequence, the
+    longest first, each one's tiles furthest into it first (under a causal
+    mask the heaviest): on the grid (tiles, heads) the CTAs that run at once
+    share the keys and values of a few sequences of one head in L2, as a dense
+    call's do.  Made once per `sequences(...)`, from the lengths it read (a
+    call made before a CUDA graph captures the next ones)."""
     if seqs is None or not seqs[3] or len(seqs) < 7:  # a custom op's (`_op_args`): none
         return None
     cache = seqs[6]
     if "gluon tiles" not in cache:
         tiles = None
         lengths, keys = seqs[4]
-        if lengths == keys:
-            order = sorted(
-                ((s, row) for s, n in enumerate(lengths) for row in range(0, n, 128)),
-                key=lambda t: (-t[1], -lengths[t[0]]),
-            )  # fmt: skip
-            tiles = torch.tensor(order, dtype=torch.int32).reshape(-1, 2).to(seqs[0].device)
+        if lengths == keys:  # then cu_seqlens_q == cu_seqlens_k: the same first rows
+            firsts = [0] * len(lengths)
+            for s in range(1, len(lengths)):
+                firsts[s] = firsts[s - 1] + lengths[s - 1]
+            longest_first = sorted(range(len(lengths)), key=lambda s: -lengths[s])
+            table = [
+                (firsts[s], firsts[s], lengths[s], start)
+                for s in longest_first
+                for start in reversed(range(0, lengths[s], 128))
+            ]
+            tiles = torch.tensor(table, dtype=torch.int32).reshape(-1, 4).to(seqs[0].device)
         cache["gluon tiles"] = tiles
     return cache["gluon tiles"]
 
@@ -1327,9 +1335,8 @@ def _gluon_varlen_fits(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, seqs) 
     D) and 16-byte aligned, and lse's (heads, tokens) offsets in int32."""
     if not GLUON or _interpreting() or q.device.type != "cuda" or _capability(q.device) != (9, 0):
         return False
-    tiles = _gluon_tiles(seqs)
-    if tiles is None or tiles.shape[0] >= 2**16:
-        return False  # grid axis 1: at most 65535 tiles
+    if _gluon_tiles(seqs) is None:
+        return False
     if q.shape[1] * q.shape[2] >= 2**31 - 128:
         return False
     users = [_user_view(x, seqs) for x in (q, k, v)]

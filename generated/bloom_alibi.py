@@ -1981,22 +1981,22 @@ def _gluon_softmax_step(s, m_i, l_i, sm_scale, q_idx, k_start, o_rows: gl.conste
 
 
 @gluon.jit
-def _gluon_cta(n_ctx, num_heads, group, seqs_ptr, tiles_ptr, lse_stride, HEAD_DIM: gl.constexpr, VARLEN: gl.constexpr):  # fmt: skip
+def _gluon_cta(n_ctx, num_heads, group, tiles_ptr, lse_stride, HEAD_DIM: gl.constexpr, VARLEN: gl.constexpr):  # fmt: skip
     """Where this CTA's rows lie: (its first query position, the head, the
     sequence's length, the rows of q and of k where the sequence's position 0
     lies and the columns of the head and of its KV head, in the descriptors'
     (rows, columns) view, and the offset of position 0 in lse).  Dense calls:
     grid (tiles, batch * heads) over (B * H * N, D) views, heaviest tiles first
-    under a causal mask.  VARLEN: grid (heads, the call's tiles) over (tokens,
-    heads * D) views, tile i = (sequence, first row) from `tiles_ptr` (heaviest
-    first), the sequence's first rows and lengths from `seqs_ptr` (S, 4)."""
+    under a causal mask.  VARLEN: grid (the call's tiles, heads) over (tokens,
+    heads * D) views, tile i = (first row of q, of k, the sequence's length,
+    the tile's first row in it) from `tiles_ptr` (`_gluon_tiles`)."""
     if VARLEN:
-        head = gl.program_id(0)
-        seq = gl.load(tiles_ptr + 2 * gl.program_id(1))
-        start_cta = gl.load(tiles_ptr + 2 * gl.program_id(1) + 1)
-        q_row = gl.load(seqs_ptr + 4 * seq)
-        n = gl.load(seqs_ptr + 4 * seq + 1)
-        k_row = gl.load(seqs_ptr + 4 * seq + 2)
+        tile = tiles_ptr + 4 * gl.program_id(0)
+        head = gl.program_id(1)
+        q_row = gl.load(tile)
+        k_row = gl.load(tile + 1)
+        n = gl.load(tile + 2)
+        start_cta = gl.load(tile + 3)
         return start_cta, head, n, q_row, k_row, head * HEAD_DIM, head // group * HEAD_DIM, head * lse_stride + q_row  # fmt: skip
     else:
         batch_head = gl.program_id(1)
@@ -2020,7 +2020,7 @@ def _gluon_key_tiles(start_cta, n_ctx, head, num_heads, BLOCK_N: gl.constexpr):
 @gluon.jit
 def _gluon_fwd_consumer(args, HALF: gl.constexpr, VARLEN: gl.constexpr):
     (q_desc, k_desc, v_desc, o_desc, o_ptr, lse_ptr, alibi_slopes_ptr, qk_scale, n_ctx, num_heads, group,
-     seqs_ptr, tiles_ptr, lse_stride,
+     tiles_ptr, lse_stride,
      q_smem, k_smem, v_smem, q_bars, k_ready, v_ready, k_empty, v_empty) = args  # fmt: skip
     dtype: gl.constexpr = q_desc.dtype
     ROWS: gl.constexpr = q_desc.block_type.shape[0]
@@ -2036,7 +2036,7 @@ def _gluon_fwd_consumer(args, HALF: gl.constexpr, VARLEN: gl.constexpr):
     o_rows: gl.constexpr = gl.SliceLayout(1, o_layout)
 
     start_cta, head, n_ctx, q_row, k_row, q_col, k_col, lse_row = _gluon_cta(
-        n_ctx, num_heads, group, seqs_ptr, tiles_ptr, lse_stride, HEAD_DIM, VARLEN
+        n_ctx, num_heads, group, tiles_ptr, lse_stride, HEAD_DIM, VARLEN
     )  # fmt: skip
     start_m = start_cta + HALF * ROWS
     key0, n_tiles = _gluon_key_tiles(start_cta, n_ctx, head, num_heads, BLOCK_N)
@@ -2149,14 +2149,14 @@ def _gluon_fwd_consumer(args, HALF: gl.constexpr, VARLEN: gl.constexpr):
 @gluon.jit
 def _gluon_fwd_producer(args, HALF: gl.constexpr, VARLEN: gl.constexpr):
     (q_desc, k_desc, v_desc, o_desc, o_ptr, lse_ptr, alibi_slopes_ptr, qk_scale, n_ctx, num_heads, group,
-     seqs_ptr, tiles_ptr, lse_stride,
+     tiles_ptr, lse_stride,
      q_smem, k_smem, v_smem, q_bars, k_ready, v_ready, k_empty, v_empty) = args  # fmt: skip
     ROWS: gl.constexpr = q_desc.block_type.shape[0]
     BLOCK_N: gl.constexpr = k_desc.block_type.shape[0]
     STAGES: gl.constexpr = k_smem.type.shape[0]
     HEAD_DIM: gl.constexpr = q_desc.block_type.shape[1]
     start_cta, head, n_ctx, q_row, k_row, q_col, k_col, _ = _gluon_cta(
-        n_ctx, num_heads, group, seqs_ptr, tiles_ptr, lse_stride, HEAD_DIM, VARLEN
+        n_ctx, num_heads, group, tiles_ptr, lse_stride, HEAD_DIM, VARLEN
     )  # fmt: skip
     for i in gl.static_range(2):
         mbarrier.expect(q_bars.index(i), q_desc.block_type.nbytes)
@@ -2184,7 +2184,7 @@ def _gluon_fwd_producer(args, HALF: gl.constexpr, VARLEN: gl.constexpr):
 @gluon.jit
 def _gluon_attn_fwd(
     q_desc, k_desc, v_desc, o_desc, o_ptr, lse_ptr, alibi_slopes_ptr, qk_scale, n_ctx, num_heads, group,
-    seqs_ptr, tiles_ptr, lse_stride, STAGES: gl.constexpr, VARLEN: gl.constexpr,
+    tiles_ptr, lse_stride, STAGES: gl.constexpr, VARLEN: gl.constexpr,
 ):  # fmt: skip
     dtype: gl.constexpr = q_desc.dtype
     ROWS: gl.constexpr = q_desc.block_type.shape[0]
@@ -2206,7 +2206,7 @@ def _gluon_attn_fwd(
         mbarrier.init(k_empty.index(i), count=2)  # released by both consumers
         mbarrier.init(v_empty.index(i), count=2)
     args = (q_desc, k_desc, v_desc, o_desc, o_ptr, lse_ptr, alibi_slopes_ptr, qk_scale, n_ctx, num_heads, group,
-            seqs_ptr, tiles_ptr, lse_stride,
+            tiles_ptr, lse_stride,
             q_smem, k_smem, v_smem, q_bars, k_ready, v_ready, k_empty, v_empty)  # fmt: skip
     gl.warp_specialize(
         [
@@ -2237,7 +2237,7 @@ def _gluon_forward(q, k, v, o, lse, scale: float) -> None:
     _launch(
         _gluon_attn_fwd, (triton.cdiv(n, GLUON_BLOCK), batch * num_heads),
         *descriptors, o, lse, _alibi_slopes(num_heads, q.device), scale * 1.4426950408889634, n, num_heads, num_heads // k.shape[1],
-        lse, lse, 0, GLUON_STAGES, False, num_warps=4, maxnreg=168,
+        lse, 0, GLUON_STAGES, False, num_warps=4, maxnreg=168,
     )  # fmt: skip
 
 

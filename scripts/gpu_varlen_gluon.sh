@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
-# Decision 102: varlen calls on the Gluon forward.
+# Decisions 102-103: varlen calls on the Gluon forward.
 # check: its GPU tests (full, causal and the any-mask kind, fp16 and bf16,
 # each sequence against the float64 reference and bit for bit against the
 # dense call of the sequence alone), beside the Gluon forward's own tests;
 # bench: scripts/gpu_varlen_bench.py at d128 (16k and 64k tokens, documents
 # of ~1,000), the module as built and with gluon_varlen=on, records in
-# $OUT/varlen.jsonl; before-after: the dense forward at N = 1000 and 4096
+# $OUT/varlen.jsonl (RUN names the run); before-after: the dense forward at N = 1000 and 4096
 # against .base/ (scripts/gpu_before_after.sh; carry .whl and .base).
 # check and bench fit one call of 600 s.
 #   bash scripts/gpu_varlen_gluon.sh [check] [bench] [before-after]
@@ -25,7 +25,7 @@ for step in ${*:-check bench}; do
   bench)
     timeout 200 python3 scripts/gpu_varlen_bench.py --tokens 16384 65536 --head-dim 128 \
       --timer cuda-graph --plan gluon_varlen=on --jsonl "$OUT/varlen.jsonl" \
-      --run "decision 102: varlen calls, as built and with gluon_varlen=on" \
+      --run "${RUN:-varlen calls, as built and with gluon_varlen=on}" \
       --commit "$(git rev-parse --short HEAD 2>/dev/null || echo unknown)" 2>&1 | tail -40 ;;
   before-after)
     SPECS="examples/plain_causal.attn examples/full.attn" timeout 200 bash scripts/gpu_before_after.sh \

@@ -93,7 +93,7 @@ def load(path: str):
 
         def varlen_fits(q, k, v, seqs):
             tiles = module._gluon_tiles(seqs)
-            if tiles is None or tiles.shape[0] >= 2**16 or q.shape[1] * q.shape[2] >= 2**31 - 128:
+            if tiles is None or q.shape[1] * q.shape[2] >= 2**31 - 128:
                 return False
             users = [module._user_view(x, seqs) for x in (q, k, v)]
             return all(x.is_contiguous() and x.data_ptr() % 16 == 0 for x in users)

@@ -65,8 +65,8 @@ def test_host_stub_gluon_paths_at_lengths_of_no_multiple_of_128():
 def test_host_stub_varlen_calls_take_the_gluon_forward(tmp_path):
     """Under the knob gluon_varlen (decision 102), a varlen call whose
     sequences have as many queries as keys takes the Gluon forward on a grid
-    of (heads, the call's 128-row tiles), the tiles furthest into their
-    sequences first; one whose sequences differ, or average fewer than 128
+    of (the call's 128-row tiles, heads): sequence by sequence, the longest
+    first, each one's tiles furthest into it first (decision 103); one whose sequences differ, or average fewer than 128
     tokens, takes the Triton forward, as every varlen call does without it."""
     import host_stub
     import torch
@@ -93,8 +93,9 @@ def test_host_stub_varlen_calls_take_the_gluon_forward(tmp_path):
     k, v = k[:, :2].contiguous(), v[:, :2].contiguous()
     seqs = module.sequences(cu_seqlens_q=cu, cu_seqlens_k=cu)
     module.attention(q, k, v, sequences=seqs)
-    assert taken == ["_gluon_forward", (4, 8)]
-    tiles = [[0, 256], [0, 128], [4, 128], [3, 128], [0, 0], [4, 0], [3, 0], [2, 0]]
+    assert taken == ["_gluon_forward", (8, 4)]
+    tiles = [[0, 0, 300, 256], [0, 0, 300, 128], [0, 0, 300, 0], [430, 430, 256, 128]]
+    tiles += [[430, 430, 256, 0], [301, 301, 129, 128], [301, 301, 129, 0], [300, 300, 1, 0]]
     assert module._gluon_tiles(seqs.bind(q, k)).tolist() == tiles
     built = host_stub.load(
         os.path.join(os.path.dirname(spec), "..", "generated", "plain_causal.py")
