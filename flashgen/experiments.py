@@ -123,6 +123,8 @@ KNOBS: dict[str, Callable[[str], object]] = {
     "gluon_data_forward": _bool,
     # on: varlen calls of sequences with as many queries as keys take the Gluon forward (102)
     "gluon_varlen": _bool,
+    # on: such calls take the Gluon backward too (decision 104)
+    "gluon_varlen_backward": _bool,
 }
 # Knobs the lowering takes (`lower(variant, residue_classes=...)`), as they
 # change the tile analysis or the element code itself, rather than fields set
@@ -172,6 +174,10 @@ def apply(model: KernelModel, values: Mapping[str, object]) -> KernelModel:
     if values.get("gluon_varlen") and (not model.gluon_forward or model.inputs):
         raise ExperimentError(
             "gluon_varlen: for a module with the Gluon forward and no declared inputs"
+        )
+    if values.get("gluon_varlen_backward") and (not model.gluon_backward or model.inputs):
+        raise ExperimentError(
+            "gluon_varlen_backward: for a module with the Gluon backward and no declared inputs"
         )
     streams = values.get("gluon_bwd_streams", (64, 64))
     stages = values.get("gluon_bwd_stages", model.gluon_bwd_stages)

@@ -578,6 +578,9 @@ class KernelModel:
     # forward too (knob `gluon_varlen`, off: measured 1.01x the Triton forward,
     # decision 102).
     gluon_varlen: bool = False
+    # Such calls take the Gluon backward too (knob `gluon_varlen_backward`,
+    # decision 104).
+    gluon_varlen_backward: bool = False
     # Experiment knobs set on this plan (flashgen/experiments.py), as NAME=VALUE.
     experiments: tuple[str, ...] = ()
     # Experiment (decision 080): the Gluon backward's consumers compute P through

@@ -13,8 +13,8 @@ module that needs them, after the module's own constants and kernels:
     direct_launch   `_launch`: the launch path, with the one use of Triton internals
     compile_ahead   the backward's kernels compiled beside the first forward
     gluon           descriptors and the support test of the Hopper Gluon kernels
-    gluon_varlen    the Gluon forward's tiles and support test for varlen calls (the
-                    knob gluon_varlen, decision 102)
+    gluon_varlen    the Gluon kernels' tiles and support test for varlen calls (the
+                    knobs gluon_varlen and gluon_varlen_backward, decisions 102-104)
 
 Everything above the first section is not copied: it stands for the names a
 generated module defines itself, so that this file imports, lints and is
@@ -1298,15 +1298,17 @@ _STAND_INS = (_GluonBlocks,)
 
 # flashgen: section gluon_varlen
 def _gluon_tiles(seqs) -> torch.Tensor | None:
-    """The Gluon forward's tiles for a varlen call (`seqs` bound) whose
+    """The Gluon kernels' tiles for a varlen call (`seqs` bound) whose
     sequences have as many queries as keys, else None: int32 rows (first row
-    of q, first row of k, the sequence's length, the tile's first row in it),
-    one for every 128 rows of every sequence.  Sequence by sequence, the
-    longest first, each one's tiles furthest into it first (under a causal
-    mask the heaviest): on the grid (tiles, heads) the CTAs that run at once
-    share the keys and values of a few sequences of one head in L2, as a dense
-    call's do.  Made once per `sequences(...)`, from the lengths it read (a
-    call made before a CUDA graph captures the next ones)."""
+    of q, first row of k, the sequence's length, the tile's first row in it,
+    the sequence's first row in the backward's statistics, where every
+    sequence starts at a multiple of 128: `_gluon_stat_rows`), one for every
+    128 rows of every sequence.  Sequence by sequence, the longest first, each
+    one's tiles furthest into it first (under a causal mask the heaviest): on
+    the grid (tiles, heads) the CTAs that run at once share the keys and
+    values of a few sequences of one head in L2, as a dense call's do.  Made
+    once per `sequences(...)`, from the lengths it read (a call made before a
+    CUDA graph captures the next ones)."""
     if seqs is None or not seqs[3] or len(seqs) < 7:  # a custom op's (`_op_args`): none
         return None
     cache = seqs[6]
@@ -1314,30 +1316,38 @@ def _gluon_tiles(seqs) -> torch.Tensor | None:
         tiles = None
         lengths, keys = seqs[4]
         if lengths == keys:  # then cu_seqlens_q == cu_seqlens_k: the same first rows
-            firsts = [0] * len(lengths)
+            firsts, stats = [0] * len(lengths), [0] * len(lengths)
             for s in range(1, len(lengths)):
                 firsts[s] = firsts[s - 1] + lengths[s - 1]
+                stats[s] = stats[s - 1] + _cdiv(lengths[s - 1], 128) * 128
             longest_first = sorted(range(len(lengths)), key=lambda s: -lengths[s])
             table = [
-                (firsts[s], firsts[s], lengths[s], start)
+                (firsts[s], firsts[s], lengths[s], start, stats[s])
                 for s in longest_first
                 for start in reversed(range(0, lengths[s], 128))
             ]
-            tiles = torch.tensor(table, dtype=torch.int32).reshape(-1, 4).to(seqs[0].device)
+            tiles = torch.tensor(table, dtype=torch.int32).reshape(-1, 5).to(seqs[0].device)
         cache["gluon tiles"] = tiles
     return cache["gluon tiles"]
 
 
-def _gluon_varlen_fits(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, seqs) -> bool:
-    """Whether the Gluon forward can take this varlen call (kernel views of q,
-    k, v; `seqs` bound): a Triton with Gluon, an sm90 GPU, sequences of as many
-    queries as keys (`_gluon_tiles`), q, k and v contiguous as (tokens, heads,
-    D) and 16-byte aligned, and lse's (heads, tokens) offsets in int32."""
+def _gluon_stat_rows(seqs) -> int:
+    """The rows of the Gluon backward's statistics (lse and delta) per head
+    for a varlen call: every sequence's length rounded up to 128."""
+    return sum(_cdiv(n, 128) * 128 for n in seqs[4][0])
+
+
+def _gluon_varlen_fits(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, seqs, *more) -> bool:
+    """Whether the Gluon kernels can take this varlen call (kernel views of q,
+    k, v and `more`, the backward's o and dO; `seqs` bound): a Triton with
+    Gluon, an sm90 GPU, sequences of as many queries as keys (`_gluon_tiles`),
+    each tensor contiguous as (tokens, heads, D) and 16-byte aligned, and
+    lse's (heads, tokens) offsets in int32."""
     if not GLUON or _interpreting() or q.device.type != "cuda" or _capability(q.device) != (9, 0):
         return False
     if _gluon_tiles(seqs) is None:
         return False
     if q.shape[1] * q.shape[2] >= 2**31 - 128:
         return False
-    users = [_user_view(x, seqs) for x in (q, k, v)]
+    users = [_user_view(x, seqs) for x in (q, k, v, *more)]
     return all(x.is_contiguous() and x.data_ptr() % 16 == 0 for x in users)

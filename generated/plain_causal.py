@@ -1960,7 +1960,7 @@ def _gluon_cta(n_ctx, num_heads, group, tiles_ptr, lse_stride, HEAD_DIM: gl.cons
     heads * D) views, tile i = (first row of q, of k, the sequence's length,
     the tile's first row in it) from `tiles_ptr` (`_gluon_tiles`)."""
     if VARLEN:
-        tile = tiles_ptr + 4 * gl.program_id(0)
+        tile = tiles_ptr + 5 * gl.program_id(0)
         head = gl.program_id(1)
         q_row = gl.load(tile)
         k_row = gl.load(tile + 1)
@@ -2238,10 +2238,41 @@ def _gluon_query_rows(k_lo, k_hi, n_ctx, head, num_heads, ROWS: tl.constexpr):
 
 
 @gluon.jit
-def _gluon_dkdv_cta(num_heads, kv_group, KEYS: gl.constexpr):
-    """This dK/dV CTA's first key, batch and kv head."""
-    kv_heads = num_heads // kv_group
-    return gl.program_id(0) * (2 * KEYS), gl.program_id(1) // kv_heads, gl.program_id(1) % kv_heads
+def _gluon_dkdv_cta(n_ctx, num_heads, kv_group, tiles_ptr, HEAD_DIM: gl.constexpr, KEYS: gl.constexpr, VARLEN: gl.constexpr):  # fmt: skip
+    """Where this dK/dV CTA's keys lie: (its first key, the batch, the kv
+    head, the sequence's length, the row of key 0 and the kv head's column in
+    the descriptors' (rows, columns) view of K, and what `_gluon_dkdv_head`
+    places a query head by: the row of query 0 and the sequence's offset in
+    the statistics).  Dense calls: grid (tiles, batch * kv heads) over (B * H
+    * N, D) views.  VARLEN: grid (the call's tiles, kv heads) over (tokens,
+    heads * D) views, tile i from `tiles_ptr` (`_gluon_tiles`), its tiles
+    taken from the sequence's start (under a causal mask the keys that the
+    most queries see)."""
+    if VARLEN:
+        tile = tiles_ptr + 5 * gl.program_id(0)
+        kv_head = gl.program_id(1)
+        q_row = gl.load(tile)
+        k_row = gl.load(tile + 1)
+        n = gl.load(tile + 2)
+        start_n = (n - 1) // (2 * KEYS) * (2 * KEYS) - gl.load(tile + 3)
+        stat = gl.load(tile + 4)
+        return start_n, 0, kv_head, n, k_row, kv_head * HEAD_DIM, q_row, stat
+    else:
+        kv_heads = num_heads // kv_group
+        start_n = gl.program_id(0) * (2 * KEYS)
+        batch_kv_head = gl.program_id(1)
+        return start_n, batch_kv_head // kv_heads, batch_kv_head % kv_heads, n_ctx, batch_kv_head * n_ctx, 0, 0, 0  # fmt: skip
+
+
+@gluon.jit
+def _gluon_dkdv_head(batch, head, num_heads, n_ctx, n_pad, q_row, stat, HEAD_DIM: gl.constexpr, VARLEN: gl.constexpr):  # fmt: skip
+    """A query head's part of a dK/dV CTA's work: the row of its query 0 and
+    its column in the views of Q and dO, and the offset of its query 0 in the
+    statistics (lse and delta at a row stride of n_pad)."""
+    if VARLEN:
+        return q_row, head * HEAD_DIM, head * n_pad + stat
+    else:
+        return (batch * num_heads + head) * n_ctx, 0, (batch * num_heads + head) * n_pad
 
 
 @gluon.jit
@@ -2288,9 +2319,9 @@ def _gluon_dkdv_step(
 
 
 @gluon.jit
-def _gluon_dkdv_consumer(args, HALF: gl.constexpr):
+def _gluon_dkdv_consumer(args, HALF: gl.constexpr, VARLEN: gl.constexpr):
     (q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, dk_ptr, dv_ptr, lse_ptr, delta_ptr, alibi_slopes_ptr, sm_scale,
-     n_ctx, n_pad, num_heads, kv_group, k_smem, v_smem, q_smem, do_smem, kv_bar, q_ready, q_empty) = args  # fmt: skip
+     n_ctx, n_pad, num_heads, kv_group, tiles_ptr, k_smem, v_smem, q_smem, do_smem, kv_bar, q_ready, q_empty) = args  # fmt: skip
     dtype: gl.constexpr = q_desc.dtype
     ROWS: gl.constexpr = q_desc.block_type.shape[0]
     HEAD_DIM: gl.constexpr = q_desc.block_type.shape[1]
@@ -2303,7 +2334,9 @@ def _gluon_dkdv_consumer(args, HALF: gl.constexpr):
     acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, HEAD_DIM, 16])  # fmt: skip
     key_vec: gl.constexpr = gl.SliceLayout(1, s_layout)
 
-    start_n, batch, kv_head = _gluon_dkdv_cta(num_heads, kv_group, KEYS)
+    start_n, batch, kv_head, n_ctx, k_row, k_col, q_row, stat_row = _gluon_dkdv_cta(
+        n_ctx, num_heads, kv_group, tiles_ptr, HEAD_DIM, KEYS, VARLEN
+    )  # fmt: skip
     k_lo = start_n + HALF * KEYS
     k_pos = gl.expand_dims(k_lo + gl.arange(0, KEYS, layout=key_vec), 1)
     k_buf = k_smem.index(HALF)
@@ -2316,7 +2349,9 @@ def _gluon_dkdv_consumer(args, HALF: gl.constexpr):
     t = 0  # tiles received
     for group_head in range(kv_group):  # GQA: the query heads of this kv head
         head = kv_head * kv_group + group_head
-        stat0 = (batch * num_heads + head) * n_pad  # this head's lse and delta
+        head_row, head_col, stat0 = _gluon_dkdv_head(
+            batch, head, num_heads, n_ctx, n_pad, q_row, stat_row, HEAD_DIM, VARLEN
+        )  # fmt: skip
         alibi_slope = 0.0
         row_lo, row_hi = _gluon_query_rows(
             start_n, start_n + 2 * KEYS - 1, n_ctx, head, num_heads, ROWS,
@@ -2341,41 +2376,50 @@ def _gluon_dkdv_consumer(args, HALF: gl.constexpr):
                 mbarrier.arrive(q_empty.index(stage), count=1)
                 t += 1
 
-    row = gl.program_id(1) * n_ctx + k_lo
+    row = k_row + k_lo
     if k_lo + KEYS <= n_ctx:
         # K and V are read for the last time above: their buffers stage dK and dV.
         k_buf.store((dk * sm_scale).to(dtype))
         v_buf.store(dv.to(dtype))
         fence_async_shared()
-        gl_tma.async_copy_shared_to_global(dk_desc, [row, 0], k_buf)
-        gl_tma.async_copy_shared_to_global(dv_desc, [row, 0], v_buf)
+        gl_tma.async_copy_shared_to_global(dk_desc, [row, k_col], k_buf)
+        gl_tma.async_copy_shared_to_global(dv_desc, [row, k_col], v_buf)
         gl_tma.store_wait(pendings=0)
-    else:  # past the last key (N no multiple of 128) lie the next head's keys: a masked store
+    else:  # past the last key lie the next head's or sequence's keys: a masked store
         keys = gl.arange(0, KEYS, layout=gl.SliceLayout(1, acc_layout))
-        cols = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, acc_layout))
-        offsets = gl.expand_dims((row + keys).to(gl.int64) * HEAD_DIM, 1) + gl.expand_dims(cols, 0)
+        cols = k_col + gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, acc_layout))
+        if VARLEN:  # rows of every kv head's columns
+            offsets = gl.expand_dims((row + keys).to(gl.int64) * (num_heads // kv_group * HEAD_DIM), 1)  # fmt: skip
+        else:
+            offsets = gl.expand_dims((row + keys).to(gl.int64) * HEAD_DIM, 1)
+        offsets = offsets + gl.expand_dims(cols, 0)
         inside = gl.expand_dims(k_lo + keys < n_ctx, 1)
         gl.store(dk_ptr + offsets, (dk * sm_scale).to(dtype), mask=inside)
         gl.store(dv_ptr + offsets, dv.to(dtype), mask=inside)
 
 
 @gluon.jit
-def _gluon_dkdv_producer(args, HALF: gl.constexpr):
+def _gluon_dkdv_producer(args, HALF: gl.constexpr, VARLEN: gl.constexpr):
     (q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, dk_ptr, dv_ptr, lse_ptr, delta_ptr, alibi_slopes_ptr, sm_scale,
-     n_ctx, n_pad, num_heads, kv_group, k_smem, v_smem, q_smem, do_smem, kv_bar, q_ready, q_empty) = args  # fmt: skip
+     n_ctx, n_pad, num_heads, kv_group, tiles_ptr, k_smem, v_smem, q_smem, do_smem, kv_bar, q_ready, q_empty) = args  # fmt: skip
     ROWS: gl.constexpr = q_desc.block_type.shape[0]
     KEYS: gl.constexpr = k_desc.block_type.shape[0]
     STAGES: gl.constexpr = q_smem.type.shape[0]
-    start_n, batch, kv_head = _gluon_dkdv_cta(num_heads, kv_group, KEYS)
-    kv_row = gl.program_id(1) * n_ctx + start_n
+    HEAD_DIM: gl.constexpr = q_desc.block_type.shape[1]
+    start_n, batch, kv_head, n_ctx, k_row, k_col, q_row, stat_row = _gluon_dkdv_cta(
+        n_ctx, num_heads, kv_group, tiles_ptr, HEAD_DIM, KEYS, VARLEN
+    )  # fmt: skip
+    kv_row = k_row + start_n
     mbarrier.expect(kv_bar, 4 * k_desc.block_type.nbytes)
     for i in gl.static_range(2):
-        gl_tma.async_copy_global_to_shared(k_desc, [kv_row + i * KEYS, 0], kv_bar, k_smem.index(i))
-        gl_tma.async_copy_global_to_shared(v_desc, [kv_row + i * KEYS, 0], kv_bar, v_smem.index(i))
+        gl_tma.async_copy_global_to_shared(k_desc, [kv_row + i * KEYS, k_col], kv_bar, k_smem.index(i))  # fmt: skip
+        gl_tma.async_copy_global_to_shared(v_desc, [kv_row + i * KEYS, k_col], kv_bar, v_smem.index(i))  # fmt: skip
     t = 0  # tiles sent, counted as the consumers count them
     for group_head in range(kv_group):
         head = kv_head * kv_group + group_head
-        row0 = (batch * num_heads + head) * n_ctx
+        row0, col0, stat0 = _gluon_dkdv_head(
+            batch, head, num_heads, n_ctx, n_pad, q_row, stat_row, HEAD_DIM, VARLEN
+        )  # fmt: skip
         row_lo, row_hi = _gluon_query_rows(
             start_n, start_n + 2 * KEYS - 1, n_ctx, head, num_heads, ROWS,
         )  # fmt: skip
@@ -2391,18 +2435,19 @@ def _gluon_dkdv_producer(args, HALF: gl.constexpr):
                     q_ready.index(stage), q_desc.block_type.nbytes + do_desc.block_type.nbytes
                 )  # fmt: skip
                 gl_tma.async_copy_global_to_shared(
-                    q_desc, [row0 + start_m, 0], q_ready.index(stage), q_smem.index(stage)
+                    q_desc, [row0 + start_m, col0], q_ready.index(stage), q_smem.index(stage)
                 )  # fmt: skip
-                gl_tma.async_copy_global_to_shared(do_desc, [row0 + start_m, 0], q_ready.index(stage), do_smem.index(stage))  # fmt: skip
+                gl_tma.async_copy_global_to_shared(do_desc, [row0 + start_m, col0], q_ready.index(stage), do_smem.index(stage))  # fmt: skip
                 t += 1
 
 
 @gluon.jit
 def _gluon_attn_bwd_dkdv(
     q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, dk_ptr, dv_ptr, lse_ptr, delta_ptr, alibi_slopes_ptr, sm_scale,
-    n_ctx, n_pad, num_heads, kv_group, STAGES: gl.constexpr,
+    n_ctx, n_pad, num_heads, kv_group, tiles_ptr, STAGES: gl.constexpr, VARLEN: gl.constexpr,
 ):  # fmt: skip
-    """Grid: (cdiv(N, 128), batch * kv heads).  dK (scaled) and dV of 128 keys."""
+    """Grid: (cdiv(N, 128), batch * kv heads), or for VARLEN (the call's tiles,
+    kv heads) (`_gluon_dkdv_cta`).  dK (scaled) and dV of 128 keys."""
     dtype: gl.constexpr = q_desc.dtype
     ROWS: gl.constexpr = q_desc.block_type.shape[0]
     HEAD_DIM: gl.constexpr = q_desc.block_type.shape[1]
@@ -2419,12 +2464,12 @@ def _gluon_attn_bwd_dkdv(
         mbarrier.init(q_ready.index(i), count=1)
         mbarrier.init(q_empty.index(i), count=2)  # released by both consumers
     args = (q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, dk_ptr, dv_ptr, lse_ptr, delta_ptr, alibi_slopes_ptr, sm_scale,
-            n_ctx, n_pad, num_heads, kv_group, k_smem, v_smem, q_smem, do_smem, kv_bar, q_ready, q_empty)  # fmt: skip
+            n_ctx, n_pad, num_heads, kv_group, tiles_ptr, k_smem, v_smem, q_smem, do_smem, kv_bar, q_ready, q_empty)  # fmt: skip
     gl.warp_specialize(
         [
-            (_gluon_dkdv_consumer, (args, 0)),
-            (_gluon_dkdv_consumer, (args, 1)),
-            (_gluon_dkdv_producer, (args, 0)),
+            (_gluon_dkdv_consumer, (args, 0, VARLEN)),
+            (_gluon_dkdv_consumer, (args, 1, VARLEN)),
+            (_gluon_dkdv_producer, (args, 0, VARLEN)),
         ],
         [4, 1],  # warps of the second consumer and of the producer
         [240, 24],  # their registers per thread
@@ -2432,15 +2477,37 @@ def _gluon_attn_bwd_dkdv(
 
 
 @gluon.jit
-def _gluon_dq_cta(ROWS: gl.constexpr):
-    """This dQ CTA's first query row: the last rows (which see the most keys) first."""
-    return (gl.num_programs(0) - 1 - gl.program_id(0)) * (2 * ROWS)
+def _gluon_dq_cta(n_ctx, n_pad, num_heads, kv_group, tiles_ptr, lse_stride, HEAD_DIM: gl.constexpr, ROWS: gl.constexpr, VARLEN: gl.constexpr):  # fmt: skip
+    """Where this dQ CTA's rows lie: (its first query row, the batch, the
+    head, the sequence's length; the rows of query 0 and key 0 and the
+    columns of the head and of its kv head in the descriptors' (rows,
+    columns) views; the offsets of query 0 in lse and in the statistics).
+    Dense calls: grid (tiles, batch * heads) over (B * H * N, D) views.
+    VARLEN: grid (the call's tiles, heads) over (tokens, heads * D) views,
+    tile i from `tiles_ptr` (`_gluon_tiles`).  The last rows (which see the most keys) first."""
+    if VARLEN:
+        tile = tiles_ptr + 5 * gl.program_id(0)
+        head = gl.program_id(1)
+        q_row = gl.load(tile)
+        k_row = gl.load(tile + 1)
+        n = gl.load(tile + 2)
+        start_cta = gl.load(tile + 3)  # the table's order: furthest first
+        stat = gl.load(tile + 4)
+        kv_col = head // kv_group * HEAD_DIM
+        return start_cta, 0, head, n, q_row, k_row, head * HEAD_DIM, kv_col, head * lse_stride + q_row, head * n_pad + stat  # fmt: skip
+    else:
+        start_cta = (gl.num_programs(0) - 1 - gl.program_id(0)) * (2 * ROWS)
+        batch_head = gl.program_id(1)
+        batch = batch_head // num_heads
+        head = batch_head % num_heads
+        kv_row = (batch * (num_heads // kv_group) + head // kv_group) * n_ctx
+        return start_cta, batch, head, n_ctx, batch_head * n_ctx, kv_row, 0, 0, batch_head * n_ctx, batch_head * n_pad  # fmt: skip
 
 
 @gluon.jit
-def _gluon_dq_consumer(args, HALF: gl.constexpr, HAS_DLSE: gl.constexpr):
+def _gluon_dq_consumer(args, HALF: gl.constexpr, HAS_DLSE: gl.constexpr, VARLEN: gl.constexpr):
     (q_desc, k_desc, v_desc, do_desc, dq_desc, dq_ptr, o_ptr, dlse_ptr, lse_ptr, delta_ptr, lse_pad_ptr, alibi_slopes_ptr, sm_scale,
-     n_ctx, n_pad, num_heads, kv_group, q_smem, do_smem, k_smem, v_smem, q_bar, k_ready, v_ready, kv_empty) = args  # fmt: skip
+     n_ctx, n_pad, num_heads, kv_group, tiles_ptr, lse_stride, q_smem, do_smem, k_smem, v_smem, q_bar, k_ready, v_ready, kv_empty) = args  # fmt: skip
     dtype: gl.constexpr = q_desc.dtype
     ROWS: gl.constexpr = q_desc.block_type.shape[0]  # this consumer's query rows
     HEAD_DIM: gl.constexpr = q_desc.block_type.shape[1]
@@ -2454,15 +2521,15 @@ def _gluon_dq_consumer(args, HALF: gl.constexpr, HAS_DLSE: gl.constexpr):
     row_vec: gl.constexpr = gl.SliceLayout(1, s_layout)
     key_vec: gl.constexpr = gl.SliceLayout(0, s_layout)
 
-    start_cta = _gluon_dq_cta(ROWS)
-    batch_head = gl.program_id(1)
-    head = batch_head % num_heads
+    start_cta, batch, head, n_ctx, q_row, kv_row, q_col, kv_col, lse_row, stat_row = _gluon_dq_cta(
+        n_ctx, n_pad, num_heads, kv_group, tiles_ptr, lse_stride, HEAD_DIM, ROWS, VARLEN
+    )  # fmt: skip
     q_lo = start_cta + HALF * ROWS
     q_idx = q_lo + gl.arange(0, ROWS, layout=row_vec)
     q_pos = gl.expand_dims(q_idx, 1)
     # Rows past the last (N no multiple of 128) read nothing and store nothing.
-    row_lse = gl.load(lse_ptr + batch_head * n_ctx + q_idx, mask=q_idx < n_ctx, other=float("inf"))
-    gl.store(lse_pad_ptr + batch_head * n_pad + q_idx, row_lse)  # for the dK/dV kernel
+    row_lse = gl.load(lse_ptr + lse_row + q_idx, mask=q_idx < n_ctx, other=float("inf"))
+    gl.store(lse_pad_ptr + stat_row + q_idx, row_lse)  # for the dK/dV kernel
     lse = gl.expand_dims(row_lse, 1)
     # delta = rowsum(dO * O) - dlse, the softmax backward's row term
     # (`_attn_bwd_preprocess`), from O read here and dO once it has landed;
@@ -2471,9 +2538,13 @@ def _gluon_dq_consumer(args, HALF: gl.constexpr, HAS_DLSE: gl.constexpr):
     rows_layout: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
     row_idx = q_lo + gl.arange(0, ROWS, layout=gl.SliceLayout(1, rows_layout))
     inside = row_idx < n_ctx
-    rows = batch_head * n_ctx + row_idx
-    cols = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, rows_layout))
-    o_ptrs = o_ptr + gl.expand_dims(rows.to(gl.int64) * HEAD_DIM, 1) + gl.expand_dims(cols, 0)
+    if VARLEN:  # O as q: (tokens, heads * D)
+        row_stride = num_heads * HEAD_DIM
+    else:
+        row_stride = HEAD_DIM
+    cols = q_col + gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, rows_layout))
+    o_rows = gl.expand_dims((q_row + row_idx).to(gl.int64) * row_stride, 1)
+    o_ptrs = o_ptr + o_rows + gl.expand_dims(cols, 0)
     o = gl.load(o_ptrs, mask=gl.expand_dims(inside, 1), other=0.0)
     alibi_slope = 0.0
     q_buf = q_smem.index(HALF)
@@ -2484,8 +2555,8 @@ def _gluon_dq_consumer(args, HALF: gl.constexpr, HAS_DLSE: gl.constexpr):
     mbarrier.wait(q_bar, 0)
     row_delta = gl.sum(do_buf.load(rows_layout).to(gl.float32) * o.to(gl.float32), 1)
     if HAS_DLSE:
-        row_delta -= gl.load(dlse_ptr + rows, mask=inside, other=0.0)
-    gl.store(delta_ptr + batch_head * n_pad + row_idx, row_delta)
+        row_delta -= gl.load(dlse_ptr + lse_row + row_idx, mask=inside, other=0.0)
+    gl.store(delta_ptr + stat_row + row_idx, row_delta)
     delta = gl.expand_dims(gl.convert_layout(row_delta, row_vec), 1)
     lo, hi = _gluon_key_cols(start_cta, start_cta + 2 * ROWS - 1, n_ctx, head, num_heads, BLOCK_N)
     t = 0  # tiles received
@@ -2536,33 +2607,32 @@ def _gluon_dq_consumer(args, HALF: gl.constexpr, HAS_DLSE: gl.constexpr):
         # Q is read for the last time above: its buffer stages dQ.
         q_buf.store((dq * sm_scale).to(dtype))
         fence_async_shared()
-        gl_tma.async_copy_shared_to_global(dq_desc, [batch_head * n_ctx + q_lo, 0], q_buf)
+        gl_tma.async_copy_shared_to_global(dq_desc, [q_row + q_lo, q_col], q_buf)
         gl_tma.store_wait(pendings=0)
-    else:  # past the last row lie the next head's: a masked store
+    else:  # past the last row lie the next head's or sequence's: a masked store
         dq_rows = q_lo + gl.arange(0, ROWS, layout=gl.SliceLayout(1, acc_layout))
-        dq_cols = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, acc_layout))
-        dq_offsets = gl.expand_dims((batch_head * n_ctx + dq_rows).to(gl.int64) * HEAD_DIM, 1)
+        dq_cols = q_col + gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, acc_layout))
+        dq_offsets = gl.expand_dims((q_row + dq_rows).to(gl.int64) * row_stride, 1)
         dq_ptrs = dq_ptr + dq_offsets + gl.expand_dims(dq_cols, 0)
         gl.store(dq_ptrs, (dq * sm_scale).to(dtype), mask=gl.expand_dims(dq_rows < n_ctx, 1))
 
 
 @gluon.jit
-def _gluon_dq_producer(args, HALF: gl.constexpr):
+def _gluon_dq_producer(args, HALF: gl.constexpr, VARLEN: gl.constexpr):
     (q_desc, k_desc, v_desc, do_desc, dq_desc, dq_ptr, o_ptr, dlse_ptr, lse_ptr, delta_ptr, lse_pad_ptr, alibi_slopes_ptr, sm_scale,
-     n_ctx, n_pad, num_heads, kv_group, q_smem, do_smem, k_smem, v_smem, q_bar, k_ready, v_ready, kv_empty) = args  # fmt: skip
+     n_ctx, n_pad, num_heads, kv_group, tiles_ptr, lse_stride, q_smem, do_smem, k_smem, v_smem, q_bar, k_ready, v_ready, kv_empty) = args  # fmt: skip
     ROWS: gl.constexpr = q_desc.block_type.shape[0]
     BLOCK_N: gl.constexpr = k_desc.block_type.shape[0]
     STAGES: gl.constexpr = k_smem.type.shape[0]
-    start_cta = _gluon_dq_cta(ROWS)
-    batch_head = gl.program_id(1)
-    head = batch_head % num_heads
-    kv_heads = num_heads // kv_group
-    kv_row0 = (batch_head // num_heads * kv_heads + head // kv_group) * n_ctx
+    HEAD_DIM: gl.constexpr = q_desc.block_type.shape[1]
+    start_cta, batch, head, n_ctx, q_row, kv_row, q_col, kv_col, lse_row, stat_row = _gluon_dq_cta(
+        n_ctx, n_pad, num_heads, kv_group, tiles_ptr, lse_stride, HEAD_DIM, ROWS, VARLEN
+    )  # fmt: skip
     mbarrier.expect(q_bar, 2 * q_desc.block_type.nbytes + 2 * do_desc.block_type.nbytes)
     for i in gl.static_range(2):
-        row = batch_head * n_ctx + start_cta + i * ROWS
-        gl_tma.async_copy_global_to_shared(q_desc, [row, 0], q_bar, q_smem.index(i))
-        gl_tma.async_copy_global_to_shared(do_desc, [row, 0], q_bar, do_smem.index(i))
+        row = q_row + start_cta + i * ROWS
+        gl_tma.async_copy_global_to_shared(q_desc, [row, q_col], q_bar, q_smem.index(i))
+        gl_tma.async_copy_global_to_shared(do_desc, [row, q_col], q_bar, do_smem.index(i))
     lo, hi = _gluon_key_cols(start_cta, start_cta + 2 * ROWS - 1, n_ctx, head, num_heads, BLOCK_N)
     t = 0  # tiles sent, counted as the consumers count them
     for start_n in range(lo, hi, BLOCK_N):
@@ -2575,11 +2645,11 @@ def _gluon_dq_producer(args, HALF: gl.constexpr):
             mbarrier.wait(kv_empty.index(stage), ((t // STAGES) & 1) ^ 1)
             mbarrier.expect(k_ready.index(stage), k_desc.block_type.nbytes)
             gl_tma.async_copy_global_to_shared(
-                k_desc, [kv_row0 + start_n, 0], k_ready.index(stage), k_smem.index(stage)
+                k_desc, [kv_row + start_n, kv_col], k_ready.index(stage), k_smem.index(stage)
             )  # fmt: skip
             mbarrier.expect(v_ready.index(stage), v_desc.block_type.nbytes)
             gl_tma.async_copy_global_to_shared(
-                v_desc, [kv_row0 + start_n, 0], v_ready.index(stage), v_smem.index(stage)
+                v_desc, [kv_row + start_n, kv_col], v_ready.index(stage), v_smem.index(stage)
             )  # fmt: skip
             t += 1
 
@@ -2587,10 +2657,11 @@ def _gluon_dq_producer(args, HALF: gl.constexpr):
 @gluon.jit
 def _gluon_attn_bwd_dq(
     q_desc, k_desc, v_desc, do_desc, dq_desc, dq_ptr, o_ptr, dlse_ptr, lse_ptr, delta_ptr, lse_pad_ptr, alibi_slopes_ptr, sm_scale,
-    n_ctx, n_pad, num_heads, kv_group, HAS_DLSE: gl.constexpr, STAGES: gl.constexpr,
+    n_ctx, n_pad, num_heads, kv_group, tiles_ptr, lse_stride, HAS_DLSE: gl.constexpr, STAGES: gl.constexpr, VARLEN: gl.constexpr,
 ):  # fmt: skip
-    """Grid: (cdiv(N, 128), batch * heads).  dQ (scaled) of 128 query rows, and
-    their delta = rowsum(dO * O) - dlse (dlse read only if HAS_DLSE)."""
+    """Grid: (cdiv(N, 128), batch * heads), or for VARLEN (the call's tiles,
+    heads) (`_gluon_dq_cta`).  dQ (scaled) of 128 query rows, and their delta
+    = rowsum(dO * O) - dlse (dlse read only if HAS_DLSE)."""
     dtype: gl.constexpr = q_desc.dtype
     ROWS: gl.constexpr = q_desc.block_type.shape[0]
     HEAD_DIM: gl.constexpr = q_desc.block_type.shape[1]
@@ -2609,12 +2680,12 @@ def _gluon_attn_bwd_dq(
         mbarrier.init(v_ready.index(i), count=1)
         mbarrier.init(kv_empty.index(i), count=2)  # released by both consumers
     args = (q_desc, k_desc, v_desc, do_desc, dq_desc, dq_ptr, o_ptr, dlse_ptr, lse_ptr, delta_ptr, lse_pad_ptr, alibi_slopes_ptr, sm_scale,
-            n_ctx, n_pad, num_heads, kv_group, q_smem, do_smem, k_smem, v_smem, q_bar, k_ready, v_ready, kv_empty)  # fmt: skip
+            n_ctx, n_pad, num_heads, kv_group, tiles_ptr, lse_stride, q_smem, do_smem, k_smem, v_smem, q_bar, k_ready, v_ready, kv_empty)  # fmt: skip
     gl.warp_specialize(
         [
-            (_gluon_dq_consumer, (args, 0, HAS_DLSE)),
-            (_gluon_dq_consumer, (args, 1, HAS_DLSE)),
-            (_gluon_dq_producer, (args, 0)),
+            (_gluon_dq_consumer, (args, 0, HAS_DLSE, VARLEN)),
+            (_gluon_dq_consumer, (args, 1, HAS_DLSE, VARLEN)),
+            (_gluon_dq_producer, (args, 0, VARLEN)),
         ],
         [4, 1],  # warps of the second consumer and of the producer
         [240, 24],  # their registers per thread
@@ -2641,15 +2712,15 @@ def _gluon_backward(
     # multiple of GLUON_BWD_BLOCK, a stride that 16 divides whatever N is (decision 100).
     n_pad = triton.cdiv(n, GLUON_BWD_BLOCK) * GLUON_BWD_BLOCK
     lse_pad, delta = torch.empty((2, batch * num_heads, n_pad), dtype=torch.float32, device=q.device)  # fmt: skip
-    common = (alibi_slopes, scale, n, n_pad, num_heads, num_heads // kv_heads)
+    common = (alibi_slopes, scale, n, n_pad, num_heads, num_heads // kv_heads, lse)  # lse: no tiles
     _launch(
         _gluon_attn_bwd_dq, (triton.cdiv(n, GLUON_BWD_BLOCK), batch * num_heads),
-        q_desc, k_desc, v_desc, do_desc, dq_desc, dq, o, delta if dlse is None else dlse, lse, delta, lse_pad, *common,
-        dlse is not None, GLUON_BWD_STAGES[1], num_warps=4,
+        q_desc, k_desc, v_desc, do_desc, dq_desc, dq, o, delta if dlse is None else dlse, lse, delta, lse_pad, *common, 0,
+        dlse is not None, GLUON_BWD_STAGES[1], False, num_warps=4,
     )  # fmt: skip
     _launch(
         _gluon_attn_bwd_dkdv, (triton.cdiv(n, GLUON_BWD_BLOCK), batch * kv_heads),
-        q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, dk, dv, lse_pad, delta, *common, GLUON_BWD_STAGES[0], num_warps=4,
+        q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, dk, dv, lse_pad, delta, *common, GLUON_BWD_STAGES[0], False, num_warps=4,
     )  # fmt: skip
 
 

@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
-# Decisions 102-103: varlen calls on the Gluon forward.
-# check: its GPU tests (full, causal and the any-mask kind, fp16 and bf16,
+# Decisions 102-104: varlen calls on the Gluon forward and backward.
+# check: their GPU tests (full, causal and the any-mask kind, fp16 and bf16,
 # each sequence against the float64 reference and bit for bit against the
-# dense call of the sequence alone), beside the Gluon forward's own tests;
+# dense call of the sequence alone), beside the dense Gluon kernels' tests;
 # bench: scripts/gpu_varlen_bench.py at d128 (16k and 64k tokens, documents
-# of ~1,000), the module as built and with gluon_varlen=on, records in
+# of ~1,000), the module as built and with both knobs on, records in
 # $OUT/varlen.jsonl (RUN names the run); before-after: the dense forward at N = 1000 and 4096
 # against .base/ (scripts/gpu_before_after.sh; carry .whl and .base).
 # check and bench fit one call of 600 s.
@@ -14,7 +14,7 @@ for step in ${*:-check bench}; do
   case $step in
   check)
     i=0
-    for k in "varlen_calls and BF16" "varlen_calls and FP16" "test_gluon_forward_on_gpu and BF16" \
+    for k in "varlen_calls and BF16" "varlen_calls and FP16" "test_gluon_backward_on_gpu and BF16" \
       "test_gluon_forward_on_gpu and FP16"; do
       timeout 300 python3 -m pytest -q -m "" -p no:cacheprovider -rf tests/test_gpu.py -k "$k" \
         >"$OUT/check_$i.log" 2>&1 &
@@ -24,8 +24,8 @@ for step in ${*:-check bench}; do
     tail -n 4 "$OUT"/check_*.log ;;
   bench)
     timeout 200 python3 scripts/gpu_varlen_bench.py --tokens 16384 65536 --head-dim 128 \
-      --timer cuda-graph --plan gluon_varlen=on --jsonl "$OUT/varlen.jsonl" \
-      --run "${RUN:-varlen calls, as built and with gluon_varlen=on}" \
+      --timer cuda-graph --plan gluon_varlen=on gluon_varlen_backward=on --jsonl "$OUT/varlen.jsonl" \
+      --run "${RUN:-varlen calls, as built and with the Gluon kernels (gluon_varlen, gluon_varlen_backward)}" \
       --commit "$(git rev-parse --short HEAD 2>/dev/null || echo unknown)" 2>&1 | tail -40 ;;
   before-after)
     SPECS="examples/plain_causal.attn examples/full.attn" timeout 200 bash scripts/gpu_before_after.sh \

@@ -91,11 +91,11 @@ def load(path: str):
 
     if hasattr(module, "_gluon_varlen_fits"):
 
-        def varlen_fits(q, k, v, seqs):
+        def varlen_fits(q, k, v, seqs, *more):
             tiles = module._gluon_tiles(seqs)
             if tiles is None or q.shape[1] * q.shape[2] >= 2**31 - 128:
                 return False
-            users = [module._user_view(x, seqs) for x in (q, k, v)]
+            users = [module._user_view(x, seqs) for x in (q, k, v, *more)]
             return all(x.is_contiguous() and x.data_ptr() % 16 == 0 for x in users)
 
         module._gluon_varlen_fits = varlen_fits

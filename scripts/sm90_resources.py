@@ -195,8 +195,8 @@ def gluon_resources(module, seqs: bool = False) -> list:
     """Resources of a module's Gluon kernels, launched as the module launches them;
     none where the module has none (no `GLUON`) or leaves them off (`GLUON` False: a
     Triton other than the one they were tested with, whose Gluon API differs; Triton
-    3.9's does not compile them).  `seqs`: the forward of varlen calls (VARLEN), where
-    the module has it (`_gluon_varlen_supported`)."""
+    3.9's does not compile them).  `seqs`: the kernels of varlen calls (VARLEN), where
+    the module takes them (`_gluon_varlen_supported`, `_gluon_varlen_backward_supported`)."""
     found = []
     if not getattr(module, "GLUON", False):
         return found
@@ -205,8 +205,8 @@ def gluon_resources(module, seqs: bool = False) -> list:
         scalars = dict(o_ptr="*DTYPE", lse_ptr="*fp32", alibi_slopes_ptr="*fp32", qk_scale="fp32")
         scalars.update(n_ctx="i32", num_heads="i32", group="i32")
         varlen = seqs and hasattr(module, "_gluon_varlen_supported")
-        table = "*i32" if varlen else "*fp32"  # a dense call passes lse for the varlen tables
-        scalars.update(seqs_ptr=table, tiles_ptr=table, lse_stride="i32")
+        table = "*i32" if varlen else "*fp32"  # a dense call passes lse for the varlen table
+        scalars.update(tiles_ptr=table, lse_stride="i32")
         params = {p.name for p in module._gluon_attn_fwd.params}
         resources = compile_gluon(
             module,
@@ -223,6 +223,7 @@ def gluon_resources(module, seqs: bool = False) -> list:
         label = "_gluon_attn_fwd[varlen]" if varlen else "_gluon_attn_fwd"
         found.append(Resources(label, config, True, *resources))
     if hasattr(module, "_gluon_attn_bwd_dkdv"):
+        varlen = seqs and hasattr(module, "_gluon_varlen_backward_supported")
         tile = module.GLUON_BWD_TILE
         scalars = dict(
             dk_ptr="*DTYPE",
@@ -235,6 +236,8 @@ def gluon_resources(module, seqs: bool = False) -> list:
             num_heads="i32",
             kv_group="i32",
             n_pad="i32",
+            tiles_ptr="*i32" if varlen else "*fp32",  # a dense call passes lse for the table
+            lse_stride="i32",
         )
         dq_scalars = dict(
             scalars, dq_ptr="*DTYPE", o_ptr="*DTYPE", dlse_ptr="*fp32", lse_pad_ptr="*fp32"
@@ -255,11 +258,16 @@ def gluon_resources(module, seqs: bool = False) -> list:
                 fn,
                 {f"{name}_desc": r for name, r in blocks.items()},
                 {name: kind for name, kind in more.items() if name in params},
-                {name: v for name, v in dict(constants, STAGES=stages).items() if name in params},
+                {
+                    name: v
+                    for name, v in dict(constants, STAGES=stages, VARLEN=varlen).items()
+                    if name in params
+                },
                 dict(num_warps=4),
             )
             streamed = rows if kernel.endswith("_dkdv") else cols
-            found.append(Resources(kernel, (tile, streamed, 4, stages), True, *resources))
+            label = f"{kernel}[varlen]" if varlen else kernel
+            found.append(Resources(label, (tile, streamed, 4, stages), True, *resources))
     return found
 
 

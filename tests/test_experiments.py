@@ -127,7 +127,8 @@ KNOB_SETTINGS = [
     "gluon_one_probs_call=off", "residue_classes=off", "residue_classes=on",
     "gluon_bwd_streams=64,128", "float_distances=on", "float_distances=off",
     "gluon_data_d128=on", "gluon_data_d128=off", "gluon_data_forward=on",
-    "gluon_data_forward=off", "gluon_varlen=on", "gluon_varlen=off",
+    "gluon_data_forward=off", "gluon_varlen=on", "gluon_varlen=off", "gluon_varlen_backward=on",
+    "gluon_varlen_backward=off",
 ]  # fmt: skip
 
 
@@ -153,6 +154,10 @@ def test_every_knob_setting_builds_modules_that_define_what_they_read(name):
         with pytest.raises(ExperimentError, match="gluon_varlen: for a module with the Gluon"):
             render_module(variant, None, parse_settings(["gluon_varlen=on"]))
         settings.remove("gluon_varlen=on")
+    if not model.gluon_backward or model.inputs:  # decision 104
+        with pytest.raises(ExperimentError, match="gluon_varlen_backward: for a module with"):
+            render_module(variant, None, parse_settings(["gluon_varlen_backward=on"]))
+        settings.remove("gluon_varlen_backward=on")
     builds = [(s, render_module(variant, None, parse_settings([s]))) for s in settings]
     builds.append(("--triton-only", render_module(variant, triton_only=True)))
     problems = {setting: sorted(_undefined_names(source)) for setting, source in builds}

@@ -266,6 +266,56 @@ def test_gluon_forward_of_varlen_calls_on_gpu(mask, score, dtype, monkeypatch):
                 assert torch.equal(o, o_alone) and torch.equal(lse, lse_alone)
 
 
+@pytest.mark.parametrize(
+    "mask, score, head_dim",
+    [
+        ("full", None, 128),
+        ("causal", None, 128),
+        ("causal & window(200)", "s + alibi", 128),
+        ("causal", None, 64),
+    ],
+)
+@pytest.mark.parametrize("dtype", [ir.DType.FP16, ir.DType.BF16])
+def test_gluon_backward_of_varlen_calls_on_gpu(mask, score, head_dim, dtype, monkeypatch):
+    """Under the knobs gluon_varlen and gluon_varlen_backward (decisions
+    103-104), varlen calls of sequences with as many queries as keys take the
+    Gluon forward and backward: each sequence judged against the float64
+    reference of the sequence alone, forward and backward (with dlse), at 1,
+    100, 128, 129, 300 and 1000 tokens amid neighbours of 700, 0, 1 and 257,
+    GQA, x1 and x5 inputs; where it has 128 tokens or more, its gradients bit
+    for bit those of the dense Gluon call of the sequence alone.  Counts the
+    varlen backward's launches."""
+    from flashgen import kernel_choice
+    from flashgen.verify import random_inputs
+
+    monkeypatch.setattr(kernel_choice, "GLUON_ANY_MIN_KEYS", 0)
+    variant = make_variant(mask, score, dtype=dtype, head_dim=head_dim)
+    module = build(variant, {"gluon_varlen": True, "gluon_varlen_backward": True})
+    launches = _count_calls(monkeypatch, module, "_gluon_varlen_backward")
+    dense = _count_calls(monkeypatch, module, "_gluon_backward")
+    generator = torch.Generator().manual_seed(0)
+    for i, n in enumerate((1, 100, 128, 129, 300, 1000)):
+        for magnitude in (1.0, 5.0):
+            adapter = _VarlenBatch(module, i % 5, [700, 0, 1, 257], 4, 2, generator)
+            q, k, v = random_inputs(
+                Shape(1, 4, 2, n, n), head_dim, module.DTYPE, "cuda", generator=generator,
+                magnitude=magnitude,
+            )  # fmt: skip
+            before = len(launches)
+            result = check_backward(variant, adapter, q, k, v, generator=generator)
+            _record(variant, result)
+            assert_ok(result)
+            assert len(launches) > before
+            if n >= 128:
+                leaves = [x.detach().requires_grad_() for x in (q, k, v)]
+                do = torch.randn(q.shape, generator=generator).to("cuda", q.dtype)
+                varlen = torch.autograd.grad(adapter.attention(*leaves), leaves, do)
+                before = len(dense)
+                alone = torch.autograd.grad(module.attention(*leaves), leaves, do)
+                assert len(dense) == before + 1
+                assert all(torch.equal(a, b) for a, b in zip(varlen, alone))
+
+
 # Masks and scores for the Gluon backward: the mask's bounds, its interior
 # and its per-tile classification (non-affine terms, heads, rows that see no
 # key at all), score modifiers with a derivative, ALiBi.

@@ -326,6 +326,26 @@ def test_gluon_forward_of_varlen_calls_compiles_for_sm90():
     assert all(r["spill_stores"] == 0 for r in gluon.values()), gluon
 
 
+@needs_gluon
+def test_gluon_backward_of_varlen_calls_compiles_for_sm90():
+    """Decision 104's knob: the Gluon backward of varlen calls (VARLEN: the
+    tile table, (tokens, heads * D) descriptors, statistics padded per
+    sequence) compiles for sm_90a, dQ and dK/dV, for full, causal, a window
+    with ALiBi at d128 and causal at d64; dQ without spills (the dK/dV
+    consumers spill at d128 as the dense kernel does: 28-260 B, 2026-12-07)."""
+    specs = ["examples/full.attn", "examples/plain_causal.attn", "examples/mistral_sliding.attn"]
+    plan = ["--plan", "gluon_varlen=on", "gluon_varlen_backward=on"]
+    rows, stdout = _sm90_resources(*specs, "--head-dim", "128", "--seqs", *plan)
+    more, more_stdout = _sm90_resources(
+        "examples/plain_causal.attn", "--head-dim", "64", "--seqs", *plan
+    )
+    rows, stdout = rows + more, stdout + more_stdout
+    for kernel in ("_gluon_attn_bwd_dq[varlen]", "_gluon_attn_bwd_dkdv[varlen]"):
+        found = {(r["name"], r["head_dim"]) for r in rows if r["kernel"] == kernel}
+        assert len(found) == 4, (kernel, stdout[-2000:])
+    assert all(r["spill_stores"] == 0 for r in rows if r["kernel"] == "_gluon_attn_bwd_dq[varlen]")
+
+
 def test_kernels_of_padded_and_varlen_calls_with_sinks_and_offsets_compile_for_sm90():
     """The SEQS, HAS_SINKS and SHIFTED paths (decision 046) compile for sm_90a:
     ALiBi in fp16 (bloom_alibi) and a periodic mask with a score in fp32 (custom)."""

@@ -94,8 +94,10 @@ def test_host_stub_varlen_calls_take_the_gluon_forward(tmp_path):
     seqs = module.sequences(cu_seqlens_q=cu, cu_seqlens_k=cu)
     module.attention(q, k, v, sequences=seqs)
     assert taken == ["_gluon_forward", (8, 4)]
-    tiles = [[0, 0, 300, 256], [0, 0, 300, 128], [0, 0, 300, 0], [430, 430, 256, 128]]
-    tiles += [[430, 430, 256, 0], [301, 301, 129, 128], [301, 301, 129, 0], [300, 300, 1, 0]]
+    # (first rows of q and k, length, tile's first row, first row of the statistics)
+    tiles = [[0, 0, 300, 256, 0], [0, 0, 300, 128, 0], [0, 0, 300, 0, 0]]
+    tiles += [[430, 430, 256, 128, 768], [430, 430, 256, 0, 768]]
+    tiles += [[301, 301, 129, 128, 512], [301, 301, 129, 0, 512], [300, 300, 1, 0, 384]]
     assert module._gluon_tiles(seqs.bind(q, k)).tolist() == tiles
     built = host_stub.load(
         os.path.join(os.path.dirname(spec), "..", "generated", "plain_causal.py")
@@ -107,6 +109,46 @@ def test_host_stub_varlen_calls_take_the_gluon_forward(tmp_path):
         taken.clear()
         module.attention(q, k, v, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k)
         assert "_gluon_forward" not in taken and len(taken) == 1
+
+
+def test_host_stub_varlen_calls_take_the_gluon_backward(tmp_path):
+    """Under the knob gluon_varlen_backward (decision 104), a varlen call
+    whose sequences have as many queries as keys takes the Gluon backward:
+    the dQ kernel on a grid of (the call's tiles, heads), the dK/dV kernel on
+    (tiles, kv heads), with statistics of every sequence padded to 128 rows;
+    sequences of 100 tokens on average take the Triton backward."""
+    import host_stub
+    import torch
+
+    from flashgen.api import _check_specs
+    from flashgen.emit import render_module
+
+    spec = os.path.join(os.path.dirname(__file__), "..", "examples", "plain_causal.attn")
+    (variant,) = _check_specs(pathlib.Path(spec))
+    path = tmp_path / "plain_causal.py"
+    path.write_text(render_module(variant, None, {"gluon_varlen_backward": True}))
+    module = host_stub.load(str(path))
+    assert not hasattr(module, "_gluon_varlen_supported")  # the forward stays Triton's
+    launched = []
+    launch = module._launch
+    module._launch = lambda kernel, grid, *a, **k: launched.append((kernel, grid)) or launch(
+        kernel, grid, *a, **k
+    )
+    for lengths, gluon in (([300, 0, 1, 129, 256], True), ([100, 100], False)):
+        cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32)
+        t = int(cu[-1])
+        q = torch.randn(t, 4, 128, dtype=module.DTYPE, requires_grad=True)
+        k, v = (torch.randn(t, 2, 128, dtype=module.DTYPE, requires_grad=True) for _ in "kv")
+        seqs = module.sequences(cu_seqlens_q=cu, cu_seqlens_k=cu)
+        o = module.attention(q, k, v, sequences=seqs)
+        launched.clear()
+        o.backward(torch.randn_like(o))
+        gluon_kernels = (module._gluon_attn_bwd_dq, module._gluon_attn_bwd_dkdv)
+        if gluon:
+            assert launched == [(gluon_kernels[0], (8, 4)), (gluon_kernels[1], (8, 2))]
+            assert module._gluon_stat_rows(seqs.bind(q, k)) == 384 + 128 + 256 + 256
+        else:
+            assert launched and not any(kernel in gluon_kernels for kernel, _ in launched)
 
 
 def test_host_stub_a_plan_serves_the_gluon_backward_of_a_data_mask(tmp_path):
