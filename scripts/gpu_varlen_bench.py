@@ -2,7 +2,8 @@
 
 * flashgen varlen: a causal spec called with the batch's sequences, made once
   (`sequences(cu_seqlens_q=..., cu_seqlens_k=...)`), q (T, H, D); and called
-  with cu_seqlens_q/k, which checks them at every call;
+  with cu_seqlens_q/k and max_seqlen_q/k, which checks them at every call
+  (under a CUDA graph's capture: reads nothing on the host, decision 105);
 * flashgen packed_docs: `causal & doc[b, q] == doc[b, k]`, B = 1, N = T, the
   document ids an input (the per-call tile plan skips cross-document tiles);
 * FlexAttention: the same document mask as a mask_mod, compiled afresh for
@@ -150,6 +151,7 @@ def main() -> None:
             q3, k3, v3, do3 = (rand(total, HEADS, head_dim) for _ in range(4))
             cu = torch.tensor([0] + [sum(lengths[: i + 1]) for i in range(len(lengths))])
             cu = cu.to(device="cuda", dtype=torch.int32)
+            most = max(lengths)
             doc = torch.repeat_interleave(
                 torch.arange(len(lengths), device="cuda", dtype=torch.int32),
                 torch.tensor(lengths, device="cuda"),
@@ -178,7 +180,8 @@ def main() -> None:
                 ("flashgen varlen", lambda a, b, c: causal.attention(
                     a, b, c, sequences=once), (q3, k3, v3, do3), flops),
                 ("flashgen varlen, cu_seqlens", lambda a, b, c: causal.attention(
-                    a, b, c, cu_seqlens_q=cu, cu_seqlens_k=cu), (q3, k3, v3, do3), flops),
+                    a, b, c, cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=most,
+                    max_seqlen_k=most), (q3, k3, v3, do3), flops),
                 ("flashgen packed_docs", lambda a, b, c: docs_mod.attention(
                     a, b, c, doc=doc2, plan=plan), (q4, k4, v4, do4), flops),
                 ("flex", lambda a, b, c: flex(a, b, c, block_mask=block_mask),

@@ -316,6 +316,59 @@ def test_gluon_backward_of_varlen_calls_on_gpu(mask, score, head_dim, dtype, mon
                 assert all(torch.equal(a, b) for a, b in zip(varlen, alone))
 
 
+@pytest.mark.parametrize("dtype", [ir.DType.FP16, ir.DType.BF16])
+def test_varlen_calls_captured_in_a_cuda_graph_on_gpu(dtype):
+    """Decision 105: a varlen call given max_seqlen_q/k, and a padded call,
+    made while a CUDA graph is captured read nothing on the host; replayed
+    on new q, k, v, dO and new lengths written into the same tensors, the
+    graph gives what the eager calls give, bit for bit, forward and
+    backward."""
+    module = build(make_variant("causal", None, dtype=dtype, head_dim=128))
+    g = torch.Generator().manual_seed(0)
+    rand = lambda *shape: torch.randn(*shape, generator=g).to("cuda", module.DTYPE)  # noqa: E731
+
+    def cumulative(lengths):
+        return torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32)
+
+    t = 1430
+    cu = cumulative([300, 0, 1, 129, 1000]).cuda()
+    seqlens = torch.tensor([700, 3], device="cuda")
+    varlen = [rand(t, 4, 128), rand(t, 2, 128), rand(t, 2, 128), rand(t, 4, 128)]
+    padded = [
+        rand(2, 4, 700, 128),
+        rand(2, 2, 700, 128),
+        rand(2, 2, 700, 128),
+        rand(2, 4, 700, 128),
+    ]
+    for x in varlen[:3] + padded[:3]:
+        x.requires_grad_()
+    lengths = dict(cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=1000, max_seqlen_k=1000)
+
+    def step(tensors, **kwargs):
+        q, k, v, do = tensors
+        o = module.attention(q, k, v, **kwargs)
+        return (o, *torch.autograd.grad(o, (q, k, v), do))
+
+    def both():
+        return step(varlen, **lengths) + step(padded, seqlens_k=seqlens, padding_side="left")
+
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        both()  # compiles outside the capture
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = both()
+    for x in varlen + padded:
+        x.data.copy_(torch.randn(x.shape, generator=g).to(x.device, x.dtype))
+    cu.copy_(cumulative([1000, 5, 0, 300, 125]))
+    seqlens.copy_(torch.tensor([2, 699]))
+    graph.replay()
+    eager = both()
+    assert all(torch.equal(a, b) for a, b in zip(captured, eager))
+
+
 # Masks and scores for the Gluon backward: the mask's bounds, its interior
 # and its per-tile classification (non-affine terms, heads, rows that see no
 # key at all), score modifiers with a derivative, ALiBi.

@@ -393,3 +393,49 @@ def test_any_spec_attends_each_varlen_sequence_as_if_alone(variant, data):
         mine = (batched[0][rq], batched[1][:, rq], batched[2][rq], batched[3][rk], batched[4][rk])
         for name, x, y in zip(("o", "lse", "dq", "dk", "dv"), mine, alone):
             assert torch.equal(x, y), (i, name, nq, nk)
+
+
+@pytest.mark.kernels
+def test_calls_with_sequences_being_captured_read_nothing_on_the_host(_interpreter, monkeypatch):
+    """While a CUDA graph is captured (`_capturing`, forced here) a varlen or
+    padded call reads no length on the host (`tolist`, `item` and `__int__`
+    of a tensor fail) and computes what the checked call computes, forward
+    and backward; a varlen call then needs max_seqlen_q and max_seqlen_k.
+    Lengths past the rows or past max_seqlen are clamped (never read past the
+    tensors), not checked: the caller's to keep right, as in FlashAttention."""
+    module = build(_variant("prefix", HALF))
+    g = torch.Generator().manual_seed(5)
+    t = functools.partial(torch.tensor, device=DEVICE)
+    cu_q, cu_k = t([0, 13, 13, 40], dtype=torch.int32), t([0, 20, 21, 45], dtype=torch.int32)
+    q = _rand(40, HEADS, HEAD_DIM, dtype=torch.float16, generator=g)
+    k, v = (_rand(45, KV_HEADS, HEAD_DIM, dtype=torch.float16, generator=g) for _ in "kv")
+    do = _rand(40, HEADS, HEAD_DIM, dtype=torch.float16, generator=g)
+    dlse = torch.randn(HEADS, 40, generator=g).to(DEVICE)
+    varlen = dict(cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, max_seqlen_q=27, max_seqlen_k=24)
+    expected = _grads(module, q, k, v, do, dlse, **varlen)
+    seqlens = dict(seqlens_q=t([5, 9]), seqlens_k=t([11, 2]), padding_side="left")
+    qp = _rand(2, HEADS, 9, HEAD_DIM, dtype=torch.float16, generator=g)
+    kp, vp = (_rand(2, KV_HEADS, 12, HEAD_DIM, dtype=torch.float16, generator=g) for _ in "kv")
+    dop = _rand(2, HEADS, 9, HEAD_DIM, dtype=torch.float16, generator=g)
+    dlsep = torch.randn(2, HEADS, 9, generator=g).to(DEVICE)
+    expected_padded = _grads(module, qp, kp, vp, dop, dlsep, **seqlens)
+
+    def host_read(*args, **kwargs):
+        raise AssertionError("a length was read on the host while capturing")
+
+    monkeypatch.setattr(module, "_capturing", lambda x: True)
+    for name in ("tolist", "item"):
+        monkeypatch.setattr(torch.Tensor, name, host_read)
+    captured = _grads(module, q, k, v, do, dlse, **varlen)
+    captured_padded = _grads(module, qp, kp, vp, dop, dlsep, **seqlens)
+    with pytest.raises(ValueError, match="captured in a CUDA graph needs max_seqlen_q and max"):
+        module.attention(q, k, v, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k)
+    # cu_seqlens_k past k's 45 rows: clamped to them, and to max_seqlen_k
+    clamped = module.attention(
+        q, k, v, cu_seqlens_q=cu_q, cu_seqlens_k=t([0, 20, 21, 99], dtype=torch.int32),
+        max_seqlen_q=27, max_seqlen_k=24,
+    )  # fmt: skip
+    monkeypatch.undo()
+    for x, y in zip((*captured, *captured_padded), (*expected, *expected_padded)):
+        assert torch.equal(x, y)
+    assert torch.equal(clamped, expected[0])
