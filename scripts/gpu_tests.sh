@@ -7,7 +7,7 @@
 # Fifteen groups in three parts.  Part 1 (eight groups): the Gluon backward (fp16,
 # bf16), the any-mask Gluon forward (masks; the generated modules' dispatch
 # with the other half), random gradient specs, the whole-language specs, the
-# others (compiling ahead, ptxas's fewer stages, masks that hide every pair or
+# others (compiling ahead, CUDA-graph captures, ptxas's fewer stages, masks that hide every pair or
 # run without the tile test, fp32's tiles), and the fp32 gradients of the examples that the
 # groups of parts 2 and 3 leave out (tests/test_scripts.py checks that every
 # test of tests/test_gpu.py is in a group).
@@ -67,7 +67,7 @@ else
     group gluon-any-mask-bf16 "gluon_forward_any and (BF16 or dispatch)"
     group random-gradients "random_spec_gradients"
     group whole-language "whole_language"
-    group others "compile_ahead or first_launch or fewer_stages or hide_every_pair or without_tile_test or fp32_tiles"
+    group others "compile_ahead or first_launch or fewer_stages or hide_every_pair or without_tile_test or fp32_tiles or captured_in_a_cuda_graph"
     group examples-fp32-gradients-c "example_gradients and FP32 and (deepseek or gpt_oss or llama3 or t5)"
   fi
   if [[ $part == *2* ]]; then
