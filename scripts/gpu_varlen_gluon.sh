@@ -14,9 +14,10 @@ for step in ${*:-check bench}; do
   case $step in
   check)
     i=0
-    for k in "varlen_calls and BF16" "varlen_calls and FP16" "test_gluon_backward_on_gpu and BF16" \
-      "test_gluon_forward_on_gpu and FP16"; do
-      timeout 300 python3 -m pytest -q -m "" -p no:cacheprovider -rf tests/test_gpu.py -k "$k" \
+    for k in "varlen_calls and forward and BF16" "varlen_calls and backward and BF16" \
+      "(varlen_calls and forward and FP16) or captured_in" "varlen_calls and backward and FP16" \
+      "test_gluon_backward_on_gpu and BF16" "test_gluon_forward_on_gpu and FP16"; do
+      timeout 280 python3 -m pytest -q -m "" -p no:cacheprovider -rf tests/test_gpu.py -k "$k" \
         >"$OUT/check_$i.log" 2>&1 &
       i=$((i + 1))
     done
