@@ -1022,27 +1022,35 @@ def _check_backward_inputs(q: torch.Tensor, o, lse, do, dlse) -> None:
             raise ValueError(f"{name} is on {x.device}, but q is on {q.device}")
 
 
+def _capturing(x: torch.Tensor) -> bool:
+    """Whether a CUDA graph is being captured on x's device's current stream."""
+    return x.device.type == "cuda" and torch.cuda.is_current_stream_capturing()
+
+
 class Sequences:
     """The sequences of a padded or varlen batch, checked: made by
     `sequences(...)` once per batch (reading the lengths on the host once)
     and passed to every layer's `attention(..., sequences=...)`."""
 
     def __init__(self, varlen: bool, tensors: tuple, side: str, longest, rows, lengths, most):
-        self.varlen, self.side, self.lengths = varlen, side, lengths  # lengths: on the host
+        # lengths: on the host ([None, None] when made while a CUDA graph is captured)
+        self.varlen, self.side, self.lengths = varlen, side, lengths
         self.longest = longest  # the longest query and key sequences (None: the call's)
         self.most = most  # varlen: max_seqlen_q and max_seqlen_k as given (None: the longest)
-        self.rows = rows  # varlen: the rows of q and k the sequences cover
-        self.tensors = tensors  # varlen: the table; padded: seqlens_q, seqlens_k
+        self.rows = rows  # varlen: the rows of q and k the sequences cover (None: unread)
+        self.tensors = tensors  # varlen: cu_seqlens_q, cu_seqlens_k; padded: seqlens_q, seqlens_k
         self.device = next(x.device for x in tensors if x is not None)
-        self.batch = next(x.shape[0] for x in tensors if x is not None)
+        self.batch = next(x.shape[0] - varlen for x in tensors if x is not None)
         self._tables: dict = {}
 
     def bind(self, q: torch.Tensor, k: torch.Tensor) -> tuple:
         """What the kernels take for a call on q and k: (table, longest query
         sequence, longest key sequence, varlen, lengths, sizes, cache), the table
         (S, 4) int32 holding each sequence's first row of q, its queries, its first
-        row of k, its keys; `lengths` for the index check, `sizes` the inputs' Nq,
-        Nk; `cache` a dict that lives as long as these sequences."""
+        row of k, its keys, made on the GPU with every length clamped to the rows
+        (and to the longest), a no-op for lengths checked on the host, a bound for
+        lengths made while capturing; `lengths` for the index check, `sizes` the
+        inputs' Nq, Nk; `cache` a dict that lives as long as these sequences."""
         for name, x in (("q", q), ("k", k)):
             dims, layout = (3, "(tokens, heads, head_dim)") if self.varlen else (4, "(B, H, N, D)")
             if not isinstance(x, torch.Tensor) or x.dim() != dims:
@@ -1050,13 +1058,26 @@ class Sequences:
             if x.device != self.device:
                 raise ValueError(f"{name} is on {x.device}, but the sequences on {self.device}")
         if self.varlen:
-            for name, rows, x in (("q", self.rows[0], q), ("k", self.rows[1], k)):
-                if rows > x.shape[0]:
+            for name, rows, x in (
+                ("q", self.rows and self.rows[0], q),
+                ("k", self.rows and self.rows[1], k),
+            ):
+                if rows is not None and rows > x.shape[0]:
                     raise ValueError(
                         f"cu_seqlens_{name} reaches row {rows}, past {name}'s {x.shape[0]}"
                     )
+            table = self._tables.get((q.shape[0], k.shape[0]))
+            if table is None:
+                columns = []
+                for cu, rows, most in zip(self.tensors, (q.shape[0], k.shape[0]), self.longest):
+                    first = cu[:-1].long().clamp(0, rows)
+                    lengths = (cu[1:].long().clamp(0, rows) - first).clamp(0, most)
+                    columns += [first, lengths]
+                table = self._tables[(q.shape[0], k.shape[0])] = torch.stack(columns, 1).to(
+                    torch.int32
+                )
             sizes = tuple(n if m is None else m for m, n in zip(self.most, self.longest))
-            return (self.tensors[0], *self.longest, True, self.lengths, sizes, self._tables)
+            return (table, *self.longest, True, self.lengths, sizes, self._tables)
         (batch, _, n_q, _), n_k = q.shape, k.shape[2]
         if batch != self.batch:
             raise ValueError(f"q has batch size {batch}, but the sequences {self.batch}")
@@ -1068,6 +1089,7 @@ class Sequences:
             columns = []
             for x, n in zip(self.tensors, (n_q, n_k)):
                 lengths = torch.full((batch,), n, device=q.device) if x is None else x.long()
+                lengths = lengths.clamp(0, n)
                 first = n - lengths if self.side == "left" else torch.zeros_like(lengths)
                 columns += [first, lengths]
             table = self._tables[(n_q, n_k)] = torch.stack(columns, 1).to(torch.int32)
@@ -1085,7 +1107,10 @@ def _sequences(
     varlen one (cu_seqlens_q and cu_seqlens_k: (S + 1,) cumulative lengths,
     FlashAttention's convention; max_seqlen_* are optional and checked).
     Checked here, with one read of the lengths on the host; None when no
-    lengths are given."""
+    lengths are given.  While a CUDA graph is captured nothing is read: a
+    varlen call then needs max_seqlen_q and max_seqlen_k, a padded one takes
+    its rows for the longest, and `Sequences.bind` clamps every length to
+    them (the values are the caller's to keep right, as in FlashAttention)."""
     varlen = cu_seqlens_q is not None or cu_seqlens_k is not None
     lengths = (seqlens_q, seqlens_k, cu_seqlens_q, cu_seqlens_k)
     named = zip(("seqlens_q", "seqlens_k", "cu_seqlens_q", "cu_seqlens_k"), lengths)
@@ -1110,6 +1135,16 @@ def _sequences(
             raise ValueError(f"{name} must have shape ({first.shape[0]},), got {tuple(x.shape)}")
         if x.device != first.device:
             raise ValueError(f"{name} is on {x.device}, but {next(iter(given))} on {first.device}")
+    if _capturing(first):
+        most = (max_seqlen_q, max_seqlen_k)
+        if varlen and not all(type(m) is int and m >= 0 for m in most):
+            raise ValueError(
+                "a varlen call captured in a CUDA graph needs max_seqlen_q and max_seqlen_k, "
+                f"ints >= 0 (its lengths cannot be read while capturing): got {most}"
+            )
+        tensors = (cu_seqlens_q, cu_seqlens_k) if varlen else (seqlens_q, seqlens_k)
+        longest = most if varlen else (None, None)
+        return Sequences(varlen, tensors, padding_side, longest, None, [None, None], most)
     # One read on the host for all of them.
     values = torch.cat([x.long() for x in given.values()]).tolist()
     values = dict(
@@ -1124,10 +1159,8 @@ def _sequences(
     if varlen:
         lengths = [[b - a for a, b in zip(row, row[1:])] for row in values.values()]
         longest = tuple(max(n, default=0) for n in lengths)
-        table = torch.stack(
-            [cu_seqlens_q[:-1], cu_seqlens_q.diff(), cu_seqlens_k[:-1], cu_seqlens_k.diff()], 1
-        ).to(torch.int32)
-        tensors, rows = (table,), (values["cu_seqlens_q"][-1], values["cu_seqlens_k"][-1])
+        tensors = (cu_seqlens_q, cu_seqlens_k)
+        rows = (values["cu_seqlens_q"][-1], values["cu_seqlens_k"][-1])
     else:
         lengths = [values.get(f"seqlens_{s}") for s in "qk"]  # None: every row
         longest, tensors, rows = tuple(x and max(x) for x in lengths), (seqlens_q, seqlens_k), None
