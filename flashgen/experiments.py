@@ -171,11 +171,13 @@ def apply(model: KernelModel, values: Mapping[str, object]) -> KernelModel:
                 f"{', '.join(clash)}: not for kernels that walk residue classes (decision 085); "
                 "set residue_classes=off with it"
             )
-    if values.get("gluon_varlen") and (not model.gluon_forward or model.inputs):
+    gluon_forward = values.get("gluon_forward", model.gluon_forward)
+    gluon_backward = values.get("gluon_backward", model.gluon_backward)
+    if values.get("gluon_varlen") and (not gluon_forward or model.inputs):
         raise ExperimentError(
             "gluon_varlen: for a module with the Gluon forward and no declared inputs"
         )
-    if values.get("gluon_varlen_backward") and (not model.gluon_backward or model.inputs):
+    if values.get("gluon_varlen_backward") and (not gluon_backward or model.inputs):
         raise ExperimentError(
             "gluon_varlen_backward: for a module with the Gluon backward and no declared inputs"
         )

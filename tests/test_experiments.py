@@ -154,6 +154,12 @@ def test_every_knob_setting_builds_modules_that_define_what_they_read(name):
         with pytest.raises(ExperimentError, match="gluon_varlen: for a module with the Gluon"):
             render_module(variant, None, parse_settings(["gluon_varlen=on"]))
         settings.remove("gluon_varlen=on")
+    for pair in (
+        ["gluon_varlen=on", "gluon_forward=off"],
+        ["gluon_varlen_backward=on", "gluon_backward=off"],
+    ):
+        with pytest.raises(ExperimentError, match="for a module with the Gluon"):
+            render_module(variant, None, parse_settings(pair))
     if not model.gluon_backward or model.inputs:  # decision 104
         with pytest.raises(ExperimentError, match="gluon_varlen_backward: for a module with"):
             render_module(variant, None, parse_settings(["gluon_varlen_backward=on"]))

@@ -7,11 +7,14 @@ from __future__ import annotations
 
 import builtins
 import importlib.util
+import itertools
 import math
 import sys
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from flashgen import ir, runtime
 from flashgen.api import build_source
@@ -257,3 +260,35 @@ def test_the_hopper_kernels_run_only_on_the_triton_they_were_tested_with(
     assert module.GLUON is False
     assert module.DIRECT_LAUNCH is False
     assert not module._gluon_fits(128, *(torch.zeros(1, 1, 128, 128).half(),) * 3)
+
+
+@settings(max_examples=60, deadline=None)
+@given(lengths=st.lists(st.integers(0, 600), min_size=1, max_size=12))
+def test_varlen_tiles_cover_every_row_once_and_pad_the_statistics_apart(lengths):
+    """`_gluon_tiles` (decisions 103-104): one tile per 128 rows of every
+    sequence, each sequence's tiles together, the longest sequences first and
+    each one's tiles furthest in first; first rows of q and k where
+    cu_seqlens puts them; and statistics rows that give each sequence a
+    range of its own, from a multiple of 128, as long as its tiles cover
+    (`_gluon_stat_rows` in all)."""
+    rt = runtime
+    cu = torch.tensor([0, *itertools.accumulate(lengths)], dtype=torch.int32)
+    q = torch.zeros(int(cu[-1]), 4, 64, dtype=torch.float16)
+    seqs = rt.sequences(cu_seqlens_q=cu, cu_seqlens_k=cu).bind(q, q[:, :2])
+    tiles = rt._gluon_tiles(seqs).tolist()
+    stats = {}
+    for q_row, k_row, n, start, stat in tiles:
+        assert q_row == k_row and start % 128 == 0 and 0 <= start < n and stat % 128 == 0
+        stats.setdefault((q_row, n), []).append((start, stat))
+    # every non-empty sequence, once, with its tiles
+    assert sorted(n for _, n in stats) == sorted(n for n in lengths if n)
+    for (q_row, n), found in stats.items():
+        assert [start for start, _ in found] == list(range((n - 1) // 128 * 128, -1, -128))
+        assert len({stat for _, stat in found}) == 1
+    assert [n for _, _, n, _, _ in tiles] == sorted((n for _, _, n, _, _ in tiles), reverse=True)
+    # statistics: disjoint ranges of 128-row blocks, within _gluon_stat_rows
+    ranges = sorted((found[0][1], -(-n // 128) * 128) for (_, n), found in stats.items())
+    for (a, size), (b, _) in zip(ranges, ranges[1:]):
+        assert a + size <= b
+    assert not ranges or ranges[-1][0] + ranges[-1][1] <= rt._gluon_stat_rows(seqs)
+    assert rt._gluon_stat_rows(seqs) == sum(-(-n // 128) * 128 for n in lengths)
