@@ -5,7 +5,7 @@
 # dense call of the sequence alone), beside the dense Gluon kernels' tests;
 # bench: scripts/gpu_varlen_bench.py at d128 (16k and 64k tokens, documents
 # of ~1,000), the module as built and with both knobs on, records in
-# $OUT/varlen.jsonl (RUN names the run); before-after: the dense forward at N = 1000 and 4096
+# $OUT/varlen.jsonl (RUN names the run, TOKENS the lengths); before-after: the dense forward at N = 1000 and 4096
 # against .base/ (scripts/gpu_before_after.sh; carry .whl and .base).
 # check and bench fit one call of 600 s.
 #   bash scripts/gpu_varlen_gluon.sh [check] [bench] [before-after]
@@ -24,7 +24,7 @@ for step in ${*:-check bench}; do
     wait
     tail -n 4 "$OUT"/check_*.log ;;
   bench)
-    timeout 200 python3 scripts/gpu_varlen_bench.py --tokens 16384 65536 --head-dim 128 \
+    timeout 200 python3 scripts/gpu_varlen_bench.py --tokens ${TOKENS:-16384 65536} --head-dim 128 \
       --timer cuda-graph --plan gluon_varlen=on gluon_varlen_backward=on --jsonl "$OUT/varlen.jsonl" \
       --run "${RUN:-varlen calls, as built and with the Gluon kernels (gluon_varlen, gluon_varlen_backward)}" \
       --commit "$(git rev-parse --short HEAD 2>/dev/null || echo unknown)" 2>&1 | tail -40 ;;
