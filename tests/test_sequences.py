@@ -398,8 +398,8 @@ def test_any_spec_attends_each_varlen_sequence_as_if_alone(variant, data):
 @pytest.mark.kernels
 def test_calls_with_sequences_being_captured_read_nothing_on_the_host(_interpreter, monkeypatch):
     """While a CUDA graph is captured (`_capturing`, forced here) a varlen or
-    padded call reads no length on the host (`tolist`, `item` and `__int__`
-    of a tensor fail) and computes what the checked call computes, forward
+    padded call reads no length on the host (a tensor's `tolist`, `item` and
+    `__bool__` fail) and computes what the checked call computes, forward
     and backward; a varlen call then needs max_seqlen_q and max_seqlen_k.
     Lengths past the rows or past max_seqlen are clamped (never read past the
     tensors), not checked: the caller's to keep right, as in FlashAttention."""
@@ -424,7 +424,7 @@ def test_calls_with_sequences_being_captured_read_nothing_on_the_host(_interpret
         raise AssertionError("a length was read on the host while capturing")
 
     monkeypatch.setattr(module, "_capturing", lambda x: True)
-    for name in ("tolist", "item"):
+    for name in ("tolist", "item", "__bool__"):
         monkeypatch.setattr(torch.Tensor, name, host_read)
     captured = _grads(module, q, k, v, do, dlse, **varlen)
     captured_padded = _grads(module, qp, kp, vp, dop, dlsep, **seqlens)
