@@ -5,7 +5,7 @@
 # dense call of the sequence alone), beside the dense Gluon kernels' tests;
 # bench: scripts/gpu_varlen_bench.py at d128 (16k and 64k tokens, documents
 # of ~1,000), the module as built and with both knobs on, records in
-# $OUT/varlen.jsonl (RUN names the run, TOKENS the lengths); before-after: the dense forward at N = 1000 and 4096
+# $OUT/varlen.jsonl (RUN names the run, TOKENS the lengths, CHECK_SECONDS the check's limit); before-after: the dense forward at N = 1000 and 4096
 # against .base/ (scripts/gpu_before_after.sh; carry .whl and .base).
 # check and bench fit one call of 600 s.
 #   bash scripts/gpu_varlen_gluon.sh [check] [bench] [before-after]
@@ -17,7 +17,7 @@ for step in ${*:-check bench}; do
     for k in "varlen_calls and forward and BF16" "varlen_calls and backward and BF16" \
       "(varlen_calls and forward and FP16) or captured_in" "varlen_calls and backward and FP16" \
       "test_gluon_backward_on_gpu and BF16" "test_gluon_forward_on_gpu and FP16"; do
-      timeout 280 python3 -m pytest -q -m "" -p no:cacheprovider -rf tests/test_gpu.py -k "$k" \
+      timeout ${CHECK_SECONDS:-280} python3 -m pytest -q -m "" -p no:cacheprovider -rf tests/test_gpu.py -k "$k" \
         >"$OUT/check_$i.log" 2>&1 &
       i=$((i + 1))
     done
