@@ -467,3 +467,16 @@ def test_config_sweep_lists_whole_specs_at_their_own_and_given_tiles(capsys, mon
     ((name, text, n),) = gpu_config_sweep.whole_specs([spec])
     assert (name, n) == ("t5_bias", 4096) and "score = s + " in text
     assert "head_dim = 80\n" in gpu_config_sweep.spec_text(name, text, 80)
+
+
+def test_compare_sass_tells_register_allocation_from_other_changes():
+    """scripts/compare_sass.py's verdicts: the same instructions; the same
+    operations on other registers; instructions added or reordered."""
+    from compare_sass import compare
+
+    a = ["MOV R1, c[param]", "IADD3 R2, R1, 0x1, RZ", "EXIT"]
+    assert compare(a, list(a)) == "same"
+    assert compare(a, ["MOV R3, c[param]", "IADD3 R2, R3, 0x1, RZ", "EXIT"]) == (
+        "same opcodes, 2 of 3 with other operands (registers)"
+    )
+    assert compare(a, ["IADD3 R2, R1, 0x1, RZ", "MOV R1, c[param]", "EXIT"]) == "2 of 3 differ"
