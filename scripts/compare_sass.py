@@ -30,16 +30,15 @@ import sys
 import tempfile
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from sm90_resources import _ptxas  # noqa: E402
-
 _INSTRUCTION = re.compile(r"^\s+/\*[0-9a-f]{4,}\*/\s+(.*?)\s*;")
 _PARAM = re.compile(r"c\[0x0\]\[0x[0-9a-f]+\]")
 
 
 def sass(ptx_path: str) -> list[str]:
     """The instructions of one PTX file as sm_90a SASS, parameter offsets written alike."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from sm90_resources import _ptxas
+
     cuobjdump = os.path.join(os.path.dirname(_ptxas()), "cuobjdump")
     with tempfile.TemporaryDirectory() as tmp:
         cubin = os.path.join(tmp, "k.cubin")
