@@ -306,10 +306,7 @@ class Sequences:
             if x.device != self.device:
                 raise ValueError(f"{name} is on {x.device}, but the sequences on {self.device}")
         if self.varlen:
-            for name, rows, x in (
-                ("q", self.rows and self.rows[0], q),
-                ("k", self.rows and self.rows[1], k),
-            ):
+            for name, rows, x in zip("qk", self.rows or (None, None), (q, k)):
                 if rows is not None and rows > x.shape[0]:
                     raise ValueError(
                         f"cu_seqlens_{name} reaches row {rows}, past {name}'s {x.shape[0]}"
@@ -1310,12 +1307,12 @@ class _GluonBlocks(NamedTuple):
         )
 
 
-def _gluon_descriptor(x: torch.Tensor, rows: int, width: int = 0) -> _GluonBlocks:
+def _gluon_descriptor(x: torch.Tensor, rows: int) -> _GluonBlocks:
     """A TMA descriptor of [rows, D] blocks over contiguous x seen as (B * heads * N, D),
-    or with `width` as (x.numel() / width, width): a varlen (tokens, heads, D) as
-    (tokens, heads * D), a head's block at column head * D."""
+    or for a varlen call's (tokens, heads, D) as (tokens, heads * D), a head's block at
+    column head * D."""
     d = x.shape[-1]
-    width = width or d
+    width = d * x.shape[1] if x.dim() == 3 else d
     return _GluonBlocks(
         x, (x.numel() // width, width), (width, 1), (rows, d), _gluon_layout(rows, d, x.dtype)
     )

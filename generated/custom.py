@@ -1115,10 +1115,7 @@ class Sequences:
             if x.device != self.device:
                 raise ValueError(f"{name} is on {x.device}, but the sequences on {self.device}")
         if self.varlen:
-            for name, rows, x in (
-                ("q", self.rows and self.rows[0], q),
-                ("k", self.rows and self.rows[1], k),
-            ):
+            for name, rows, x in zip("qk", self.rows or (None, None), (q, k)):
                 if rows is not None and rows > x.shape[0]:
                     raise ValueError(
                         f"cu_seqlens_{name} reaches row {rows}, past {name}'s {x.shape[0]}"

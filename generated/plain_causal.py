@@ -1100,10 +1100,7 @@ class Sequences:
             if x.device != self.device:
                 raise ValueError(f"{name} is on {x.device}, but the sequences on {self.device}")
         if self.varlen:
-            for name, rows, x in (
-                ("q", self.rows and self.rows[0], q),
-                ("k", self.rows and self.rows[1], k),
-            ):
+            for name, rows, x in zip("qk", self.rows or (None, None), (q, k)):
                 if rows is not None and rows > x.shape[0]:
                     raise ValueError(
                         f"cu_seqlens_{name} reaches row {rows}, past {name}'s {x.shape[0]}"
@@ -1910,12 +1907,12 @@ class _GluonBlocks(NamedTuple):
         )
 
 
-def _gluon_descriptor(x: torch.Tensor, rows: int, width: int = 0) -> _GluonBlocks:
+def _gluon_descriptor(x: torch.Tensor, rows: int) -> _GluonBlocks:
     """A TMA descriptor of [rows, D] blocks over contiguous x seen as (B * heads * N, D),
-    or with `width` as (x.numel() / width, width): a varlen (tokens, heads, D) as
-    (tokens, heads * D), a head's block at column head * D."""
+    or for a varlen call's (tokens, heads, D) as (tokens, heads * D), a head's block at
+    column head * D."""
     d = x.shape[-1]
-    width = width or d
+    width = d * x.shape[1] if x.dim() == 3 else d
     return _GluonBlocks(
         x, (x.numel() // width, width), (width, 1), (rows, d), _gluon_layout(rows, d, x.dtype)
     )
@@ -2214,15 +2211,16 @@ def _gluon_supported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: f
 
 
 def _gluon_forward(q, k, v, o, lse, scale: float) -> None:
-    batch, num_heads, n, d = q.shape
+    batch, num_heads, n, _ = q.shape
+    ctas, tiles, lse_stride = triton.cdiv(n, GLUON_BLOCK), lse, 0  # lse: no table
     descriptors = [
         _gluon_descriptor(x, rows)
         for x, rows in ((q, 64), (k, GLUON_BLOCK), (v, GLUON_BLOCK), (o, 64))
     ]
     _launch(
-        _gluon_attn_fwd, (triton.cdiv(n, GLUON_BLOCK), batch * num_heads),
+        _gluon_attn_fwd, (ctas, batch * num_heads),
         *descriptors, o, lse, scale * 1.4426950408889634, n, num_heads, num_heads // k.shape[1],
-        lse, 0, GLUON_STAGES, False, num_warps=4, maxnreg=168,
+        tiles, lse_stride, GLUON_STAGES, False, num_warps=4, maxnreg=168,
     )  # fmt: skip
 
 
@@ -2733,21 +2731,22 @@ def _gluon_backward(
     """dQ and delta first (the dQ kernel computes delta), then dK and dV."""
     batch, num_heads, n, _ = q.shape
     kv_heads = k.shape[1]
-    q_desc, k_desc, v_desc, do_desc, dq_desc, dk_desc, dv_desc = (
-        _gluon_descriptor(x, GLUON_BWD_TILE) for x in (q, k, v, do, dq, dk, dv)
-    )  # fmt: skip
     # lse and delta for the dK/dV kernel, written by the dQ kernel: rows padded to a
     # multiple of GLUON_BWD_BLOCK, a stride that 16 divides whatever N is (decision 100).
     n_pad = triton.cdiv(n, GLUON_BWD_BLOCK) * GLUON_BWD_BLOCK
+    ctas, tiles, lse_stride = triton.cdiv(n, GLUON_BWD_BLOCK), lse, 0  # lse: no table
+    q_desc, k_desc, v_desc, do_desc, dq_desc, dk_desc, dv_desc = (
+        _gluon_descriptor(x, GLUON_BWD_TILE) for x in (q, k, v, do, dq, dk, dv)
+    )  # fmt: skip
     lse_pad, delta = torch.empty((2, batch * num_heads, n_pad), dtype=torch.float32, device=q.device)  # fmt: skip
-    common = (alibi_slopes, scale, n, n_pad, num_heads, num_heads // kv_heads, lse)  # lse: no tiles
+    common = (alibi_slopes, scale, n, n_pad, num_heads, num_heads // kv_heads, tiles)
     _launch(
-        _gluon_attn_bwd_dq, (triton.cdiv(n, GLUON_BWD_BLOCK), batch * num_heads),
-        q_desc, k_desc, v_desc, do_desc, dq_desc, dq, o, delta if dlse is None else dlse, lse, delta, lse_pad, *common, 0,
+        _gluon_attn_bwd_dq, (ctas, batch * num_heads),
+        q_desc, k_desc, v_desc, do_desc, dq_desc, dq, o, delta if dlse is None else dlse, lse, delta, lse_pad, *common, lse_stride,
         dlse is not None, GLUON_BWD_STAGES[1], False, num_warps=4,
     )  # fmt: skip
     _launch(
-        _gluon_attn_bwd_dkdv, (triton.cdiv(n, GLUON_BWD_BLOCK), batch * kv_heads),
+        _gluon_attn_bwd_dkdv, (ctas, batch * kv_heads),
         q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, dk, dv, lse_pad, delta, *common, GLUON_BWD_STAGES[0], False, num_warps=4,
     )  # fmt: skip
 
