@@ -119,7 +119,12 @@ def render_module(
     model = apply_experiments(lower(variant, tuning, **lowering), experiments)
     if triton_only:
         model = dataclasses.replace(
-            model, gluon_forward=None, gluon_backward=False, triton_only=True
+            model,
+            gluon_forward=None,
+            gluon_backward=False,
+            gluon_varlen=False,
+            gluon_varlen_backward=False,
+            triton_only=True,
         )
     source = (
         _environment()

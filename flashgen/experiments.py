@@ -181,6 +181,12 @@ def apply(model: KernelModel, values: Mapping[str, object]) -> KernelModel:
         raise ExperimentError(
             "gluon_varlen_backward: for a module with the Gluon backward and no declared inputs"
         )
+    # Without the Gluon kernel a pass's varlen calls take the Triton one.
+    derived = {}
+    if not gluon_forward and "gluon_varlen" not in values:
+        derived["gluon_varlen"] = False
+    if not gluon_backward and "gluon_varlen_backward" not in values:
+        derived["gluon_varlen_backward"] = False
     streams = values.get("gluon_bwd_streams", (64, 64))
     stages = values.get("gluon_bwd_stages", model.gluon_bwd_stages)
     if streams != (64, 64):
@@ -214,6 +220,7 @@ def apply(model: KernelModel, values: Mapping[str, object]) -> KernelModel:
     return dataclasses.replace(
         model,
         **fields,
+        **derived,
         tiles=tiles,
         residue_sections=sections,
         experiments=model.experiments + record,

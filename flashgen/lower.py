@@ -575,11 +575,11 @@ class KernelModel:
     gluon_bwd_streams: tuple[int, int] = (64, 64)
     gluon_dq_heavy_last: bool = False
     # Varlen calls of sequences with as many queries as keys take the Gluon
-    # forward too (knob `gluon_varlen`, off: measured 1.01x the Triton forward,
-    # decision 102).
+    # forward too (knob `gluon_varlen`; on wherever the module has the Gluon
+    # forward and no declared inputs: 1.35x the Triton forward on an H100,
+    # decisions 102-103), and the Gluon backward (knob `gluon_varlen_backward`,
+    # likewise: 1.36x, decision 104).
     gluon_varlen: bool = False
-    # Such calls take the Gluon backward too (knob `gluon_varlen_backward`,
-    # decision 104).
     gluon_varlen_backward: bool = False
     # Experiment knobs set on this plan (flashgen/experiments.py), as NAME=VALUE.
     experiments: tuple[str, ...] = ()
@@ -908,6 +908,8 @@ def lower(
         gluon_min_keys=gluon_min_keys(gluon, v.head_dim),
         gluon_backward=gluon_bwd,
         gluon_dq_heavy_last=keys_before_queries(mask),
+        gluon_varlen=gluon is not None and not inputs,
+        gluon_varlen_backward=bool(gluon_bwd) and not inputs,
         inputs=inputs,
         input_grads=grads,
         tile_reads=tile_reads,

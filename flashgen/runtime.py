@@ -1332,12 +1332,15 @@ def _gluon_tiles(seqs) -> torch.Tensor | None:
     one's tiles furthest into it first (under a causal mask the heaviest): on
     the grid (tiles, heads) the CTAs that run at once share the keys and
     values of a few sequences of one head in L2, as a dense call's do.  Made
-    once per `sequences(...)`, from the lengths it read (a call made before a
-    CUDA graph captures the next ones)."""
+    once per `sequences(...)`, from the lengths it read, by a call outside a
+    CUDA graph's capture: before one, a captured call gets None (the Triton
+    kernels)."""
     if seqs is None or not seqs[3] or len(seqs) < 7:  # a custom op's (`_op_args`): none
         return None
     cache = seqs[6]
     if "gluon tiles" not in cache:
+        if _capturing(seqs[0]):  # no copy from the host into a CUDA graph: the Triton kernels
+            return None
         tiles = None
         lengths, keys = seqs[4]
         if lengths is not None and lengths == keys:  # cu_seqlens_q == cu_seqlens_k: one table

@@ -1936,6 +1936,65 @@ def _gluon_descriptor(x: torch.Tensor, rows: int) -> _GluonBlocks:
 _STAND_INS = (_GluonBlocks,)
 
 
+def _gluon_tiles(seqs) -> torch.Tensor | None:
+    """The Gluon kernels' tiles for a varlen call (`seqs` bound) whose
+    sequences have as many queries as keys, else None: int32 rows (first row
+    of q, first row of k, the sequence's length, the tile's first row in it,
+    the sequence's first row in the backward's statistics, where every
+    sequence starts at a multiple of 128: `_gluon_stat_rows`), one for every
+    128 rows of every sequence.  Sequence by sequence, the longest first, each
+    one's tiles furthest into it first (under a causal mask the heaviest): on
+    the grid (tiles, heads) the CTAs that run at once share the keys and
+    values of a few sequences of one head in L2, as a dense call's do.  Made
+    once per `sequences(...)`, from the lengths it read, by a call outside a
+    CUDA graph's capture: before one, a captured call gets None (the Triton
+    kernels)."""
+    if seqs is None or not seqs[3] or len(seqs) < 7:  # a custom op's (`_op_args`): none
+        return None
+    cache = seqs[6]
+    if "gluon tiles" not in cache:
+        if _capturing(seqs[0]):  # no copy from the host into a CUDA graph: the Triton kernels
+            return None
+        tiles = None
+        lengths, keys = seqs[4]
+        if lengths is not None and lengths == keys:  # cu_seqlens_q == cu_seqlens_k: one table
+            firsts, stats = [0] * len(lengths), [0] * len(lengths)
+            for s in range(1, len(lengths)):
+                firsts[s] = firsts[s - 1] + lengths[s - 1]
+                stats[s] = stats[s - 1] + _cdiv(lengths[s - 1], 128) * 128
+            longest_first = sorted(range(len(lengths)), key=lambda s: -lengths[s])
+            table = [
+                (firsts[s], firsts[s], lengths[s], start, stats[s])
+                for s in longest_first
+                for start in reversed(range(0, lengths[s], 128))
+            ]
+            tiles = torch.tensor(table, dtype=torch.int32).reshape(-1, 5).to(seqs[0].device)
+        cache["gluon tiles"] = tiles
+    return cache["gluon tiles"]
+
+
+def _gluon_stat_rows(seqs) -> int:
+    """The rows of the Gluon backward's statistics (lse and delta) per head
+    for a varlen call: every sequence's length rounded up to 128."""
+    return sum(_cdiv(n, 128) * 128 for n in seqs[4][0])
+
+
+def _gluon_varlen_fits(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, seqs, *more) -> bool:
+    """Whether the Gluon kernels can take this varlen call (kernel views of q,
+    k, v and `more`, the backward's o and dO; `seqs` bound): a Triton with
+    Gluon, an sm90 GPU, sequences of as many queries as keys (`_gluon_tiles`),
+    each tensor contiguous as (tokens, heads, D) and 16-byte aligned, and
+    lse's (heads, tokens) offsets in int32."""
+    if not GLUON or _interpreting() or q.device.type != "cuda" or _capability(q.device) != (9, 0):
+        return False
+    if _gluon_tiles(seqs) is None:
+        return False
+    if q.shape[1] * q.shape[2] >= 2**31 - 128:
+        return False
+    users = [_user_view(x, seqs) for x in (q, k, v, *more)]
+    return all(x.is_contiguous() and x.data_ptr() % 16 == 0 for x in users)
+
+
 @triton.jit
 def _gluon_key_cols(q_lo, q_hi, n_ctx, head, num_heads, COLS: tl.constexpr):
     """Keys [lo, hi) that queries q_lo .. q_hi may see, lo rounded down to a tile."""
@@ -2253,9 +2312,24 @@ def _gluon_supported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: f
     return scale > 0 and _gluon_fits(GLUON_BLOCK, q, k, v, any_length=True)
 
 
-def _gluon_forward(q, k, v, o, lse, scale: float) -> None:
+def _gluon_varlen_supported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, seqs) -> bool:  # fmt: skip
+    """Whether this varlen call (`seqs` bound, q, k, v kernel views) can take
+    the Gluon forward (`_gluon_varlen_fits`), with a positive scale and, as a
+    dense call's N, sequences of GLUON_MIN_KEYS or more tokens on average."""
+    if seqs is None or scale <= 0 or not _gluon_varlen_fits(q, k, v, seqs):
+        return False
+    lengths = seqs[4][1]
+    return sum(lengths) >= GLUON_MIN_KEYS * len(lengths)
+
+
+def _gluon_forward(q, k, v, o, lse, scale: float, seqs=None) -> None:
+    """`seqs`: a varlen call's (`_gluon_varlen_supported`), q, k, v, o and lse as kernel views."""
     batch, num_heads, n, _ = q.shape
     ctas, tiles, lse_stride = triton.cdiv(n, GLUON_BLOCK), lse, 0  # lse: no table
+    if seqs is not None:  # (tokens, heads * D) views; a CTA per tile of the call's table and head
+        q, k, v, o = (_user_view(x, seqs) for x in (q, k, v, o))
+        tiles = _gluon_tiles(seqs)
+        ctas, n, lse_stride = tiles.shape[0], 0, lse.stride(1)
     descriptors = [
         _gluon_descriptor(x, rows)
         for x, rows in ((q, 64), (k, GLUON_BLOCK), (v, GLUON_BLOCK), (o, 64))
@@ -2263,7 +2337,7 @@ def _gluon_forward(q, k, v, o, lse, scale: float) -> None:
     _launch(
         _gluon_attn_fwd, (ctas, batch * num_heads),
         *descriptors, o, lse, _alibi_slopes(num_heads, q.device), scale * 1.4426950408889634, n, num_heads, num_heads // k.shape[1],
-        tiles, lse_stride, GLUON_STAGES, False, num_warps=4, maxnreg=168,
+        tiles, lse_stride, GLUON_STAGES, seqs is not None, num_warps=4, maxnreg=168,
     )  # fmt: skip
 
 
@@ -2769,15 +2843,21 @@ def _gluon_backward_supported(
 
 
 def _gluon_backward(
-    q, k, v, o, do, lse, dlse, dq, dk, dv, alibi_slopes, scale: float
+    q, k, v, o, do, lse, dlse, dq, dk, dv, alibi_slopes, scale: float, seqs=None
 ) -> None:  # fmt: skip
-    """dQ and delta first (the dQ kernel computes delta), then dK and dV."""
+    """dQ and delta first (the dQ kernel computes delta), then dK and dV.
+    `seqs`: a varlen call's (`_gluon_varlen_backward_supported`), the tensors as kernel views."""
     batch, num_heads, n, _ = q.shape
     kv_heads = k.shape[1]
     # lse and delta for the dK/dV kernel, written by the dQ kernel: rows padded to a
     # multiple of GLUON_BWD_BLOCK, a stride that 16 divides whatever N is (decision 100).
     n_pad = triton.cdiv(n, GLUON_BWD_BLOCK) * GLUON_BWD_BLOCK
     ctas, tiles, lse_stride = triton.cdiv(n, GLUON_BWD_BLOCK), lse, 0  # lse: no table
+    if seqs is not None:  # (tokens, heads * D) views; a CTA per tile of the call's table and
+        # head; each sequence's statistics from a multiple of 128 (`_gluon_stat_rows`)
+        q, k, v, o, do, dq, dk, dv = (_user_view(x, seqs) for x in (q, k, v, o, do, dq, dk, dv))
+        tiles = _gluon_tiles(seqs)
+        ctas, n, n_pad, lse_stride = tiles.shape[0], 0, _gluon_stat_rows(seqs), lse.stride(1)
     q_desc, k_desc, v_desc, do_desc, dq_desc, dk_desc, dv_desc = (
         _gluon_descriptor(x, GLUON_BWD_TILE) for x in (q, k, v, do, dq, dk, dv)
     )  # fmt: skip
@@ -2786,12 +2866,28 @@ def _gluon_backward(
     _launch(
         _gluon_attn_bwd_dq, (ctas, batch * num_heads),
         q_desc, k_desc, v_desc, do_desc, dq_desc, dq, o, delta if dlse is None else dlse, lse, delta, lse_pad, *common, lse_stride,
-        dlse is not None, GLUON_BWD_STAGES[1], False, num_warps=4,
+        dlse is not None, GLUON_BWD_STAGES[1], seqs is not None, num_warps=4,
     )  # fmt: skip
     _launch(
         _gluon_attn_bwd_dkdv, (ctas, batch * kv_heads),
-        q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, dk, dv, lse_pad, delta, *common, GLUON_BWD_STAGES[0], False, num_warps=4,
+        q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, dk, dv, lse_pad, delta, *common, GLUON_BWD_STAGES[0], seqs is not None, num_warps=4,
     )  # fmt: skip
+
+
+def _gluon_varlen_backward_supported(q, k, v, o, do, lse, dlse, seqs) -> bool:
+    """Whether this varlen call (`seqs` bound; kernel views) can take the Gluon
+    backward: `_gluon_varlen_fits` for q, k, v, o and dO, lse and dlse (H, T)
+    with rows of stride 1 and the same head stride, every head's statistics
+    at offsets in int32, and, as a dense call's N, sequences of 128 tokens or
+    more on average."""
+    if seqs is None or not _gluon_varlen_fits(q, k, v, seqs, o, do):
+        return False
+    if lse.stride(2) != 1 or (dlse is not None and dlse.stride()[1:] != lse.stride()[1:]):
+        return False
+    if q.shape[1] * _gluon_stat_rows(seqs) >= 2**31:
+        return False
+    lengths = seqs[4][0]
+    return sum(lengths) >= GLUON_BWD_BLOCK * len(lengths)
 
 
 def forward(
@@ -2823,6 +2919,8 @@ def forward(
     Without a launch configuration or tma=False, on an sm90 GPU with Nq = Nk
     of 128 or more and at least GLUON_MIN_KEYS keys, the Gluon kernel
     runs instead (`_gluon_supported`).
+    So does a varlen call whose sequences have as many queries as keys
+    (`_gluon_varlen_supported`).
     cache_seqlens, block_table, workspace, check_values: a KV-cache call, as
     attention() takes it; no launch configuration.
     """
@@ -2869,6 +2967,9 @@ def _forward(
         return _decode(q, k, v, o, lse, scale, sinks, shifts, tma)
     if not explicit and (seqs, sinks, shifts) == (None,) * 3 and _gluon_supported(q, k, v, scale):
         _gluon_forward(q, k, v, o, lse, scale)
+        return o, lse
+    if not explicit and (sinks, shifts) == (None, None) and _gluon_varlen_supported(q, k, v, scale, seqs):  # fmt: skip
+        _gluon_forward(q, k, v, o, lse, scale, seqs)
         return o, lse
     use_tma = n_keys > 0 and seqs is None and _use_tma(tma, GPU_TMA, k, v)
     grid = (_cdiv(n_queries, block_m), batch * num_heads)
@@ -2969,6 +3070,8 @@ def backward(
     in forward(), with GPU_BWD_TMA as the default.
     Without a launch configuration or tma=False, on an sm90 GPU with Nq = Nk
     of 128 or more, the Gluon kernels run instead (`_gluon_backward_supported`).
+    So do they for a varlen call whose sequences have as many queries as keys
+    (`_gluon_varlen_backward_supported`).
     """
     _check_inputs(q, k, v)
     _check_backward_inputs(q, o, lse, do, dlse)
@@ -3020,6 +3123,9 @@ def _backward(
     if dlse is not None:
         dlse = dlse.to(torch.float32).contiguous()
     alibi_slopes = _alibi_or_placeholder(num_heads, lse)
+    if not explicit and shifts is None and _gluon_varlen_backward_supported(q, k, v, o, do, lse, dlse, seqs):  # fmt: skip
+        _gluon_backward(q, k, v, o, do, lse, dlse, dq, dk, dv, alibi_slopes, scale, seqs=seqs)
+        return dq, dk, dv
     if not explicit and seqs is None and shifts is None and _gluon_backward_supported(q, k, v, o, do):  # fmt: skip
         _gluon_backward(q, k, v, o, do, lse, dlse, dq, dk, dv, alibi_slopes, scale)
         return dq, dk, dv

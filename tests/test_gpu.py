@@ -266,6 +266,23 @@ def test_gluon_forward_of_varlen_calls_on_gpu(mask, score, dtype, monkeypatch):
                 assert torch.equal(o, o_alone) and torch.equal(lse, lse_alone)
 
 
+def _same_up_to_rounding(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether dK or dV of two compilations of the Gluon dK/dV kernel agree
+    as two roundings of the same sums may: the varlen one (VARLEN) computes
+    s * scale - lse as a product and a difference, the dense one as one fma
+    (their PTX, plain_causal d128, 2026-12-07), so P and dS may differ in
+    their last float32 bit, and so where they round to 16 bits: a term of
+    the sums off by a unit in the last place of P or dS (H100, 2026-12-07:
+    up to 0.0078 on elements of 0.1 beside a largest one of 3.2, bf16 d64).
+    Each element within 2 units in its last place plus half the largest
+    element's, and under 1% of elements off."""
+    eps = torch.finfo(a.dtype).eps
+    a, b = a.float(), b.float()
+    off = (a - b).abs()
+    bound = 2 * eps * torch.maximum(a.abs(), b.abs()) + eps * b.abs().max() / 2
+    return bool((off <= bound).all()) and int((off > 0).sum()) <= a.numel() // 100
+
+
 @pytest.mark.parametrize(
     "mask, score, head_dim",
     [
@@ -282,9 +299,10 @@ def test_gluon_backward_of_varlen_calls_on_gpu(mask, score, head_dim, dtype, mon
     Gluon forward and backward: each sequence judged against the float64
     reference of the sequence alone, forward and backward (with dlse), at 1,
     100, 128, 129, 300 and 1000 tokens amid neighbours of 700, 0, 1 and 257,
-    GQA, x1 and x5 inputs; where it has 128 tokens or more, its gradients bit
-    for bit those of the dense Gluon call of the sequence alone.  Counts the
-    varlen backward's launches."""
+    GQA, x1 and x5 inputs; where it has 128 tokens or more, its gradients
+    those of the dense Gluon call of the sequence alone: dQ bit for bit, dK
+    and dV up to the rounding of P and dS (`_same_up_to_rounding`).  Counts
+    the varlen backward's launches."""
     from flashgen import kernel_choice
     from flashgen.verify import random_inputs
 
@@ -313,7 +331,8 @@ def test_gluon_backward_of_varlen_calls_on_gpu(mask, score, head_dim, dtype, mon
                 before = len(dense)
                 alone = torch.autograd.grad(module.attention(*leaves), leaves, do)
                 assert len(dense) == before + 1
-                assert all(torch.equal(a, b) for a, b in zip(varlen, alone))
+                assert torch.equal(varlen[0], alone[0])
+                assert all(_same_up_to_rounding(a, b) for a, b in zip(varlen[1:], alone[1:]))
 
 
 @pytest.mark.parametrize("dtype", [ir.DType.FP16, ir.DType.BF16])
@@ -322,8 +341,13 @@ def test_varlen_calls_captured_in_a_cuda_graph_on_gpu(dtype):
     made while a CUDA graph is captured read nothing on the host; replayed
     on new q, k, v, dO and new lengths written into the same tensors, the
     graph gives what the eager calls give, bit for bit, forward and
-    backward."""
-    module = build(make_variant("causal", None, dtype=dtype, head_dim=128))
+    backward.  The Gluon kernels' varlen tiles come from lengths read on the
+    host (`_gluon_tiles`), so a captured varlen call takes the Triton kernels
+    (decision 106): the eager calls are a module's without the knobs
+    gluon_varlen and gluon_varlen_backward."""
+    variant = make_variant("causal", None, dtype=dtype, head_dim=128)
+    module = build(variant)
+    triton = build(variant, {"gluon_varlen": False, "gluon_varlen_backward": False})
     g = torch.Generator().manual_seed(0)
     rand = lambda *shape: torch.randn(*shape, generator=g).to("cuda", module.DTYPE)  # noqa: E731
 
@@ -344,13 +368,14 @@ def test_varlen_calls_captured_in_a_cuda_graph_on_gpu(dtype):
         x.requires_grad_()
     lengths = dict(cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=1000, max_seqlen_k=1000)
 
-    def step(tensors, **kwargs):
+    def step(attention, tensors, **kwargs):
         q, k, v, do = tensors
-        o = module.attention(q, k, v, **kwargs)
+        o = attention(q, k, v, **kwargs)
         return (o, *torch.autograd.grad(o, (q, k, v), do))
 
-    def both():
-        return step(varlen, **lengths) + step(padded, seqlens_k=seqlens, padding_side="left")
+    def both(m=module):
+        padding = dict(seqlens_k=seqlens, padding_side="left")
+        return step(m.attention, varlen, **lengths) + step(m.attention, padded, **padding)
 
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
@@ -365,7 +390,7 @@ def test_varlen_calls_captured_in_a_cuda_graph_on_gpu(dtype):
     cu.copy_(cumulative([1000, 5, 0, 300, 125]))
     seqlens.copy_(torch.tensor([2, 699]))
     graph.replay()
-    eager = both()
+    eager = both(triton)
     assert all(torch.equal(a, b) for a, b in zip(captured, eager))
 
 

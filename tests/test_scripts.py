@@ -92,6 +92,12 @@ def test_host_stub_varlen_calls_take_the_gluon_forward(tmp_path):
     q, k, v = (torch.randn(t, 4, 128, dtype=module.DTYPE) for _ in range(3))
     k, v = k[:, :2].contiguous(), v[:, :2].contiguous()
     seqs = module.sequences(cu_seqlens_q=cu, cu_seqlens_k=cu)
+    # The table is copied from the host: not while a CUDA graph is captured
+    # (decision 106), and made by the first call outside one.
+    capturing = module._capturing
+    module._capturing = lambda x: True
+    assert module._gluon_tiles(seqs.bind(q, k)) is None
+    module._capturing = capturing
     module.attention(q, k, v, sequences=seqs)
     assert taken == ["_gluon_forward", (8, 4)]
     # (first rows of q and k, length, tile's first row, first row of the statistics)
@@ -99,10 +105,13 @@ def test_host_stub_varlen_calls_take_the_gluon_forward(tmp_path):
     tiles += [[430, 430, 256, 128, 768], [430, 430, 256, 0, 768]]
     tiles += [[301, 301, 129, 128, 512], [301, 301, 129, 0, 512], [300, 300, 1, 0, 384]]
     assert module._gluon_tiles(seqs.bind(q, k)).tolist() == tiles
+    module._capturing = lambda x: True
+    assert module._gluon_tiles(seqs.bind(q, k)).tolist() == tiles  # made: a captured call's too
+    module._capturing = capturing
     built = host_stub.load(
         os.path.join(os.path.dirname(spec), "..", "generated", "plain_causal.py")
     )
-    assert not hasattr(built, "_gluon_varlen_supported")  # the knob is off by default
+    assert hasattr(built, "_gluon_varlen_supported")  # on by default (decision 106)
     short = torch.tensor([0, 100, 200], dtype=torch.int32)  # 100 tokens on average
     other = torch.tensor([0, 150, 301], dtype=torch.int32)  # 150 and 151 keys for 100 queries
     for cu_q, cu_k in ((short, short), (short, other)):
@@ -126,7 +135,7 @@ def test_host_stub_varlen_calls_take_the_gluon_backward(tmp_path):
     spec = os.path.join(os.path.dirname(__file__), "..", "examples", "plain_causal.attn")
     (variant,) = _check_specs(pathlib.Path(spec))
     path = tmp_path / "plain_causal.py"
-    path.write_text(render_module(variant, None, {"gluon_varlen_backward": True}))
+    path.write_text(render_module(variant, None, {"gluon_varlen": False}))
     module = host_stub.load(str(path))
     assert not hasattr(module, "_gluon_varlen_supported")  # the forward stays Triton's
     launched = []
