@@ -125,6 +125,8 @@ KNOBS: dict[str, Callable[[str], object]] = {
     "gluon_varlen": _bool,
     # on: such calls take the Gluon backward too (decision 104)
     "gluon_varlen_backward": _bool,
+    # on: such calls captured in a CUDA graph take them over a table made on the GPU (107)
+    "gluon_varlen_captured": _bool,
 }
 # Knobs the lowering takes (`lower(variant, residue_classes=...)`), as they
 # change the tile analysis or the element code itself, rather than fields set
@@ -180,6 +182,14 @@ def apply(model: KernelModel, values: Mapping[str, object]) -> KernelModel:
     if values.get("gluon_varlen_backward") and (not gluon_backward or model.inputs):
         raise ExperimentError(
             "gluon_varlen_backward: for a module with the Gluon backward and no declared inputs"
+        )
+    varlen = values.get("gluon_varlen", model.gluon_varlen and bool(gluon_forward))
+    varlen_backward = values.get(
+        "gluon_varlen_backward", model.gluon_varlen_backward and gluon_backward
+    )
+    if values.get("gluon_varlen_captured") and not (varlen or varlen_backward):
+        raise ExperimentError(
+            "gluon_varlen_captured: for a module whose varlen calls take the Gluon kernels"
         )
     # Without the Gluon kernel a pass's varlen calls take the Triton one.
     derived = {}

@@ -581,6 +581,9 @@ class KernelModel:
     # likewise: 1.36x, decision 104).
     gluon_varlen: bool = False
     gluon_varlen_backward: bool = False
+    # Varlen calls captured in a CUDA graph take them too, over a table made on
+    # the GPU (knob `gluon_varlen_captured`, off until run on a GPU, decision 107).
+    gluon_varlen_captured: bool = False
     # Experiment knobs set on this plan (flashgen/experiments.py), as NAME=VALUE.
     experiments: tuple[str, ...] = ()
     # Experiment (decision 080): the Gluon backward's consumers compute P through

@@ -14,7 +14,8 @@ module that needs them, after the module's own constants and kernels:
     compile_ahead   the backward's kernels compiled beside the first forward
     gluon           descriptors and the support test of the Hopper Gluon kernels
     gluon_varlen    the Gluon kernels' tiles and support test for varlen calls (the
-                    knobs gluon_varlen and gluon_varlen_backward, decisions 102-104)
+                    knobs gluon_varlen, gluon_varlen_backward and
+                    gluon_varlen_captured, decisions 102-107)
 
 Everything above the first section is not copied: it stands for the names a
 generated module defines itself, so that this file imports, lints and is
@@ -60,6 +61,7 @@ GPU_BWD_CONFIG = (64, 64, 4, 2)
 INTERPRETER_CONFIG = (32, 32, 1, 1)
 GPU_DECODE_CONFIGS = ((64, 64, 4, 3),)
 BOTTOM_RIGHT = True
+GLUON_VARLEN_CAPTURED = False
 # The declared inputs (name, dtype, shape) and the indices a call checks
 # (flashgen/index_ranges.py): a module with inputs defines its own.
 _INPUTS: tuple = ()
@@ -289,7 +291,12 @@ class Sequences:
         self.tensors = tensors  # varlen: cu_seqlens_q, cu_seqlens_k; padded: seqlens_q, seqlens_k
         self.device = next(x.device for x in tensors if x is not None)
         self.batch = next(x.shape[0] - varlen for x in tensors if x is not None)
-        self._tables: dict = {}
+        # Tables by the rows of q and k, and what the Gluon kernels make of them;
+        # "same sequences": q's are k's (one cu_seqlens tensor, or equal lengths).
+        same = varlen and (
+            tensors[0] is tensors[1] or (lengths[0] is not None and lengths[0] == lengths[1])
+        )
+        self._tables: dict = {"same sequences": same}
 
     def bind(self, q: torch.Tensor, k: torch.Tensor) -> tuple:
         """What the kernels take for a call on q and k: (table, longest query
@@ -1322,46 +1329,84 @@ _STAND_INS = (_GluonBlocks,)
 
 
 # flashgen: section gluon_varlen
-def _gluon_tiles(seqs) -> torch.Tensor | None:
-    """The Gluon kernels' tiles for a varlen call (`seqs` bound) whose
-    sequences have as many queries as keys, else None: int32 rows (first row
-    of q, first row of k, the sequence's length, the tile's first row in it,
-    the sequence's first row in the backward's statistics, where every
-    sequence starts at a multiple of 128: `_gluon_stat_rows`), one for every
-    128 rows of every sequence.  Sequence by sequence, the longest first, each
-    one's tiles furthest into it first (under a causal mask the heaviest): on
-    the grid (tiles, heads) the CTAs that run at once share the keys and
-    values of a few sequences of one head in L2, as a dense call's do.  Made
-    once per `sequences(...)`, from the lengths it read, by a call outside a
-    CUDA graph's capture: before one, a captured call gets None (the Triton
-    kernels)."""
+def _gluon_tiles(seqs, rows_q: int, rows_k: int) -> torch.Tensor | None:
+    """The Gluon kernels' tiles for a varlen call (`seqs` bound, on q and k
+    of rows_q and rows_k tokens) whose sequences have as many queries as
+    keys, else None: int32 rows (first row of q, first row of k, the
+    sequence's length, the tile's first row in it, the sequence's first row
+    in the backward's statistics, where every sequence starts at a multiple
+    of 128: `_gluon_stat_rows`), one for every 128 rows of every sequence.
+    Sequence by sequence, the longest first, each one's tiles furthest into
+    it first (under a causal mask the heaviest): on the grid (tiles, heads)
+    the CTAs that run at once share the keys and values of a few sequences
+    of one head in L2, as a dense call's do.  Made once per `sequences(...)`
+    by a call outside a CUDA graph's capture, of the lengths it read.  A call
+    that reads nothing on the host (captured) gets the table made on the GPU
+    where GLUON_VARLEN_CAPTURED (`_gluon_device_tiles`; q and k of one
+    cu_seqlens tensor), else None (the Triton kernels)."""
     if seqs is None or not seqs[3] or len(seqs) < 7:  # a custom op's (`_op_args`): none
         return None
     cache = seqs[6]
-    if "gluon tiles" not in cache:
-        if _capturing(seqs[0]):  # no copy from the host into a CUDA graph: the Triton kernels
+    if "gluon tiles" in cache:
+        return cache["gluon tiles"]
+    lengths, keys = seqs[4]
+    if lengths is None or _capturing(seqs[0]):  # no copy from the host into a CUDA graph
+        same = cache.get("same sequences") and rows_q == rows_k and seqs[0].shape[0] > 0
+        if not (GLUON_VARLEN_CAPTURED and same):
             return None
-        tiles = None
-        lengths, keys = seqs[4]
-        if lengths is not None and lengths == keys:  # cu_seqlens_q == cu_seqlens_k: one table
-            firsts, stats = [0] * len(lengths), [0] * len(lengths)
-            for s in range(1, len(lengths)):
-                firsts[s] = firsts[s - 1] + lengths[s - 1]
-                stats[s] = stats[s - 1] + _cdiv(lengths[s - 1], 128) * 128
-            longest_first = sorted(range(len(lengths)), key=lambda s: -lengths[s])
-            table = [
-                (firsts[s], firsts[s], lengths[s], start, stats[s])
-                for s in longest_first
-                for start in reversed(range(0, lengths[s], 128))
-            ]
-            tiles = torch.tensor(table, dtype=torch.int32).reshape(-1, 5).to(seqs[0].device)
-        cache["gluon tiles"] = tiles
-    return cache["gluon tiles"]
+        if ("gluon device tiles", rows_q) not in cache:
+            cache[("gluon device tiles", rows_q)] = _gluon_device_tiles(seqs[0], rows_q)
+        return cache[("gluon device tiles", rows_q)]
+    tiles = None
+    if lengths == keys:  # cu_seqlens_q == cu_seqlens_k: one table
+        firsts, stats = [0] * len(lengths), [0] * len(lengths)
+        for s in range(1, len(lengths)):
+            firsts[s] = firsts[s - 1] + lengths[s - 1]
+            stats[s] = stats[s - 1] + _cdiv(lengths[s - 1], 128) * 128
+        longest_first = sorted(range(len(lengths)), key=lambda s: -lengths[s])
+        table = [
+            (firsts[s], firsts[s], lengths[s], start, stats[s])
+            for s in longest_first
+            for start in reversed(range(0, lengths[s], 128))
+        ]
+        tiles = torch.tensor(table, dtype=torch.int32).reshape(-1, 5).to(seqs[0].device)
+    cache["gluon tiles"] = tiles
+    return tiles
 
 
-def _gluon_stat_rows(seqs) -> int:
+def _gluon_device_tiles(table: torch.Tensor, rows: int) -> torch.Tensor:
+    """`_gluon_tiles`'s table made on the GPU from the sequences' bound table
+    (`Sequences.bind`: first row and length of each sequence's queries, as of
+    its keys), reading nothing on the host: the same rows in the same order,
+    then rows of length 0 (a CTA that reads but writes only its statistics'
+    spare rows) up to cdiv(rows, 128) + S, the most tiles S sequences in
+    `rows` rows can take.  Each sequence's statistics start at a multiple of
+    128 below 128 times that many rows, the spare rows after them
+    (`_gluon_stat_rows`); a tile past them (lengths past the rows, which a
+    capture cannot check) is dropped, never run out of bounds."""
+    first, length = table[:, 0].long(), table[:, 1].long()
+    count = (length + 127) // 128
+    stats = torch.cumsum(count, 0) * 128 - count * 128
+    order = torch.sort(-length, stable=True).indices  # the longest first, as on the host
+    ends = torch.cumsum(count[order], 0)
+    size = _cdiv(rows, 128) + table.shape[0]
+    i = torch.arange(size, device=table.device)
+    rank = torch.searchsorted(ends, i, right=True).clamp(max=table.shape[0] - 1)
+    seq = order[rank]
+    start = (ends[rank] - 1 - i) * 128  # furthest into the sequence first
+    valid = (i < ends[-1]) & (stats[seq] + start + 128 <= 128 * size)
+    columns = zip(
+        (first[seq], first[seq], length[seq], start, stats[seq]), (0, 0, 0, 0, 128 * size)
+    )
+    return torch.stack([torch.where(valid, x, spare) for x, spare in columns], 1).to(torch.int32)
+
+
+def _gluon_stat_rows(seqs, tiles: torch.Tensor) -> int:
     """The rows of the Gluon backward's statistics (lse and delta) per head
-    for a varlen call: every sequence's length rounded up to 128."""
+    for a varlen call on `tiles`: every sequence's length rounded up to 128,
+    or for a table made on the GPU its bound and 128 spare rows."""
+    if seqs[6].get("gluon tiles") is not tiles:
+        return 128 * (tiles.shape[0] + 1)
     return sum(_cdiv(n, 128) * 128 for n in seqs[4][0])
 
 
@@ -1373,7 +1418,7 @@ def _gluon_varlen_fits(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, seqs, 
     lse's (heads, tokens) offsets in int32."""
     if not GLUON or _interpreting() or q.device.type != "cuda" or _capability(q.device) != (9, 0):
         return False
-    if _gluon_tiles(seqs) is None:
+    if _gluon_tiles(seqs, q.shape[2], k.shape[2]) is None:
         return False
     if q.shape[1] * q.shape[2] >= 2**31 - 128:
         return False

@@ -1041,7 +1041,12 @@ class Sequences:
         self.tensors = tensors  # varlen: cu_seqlens_q, cu_seqlens_k; padded: seqlens_q, seqlens_k
         self.device = next(x.device for x in tensors if x is not None)
         self.batch = next(x.shape[0] - varlen for x in tensors if x is not None)
-        self._tables: dict = {}
+        # Tables by the rows of q and k, and what the Gluon kernels make of them;
+        # "same sequences": q's are k's (one cu_seqlens tensor, or equal lengths).
+        same = varlen and (
+            tensors[0] is tensors[1] or (lengths[0] is not None and lengths[0] == lengths[1])
+        )
+        self._tables: dict = {"same sequences": same}
 
     def bind(self, q: torch.Tensor, k: torch.Tensor) -> tuple:
         """What the kernels take for a call on q and k: (table, longest query

@@ -21,8 +21,9 @@ with `--timer cuda-graph` of CUDA-graph replays (the kernels alone).  The
 packed_docs module takes a tile plan built once per case, outside the timed
 region, as FlexAttention's block mask is.
 
-With --plan, the varlen call is timed a second time on the causal module
-built with those plan knobs (`flashgen bench --plan`), beside the first.
+With --plan, the varlen calls (with `sequences=` and with cu_seqlens) are
+timed a second time on the causal module built with those plan knobs
+(`flashgen bench --plan`), beside the first.
 
     python3 scripts/gpu_varlen_bench.py [--tokens 16384 65536] [--head-dim 64 128]
         [--mean 1000] [--jsonl PATH] [--run NAME] [--commit SHA] [--timer cuda-graph]
@@ -189,8 +190,13 @@ def main() -> None:
                 (f"flashgen dense B{dense_b} N{dense_len}", causal.attention, dense, dense_flops),
             ]  # fmt: skip
             if knobbed:
-                systems.insert(1, (f"flashgen varlen, {' '.join(args.plan)}", lambda a, b, c: knobbed.attention(
-                    a, b, c, sequences=knobbed_once), (q3, k3, v3, do3), flops))  # fmt: skip
+                systems[1:1] = [
+                    (f"flashgen varlen, {' '.join(args.plan)}", lambda a, b, c: knobbed.attention(
+                        a, b, c, sequences=knobbed_once), (q3, k3, v3, do3), flops),
+                    (f"flashgen varlen, cu_seqlens, {' '.join(args.plan)}", lambda a, b, c: knobbed.attention(
+                        a, b, c, cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=most,
+                        max_seqlen_k=most), (q3, k3, v3, do3), flops),
+                ]  # fmt: skip
             reference = None
             for name, fn, (a, b, c, do), work in systems:
                 fwd, both, timer = timed(fn, a, b, c, do, args.timer)

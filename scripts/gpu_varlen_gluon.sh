@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
-# Decisions 102-106: varlen calls on the Gluon forward and backward (on by
-# default since decision 106; the bench times the Triton kernels beside them).
+# Decisions 102-107: varlen calls on the Gluon forward and backward (on by
+# default since decision 106; the bench times the module as built beside it
+# with PLAN, default the knob of decision 107: captured calls on the Gluon kernels).
 # check: their GPU tests (full, causal and the any-mask kind, fp16 and bf16,
 # each sequence against the float64 reference and bit for bit against the
 # dense call of the sequence alone), beside the dense Gluon kernels' tests;
 # bench: scripts/gpu_varlen_bench.py at d128 (16k and 64k tokens, documents
-# of ~1,000), the module as built and with both knobs off, records in
+# of ~1,000), the module as built and with PLAN, records in
 # $OUT/varlen.jsonl (RUN names the run, TOKENS the lengths, CHECK_SECONDS the check's limit); before-after: the dense forward at N = 1000 and 4096
 # against .base/ (scripts/gpu_before_after.sh; carry .whl and .base).
 # check and bench fit one call of 600 s.
@@ -26,8 +27,8 @@ for step in ${*:-check bench}; do
     tail -n 4 "$OUT"/check_*.log ;;
   bench)
     timeout 200 python3 scripts/gpu_varlen_bench.py --tokens ${TOKENS:-16384 65536} --head-dim 128 \
-      --timer cuda-graph --plan gluon_varlen=off gluon_varlen_backward=off --jsonl "$OUT/varlen.jsonl" \
-      --run "${RUN:-varlen calls, as built (the Gluon kernels) and with the Triton ones (gluon_varlen=off, gluon_varlen_backward=off)}" \
+      --timer cuda-graph --plan ${PLAN:-gluon_varlen_captured=on} --jsonl "$OUT/varlen.jsonl" \
+      --run "${RUN:-varlen calls, as built and with ${PLAN:-gluon_varlen_captured=on}}" \
       --commit "$(git rev-parse --short HEAD 2>/dev/null || echo unknown)" 2>&1 | tail -40 ;;
   before-after)
     SPECS="examples/plain_causal.attn examples/full.attn" timeout 200 bash scripts/gpu_before_after.sh \

@@ -92,7 +92,7 @@ def load(path: str):
     if hasattr(module, "_gluon_varlen_fits"):
 
         def varlen_fits(q, k, v, seqs, *more):
-            tiles = module._gluon_tiles(seqs)
+            tiles = module._gluon_tiles(seqs, q.shape[2], k.shape[2])
             if tiles is None or q.shape[1] * q.shape[2] >= 2**31 - 128:
                 return False
             users = [module._user_view(x, seqs) for x in (q, k, v, *more)]

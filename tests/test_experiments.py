@@ -128,7 +128,7 @@ KNOB_SETTINGS = [
     "gluon_bwd_streams=64,128", "float_distances=on", "float_distances=off",
     "gluon_data_d128=on", "gluon_data_d128=off", "gluon_data_forward=on",
     "gluon_data_forward=off", "gluon_varlen=on", "gluon_varlen=off", "gluon_varlen_backward=on",
-    "gluon_varlen_backward=off",
+    "gluon_varlen_backward=off", "gluon_varlen_captured=on", "gluon_varlen_captured=off",
 ]  # fmt: skip
 
 
@@ -164,6 +164,15 @@ def test_every_knob_setting_builds_modules_that_define_what_they_read(name):
         with pytest.raises(ExperimentError, match="gluon_varlen_backward: for a module with"):
             render_module(variant, None, parse_settings(["gluon_varlen_backward=on"]))
         settings.remove("gluon_varlen_backward=on")
+    if not (model.gluon_varlen or model.gluon_varlen_backward):  # decision 107
+        with pytest.raises(ExperimentError, match="gluon_varlen_captured: for a module whose"):
+            render_module(variant, None, parse_settings(["gluon_varlen_captured=on"]))
+        settings.remove("gluon_varlen_captured=on")
+    with pytest.raises(ExperimentError, match="gluon_varlen_captured: for a module whose"):
+        render_module(
+            variant, None,
+            parse_settings(["gluon_varlen_captured=on", "gluon_varlen=off", "gluon_varlen_backward=off"]),
+        )  # fmt: skip
     builds = [(s, render_module(variant, None, parse_settings([s]))) for s in settings]
     builds.append(("--triton-only", render_module(variant, triton_only=True)))
     problems = {setting: sorted(_undefined_names(source)) for setting, source in builds}

@@ -394,6 +394,60 @@ def test_varlen_calls_captured_in_a_cuda_graph_on_gpu(dtype):
     assert all(torch.equal(a, b) for a, b in zip(captured, eager))
 
 
+@pytest.mark.parametrize("mask", ["full", "causal"])
+@pytest.mark.parametrize("dtype", [ir.DType.FP16, ir.DType.BF16])
+def test_varlen_calls_captured_in_a_cuda_graph_take_the_gluon_kernels_on_gpu(
+    mask, dtype, monkeypatch
+):
+    """Decision 107: under the knob gluon_varlen_captured, a varlen call
+    captured in a CUDA graph with one cu_seqlens tensor for q and k takes the
+    Gluon forward and backward over a table made on the GPU (rows of length
+    0 past the call's tiles, which write nothing); replayed on new q, k, v,
+    dO and new lengths written into the same tensor (an empty sequence, one
+    of 1 token, one of 1,000), forward and backward equal the eager calls bit
+    for bit (their table made on the host: the same tiles in the same
+    order)."""
+    variant = make_variant(mask, None, dtype=dtype, head_dim=128)
+    module = build(variant, {"gluon_varlen_captured": True})
+    forward = _count_calls(monkeypatch, module, "_gluon_forward")
+    backward = _count_calls(monkeypatch, module, "_gluon_backward", lambda kw: "seqs" in kw)
+    g = torch.Generator().manual_seed(0)
+
+    def cumulative(lengths):
+        return torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32)
+
+    t = 1430
+    cu = cumulative([300, 0, 1, 129, 1000]).cuda()
+    tensors = [
+        torch.randn(t, h, 128, generator=g).to("cuda", module.DTYPE) for h in (4, 2, 2, 4)
+    ]  # fmt: skip
+    for x in tensors[:3]:
+        x.requires_grad_()
+
+    def step():
+        q, k, v, do = tensors
+        o = module.attention(q, k, v, cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=1000, max_seqlen_k=1000)  # fmt: skip
+        return (o, *torch.autograd.grad(o, (q, k, v), do))
+
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        step()  # compiles outside the capture
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    before = len(forward), len(backward)
+    with torch.cuda.graph(graph):
+        captured = step()
+    assert (len(forward), len(backward)) == (before[0] + 1, before[1] + 1)
+    for x in tensors:
+        x.data.copy_(torch.randn(x.shape, generator=g).to(x.device, x.dtype))
+    cu.copy_(cumulative([1000, 5, 0, 300, 125]))
+    graph.replay()
+    eager = step()
+    assert len(forward) == before[0] + 2  # the eager call's table made on the host
+    assert all(torch.equal(a, b) for a, b in zip(captured, eager))
+
+
 # Masks and scores for the Gluon backward: the mask's bounds, its interior
 # and its per-tile classification (non-affine terms, heads, rows that see no
 # key at all), score modifiers with a derivative, ALiBi.

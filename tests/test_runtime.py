@@ -275,7 +275,7 @@ def test_varlen_tiles_cover_every_row_once_and_pad_the_statistics_apart(lengths)
     cu = torch.tensor([0, *itertools.accumulate(lengths)], dtype=torch.int32)
     q = torch.zeros(int(cu[-1]), 4, 64, dtype=torch.float16)
     seqs = rt.sequences(cu_seqlens_q=cu, cu_seqlens_k=cu).bind(q, q[:, :2])
-    tiles = rt._gluon_tiles(seqs).tolist()
+    tiles = rt._gluon_tiles(seqs, q.shape[0], q.shape[0]).tolist()
     stats = {}
     for q_row, k_row, n, start, stat in tiles:
         assert q_row == k_row and start % 128 == 0 and 0 <= start < n and stat % 128 == 0
@@ -290,5 +290,39 @@ def test_varlen_tiles_cover_every_row_once_and_pad_the_statistics_apart(lengths)
     ranges = sorted((found[0][1], -(-n // 128) * 128) for (_, n), found in stats.items())
     for (a, size), (b, _) in zip(ranges, ranges[1:]):
         assert a + size <= b
-    assert not ranges or ranges[-1][0] + ranges[-1][1] <= rt._gluon_stat_rows(seqs)
-    assert rt._gluon_stat_rows(seqs) == sum(-(-n // 128) * 128 for n in lengths)
+    made = rt._gluon_tiles(seqs, q.shape[0], q.shape[0])
+    assert not ranges or ranges[-1][0] + ranges[-1][1] <= rt._gluon_stat_rows(seqs, made)
+    assert rt._gluon_stat_rows(seqs, made) == sum(-(-n // 128) * 128 for n in lengths)
+    # Made on the GPU (decision 107): the same rows, then rows of length 0
+    # whose statistics are the spare rows past every sequence's.
+    device = rt._gluon_device_tiles(seqs[0], q.shape[0])
+    size = -(-q.shape[0] // 128) + len(lengths)
+    assert device.tolist() == tiles + [[0, 0, 0, 0, 128 * size]] * (size - len(tiles))
+    assert rt._gluon_stat_rows(seqs, device) == 128 * (size + 1)
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    rows=st.integers(1, 700),
+    spans=st.lists(st.tuples(st.floats(0, 1), st.floats(0, 1)), min_size=1, max_size=10),
+)
+def test_varlen_tiles_made_on_the_gpu_stay_in_bounds_for_any_lengths(rows, spans):
+    """`_gluon_device_tiles` (decision 107) on any table a capture can bind
+    (sequences that overlap or reach past the rows: a capture checks no
+    lengths): every row reads q and k rows inside `rows` and writes
+    statistics inside its bound (128 times its rows) or the 128 spare rows
+    after it; a row of length 0 is the spare one."""
+    table = []
+    for a, b in spans:
+        first = int(a * rows)
+        length = int(b * (rows - first))
+        table.append([first, length, first, length])
+    device = runtime._gluon_device_tiles(torch.tensor(table, dtype=torch.int32), rows)
+    size = device.shape[0]
+    assert size == -(-rows // 128) + len(table)
+    for q_row, k_row, n, start, stat in device.tolist():
+        if n == 0:
+            assert [q_row, k_row, start, stat] == [0, 0, 0, 128 * size]
+            continue
+        assert q_row == k_row and q_row + n <= rows and 0 <= start < n and start % 128 == 0
+        assert 0 <= stat and stat + start + 128 <= 128 * size

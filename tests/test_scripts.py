@@ -96,7 +96,7 @@ def test_host_stub_varlen_calls_take_the_gluon_forward(tmp_path):
     # (decision 106), and made by the first call outside one.
     capturing = module._capturing
     module._capturing = lambda x: True
-    assert module._gluon_tiles(seqs.bind(q, k)) is None
+    assert module._gluon_tiles(seqs.bind(q, k), t, t) is None
     module._capturing = capturing
     module.attention(q, k, v, sequences=seqs)
     assert taken == ["_gluon_forward", (8, 4)]
@@ -104,9 +104,9 @@ def test_host_stub_varlen_calls_take_the_gluon_forward(tmp_path):
     tiles = [[0, 0, 300, 256, 0], [0, 0, 300, 128, 0], [0, 0, 300, 0, 0]]
     tiles += [[430, 430, 256, 128, 768], [430, 430, 256, 0, 768]]
     tiles += [[301, 301, 129, 128, 512], [301, 301, 129, 0, 512], [300, 300, 1, 0, 384]]
-    assert module._gluon_tiles(seqs.bind(q, k)).tolist() == tiles
+    assert module._gluon_tiles(seqs.bind(q, k), t, t).tolist() == tiles
     module._capturing = lambda x: True
-    assert module._gluon_tiles(seqs.bind(q, k)).tolist() == tiles  # made: a captured call's too
+    assert module._gluon_tiles(seqs.bind(q, k), t, t).tolist() == tiles  # made: captured too
     module._capturing = capturing
     built = host_stub.load(
         os.path.join(os.path.dirname(spec), "..", "generated", "plain_causal.py")
@@ -155,9 +155,70 @@ def test_host_stub_varlen_calls_take_the_gluon_backward(tmp_path):
         gluon_kernels = (module._gluon_attn_bwd_dq, module._gluon_attn_bwd_dkdv)
         if gluon:
             assert launched == [(gluon_kernels[0], (8, 4)), (gluon_kernels[1], (8, 2))]
-            assert module._gluon_stat_rows(seqs.bind(q, k)) == 384 + 128 + 256 + 256
+            bound = seqs.bind(q, k)
+            tiles = module._gluon_tiles(bound, t, t)
+            assert module._gluon_stat_rows(bound, tiles) == 384 + 128 + 256 + 256
         else:
             assert launched and not any(kernel in gluon_kernels for kernel, _ in launched)
+
+
+def test_host_stub_captured_varlen_calls_take_the_gluon_kernels_under_the_knob(tmp_path):
+    """Under the knob gluon_varlen_captured (decision 107), a varlen call made
+    while a CUDA graph is captured (`_capturing` forced), given one
+    cu_seqlens tensor for q and k, takes the Gluon forward and backward on a
+    grid of cdiv(T, 128) + S tiles, its table made on the GPU, reading
+    nothing on the host; two cu_seqlens tensors take the Triton kernels, as
+    every captured call does without the knob."""
+    import host_stub
+    import torch
+
+    from flashgen.api import _check_specs
+    from flashgen.emit import render_module
+
+    spec = os.path.join(os.path.dirname(__file__), "..", "examples", "plain_causal.attn")
+    (variant,) = _check_specs(pathlib.Path(spec))
+    lengths = [300, 0, 1, 129, 256]  # 8 tiles; 11 rows of the table made on the GPU
+    cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32)
+    t = int(cu[-1])
+    for knob in (True, False):
+        path = tmp_path / f"plain_causal_{knob}.py"
+        path.write_text(render_module(variant, None, {"gluon_varlen_captured": knob}))
+        module = host_stub.load(str(path))
+        launched = []
+        launch = module._launch
+        module._launch = lambda kernel, grid, *a, **k: launched.append((kernel, grid)) or launch(
+            kernel, grid, *a, **k
+        )
+        gluon = (module._gluon_attn_fwd, module._gluon_attn_bwd_dq, module._gluon_attn_bwd_dkdv)
+        q = torch.randn(t, 4, 128, dtype=module.DTYPE, requires_grad=True)
+        k, v = (torch.randn(t, 2, 128, dtype=module.DTYPE, requires_grad=True) for _ in "kv")
+        module._capturing = lambda x: True
+        reads = {name: getattr(torch.Tensor, name) for name in ("tolist", "item", "__bool__")}
+
+        def host_read(*args, **kwargs):
+            raise AssertionError("a length was read on the host while capturing")
+
+        try:
+            for name in reads:
+                setattr(torch.Tensor, name, host_read)
+            for cu_k in (cu, cu.clone()):
+                launched.clear()
+                o = module.attention(
+                    q, k, v, cu_seqlens_q=cu, cu_seqlens_k=cu_k, max_seqlen_q=300,
+                    max_seqlen_k=300,
+                )  # fmt: skip
+                o.backward(torch.randn(o.shape, dtype=o.dtype))
+                if knob and cu_k is cu:
+                    assert launched == [
+                        (gluon[0], (11, 4)),
+                        (gluon[1], (11, 4)),
+                        (gluon[2], (11, 2)),
+                    ]
+                else:
+                    assert launched and not any(kernel in gluon for kernel, _ in launched)
+        finally:
+            for name, read in reads.items():
+                setattr(torch.Tensor, name, read)
 
 
 def test_host_stub_a_plan_serves_the_gluon_backward_of_a_data_mask(tmp_path):
