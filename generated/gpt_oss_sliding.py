@@ -1954,8 +1954,9 @@ def _gluon_device_tiles(table: torch.Tensor, rows: int) -> torch.Tensor:
     spare rows) up to cdiv(rows, 128) + S, the most tiles S sequences in
     `rows` rows can take.  Each sequence's statistics start at a multiple of
     128 below 128 times that many rows, the spare rows after them
-    (`_gluon_stat_rows`); a tile past them (lengths past the rows, which a
-    capture cannot check) is dropped, never run out of bounds."""
+    (`_gluon_stat_rows`); a sequence whose statistics would pass them
+    (sequences that overlap, which a capture cannot check) is dropped, never
+    run out of bounds."""
     first, length = table[:, 0].long(), table[:, 1].long()
     count = (length + 127) // 128
     stats = torch.cumsum(count, 0) * 128 - count * 128
@@ -1966,7 +1967,7 @@ def _gluon_device_tiles(table: torch.Tensor, rows: int) -> torch.Tensor:
     rank = torch.searchsorted(ends, i, right=True).clamp(max=table.shape[0] - 1)
     seq = order[rank]
     start = (ends[rank] - 1 - i) * 128  # furthest into the sequence first
-    valid = (i < ends[-1]) & (stats[seq] + start + 128 <= 128 * size)
+    valid = (i < ends[-1]) & (stats[seq] + count[seq] * 128 <= 128 * size)
     columns = zip(
         (first[seq], first[seq], length[seq], start, stats[seq]), (0, 0, 0, 0, 128 * size)
     )

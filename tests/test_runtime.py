@@ -309,9 +309,11 @@ def test_varlen_tiles_cover_every_row_once_and_pad_the_statistics_apart(lengths)
 def test_varlen_tiles_made_on_the_gpu_stay_in_bounds_for_any_lengths(rows, spans):
     """`_gluon_device_tiles` (decision 107) on any table a capture can bind
     (sequences that overlap or reach past the rows: a capture checks no
-    lengths): every row reads q and k rows inside `rows` and writes
-    statistics inside its bound (128 times its rows) or the 128 spare rows
-    after it; a row of length 0 is the spare one."""
+    lengths): every row reads q and k rows inside `rows`, and its
+    sequence's statistics (which its dQ CTA writes and its dK/dV CTA reads)
+    lie inside the bound (128 times its rows); a row of length 0 writes the
+    128 spare rows after it.  Five overlapping sequences of 400 rows: two
+    fit, the third's tile is dropped."""
     table = []
     for a, b in spans:
         first = int(a * rows)
@@ -325,4 +327,8 @@ def test_varlen_tiles_made_on_the_gpu_stay_in_bounds_for_any_lengths(rows, spans
             assert [q_row, k_row, start, stat] == [0, 0, 0, 128 * size]
             continue
         assert q_row == k_row and q_row + n <= rows and 0 <= start < n and start % 128 == 0
-        assert 0 <= stat and stat + start + 128 <= 128 * size
+        assert 0 <= stat and stat + -(-n // 128) * 128 <= 128 * size  # the dK/dV kernel's reads
+    overlapping = torch.tensor([[0, 400, 0, 400]] * 5, dtype=torch.int32)
+    device = runtime._gluon_device_tiles(overlapping, 400).tolist()
+    assert [n for _, _, n, _, _ in device] == [400] * 8 + [0]
+    assert [stat for *_, stat in device] == [0] * 4 + [512] * 4 + [128 * 9]
