@@ -291,12 +291,8 @@ class Sequences:
         self.tensors = tensors  # varlen: cu_seqlens_q, cu_seqlens_k; padded: seqlens_q, seqlens_k
         self.device = next(x.device for x in tensors if x is not None)
         self.batch = next(x.shape[0] - varlen for x in tensors if x is not None)
-        # Tables by the rows of q and k, and what the Gluon kernels make of them;
-        # "same sequences": q's are k's (one cu_seqlens tensor, or equal lengths).
-        same = varlen and (
-            tensors[0] is tensors[1] or (lengths[0] is not None and lengths[0] == lengths[1])
-        )
-        self._tables: dict = {"same sequences": same}
+        same = tensors[0] is tensors[1] or (lengths[0] is not None and lengths[0] == lengths[1])
+        self._tables: dict = {"same sequences": varlen and same}  # and tables by rows of q, k
 
     def bind(self, q: torch.Tensor, k: torch.Tensor) -> tuple:
         """What the kernels take for a call on q and k: (table, longest query
@@ -521,9 +517,11 @@ def _free_op_name(name: str) -> str:
 
 
 def _op_args(table, call: list, sinks=None) -> tuple:
-    """The custom ops' arguments back as (seqs, sinks, shifts): call is
-    [longest q, longest k, varlen, q_offset, k_offset, shifted]."""
+    """The custom ops' arguments back as (seqs, sinks, shifts): call is [longest q,
+    longest k, varlen, q_offset, k_offset, shifted, q's sequences are k's]."""
     seqs = None if table is None else (table, call[0], call[1], bool(call[2]))
+    if seqs and call[2] and call[6]:  # bound as in a capture: no lengths on the host
+        seqs += ([None, None], tuple(call[:2]), {"same sequences": True})
     return seqs, sinks, (tuple(call[3:5]) if call[5] else None)
 
 
@@ -1344,7 +1342,7 @@ def _gluon_tiles(seqs, rows_q: int, rows_k: int) -> torch.Tensor | None:
     that reads nothing on the host (captured) gets the table made on the GPU
     where GLUON_VARLEN_CAPTURED (`_gluon_device_tiles`; q and k of one
     cu_seqlens tensor), else None (the Triton kernels)."""
-    if seqs is None or not seqs[3] or len(seqs) < 7:  # a custom op's (`_op_args`): none
+    if seqs is None or not seqs[3] or len(seqs) < 7:  # padded, or a custom op's (`_op_args`)
         return None
     cache = seqs[6]
     if "gluon tiles" in cache:

@@ -1079,12 +1079,8 @@ class Sequences:
         self.tensors = tensors  # varlen: cu_seqlens_q, cu_seqlens_k; padded: seqlens_q, seqlens_k
         self.device = next(x.device for x in tensors if x is not None)
         self.batch = next(x.shape[0] - varlen for x in tensors if x is not None)
-        # Tables by the rows of q and k, and what the Gluon kernels make of them;
-        # "same sequences": q's are k's (one cu_seqlens tensor, or equal lengths).
-        same = varlen and (
-            tensors[0] is tensors[1] or (lengths[0] is not None and lengths[0] == lengths[1])
-        )
-        self._tables: dict = {"same sequences": same}
+        same = tensors[0] is tensors[1] or (lengths[0] is not None and lengths[0] == lengths[1])
+        self._tables: dict = {"same sequences": varlen and same}  # and tables by rows of q, k
 
     def bind(self, q: torch.Tensor, k: torch.Tensor) -> tuple:
         """What the kernels take for a call on q and k: (table, longest query
@@ -1309,9 +1305,11 @@ def _free_op_name(name: str) -> str:
 
 
 def _op_args(table, call: list, sinks=None) -> tuple:
-    """The custom ops' arguments back as (seqs, sinks, shifts): call is
-    [longest q, longest k, varlen, q_offset, k_offset, shifted]."""
+    """The custom ops' arguments back as (seqs, sinks, shifts): call is [longest q,
+    longest k, varlen, q_offset, k_offset, shifted, q's sequences are k's]."""
     seqs = None if table is None else (table, call[0], call[1], bool(call[2]))
+    if seqs and call[2] and call[6]:  # bound as in a capture: no lengths on the host
+        seqs += ([None, None], tuple(call[:2]), {"same sequences": True})
     return seqs, sinks, (tuple(call[3:5]) if call[5] else None)
 
 
@@ -1943,7 +1941,7 @@ def _gluon_tiles(seqs, rows_q: int, rows_k: int) -> torch.Tensor | None:
     that reads nothing on the host (captured) gets the table made on the GPU
     where GLUON_VARLEN_CAPTURED (`_gluon_device_tiles`; q and k of one
     cu_seqlens tensor), else None (the Triton kernels)."""
-    if seqs is None or not seqs[3] or len(seqs) < 7:  # a custom op's (`_op_args`): none
+    if seqs is None or not seqs[3] or len(seqs) < 7:  # padded, or a custom op's (`_op_args`)
         return None
     cache = seqs[6]
     if "gluon tiles" in cache:
@@ -3207,7 +3205,7 @@ class _Attention(torch.autograd.Function):
 # Under torch.compile, attention() is one operator: forward and backward are
 # torch.library custom ops with shape-only (fake) versions, the backward the
 # forward's autograd formula, so a compiled model has no graph break here.
-# `call` is (longest q, longest k, varlen, q_offset, k_offset, shifted).
+# `call` is (longest q, longest k, varlen, q_offset, k_offset, shifted, same).
 _OP = _free_op_name("full_55a6ba147c2e")
 
 
@@ -3345,7 +3343,8 @@ def attention(
     shifts = _check_shifts(q_offset, k_offset, q, k, seqs)
     if torch.compiler.is_compiling():
         table, call = (None, [0, 0, 0]) if seqs is None else (seqs[0], [*seqs[1:3], int(seqs[3])])
-        call += [*shifts, 1] if shifts else [0, 0, 0]
+        call += [*shifts, 1, 0] if shifts else [0, 0, 0, 0]
+        call[6] = int(seqs is not None and seqs[3] and seqs[6]["same sequences"])
         o, lse = _op_forward(
             q, k, v, _resolve_scale(scale), table, call, _check_sinks(sinks, q),
             [],

@@ -168,7 +168,8 @@ def test_host_stub_captured_varlen_calls_take_the_gluon_kernels_under_the_knob(t
     cu_seqlens tensor for q and k, takes the Gluon forward and backward on a
     grid of cdiv(T, 128) + S tiles, its table made on the GPU, reading
     nothing on the host; two cu_seqlens tensors take the Triton kernels, as
-    every captured call does without the knob."""
+    every captured call does without the knob.  So does a call of the custom
+    operator that torch.compile records, told that q's sequences are k's."""
     import host_stub
     import torch
 
@@ -219,6 +220,18 @@ def test_host_stub_captured_varlen_calls_take_the_gluon_kernels_under_the_knob(t
         finally:
             for name, read in reads.items():
                 setattr(torch.Tensor, name, read)
+        # torch.compile's operator binds no lengths either (its `call` says
+        # whether q's sequences are k's): the same table made on the GPU.
+        module._capturing = lambda x: False
+        table = module.sequences(cu_seqlens_q=cu, cu_seqlens_k=cu).bind(q, k)[0]
+        for same in (1, 0):
+            launched.clear()
+            q0, k0, v0 = (x.detach() for x in (q, k, v))
+            module._op_forward(q0, k0, v0, 0.1, table, [300, 300, 1, 0, 0, 0, same], None, [])
+            if knob and same:
+                assert launched == [(gluon[0], (11, 4))]
+            else:
+                assert launched and not any(kernel in gluon for kernel, _ in launched)
 
 
 def test_host_stub_a_plan_serves_the_gluon_backward_of_a_data_mask(tmp_path):
