@@ -183,20 +183,18 @@ def apply(model: KernelModel, values: Mapping[str, object]) -> KernelModel:
         raise ExperimentError(
             "gluon_varlen_backward: for a module with the Gluon backward and no declared inputs"
         )
-    varlen = values.get("gluon_varlen", model.gluon_varlen and bool(gluon_forward))
-    varlen_backward = values.get(
-        "gluon_varlen_backward", model.gluon_varlen_backward and gluon_backward
-    )
-    if values.get("gluon_varlen_captured") and not (varlen or varlen_backward):
+    # Varlen calls take a pass's Gluon kernel where the knob says so, or by
+    # default where the module keeps it (without it: the Triton one).
+    varlen = {
+        "gluon_varlen": values.get("gluon_varlen", model.gluon_varlen and bool(gluon_forward)),
+        "gluon_varlen_backward": values.get(
+            "gluon_varlen_backward", model.gluon_varlen_backward and bool(gluon_backward)
+        ),
+    }
+    if values.get("gluon_varlen_captured") and not any(varlen.values()):
         raise ExperimentError(
             "gluon_varlen_captured: for a module whose varlen calls take the Gluon kernels"
         )
-    # Without the Gluon kernel a pass's varlen calls take the Triton one.
-    derived = {}
-    if not gluon_forward and "gluon_varlen" not in values:
-        derived["gluon_varlen"] = False
-    if not gluon_backward and "gluon_varlen_backward" not in values:
-        derived["gluon_varlen_backward"] = False
     streams = values.get("gluon_bwd_streams", (64, 64))
     stages = values.get("gluon_bwd_stages", model.gluon_bwd_stages)
     if streams != (64, 64):
@@ -222,6 +220,7 @@ def apply(model: KernelModel, values: Mapping[str, object]) -> KernelModel:
         for name, value in values.items()
         if name not in LOWERING_KNOBS and name not in _SECTION_KNOBS
     }
+    fields.update(varlen)
     # The loop knobs set the whole mask's loops (`model.tiles`) and each
     # residue section's (decision 085).
     looped = {name: value for name, value in values.items() if name in _SECTION_KNOBS}
@@ -230,7 +229,6 @@ def apply(model: KernelModel, values: Mapping[str, object]) -> KernelModel:
     return dataclasses.replace(
         model,
         **fields,
-        **derived,
         tiles=tiles,
         residue_sections=sections,
         experiments=model.experiments + record,
