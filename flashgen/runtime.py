@@ -35,6 +35,7 @@ from typing import NamedTuple
 
 import torch
 import triton
+import triton.language as tl
 
 try:  # Hopper's tensor memory accelerator (TMA), Triton >= 3.4
     from triton.tools.tensor_descriptor import TensorDescriptor
@@ -1375,29 +1376,68 @@ def _gluon_tiles(seqs, rows_q: int, rows_k: int) -> torch.Tensor | None:
 def _gluon_device_tiles(table: torch.Tensor, rows: int) -> torch.Tensor:
     """`_gluon_tiles`'s table made on the GPU from the sequences' bound table
     (`Sequences.bind`: first row and length of each sequence's queries, as of
-    its keys), reading nothing on the host: the same rows in the same order,
-    then rows of length 0 (a CTA that reads but writes only its statistics'
-    spare rows) up to cdiv(rows, 128) + S, the most tiles S sequences in
-    `rows` rows can take.  Each sequence's statistics start at a multiple of
-    128 below 128 times that many rows, the spare rows after them
-    (`_gluon_stat_rows`); a sequence whose statistics would pass them
-    (sequences that overlap, which a capture cannot check) is dropped, never
-    run out of bounds."""
-    first, length = table[:, 0].long(), table[:, 1].long()
+    its keys), reading nothing on the host, in one launch
+    (`_gluon_tiles_kernel`): the same rows in the same order, then rows of
+    length 0 (a CTA that reads but writes only its statistics' spare rows) up
+    to cdiv(rows, 128) + S, the most tiles S sequences in `rows` rows can
+    take.  Each sequence's statistics start at a multiple of 128 below 128
+    times that many rows, the spare rows after them (`_gluon_stat_rows`); a
+    sequence whose statistics would pass them (sequences that overlap, which
+    a capture cannot check) is dropped, never run out of bounds."""
+    count = table.shape[0]
+    size = _cdiv(rows, 128) + count
+    tiles = torch.empty((size, 5), dtype=torch.int32, device=table.device)
+    programs = max(1, _cdiv(count, _TILES_BLOCK))
+    _launch(_gluon_tiles_kernel, (programs,), table, tiles, count, size, _TILES_BLOCK)
+    return tiles
+
+
+_TILES_BLOCK = 64  # sequences per program of _gluon_tiles_kernel
+
+
+@triton.jit
+def _gluon_tiles_kernel(table, tiles, sequences, size, BLOCK: tl.constexpr):
+    """`_gluon_device_tiles`: a program per BLOCK sequences of `table` (S, 4)
+    writes their rows of `tiles` (size, 5); program 0 also the rows of length
+    0 after the last tile.  A sequence's rows follow those of every sequence
+    ahead of it in the order (longer, or as long and earlier in the table),
+    counted over the whole table in blocks; its statistics follow those of
+    every sequence earlier in the table."""
+    i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    first = tl.load(table + i * 4, mask=i < sequences, other=0)
+    length = tl.load(table + i * 4 + 1, mask=i < sequences, other=0)
     count = (length + 127) // 128
-    stats = torch.cumsum(count, 0) * 128 - count * 128
-    order = torch.sort(-length, stable=True).indices  # the longest first, as on the host
-    ends = torch.cumsum(count[order], 0)
-    size = _cdiv(rows, 128) + table.shape[0]
-    i = torch.arange(size, device=table.device)
-    rank = torch.searchsorted(ends, i, right=True).clamp(max=table.shape[0] - 1)
-    seq = order[rank]
-    start = (ends[rank] - 1 - i) * 128  # furthest into the sequence first
-    valid = (i < ends[-1]) & (stats[seq] + count[seq] * 128 <= 128 * size)
-    columns = zip(
-        (first[seq], first[seq], length[seq], start, stats[seq]), (0, 0, 0, 0, 128 * size)
-    )
-    return torch.stack([torch.where(valid, x, spare) for x, spare in columns], 1).to(torch.int32)
+    ahead_tiles = tl.zeros([BLOCK], tl.int32)  # of the sequences ahead in the order
+    earlier_tiles = tl.zeros([BLOCK], tl.int32)  # of the sequences earlier in the table
+    total = 0
+    for start in range(0, sequences, BLOCK):
+        j = start + tl.arange(0, BLOCK)
+        other = tl.load(table + j * 4 + 1, mask=j < sequences, other=0)
+        other_count = ((other + 127) // 128)[None, :]
+        earlier = j[None, :] < i[:, None]
+        longer = other[None, :] > length[:, None]
+        ahead = longer | (other[None, :] == length[:, None]) & earlier
+        ahead_tiles += tl.sum(tl.where(ahead, other_count, 0), 1)
+        earlier_tiles += tl.sum(tl.where(earlier, other_count, 0), 1)
+        total += tl.sum(other_count)
+    spare = 128 * size
+    kept = earlier_tiles + count <= size  # the statistics within the bound
+    for t in range(0, tl.max(count, 0)):
+        row = ahead_tiles + t
+        at = tiles + row * 5
+        written = (t < count) & (row < size)
+        tl.store(at, tl.where(kept, first, 0), mask=written)
+        tl.store(at + 1, tl.where(kept, first, 0), mask=written)
+        tl.store(at + 2, tl.where(kept, length, 0), mask=written)
+        tl.store(at + 3, tl.where(kept, (count - 1 - t) * 128, 0), mask=written)  # furthest first
+        tl.store(at + 4, tl.where(kept, earlier_tiles * 128, spare), mask=written)
+    if tl.program_id(0) == 0:
+        for start in range(total, size, BLOCK):
+            at = tiles + (start + tl.arange(0, BLOCK)) * 5
+            written = start + tl.arange(0, BLOCK) < size
+            for column in tl.static_range(4):
+                tl.store(at + column, 0, mask=written)
+            tl.store(at + 4, spare, mask=written)
 
 
 def _gluon_stat_rows(seqs, tiles: torch.Tensor) -> int:

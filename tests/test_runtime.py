@@ -301,6 +301,24 @@ def test_varlen_tiles_cover_every_row_once_and_pad_the_statistics_apart(lengths)
     assert rt._gluon_stat_rows(seqs, device) == 128 * (size + 1)
 
 
+def test_varlen_tiles_made_on_the_gpu_over_many_sequences_match_the_host_table():
+    """`_gluon_tiles_kernel` counts the sequences ahead of each one over the
+    whole table in blocks of `_TILES_BLOCK`, in programs of that many: 150
+    sequences (lengths 0-300, ties among them) give the host's table row for
+    row, then the spare rows."""
+    rng = torch.Generator().manual_seed(0)
+    lengths = torch.randint(0, 300, (150,), generator=rng).tolist()
+    lengths[7] = lengths[100] = lengths[149] = 256  # ties keep the table's order
+    assert len(lengths) > 2 * runtime._TILES_BLOCK
+    cu = torch.tensor([0, *itertools.accumulate(lengths)], dtype=torch.int32)
+    q = torch.zeros(int(cu[-1]), 1, 64, dtype=torch.float16)
+    seqs = runtime.sequences(cu_seqlens_q=cu, cu_seqlens_k=cu).bind(q, q)
+    tiles = runtime._gluon_tiles(seqs, q.shape[0], q.shape[0]).tolist()
+    device = runtime._gluon_device_tiles(seqs[0], q.shape[0]).tolist()
+    size = -(-q.shape[0] // 128) + len(lengths)
+    assert device == tiles + [[0, 0, 0, 0, 128 * size]] * (size - len(tiles))
+
+
 @settings(max_examples=100, deadline=None)
 @given(
     rows=st.integers(1, 700),

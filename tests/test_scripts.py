@@ -166,8 +166,8 @@ def test_host_stub_captured_varlen_calls_take_the_gluon_kernels_under_the_knob(t
     """Under the knob gluon_varlen_captured (decision 107), a varlen call made
     while a CUDA graph is captured (`_capturing` forced), given one
     cu_seqlens tensor for q and k, takes the Gluon forward and backward on a
-    grid of cdiv(T, 128) + S tiles, its table made on the GPU, reading
-    nothing on the host; two cu_seqlens tensors take the Triton kernels, as
+    grid of cdiv(T, 128) + S tiles, its table made on the GPU in one launch,
+    reading nothing on the host; two cu_seqlens tensors take the Triton kernels, as
     every captured call does without the knob.  So does a call of the custom
     operator that torch.compile records, told that q's sequences are k's."""
     import host_stub
@@ -211,6 +211,7 @@ def test_host_stub_captured_varlen_calls_take_the_gluon_kernels_under_the_knob(t
                 o.backward(torch.randn(o.shape, dtype=o.dtype))
                 if knob and cu_k is cu:
                     assert launched == [
+                        (module._gluon_tiles_kernel, (1,)),  # the table, one launch
                         (gluon[0], (11, 4)),
                         (gluon[1], (11, 4)),
                         (gluon[2], (11, 2)),
@@ -229,7 +230,7 @@ def test_host_stub_captured_varlen_calls_take_the_gluon_kernels_under_the_knob(t
             q0, k0, v0 = (x.detach() for x in (q, k, v))
             module._op_forward(q0, k0, v0, 0.1, table, [300, 300, 1, 0, 0, 0, same], None, [])
             if knob and same:
-                assert launched == [(gluon[0], (11, 4))]
+                assert launched == [(module._gluon_tiles_kernel, (1,)), (gluon[0], (11, 4))]
             else:
                 assert launched and not any(kernel in gluon for kernel, _ in launched)
 
