@@ -1256,16 +1256,54 @@ def _user_view(x: torch.Tensor, seqs) -> torch.Tensor:
     return x[0].transpose(0, 1) if x.dim() == 4 else x[0]
 
 
-def _seq_full(shape: tuple, seqs, like: torch.Tensor, fill: float = 0.0, dtype=None):
-    """A kernel-layout (B, H, N[, D]) tensor filled with `fill`, which rows
-    that no sequence covers (padding) keep."""
+def _seq_full(shape: tuple, seqs, like: torch.Tensor, fill: float = 0.0, dtype=None, keys=False):
+    """A kernel-layout (B, H, N[, D]) tensor whose rows that no sequence covers
+    (padding, or rows past a varlen call's last sequence) hold `fill`; the
+    kernels write every row of every sequence.  A varlen call's rows of
+    sequences are left unwritten here (a memset of a whole output cost ~8%
+    of a varlen forward or backward): its rows past the last query sequence
+    (or, with `keys`, key sequence) are filled on the host where its
+    lengths were read, else on the GPU (`_fill_rows_past`)."""
+    dtype = dtype or like.dtype
     if not seqs[3]:
-        user = shape
-    elif len(shape) == 4:  # (1, H, T, D) -> (T, H, D)
-        user = (shape[2], shape[1], shape[3])
-    else:  # (1, H, T) -> (H, T)
-        user = shape[1:]
-    return _kernel_view(torch.full(user, fill, dtype=dtype or like.dtype, device=like.device), seqs)
+        return torch.full(shape, fill, dtype=dtype, device=like.device)
+    rows = shape[2]
+    user = (rows, shape[1], shape[3]) if len(shape) == 4 else shape[1:]  # (T, H, D) or (H, T)
+    x = torch.empty(user, dtype=dtype, device=like.device)
+    table, lengths = seqs[0], seqs[4][keys] if len(seqs) > 4 else None  # none: a custom op's
+    if lengths is not None or table.shape[0] == 0:
+        end = sum(lengths or ())  # cu_seqlens run from 0 without gaps (checked)
+        (x[end:] if len(shape) == 4 else x[:, end:]).fill_(fill)
+    elif x.numel():
+        inner = x.numel() // rows if len(shape) == 4 else 1
+        outer, outer_stride, row_stride = (1, 0, inner) if len(shape) == 4 else (user[0], rows, 1)
+        _launch(
+            _fill_rows_past, (_cdiv(rows, 16), outer),
+            x, table, table.shape[0], 2 * keys, rows, inner, row_stride, outer_stride, fill, 16, 256,
+        )  # fmt: skip
+    return _kernel_view(x, seqs)
+
+
+@triton.jit
+def _fill_rows_past(
+    x, table, sequences, column, rows, inner, row_stride, outer_stride, fill,
+    ROWS: tl.constexpr, BLOCK: tl.constexpr,
+):  # fmt: skip
+    """`_seq_full` while a CUDA graph is captured: the rows of x from the end
+    of the last sequence of `table` (its first row and length at `column`,
+    read on the GPU) to `rows` get `fill`; a program per ROWS rows (and per
+    head of an lse (H, T)), one whose rows all lie before that end writes
+    nothing."""
+    last = table + (sequences - 1) * 4 + column
+    end = tl.minimum(tl.load(last) + tl.load(last + 1), rows)
+    row = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
+    if tl.program_id(0) * ROWS + ROWS > end:
+        base = x + tl.program_id(1).to(tl.int64) * outer_stride
+        for start in range(0, inner, BLOCK):
+            column_in = start + tl.arange(0, BLOCK)
+            at = base + row[:, None].to(tl.int64) * row_stride + column_in[None, :]
+            inside = (row[:, None] >= end) & (row[:, None] < rows) & (column_in[None, :] < inner)
+            tl.store(at, tl.full([ROWS, BLOCK], fill, tl.float32), mask=inside)
 
 
 def _check_sinks(sinks, q: torch.Tensor):
@@ -2708,7 +2746,7 @@ def _forward(
         lse = _seq_full((batch, num_heads, n_queries), seqs, q, float("-inf"), torch.float32)
         batch, n_queries, n_keys = seqs[0].shape[0], seqs[1], seqs[2]
     if o.numel() == 0 or batch * n_queries == 0:
-        return o, lse.fill_(float("-inf"))
+        return o.zero_(), lse.fill_(float("-inf"))
     if decode and not explicit and seqs is None and _decode_rows(q, k) <= DECODE_MAX_ROWS:
         return _decode(q, k, v, o, lse, scale, sinks, shifts, tma)
     use_tma = n_keys > 0 and seqs is None and _use_tma(tma, GPU_TMA, k, v)
@@ -2844,8 +2882,9 @@ def _backward(
     batch, num_heads, n_queries, _ = q.shape
     kv_heads, n_keys = k.shape[1], k.shape[2]
     if seqs is not None:  # padding rows get zeros
-        dq, dk, dv = (_seq_full(x.shape, seqs, x) for x in (q, k, v))
+        dq, dk, dv = (_seq_full(x.shape, seqs, x, keys=x is not q) for x in (q, k, v))
         if q.numel() == 0 or k.numel() == 0 or (do is None and dlse is None):
+            dq, dk, dv = dq.zero_(), dk.zero_(), dv.zero_()
             return dq, dk, dv
     elif q.numel() == 0 or k.numel() == 0 or (do is None and dlse is None):
         return tuple(torch.zeros(x.shape, dtype=x.dtype, device=x.device) for x in (q, k, v))

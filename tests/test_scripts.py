@@ -209,10 +209,15 @@ def test_host_stub_captured_varlen_calls_take_the_gluon_kernels_under_the_knob(t
                     max_seqlen_k=300,
                 )  # fmt: skip
                 o.backward(torch.randn(o.shape, dtype=o.dtype))
+                # rows past the last sequence: o, lse, then dq, dk, dv (43 programs of 16 rows)
+                fills = [(module._fill_rows_past, (43, n)) for n in (1, 4)]
+                back_fills = [(module._fill_rows_past, (43, 1))] * 3
                 if knob and cu_k is cu:
                     assert launched == [
+                        *fills,
                         (module._gluon_tiles_kernel, (1,)),  # the table, one launch
                         (gluon[0], (11, 4)),
+                        *back_fills,
                         (gluon[1], (11, 4)),
                         (gluon[2], (11, 2)),
                     ]
@@ -230,7 +235,7 @@ def test_host_stub_captured_varlen_calls_take_the_gluon_kernels_under_the_knob(t
             q0, k0, v0 = (x.detach() for x in (q, k, v))
             module._op_forward(q0, k0, v0, 0.1, table, [300, 300, 1, 0, 0, 0, same], None, [])
             if knob and same:
-                assert launched == [(module._gluon_tiles_kernel, (1,)), (gluon[0], (11, 4))]
+                assert launched == [*fills, (module._gluon_tiles_kernel, (1,)), (gluon[0], (11, 4))]
             else:
                 assert launched and not any(kernel in gluon for kernel, _ in launched)
 

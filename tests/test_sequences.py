@@ -13,6 +13,7 @@ values, so anything read from it shows."""
 from __future__ import annotations
 
 import functools
+import itertools
 
 import pytest
 import torch
@@ -260,6 +261,67 @@ def test_varlen_sequences_equal_calls_alone_with_gqa_and_empty_sequences(_interp
         batched = (o[rq], lse[:, rq], dq[rq], dk[rk], dv[rk])
         for name, x, y in zip(("o", "lse", "dq", "dk", "dv"), batched, alone):
             assert torch.equal(x, y), (i, name)
+
+
+class _PoisonedTorch:
+    """torch for a module whose floating-point torch.empty, empty_like and
+    empty_strided come filled with NaN, so that a row no kernel writes shows."""
+
+    def __getattr__(self, name):
+        return getattr(torch, name)
+
+    @staticmethod
+    def _poison(x):
+        return x.fill_(float("nan")) if x.is_floating_point() else x
+
+    def empty(self, *args, **kwargs):
+        return self._poison(torch.empty(*args, **kwargs))
+
+    def empty_like(self, *args, **kwargs):
+        return self._poison(torch.empty_like(*args, **kwargs))
+
+    def empty_strided(self, *args, **kwargs):
+        return self._poison(torch.empty_strided(*args, **kwargs))
+
+
+@pytest.mark.kernels
+@pytest.mark.parametrize("captured", [False, True])
+def test_varlen_calls_write_every_row_of_their_outputs(captured, _interpreter, monkeypatch):
+    """A varlen call's outputs and gradients start as torch.empty but for
+    their rows past the last sequence (decision 108), which are filled on
+    the host, or while a CUDA graph is captured (forced here) on the GPU
+    (`_fill_rows_past`).  With every empty float tensor of the module
+    filled with NaN: no NaN comes back; rows past the last sequence (q and
+    k have rows to spare) hold o = 0, lse = -inf and no gradient; the keys
+    of a sequence without queries get no gradient; and every row of every
+    sequence equals the call made without the poison."""
+    module = build(_variant("prefix", HALF))
+    g = torch.Generator().manual_seed(11)
+    lengths = [(13, 20), (0, 1), (27, 0), (33, 33), (0, 0), (5, 2)]
+    cu_q = torch.tensor([0, *itertools.accumulate(n for n, _ in lengths)], dtype=torch.int32)
+    cu_k = torch.tensor([0, *itertools.accumulate(n for _, n in lengths)], dtype=torch.int32)
+    tq, tk = int(cu_q[-1]), int(cu_k[-1])
+    q = _rand(tq + 5, HEADS, HEAD_DIM, dtype=torch.float16, generator=g)
+    k, v = (_rand(tk + 3, KV_HEADS, HEAD_DIM, dtype=torch.float16, generator=g) for _ in "kv")
+    do = _rand(tq + 5, HEADS, HEAD_DIM, dtype=torch.float16, generator=g)
+    dlse = torch.randn(HEADS, tq + 5, generator=g).to(DEVICE)
+    varlen = dict(
+        cu_seqlens_q=cu_q.to(DEVICE), cu_seqlens_k=cu_k.to(DEVICE), max_seqlen_q=33,
+        max_seqlen_k=33,
+    )  # fmt: skip
+    expected = _grads(module, q, k, v, do, dlse, **varlen)
+    monkeypatch.setattr(module, "torch", _PoisonedTorch())
+    if captured:
+        monkeypatch.setattr(module, "_capturing", lambda x: True)
+    o, lse, dq, dk, dv = got = _grads(module, q, k, v, do, dlse, **varlen)
+    monkeypatch.undo()
+    assert not any(x.isnan().any() for x in got)
+    assert not o[tq:].any() and (lse[:, tq:] == float("-inf")).all() and not dq[tq:].any()
+    assert not dk[tk:].any() and not dv[tk:].any()
+    assert not dk[20:21].any() and not dv[20:21].any()  # sequence 1: a key, no query
+    rows = (slice(0, tq), (slice(None), slice(0, tq)), slice(0, tq), slice(0, tk), slice(0, tk))
+    for name, x, y, r in zip(("o", "lse", "dq", "dk", "dv"), got, expected, rows):
+        assert torch.equal(x[r], y[r]), name
 
 
 @pytest.mark.kernels
