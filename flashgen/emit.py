@@ -124,6 +124,7 @@ def render_module(
             gluon_backward=False,
             gluon_varlen=False,
             gluon_varlen_backward=False,
+            gluon_varlen_captured=False,
             triton_only=True,
         )
     source = (

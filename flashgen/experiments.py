@@ -195,6 +195,9 @@ def apply(model: KernelModel, values: Mapping[str, object]) -> KernelModel:
         raise ExperimentError(
             "gluon_varlen_captured: for a module whose varlen calls take the Gluon kernels"
         )
+    varlen["gluon_varlen_captured"] = values.get(
+        "gluon_varlen_captured", model.gluon_varlen_captured and any(varlen.values())
+    )
     streams = values.get("gluon_bwd_streams", (64, 64))
     stages = values.get("gluon_bwd_stages", model.gluon_bwd_stages)
     if streams != (64, 64):

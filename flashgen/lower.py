@@ -581,8 +581,10 @@ class KernelModel:
     # likewise: 1.36x, decision 104).
     gluon_varlen: bool = False
     gluon_varlen_backward: bool = False
-    # Varlen calls captured in a CUDA graph take them too, over a table made on
-    # the GPU (knob `gluon_varlen_captured`, off until run on a GPU, decision 107).
+    # Varlen calls captured in a CUDA graph (or under torch.compile) take them
+    # too, over a table made on the GPU (knob `gluon_varlen_captured`; on
+    # wherever either is: forward 1.31-1.32x, backward 1.46x the Triton
+    # kernels on an H100, decision 107).
     gluon_varlen_captured: bool = False
     # Experiment knobs set on this plan (flashgen/experiments.py), as NAME=VALUE.
     experiments: tuple[str, ...] = ()
@@ -913,6 +915,7 @@ def lower(
         gluon_dq_heavy_last=keys_before_queries(mask),
         gluon_varlen=gluon is not None and not inputs,
         gluon_varlen_backward=bool(gluon_bwd) and not inputs,
+        gluon_varlen_captured=(gluon is not None or bool(gluon_bwd)) and not inputs,
         inputs=inputs,
         input_grads=grads,
         tile_reads=tile_reads,

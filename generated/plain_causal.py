@@ -1965,7 +1965,7 @@ _STAND_INS = (_GluonBlocks,)
 # Varlen calls captured in a CUDA graph (no lengths read on the host) take the
 # Gluon kernels over a table made on the GPU, or the Triton kernels (knob
 # gluon_varlen_captured, decision 107).
-GLUON_VARLEN_CAPTURED = False
+GLUON_VARLEN_CAPTURED = True
 
 
 def _gluon_tiles(seqs, rows_q: int, rows_k: int) -> torch.Tensor | None:

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Decisions 102-107: varlen calls on the Gluon forward and backward (on by
-# default since decision 106; the bench times the module as built beside it
-# with PLAN, default the knob of decision 107: captured calls on the Gluon kernels).
+# Decisions 102-108: varlen calls on the Gluon forward and backward (on by
+# default since decision 106, captured calls too since decision 107; the bench
+# times the module as built beside it with PLAN, default
+# gluon_varlen_captured=off: captured calls on the Triton kernels).
 # check: their GPU tests (full, causal and the any-mask kind, fp16 and bf16,
 # each sequence against the float64 reference and bit for bit against the
 # dense call of the sequence alone), beside the dense Gluon kernels' tests;
@@ -27,8 +28,8 @@ for step in ${*:-check bench}; do
     tail -n 4 "$OUT"/check_*.log ;;
   bench)
     timeout 200 python3 scripts/gpu_varlen_bench.py --tokens ${TOKENS:-16384 65536} --head-dim 128 \
-      --timer cuda-graph --plan ${PLAN:-gluon_varlen_captured=on} --jsonl "$OUT/varlen.jsonl" \
-      --run "${RUN:-varlen calls, as built and with ${PLAN:-gluon_varlen_captured=on}}" \
+      --timer cuda-graph --plan ${PLAN:-gluon_varlen_captured=off} --jsonl "$OUT/varlen.jsonl" \
+      --run "${RUN:-varlen calls, as built and with ${PLAN:-gluon_varlen_captured=off}}" \
       --commit "$(git rev-parse --short HEAD 2>/dev/null || echo unknown)" 2>&1 | tail -40 ;;
   before-after)
     SPECS="examples/plain_causal.attn examples/full.attn" timeout 200 bash scripts/gpu_before_after.sh \

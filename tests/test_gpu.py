@@ -341,12 +341,12 @@ def test_varlen_calls_captured_in_a_cuda_graph_on_gpu(dtype):
     made while a CUDA graph is captured read nothing on the host; replayed
     on new q, k, v, dO and new lengths written into the same tensors, the
     graph gives what the eager calls give, bit for bit, forward and
-    backward.  The Gluon kernels' varlen tiles come from lengths read on the
-    host (`_gluon_tiles`), so a captured varlen call takes the Triton kernels
-    (decision 106): the eager calls are a module's without the knobs
+    backward.  Here a captured varlen call takes the Triton kernels (the
+    knob gluon_varlen_captured off; with it, the default since decision 107,
+    the next test): the eager calls are a module's without the knobs
     gluon_varlen and gluon_varlen_backward."""
     variant = make_variant("causal", None, dtype=dtype, head_dim=128)
-    module = build(variant)
+    module = build(variant, {"gluon_varlen_captured": False})
     triton = build(variant, {"gluon_varlen": False, "gluon_varlen_backward": False})
     g = torch.Generator().manual_seed(0)
     rand = lambda *shape: torch.randn(*shape, generator=g).to("cuda", module.DTYPE)  # noqa: E731
@@ -399,7 +399,7 @@ def test_varlen_calls_captured_in_a_cuda_graph_on_gpu(dtype):
 def test_varlen_calls_captured_in_a_cuda_graph_take_the_gluon_kernels_on_gpu(
     mask, dtype, monkeypatch
 ):
-    """Decision 107: under the knob gluon_varlen_captured, a varlen call
+    """Decision 107: under the knob gluon_varlen_captured (the default), a varlen call
     captured in a CUDA graph with one cu_seqlens tensor for q and k takes the
     Gluon forward and backward over a table made on the GPU (rows of length
     0 past the call's tiles, which write nothing); replayed on new q, k, v,

@@ -77,7 +77,8 @@ def test_host_stub_varlen_calls_take_the_gluon_forward(tmp_path):
     spec = os.path.join(os.path.dirname(__file__), "..", "examples", "plain_causal.attn")
     (variant,) = _check_specs(pathlib.Path(spec))
     path = tmp_path / "plain_causal.py"
-    path.write_text(render_module(variant, None, {"gluon_varlen": True}))
+    knobs = {"gluon_varlen": True, "gluon_varlen_captured": False}  # decision 107: the next test
+    path.write_text(render_module(variant, None, knobs))
     module = host_stub.load(str(path))
     taken = []
     fn = module._gluon_forward
