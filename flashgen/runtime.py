@@ -317,14 +317,15 @@ class Sequences:
                     )
             table = self._tables.get((q.shape[0], k.shape[0]))
             if table is None:
-                columns = []
-                for cu, rows, most in zip(self.tensors, (q.shape[0], k.shape[0]), self.longest):
-                    first = cu[:-1].long().clamp(0, rows)
-                    lengths = (cu[1:].long().clamp(0, rows) - first).clamp(0, most)
-                    columns += [first, lengths]
-                table = self._tables[(q.shape[0], k.shape[0])] = torch.stack(columns, 1).to(
-                    torch.int32
-                )
+                count = self.tensors[0].shape[0] - 1
+                table = torch.empty((count, 4), dtype=torch.int32, device=self.device)
+                most = [2**31 - 1 if m is None else min(m, 2**31 - 1) for m in self.longest]
+                if count:
+                    _launch(
+                        _bind_varlen, (_cdiv(count, 128),),
+                        *self.tensors, table, count, q.shape[0], k.shape[0], *most, 128,
+                    )  # fmt: skip
+                self._tables[(q.shape[0], k.shape[0])] = table
             sizes = tuple(n if m is None else m for m, n in zip(self.most, self.longest))
             return (table, *self.longest, True, self.lengths, sizes, self._tables)
         (batch, _, n_q, _), n_k = q.shape, k.shape[2]
@@ -344,6 +345,27 @@ class Sequences:
             table = self._tables[(n_q, n_k)] = torch.stack(columns, 1).to(torch.int32)
         longest = tuple(n if m is None else m for m, n in zip(self.longest, (n_q, n_k)))
         return (table, *longest, False, self.lengths, (n_q, n_k), self._tables)
+
+
+@triton.jit
+def _bind_varlen(cu_q, cu_k, table, count, rows_q, rows_k, most_q, most_k, BLOCK: tl.constexpr):
+    """`Sequences.bind`'s table of a varlen call in one launch: each
+    sequence's first row of q and its queries, then of k and its keys, every
+    first row clamped to the tensor's rows and every length to them and to
+    the longest (lengths made while capturing are unchecked)."""
+    i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    inside = i < count
+    for side in tl.static_range(2):
+        cu = cu_q if side == 0 else cu_k
+        rows = rows_q if side == 0 else rows_k
+        most = most_q if side == 0 else most_k
+        first = tl.load(cu + i, mask=inside, other=0).to(tl.int64)
+        first = tl.minimum(tl.maximum(first, 0), rows)
+        end = tl.load(cu + i + 1, mask=inside, other=0).to(tl.int64)
+        end = tl.minimum(tl.maximum(end, 0), rows)
+        length = tl.minimum(tl.maximum(end - first, 0), most)
+        tl.store(table + i * 4 + 2 * side, first.to(tl.int32), mask=inside)
+        tl.store(table + i * 4 + 2 * side + 1, length.to(tl.int32), mask=inside)
 
 
 def _sequences(
@@ -487,32 +509,37 @@ def _seq_full(shape: tuple, seqs, like: torch.Tensor, fill: float = 0.0, dtype=N
         inner = x.numel() // rows if len(shape) == 4 else 1
         outer, outer_stride, row_stride = (1, 0, inner) if len(shape) == 4 else (user[0], rows, 1)
         _launch(
-            _fill_rows_past, (_cdiv(rows, 16), outer),
-            x, table, table.shape[0], 2 * keys, rows, inner, row_stride, outer_stride, fill, 16, 256,
+            _fill_rows_past, (_cdiv(rows, 256),),
+            x, table, table.shape[0], 2 * keys, rows, outer, inner, row_stride, outer_stride, fill,
+            256, 16, 256,
         )  # fmt: skip
     return _kernel_view(x, seqs)
 
 
 @triton.jit
 def _fill_rows_past(
-    x, table, sequences, column, rows, inner, row_stride, outer_stride, fill,
-    ROWS: tl.constexpr, BLOCK: tl.constexpr,
+    x, table, sequences, column, rows, outer, inner, row_stride, outer_stride, fill,
+    SPAN: tl.constexpr, ROWS: tl.constexpr, BLOCK: tl.constexpr,
 ):  # fmt: skip
-    """`_seq_full` while a CUDA graph is captured: the rows of x from the end
-    of the last sequence of `table` (its first row and length at `column`,
-    read on the GPU) to `rows` get `fill`; a program per ROWS rows (and per
-    head of an lse (H, T)), one whose rows all lie before that end writes
-    nothing."""
+    """`_seq_full` while a CUDA graph is captured: the rows of x (`outer`
+    blocks of them: heads of an lse (H, T)) from the end of the last sequence
+    of `table` (its first row and length at `column`, read on the GPU) to
+    `rows` get `fill`.  A program per SPAN rows: one whose rows all lie
+    before that end (most, where sequences fill the rows) writes nothing."""
     last = table + (sequences - 1) * 4 + column
     end = tl.minimum(tl.load(last) + tl.load(last + 1), rows)
-    row = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
-    if tl.program_id(0) * ROWS + ROWS > end:
-        base = x + tl.program_id(1).to(tl.int64) * outer_stride
-        for start in range(0, inner, BLOCK):
-            column_in = start + tl.arange(0, BLOCK)
-            at = base + row[:, None].to(tl.int64) * row_stride + column_in[None, :]
-            inside = (row[:, None] >= end) & (row[:, None] < rows) & (column_in[None, :] < inner)
-            tl.store(at, tl.full([ROWS, BLOCK], fill, tl.float32), mask=inside)
+    first = tl.program_id(0) * SPAN
+    if first + SPAN > end:
+        for block in range(0, outer):
+            base = x + block * outer_stride  # H * T < 2^31: q of as many rows (x D) would not fit
+            for start in range(first, first + SPAN, ROWS):
+                row = start + tl.arange(0, ROWS)
+                for column_start in range(0, inner, BLOCK):
+                    column_in = column_start + tl.arange(0, BLOCK)
+                    at = base + row[:, None].to(tl.int64) * row_stride + column_in[None, :]
+                    inside = (row[:, None] >= end) & (row[:, None] < rows)
+                    inside &= column_in[None, :] < inner
+                    tl.store(at, tl.full([ROWS, BLOCK], fill, tl.float32), mask=inside)
 
 
 def _check_sinks(sinks, q: torch.Tensor):

@@ -301,6 +301,37 @@ def test_varlen_tiles_cover_every_row_once_and_pad_the_statistics_apart(lengths)
     assert rt._gluon_stat_rows(seqs, device) == 128 * (size + 1)
 
 
+@settings(max_examples=40, deadline=None)
+@given(
+    cu=st.lists(st.integers(-50, 500), min_size=1, max_size=300),
+    rows=st.integers(0, 400),
+    most=st.integers(0, 300),
+    wide=st.booleans(),
+)
+def test_the_bound_varlen_table_clamps_any_lengths_a_capture_may_hold(cu, rows, most, wide):
+    """`_bind_varlen` (one launch for `Sequences.bind`'s table): for
+    cu_seqlens made while capturing (nothing checked: negative, decreasing,
+    past the rows; int32 or int64; more sequences than a program's 128) each
+    first row is clamped to [0, rows] and each length to [0, most], the
+    end clamped to the rows first."""
+    cu_q = torch.tensor(cu, dtype=torch.int64 if wide else torch.int32)
+    cu_k = cu_q.flip(0)
+    table = torch.empty((len(cu) - 1, 4), dtype=torch.int32)
+    if len(cu) > 1:
+        runtime._launch(
+            runtime._bind_varlen, (-(-(len(cu) - 1) // 128),),
+            cu_q, cu_k, table, len(cu) - 1, rows, rows + 7, most, most + 3, 128,
+        )  # fmt: skip
+    expected = []
+    for i in range(len(cu) - 1):
+        row = []
+        for c, n, m in ((cu_q.tolist(), rows, most), (cu_k.tolist(), rows + 7, most + 3)):
+            first, end = (min(max(x, 0), n) for x in (c[i], c[i + 1]))
+            row += [first, min(max(end - first, 0), m)]
+        expected.append(row)
+    assert table.tolist() == expected
+
+
 def test_varlen_tiles_made_on_the_gpu_over_many_sequences_match_the_host_table():
     """`_gluon_tiles_kernel` counts the sequences ahead of each one over the
     whole table in blocks of `_TILES_BLOCK`, in programs of that many: 150

@@ -100,7 +100,7 @@ def test_host_stub_varlen_calls_take_the_gluon_forward(tmp_path):
     assert module._gluon_tiles(seqs.bind(q, k), t, t) is None
     module._capturing = capturing
     module.attention(q, k, v, sequences=seqs)
-    assert taken == ["_gluon_forward", (8, 4)]
+    assert taken == [(1,), "_gluon_forward", (8, 4)]  # the bound table (`_bind_varlen`), once
     # (first rows of q and k, length, tile's first row, first row of the statistics)
     tiles = [[0, 0, 300, 256, 0], [0, 0, 300, 128, 0], [0, 0, 300, 0, 0]]
     tiles += [[430, 430, 256, 128, 768], [430, 430, 256, 0, 768]]
@@ -118,7 +118,7 @@ def test_host_stub_varlen_calls_take_the_gluon_forward(tmp_path):
     for cu_q, cu_k in ((short, short), (short, other)):
         taken.clear()
         module.attention(q, k, v, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k)
-        assert "_gluon_forward" not in taken and len(taken) == 1
+        assert "_gluon_forward" not in taken and taken[0] == (1,) and len(taken) == 2  # the table
 
 
 def test_host_stub_varlen_calls_take_the_gluon_backward(tmp_path):
@@ -210,11 +210,12 @@ def test_host_stub_captured_varlen_calls_take_the_gluon_kernels_under_the_knob(t
                     max_seqlen_k=300,
                 )  # fmt: skip
                 o.backward(torch.randn(o.shape, dtype=o.dtype))
-                # rows past the last sequence: o, lse, then dq, dk, dv (43 programs of 16 rows)
-                fills = [(module._fill_rows_past, (43, n)) for n in (1, 4)]
-                back_fills = [(module._fill_rows_past, (43, 1))] * 3
+                # rows past the last sequence: o, lse, then dq, dk, dv (3 programs of 256 rows)
+                fills = [(module._fill_rows_past, (3,))] * 2
+                back_fills = [(module._fill_rows_past, (3,))] * 3
                 if knob and cu_k is cu:
                     assert launched == [
+                        (module._bind_varlen, (1,)),  # the sequences' table, one launch
                         *fills,
                         (module._gluon_tiles_kernel, (1,)),  # the table, one launch
                         (gluon[0], (11, 4)),
@@ -223,7 +224,8 @@ def test_host_stub_captured_varlen_calls_take_the_gluon_kernels_under_the_knob(t
                         (gluon[2], (11, 2)),
                     ]
                 else:
-                    assert launched and not any(kernel in gluon for kernel, _ in launched)
+                    assert launched[0] == (module._bind_varlen, (1,))
+                    assert not any(kernel in gluon for kernel, _ in launched)
         finally:
             for name, read in reads.items():
                 setattr(torch.Tensor, name, read)
