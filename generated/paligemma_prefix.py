@@ -1125,18 +1125,27 @@ def _bind_varlen(cu_q, cu_k, table, count, rows_q, rows_k, most_q, most_k, BLOCK
 
 def _sequences(
     *, seqlens_q=None, seqlens_k=None, padding_side: str = "right",
-    cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None, max_seqlen_k=None,
+    cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None, max_seqlen_k=None, documents=None,
 ) -> Sequences | None:  # fmt: skip
     """The sequences of a padded batch (seqlens_q and seqlens_k: int tensors
     (B,) of each row's real queries and keys, the first ones or with
     padding_side "left" the last; either may be None: all real) or of a
     varlen one (cu_seqlens_q and cu_seqlens_k: (S + 1,) cumulative lengths,
-    FlashAttention's convention; max_seqlen_* are optional and checked).
-    Checked here, with one read of the lengths on the host; None when no
-    lengths are given.  While a CUDA graph is captured nothing is read: a
-    varlen call then needs max_seqlen_q and max_seqlen_k, a padded one takes
-    its rows for the longest, and `Sequences.bind` clamps every length to
-    them (the values are the caller's to keep right, as in FlashAttention)."""
+    FlashAttention's convention; max_seqlen_* are optional and checked), or
+    of packed documents (`documents`: int ids (B, N), each run of one id
+    along a row a sequence of its own, its queries its keys: a varlen batch
+    of the B * N tokens, `_document_runs`).  Checked here, with one read of
+    the lengths on the host; None when no lengths are given.  While a CUDA
+    graph is captured nothing is read: a varlen call then needs max_seqlen_q
+    and max_seqlen_k, a padded one takes its rows for the longest, and
+    `Sequences.bind` clamps every length to them (the values are the
+    caller's to keep right, as in FlashAttention)."""
+    if documents is not None:
+        others = (seqlens_q, seqlens_k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
+        if any(x is not None for x in others) or padding_side != "right":
+            raise ValueError("pass documents= alone: its runs are the sequences")
+        cu = _document_runs(documents)
+        return _sequences(cu_seqlens_q=cu, cu_seqlens_k=cu)
     varlen = cu_seqlens_q is not None or cu_seqlens_k is not None
     lengths = (seqlens_q, seqlens_k, cu_seqlens_q, cu_seqlens_k)
     named = zip(("seqlens_q", "seqlens_k", "cu_seqlens_q", "cu_seqlens_k"), lengths)
@@ -1200,6 +1209,29 @@ def _sequences(
             )
     most = (max_seqlen_q, max_seqlen_k)
     return Sequences(varlen, tensors, padding_side, longest, rows, lengths, most)
+
+
+def _document_runs(documents) -> torch.Tensor:
+    """cu_seqlens (int32) of the runs of equal ids along each row of
+    `documents` (B, N): a sequence starts at every row's first token and
+    wherever the id changes, so an id that comes back later in a row starts
+    another sequence (unlike the mask doc[b, q] == doc[b, k], which joins
+    them).  Reads the runs' starts on the host, once."""
+    if not isinstance(documents, torch.Tensor) or documents.dtype not in (torch.int32, torch.int64):
+        got = getattr(documents, "dtype", documents)
+        raise TypeError(f"documents must be an int32 or int64 tensor, got {got!r}")
+    if documents.dim() != 2:
+        raise ValueError(f"documents must have shape (B, N), got {tuple(documents.shape)}")
+    if _capturing(documents):
+        raise ValueError(
+            "documents= reads where runs start on the host, which a CUDA graph's capture cannot: "
+            "pass cu_seqlens_q, cu_seqlens_k, max_seqlen_q and max_seqlen_k"
+        )
+    starts = torch.ones(documents.shape, dtype=torch.bool, device=documents.device)
+    starts[:, 1:] = documents[:, 1:] != documents[:, :-1]
+    first = starts.reshape(-1).nonzero().flatten()
+    end = torch.tensor([documents.numel()], device=documents.device)
+    return torch.cat([first, end]).to(torch.int32)
 
 
 sequences = _sequences  # attention()'s argument `sequences` hides the name there

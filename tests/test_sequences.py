@@ -263,6 +263,43 @@ def test_varlen_sequences_equal_calls_alone_with_gqa_and_empty_sequences(_interp
             assert torch.equal(x, y), (i, name)
 
 
+@pytest.mark.kernels
+def test_packed_documents_given_by_ids_are_a_varlen_batch(_interpreter, monkeypatch):
+    """`sequences(documents=doc)`: each run of one id along a row of doc (B, N)
+    is a sequence of the B * N tokens, so packed (B, N, H, D) tensors seen as
+    (B * N, H, D) attend within their documents as a varlen call of those
+    runs (an id that comes back in a row starts a new run, and a row's first
+    token always does).  The call equals the one given the runs' cu_seqlens,
+    bit for bit, forward and backward; bad ids get errors naming the argument."""
+    module = build(_variant("causal", HALF))
+    g = torch.Generator().manual_seed(2)
+    doc = torch.tensor([[5] * 13 + [7] * 20 + [5] * 7, [5] * 1 + [2] * 39], device=DEVICE)
+    runs = [0, 13, 33, 40, 41, 80]
+    assert module._document_runs(doc).tolist() == runs
+    assert module._document_runs(doc.to(torch.int32)[:, :0]).tolist() == [0]
+    q = _rand(2, 40, HEADS, HEAD_DIM, dtype=torch.float16, generator=g)
+    k, v = (_rand(2, 40, KV_HEADS, HEAD_DIM, dtype=torch.float16, generator=g) for _ in "kv")
+    do = _rand(80, HEADS, HEAD_DIM, dtype=torch.float16, generator=g)
+    dlse = torch.randn(HEADS, 80, generator=g).to(DEVICE)
+    packed = [x.reshape(80, *x.shape[2:]) for x in (q, k, v)]
+    seqs = module.sequences(documents=doc)
+    got = _grads(module, *packed, do, dlse, sequences=seqs)
+    cu = torch.tensor(runs, dtype=torch.int32, device=DEVICE)
+    want = _grads(module, *packed, do, dlse, cu_seqlens_q=cu, cu_seqlens_k=cu)
+    assert all(torch.equal(x, y) for x, y in zip(got, want))
+    for bad, error, message in [
+        (doc.float(), TypeError, "documents must be an int32 or int64 tensor"),
+        (doc[0], ValueError, r"documents must have shape \(B, N\), got \(40,\)"),
+    ]:
+        with pytest.raises(error, match=message):
+            module.sequences(documents=bad)
+    with pytest.raises(ValueError, match="pass documents= alone"):
+        module.sequences(documents=doc, cu_seqlens_q=cu, cu_seqlens_k=cu)
+    monkeypatch.setattr(module, "_capturing", lambda x: True)
+    with pytest.raises(ValueError, match="documents= reads where runs start on the host"):
+        module.sequences(documents=doc)
+
+
 class _PoisonedTorch:
     """torch for a module whose floating-point torch.empty, empty_like and
     empty_strided come filled with NaN, so that a row no kernel writes shows."""
