@@ -125,6 +125,7 @@ def render_module(
             gluon_varlen=False,
             gluon_varlen_backward=False,
             gluon_varlen_captured=False,
+            runs=None,
             triton_only=True,
         )
     source = (

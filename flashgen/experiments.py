@@ -127,12 +127,15 @@ KNOBS: dict[str, Callable[[str], object]] = {
     "gluon_varlen_backward": _bool,
     # on: such calls captured in a CUDA graph take them over a table made on the GPU (107)
     "gluon_varlen_captured": _bool,
+    # off: a mask over packed documents keeps its own kernels for calls whose ids form
+    # runs, not the Gluon kernels of its positional part (decision 109)
+    "document_runs": _bool,
 }
 # Knobs the lowering takes (`lower(variant, residue_classes=...)`), as they
 # change the tile analysis or the element code itself, rather than fields set
 # on its model.
 LOWERING_KNOBS = frozenset(
-    {"residue_classes", "float_distances", "gluon_data_d128", "gluon_data_forward"}
+    {"residue_classes", "float_distances", "gluon_data_d128", "gluon_data_forward", "document_runs"}
 )
 _SECTION_KNOBS = frozenset({"merged_edges", "branchless_tiles", "classify_edge_tiles"})
 

@@ -9,6 +9,7 @@ of `lower()`; experiments and tests patch them on this module.
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import math
 
@@ -36,6 +37,7 @@ from flashgen.mask_forms import (
     never_fills_a_tile,
     positional_part,
     prefix_atom,
+    shift_invariant,
     skip_tile_test,
 )
 
@@ -460,6 +462,68 @@ def gluon_data_forward(mask: ir.Expr) -> bool:
     default (the knob `gluon_data_forward` decides otherwise).  `mask`
     desugared, in negation normal form."""
     return not _documents(mask)
+
+
+# Packed documents through a mask over their ids, `P & doc[b, q] == doc[b, k]`,
+# ran on the Triton kernels over the call's plan at 1.20-1.33x / 1.09-1.14x
+# FlexAttention (d128, bf16, documents of ~1,000 tokens, H100, decision 108),
+# where a causal spec's varlen call over the same documents, on the Gluon
+# kernels, ran 1.55-1.71x / 1.47-1.52x.  Where a call's ids form runs of
+# distinct ids (`tile_plan`), the two are the same attention, so such a
+# module carries the Gluon kernels of P and its plan's runs take them
+# (decision 109).
+DOCUMENT_RUNS = True
+
+
+def document_runs(v: ir.Variant) -> ir.Variant | None:
+    """The positional variant P of a spec whose mask is `P & doc[b, q] ==
+    doc[b, k]` (either order; P may be absent), or None for any other: one
+    integer input of two dimensions, read only there, with P and the score
+    reading no runtime data and unchanged when q and k move together
+    (`shift_invariant`).  Within a run of one id along a row, such a mask
+    is P over positions counted from the run's start: the runs are the
+    sequences of a varlen call, and P's kernels compute it (decision 109)."""
+    if ir.reads_runtime_data(v.score) or not shift_invariant(v.score):
+        return None
+    conjuncts = _conjuncts(v.mask)  # as written: P keeps `causal` for the plain kernels
+    documents = [c for c in conjuncts if _document_equality(c)]
+    rest = [c for c in conjuncts if not _document_equality(c)]
+    if len(documents) != 1 or len(v.inputs) != 1:
+        return None
+    if any(
+        ir.reads_runtime_data(c) or not shift_invariant(negation_normal_form(desugar_mask(c)))
+        for c in rest
+    ):
+        return None
+    positional = rest[0] if rest else ir.FULL
+    for c in rest[1:]:
+        positional = ir.Binary(ir.BinOp.AND, positional, c)
+    return dataclasses.replace(v, mask=positional, inputs=())
+
+
+def _conjuncts(e: ir.Expr) -> list[ir.Expr]:
+    if isinstance(e, ir.Binary) and e.op is ir.BinOp.AND:
+        return _conjuncts(e.left) + _conjuncts(e.right)
+    return [e]
+
+
+def _document_equality(e: ir.Expr) -> bool:
+    """`doc[b, q] == doc[b, k]` (or with k first) for one integer input."""
+    if not (isinstance(e, ir.Binary) and e.op is ir.BinOp.EQ):
+        return False
+    sides = (e.left, e.right)
+    if not all(isinstance(x, ir.Index) and len(x.args) == 2 for x in sides):
+        return False
+    if e.left.input != e.right.input or not all(
+        x.element is not None and x.element.is_integer for x in sides
+    ):
+        return False
+    reads = {tuple(_bare(a) for a in x.args) for x in sides}
+    return reads == {("b", "q"), ("b", "k")}
+
+
+def _bare(e: ir.Expr) -> str | None:
+    return e.id if isinstance(e, ir.Name) else None
 
 
 def gluon_min_keys(forward: GluonForward | None, head_dim: int) -> int:

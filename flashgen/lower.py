@@ -28,13 +28,14 @@ import math
 import dataclasses
 from dataclasses import dataclass
 
-from flashgen import grad, index_ranges, input_grads, ir
+from flashgen import grad, index_ranges, input_grads, ir, kernel_choice
 from flashgen import kernel_expr as kx
 from flashgen.element_code import LOG2E, ElementCode, ScoreKind, constant_value, score_code
 from flashgen.kernel_choice import (
     MERGED_MAX_SKIPPED,
     GluonForward,
     branchless_tiles,
+    document_runs,
     fast_math,
     gluon_backward,
     gluon_data_forward as data_forward_pays,
@@ -635,6 +636,16 @@ class KernelModel:
     decode: bool = False
     decode_bounds: bool = False
     gpu_decode_configs: tuple[LaunchConfig, ...] = ()
+    # Packed documents through a mask `P & doc[b, q] == doc[b, k]`
+    # (`kernel_choice.document_runs`, decision 109): the plan of P, whose
+    # Gluon kernels the module carries in place of its own, for calls whose
+    # TilePlan found the ids in runs of distinct ids.  In that plan,
+    # `dense_runs`: its Gluon kernels also walk a dense batch's runs as
+    # sequences (VARLEN == 2), and `helper_prefix` names its element code's
+    # helpers apart from the module's (`_runs_scores_log2`).
+    runs: "KernelModel | None" = None
+    dense_runs: bool = False
+    helper_prefix: str = ""
 
     @property
     def edge_param(self) -> bool:
@@ -784,6 +795,7 @@ def lower(
     float_distances: bool = False,
     gluon_data_d128: bool = False,
     gluon_data_forward: bool | None = None,
+    document_runs: bool | None = None,
 ) -> KernelModel:
     """The module's plan for a checked variant; `residue_classes` True or
     False walks residue classes wherever they can be walked or nowhere, None
@@ -793,7 +805,10 @@ def lower(
     `gluon_data_d128` gives a mask over runtime data the Gluon backward at
     head dim 128 too (the knob, decision 095); `gluon_data_forward` True or
     False gives such a mask the any-mask Gluon forward or not, None where it
-    pays (`kernel_choice.gluon_data_forward`; the knob, decision 098)."""
+    pays (`kernel_choice.gluon_data_forward`; the knob, decision 098);
+    `document_runs` False leaves a mask over packed documents without the
+    Gluon kernels of its positional part (the knob; None:
+    `kernel_choice.DOCUMENT_RUNS`, decision 109)."""
     spec_text = print_variant(v)
     pad = head_dim_pad(v.head_dim)
     v_pad = head_dim_pad(v.v_dim)
@@ -845,10 +860,15 @@ def lower(
     # A mask of heads (or the batch) alone leaves every tile whole or empty:
     # the forward takes the unmasked tiles.
     cuts_tiles = not mask_is_full and ir.mentions(mask, positions)
+    if document_runs is None:  # a knob that asks for the data's Gluon kernels leaves P's out
+        document_runs = kernel_choice.DOCUMENT_RUNS and not (gluon_data_forward or gluon_data_d128)
     if gluon_data_forward is None:
         gluon_data_forward = data_forward_pays(mask)
     gluon = gluon_forward(v, gluon_data_forward and plan is not None) if step == 1 else None
     gluon_bwd = step == 1 and gluon_backward(v, plan is not None, gluon_data_d128)
+    runs = _runs_plan(v, document_runs)
+    if runs is not None:  # the module's Gluon kernels are P's
+        gluon, gluon_bwd = None, False
     return KernelModel(
         name=v.name,
         spec_text=spec_text,
@@ -926,6 +946,23 @@ def lower(
         decode=not reads_runtime_data(v),
         decode_bounds=step == 1 and not ir.mentions(mask, frozenset({"h"})),
         gpu_decode_configs=gpu_decode_configs(widest, v.dtype),
+        runs=runs,
+    )
+
+
+def _runs_plan(v: ir.Variant, wanted: bool) -> KernelModel | None:
+    """The plan of P for a mask `P & doc[b, q] == doc[b, k]`
+    (`document_runs`) where P gets both Gluon kernels, with its varlen
+    calls' forward and backward, else None."""
+    positional = document_runs(v) if wanted else None
+    if positional is None:
+        return None
+    runs = lower(positional, document_runs=False)
+    if runs.gluon_forward is None or not runs.gluon_backward or runs.residue_step > 1:
+        return None
+    assert runs.gluon_varlen and runs.gluon_varlen_backward
+    return dataclasses.replace(
+        runs, dense_runs=True, helper_prefix="runs_", gluon_varlen_captured=False
     )
 
 

@@ -765,6 +765,31 @@ def positional_part(e: ir.Expr) -> ir.Expr | None:
     return None if ir.reads_runtime_data(e) else e
 
 
+def shift_invariant(e: ir.Expr) -> bool:
+    """Whether `e` keeps its value when q and k are both moved by the same
+    amount: every position it reads is read through an affine form whose q
+    and k coefficients cancel (`k <= q`, `abs(q - k)`, ALiBi's distance), so
+    it holds alike for positions counted from a row's start or from a
+    document's.  `e` checked; a mask desugared."""
+    if not ir.mentions(e, frozenset({"q", "k"})):
+        return True
+    if is_comparison(e):
+        d = difference(e)
+        if d is not None:
+            return d.get("q", 0) + d.get("k", 0) == 0
+    elif kind(e) is ir.Kind.INT:
+        a = affine(e)
+        if a is not None:
+            return a.get("q", 0) + a.get("k", 0) == 0
+    if isinstance(e, ir.Name):
+        return False
+    if isinstance(e, ir.Unary):
+        return shift_invariant(e.operand)
+    if isinstance(e, ir.Binary):
+        return shift_invariant(e.left) and shift_invariant(e.right)
+    return all(shift_invariant(a) for a in e.args)
+
+
 def diagonal_rows(e: ir.Expr) -> bool | None:
     """For masks whose rows are intervals through the diagonal: whether the
     intervals reach key 0 (no lower bound on k); None for other masks.

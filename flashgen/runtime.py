@@ -16,6 +16,8 @@ module that needs them, after the module's own constants and kernels:
     gluon_varlen    the Gluon kernels' tiles and support test for varlen calls (the
                     knobs gluon_varlen, gluon_varlen_backward and
                     gluon_varlen_captured, decisions 102-107)
+    document_runs   packed documents whose ids form runs, as the sequences of the
+                    Gluon kernels of the mask's positional part (decision 109)
 
 Everything above the first section is not copied: it stands for the names a
 generated module defines itself, so that this file imports, lints and is
@@ -1455,19 +1457,27 @@ def _gluon_tiles(seqs, rows_q: int, rows_k: int) -> torch.Tensor | None:
         return cache[("gluon device tiles", rows_q)]
     tiles = None
     if lengths == keys:  # cu_seqlens_q == cu_seqlens_k: one table
-        firsts, stats = [0] * len(lengths), [0] * len(lengths)
+        firsts = [0] * len(lengths)
         for s in range(1, len(lengths)):
             firsts[s] = firsts[s - 1] + lengths[s - 1]
-            stats[s] = stats[s - 1] + _cdiv(lengths[s - 1], 128) * 128
-        longest_first = sorted(range(len(lengths)), key=lambda s: -lengths[s])
-        table = [
-            (firsts[s], firsts[s], lengths[s], start, stats[s])
-            for s in longest_first
-            for start in reversed(range(0, lengths[s], 128))
-        ]
-        tiles = torch.tensor(table, dtype=torch.int32).reshape(-1, 5).to(seqs[0].device)
+        tiles = _gluon_table(lengths, firsts, firsts).to(seqs[0].device)
     cache["gluon tiles"] = tiles
     return tiles
+
+
+def _gluon_table(lengths: list, q_rows: list, k_rows: list) -> torch.Tensor:
+    """`_gluon_tiles`' table (on the CPU) of sequences of these lengths whose
+    position 0 lies at rows q_rows[s] of q's view and k_rows[s] of k's."""
+    stats = [0] * len(lengths)
+    for s in range(1, len(lengths)):
+        stats[s] = stats[s - 1] + _cdiv(lengths[s - 1], 128) * 128
+    longest_first = sorted(range(len(lengths)), key=lambda s: -lengths[s])
+    table = [
+        (q_rows[s], k_rows[s], lengths[s], start, stats[s])
+        for s in longest_first
+        for start in reversed(range(0, lengths[s], 128))
+    ]
+    return torch.tensor(table, dtype=torch.int32).reshape(-1, 5)
 
 
 def _gluon_device_tiles(table: torch.Tensor, rows: int) -> torch.Tensor:
@@ -1560,3 +1570,89 @@ def _gluon_varlen_fits(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, seqs, 
         return False
     users = [_user_view(x, seqs) for x in (q, k, v, *more)]
     return all(x.is_contiguous() and x.data_ptr() % 16 == 0 for x in users)
+
+
+# flashgen: section document_runs
+class _Runs(NamedTuple):
+    """A dense batch's packed documents as sequences (decision 109): the
+    tables of `_gluon_tiles`' rows for the runs of one id, for tensors
+    (B, H, N, D) contiguous, seen as (B * H * N, D) (a run at position p of
+    batch row b starts at row (b * heads + head) * N + p: the table holds
+    b * heads * N + p, the kernels add head * N), and for tensors whose rows
+    are tokens ((B, N, H, D) in memory), seen as a varlen call's (B * N,
+    heads * D) (the table holds b * N + p); the backward's statistics rows
+    per head; and whether the runs are long enough on average for the Gluon
+    forward and for its backward."""
+
+    tiles: torch.Tensor
+    token_tiles: torch.Tensor
+    stat_rows: int
+    forward: bool
+    backward: bool
+
+
+def _documents_as_runs(doc: torch.Tensor, q, k, forward_rows: int) -> _Runs | None:
+    """`tile_plan`'s runs for q, k (B, H, N, D) and the ids `doc` (B, N)
+    where the Gluon kernels can take the call (sm90, `GLUON`), else None.
+    `forward_rows`: the mean run length from which the Gluon forward runs."""
+    if not GLUON or _interpreting() or q.device.type != "cuda" or _capability(q.device) != (9, 0):
+        return None
+    return _runs_of(doc, q, k, forward_rows)
+
+
+def _runs_of(doc: torch.Tensor, q, k, forward_rows: int) -> _Runs | None:
+    """`_documents_as_runs` on any device: None unless Nq = Nk = N, each id
+    of a row forms one run (an id that comes back later in a row joins two
+    runs under the mask) and no CUDA graph is being captured.  One read on
+    the host: where runs start, and whether their ids are distinct."""
+    batch, num_heads, n, _ = q.shape
+    if k.shape[2] != n or tuple(doc.shape) != (batch, n) or n == 0 or _capturing(doc):
+        return None
+    starts = torch.ones(doc.shape, dtype=torch.bool, device=doc.device)
+    starts[:, 1:] = doc[:, 1:] != doc[:, :-1]
+    ids = doc.sort(dim=1).values
+    distinct = (ids[:, 1:] != ids[:, :-1]).sum(1) == starts[:, 1:].sum(1)
+    found = torch.cat([distinct.all().view(1), starts.flatten()]).cpu()
+    if not found[0]:
+        return None
+    firsts = found[1:].nonzero().flatten().tolist()
+    lengths = [b - a for a, b in zip(firsts, firsts[1:] + [batch * n])]
+    # Token t = b * N + p of head h lies at row t + (b * (heads - 1) + h) * N.
+    q_rows = [t + t // n * (num_heads - 1) * n for t in firsts]
+    k_rows = [t + t // n * (k.shape[1] - 1) * n for t in firsts]
+    tiles = _gluon_table(lengths, q_rows, k_rows).to(q.device)
+    token_tiles = _gluon_table(lengths, firsts, firsts).to(q.device)
+    stat_rows = sum(_cdiv(length, 128) * 128 for length in lengths)
+    if num_heads * stat_rows >= 2**31:
+        return None
+    total = batch * n
+    return _Runs(
+        tiles,
+        token_tiles,
+        stat_rows,
+        total >= forward_rows * len(lengths),
+        total >= 128 * len(lengths),
+    )
+
+
+def _runs_layout(plan, *tensors: torch.Tensor) -> int:
+    """How a call's tensors (B, H, N, D) lie for its plan's runs: 2 each
+    contiguous, 1 each with rows of tokens ((B, N, H, D) in memory, as a
+    varlen call's), 0 neither, or no runs (the module's own kernels)."""
+    runs = None if plan is None else plan.runs
+    if runs is None or not all(x.data_ptr() % 16 == 0 for x in tensors):
+        return 0
+    if all(x.is_contiguous() for x in tensors):
+        return 2
+    return 1 if all(x.transpose(1, 2).is_contiguous() for x in tensors) else 0
+
+
+def _runs_stats(x: torch.Tensor | None, layout: int) -> torch.Tensor | None:
+    """lse or dlse (B, H, N) as the runs' kernels read it (`_runs_layout`):
+    for rows of tokens (H, B, N) in memory, as a varlen call's (H, tokens),
+    else contiguous."""
+    if x is None or layout != 1:
+        return None if x is None else x.contiguous()
+    if x.transpose(0, 1).is_contiguous():
+        return x
+    return x.transpose(0, 1).contiguous().transpose(0, 1)

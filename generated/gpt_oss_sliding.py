@@ -2026,19 +2026,27 @@ def _gluon_tiles(seqs, rows_q: int, rows_k: int) -> torch.Tensor | None:
         return cache[("gluon device tiles", rows_q)]
     tiles = None
     if lengths == keys:  # cu_seqlens_q == cu_seqlens_k: one table
-        firsts, stats = [0] * len(lengths), [0] * len(lengths)
+        firsts = [0] * len(lengths)
         for s in range(1, len(lengths)):
             firsts[s] = firsts[s - 1] + lengths[s - 1]
-            stats[s] = stats[s - 1] + _cdiv(lengths[s - 1], 128) * 128
-        longest_first = sorted(range(len(lengths)), key=lambda s: -lengths[s])
-        table = [
-            (firsts[s], firsts[s], lengths[s], start, stats[s])
-            for s in longest_first
-            for start in reversed(range(0, lengths[s], 128))
-        ]
-        tiles = torch.tensor(table, dtype=torch.int32).reshape(-1, 5).to(seqs[0].device)
+        tiles = _gluon_table(lengths, firsts, firsts).to(seqs[0].device)
     cache["gluon tiles"] = tiles
     return tiles
+
+
+def _gluon_table(lengths: list, q_rows: list, k_rows: list) -> torch.Tensor:
+    """`_gluon_tiles`' table (on the CPU) of sequences of these lengths whose
+    position 0 lies at rows q_rows[s] of q's view and k_rows[s] of k's."""
+    stats = [0] * len(lengths)
+    for s in range(1, len(lengths)):
+        stats[s] = stats[s - 1] + _cdiv(lengths[s - 1], 128) * 128
+    longest_first = sorted(range(len(lengths)), key=lambda s: -lengths[s])
+    table = [
+        (q_rows[s], k_rows[s], lengths[s], start, stats[s])
+        for s in longest_first
+        for start in reversed(range(0, lengths[s], 128))
+    ]
+    return torch.tensor(table, dtype=torch.int32).reshape(-1, 5)
 
 
 def _gluon_device_tiles(table: torch.Tensor, rows: int) -> torch.Tensor:

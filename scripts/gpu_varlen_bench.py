@@ -135,11 +135,13 @@ def main() -> None:
         (variant,) = api.check_sources({"causal": spec("causal", head_dim, "mask = causal")})[0]
         causal = api.load_variant(variant)
         knobbed = api.load_variant(variant, knobs) if knobs else None
-        docs_mod = api.load(
-            spec(
-                "packed_docs", head_dim, "doc: int32[B, Nk]; mask = causal & doc[b, q] == doc[b, k]"
-            )
+        docs_text = spec(
+            "packed_docs", head_dim, "doc: int32[B, Nk]; mask = causal & doc[b, q] == doc[b, k]"
         )
+        docs_mod = api.load(docs_text)
+        # Decision 109's before: the module's own kernels for calls whose ids form runs.
+        (docs_variant,) = api.check_sources({"docs": docs_text})[0]
+        docs_off = api.load_variant(docs_variant, {"document_runs": False})
         for total in args.tokens:
             lengths = documents(total, args.mean, args.seed)
             pairs = sum(n * (n + 1) // 2 for n in lengths)
@@ -177,6 +179,10 @@ def main() -> None:
             # built once per batch, as the block mask is
             doc2 = doc[None]  # the tensor the plan was built for, at every call
             plan = docs_mod.tile_plan(q4, k4, v4, doc=doc2)
+            plan_off = docs_off.tile_plan(q4, k4, v4, doc=doc2)
+            # The same module on (B, H, N, D) contiguous tensors (the runs' other layout).
+            q4c, k4c, v4c, do4c = (x.contiguous() for x in (q4, k4, v4, do4))
+            plan_c = docs_mod.tile_plan(q4c, k4c, v4c, doc=doc2)
             systems = [
                 ("flashgen varlen", lambda a, b, c: causal.attention(
                     a, b, c, sequences=once), (q3, k3, v3, do3), flops),
@@ -185,6 +191,10 @@ def main() -> None:
                     max_seqlen_k=most), (q3, k3, v3, do3), flops),
                 ("flashgen packed_docs", lambda a, b, c: docs_mod.attention(
                     a, b, c, doc=doc2, plan=plan), (q4, k4, v4, do4), flops),
+                ("flashgen packed_docs, (B, H, N, D)", lambda a, b, c: docs_mod.attention(
+                    a, b, c, doc=doc2, plan=plan_c), (q4c, k4c, v4c, do4c), flops),
+                ("flashgen packed_docs, document_runs=off", lambda a, b, c: docs_off.attention(
+                    a, b, c, doc=doc2, plan=plan_off), (q4, k4, v4, do4), flops),
                 ("flex", lambda a, b, c: flex(a, b, c, block_mask=block_mask),
                  (q4, k4, v4, do4), flops),
                 (f"flashgen dense B{dense_b} N{dense_len}", causal.attention, dense, dense_flops),

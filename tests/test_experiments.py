@@ -129,6 +129,7 @@ KNOB_SETTINGS = [
     "gluon_data_d128=on", "gluon_data_d128=off", "gluon_data_forward=on",
     "gluon_data_forward=off", "gluon_varlen=on", "gluon_varlen=off", "gluon_varlen_backward=on",
     "gluon_varlen_backward=off", "gluon_varlen_captured=on", "gluon_varlen_captured=off",
+    "document_runs=on", "document_runs=off",
 ]  # fmt: skip
 
 
@@ -221,9 +222,13 @@ def test_wrong_dkdv_parts_are_refused_and_data_masks_take_the_gluon_backward_at_
         "causal & doc[b, q] == doc[b, k]", dtype=ir.DType.BF16, head_dim=128,
         declared="doc: int32[B, Nk]",
     )  # fmt: skip
-    assert "def _gluon_backward(" not in render_module(docs)
+    # Its own Gluon backward only with the knob (by default the module carries the
+    # Gluon kernels of its positional part instead, decision 109).
+    assert "def _gluon_backward(" not in render_module(
+        docs, None, parse_settings(["document_runs=off"])
+    )
     source = render_module(docs, None, parse_settings(["gluon_data_d128=on"]))
-    assert "def _gluon_backward(" in source
+    assert "def _gluon_backward(" in source and "runs=None" not in source
     assert not _undefined_names(source)
 
 
@@ -245,7 +250,14 @@ def test_data_masks_take_the_any_mask_gluon_forward_unless_documents_bound_their
         "causal & doc[b, q] == doc[b, k]", dtype=ir.DType.BF16, head_dim=128,
         declared="doc: int32[B, Nk]",
     )  # fmt: skip
-    assert "def _gluon_forward(" not in render_module(docs)
+    # By default the Gluon kernels of its positional part, for calls whose ids form runs
+    # (decision 109); without those, none.
+    assert "def _gluon_forward(q, k, v, o, lse, scale: float, seqs=None, runs=None)" in (
+        render_module(docs)
+    )
+    assert "def _gluon_forward(" not in render_module(
+        docs, None, parse_settings(["document_runs=off"])
+    )
     source = render_module(docs, None, parse_settings(["gluon_data_forward=on"]))
     assert "def _gluon_forward(q, k, v, o, lse, scale: float, inputs=(), plan=None)" in source
     assert "_data_plans(q, k, 64, 64, (True,), inputs, plan=plan)" in source

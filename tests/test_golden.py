@@ -240,6 +240,8 @@ def test_runtime_sections_are_copied_verbatim(variant):
         expected.add("compile_ahead")
     if "def _gluon_varlen_supported(" in text or "def _gluon_varlen_backward_supported(" in text:
         expected.add("gluon_varlen")
+    if "runs=plan.runs" in text:
+        expected.add("document_runs")
     for name, section in sections.items():
         assert (section in text) == (name in expected), name
 

@@ -8,6 +8,7 @@ case's errors are appended to that file as a table for the record.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import os
 import random
 
@@ -626,7 +627,9 @@ def test_masks_over_runtime_data_and_the_gluon_backward_on_gpu(
     from flashgen.mask_forms import desugar_mask, negation_normal_form, positional_part
 
     variant = make_variant(mask, dtype=dtype, head_dim=head_dim, declared=declared)
-    module = build(variant, knob and {"gluon_data_d128": True})
+    # The module's own kernels: not the Gluon kernels of a mask over documents'
+    # positional part (decision 109, test_packed_documents_as_runs_on_gpu).
+    module = build(variant, {"gluon_data_d128": knob, "document_runs": False})
     gluon = hasattr(module, "_gluon_backward")
     launches = _count_calls(monkeypatch, module, "_gluon_backward") if gluon else []
     cases = 0
@@ -646,6 +649,108 @@ def test_masks_over_runtime_data_and_the_gluon_backward_on_gpu(
     # (At head dim 128 the Gluon backward takes such masks too: decision 076.)
     gluon = knob or head_dim == 64 and not kernel_choice.branchless_tiles(positional, dtype)
     assert len(launches) == (3 * cases if gluon else 0)
+
+
+class _Planned:
+    """A module whose attention() and forward() take one TilePlan, so that
+    `check_forward` and `check_backward` judge the calls that take it."""
+
+    def __init__(self, module, plan):
+        self.module, self.plan = module, plan
+
+    def attention(self, *args, **keywords):
+        return self.module.attention(*args, **keywords, plan=self.plan)
+
+    def forward(self, q, k, v, scale=None, **inputs):
+        with torch.no_grad():
+            return self.attention(q, k, v, scale=scale, return_lse=True, **inputs)
+
+
+def _document_ids(rows: list[list[int]], shuffled: bool, generator) -> torch.Tensor:
+    """(B, N) int32 ids, row b made of runs of the lengths rows[b]: ids
+    0, 1, 2, ... or, shuffled, distinct ids in no order."""
+    out = []
+    for lengths in rows:
+        ids = torch.randperm(1000, generator=generator)[: len(lengths)].tolist()
+        ids = ids if shuffled else range(len(lengths))
+        out.append(
+            torch.cat([torch.full((n,), i, dtype=torch.int32) for n, i in zip(lengths, ids)])
+        )
+    return torch.stack(out).cuda()
+
+
+# Masks over packed documents whose positional part has both Gluon kernels
+# (decision 109): causal (the plain kernels), full, and the any-mask kernels
+# (a row of one token then sees nothing; a distance in the score).
+DOCUMENT_RUNS_CASES = [
+    ("causal & doc[b, q] == doc[b, k]", None, 128, ir.DType.BF16),
+    ("causal & doc[b, q] == doc[b, k]", None, 64, ir.DType.FP16),
+    ("doc[b, k] == doc[b, q]", None, 128, ir.DType.FP16),
+    ("q != k & doc[b, q] == doc[b, k]", None, 128, ir.DType.BF16),
+    ("causal & doc[b, q] == doc[b, k]", "s - 0.01 * abs(q - k)", 128, ir.DType.FP16),
+]
+
+
+@pytest.mark.parametrize("mask, score, head_dim, dtype", DOCUMENT_RUNS_CASES)
+def test_packed_documents_as_runs_on_gpu(mask, score, head_dim, dtype, monkeypatch):
+    """A plan whose documents' ids form runs of distinct ids takes the Gluon
+    kernels of the mask's positional part over the runs (decision 109):
+    forward and backward against the float64 reference, with GQA, N no
+    multiple of 128, runs of 1 token, runs across 128-row edges, several
+    batch rows, ids in order and shuffled, q, k and v contiguous and with
+    rows of tokens ((B, N, H, D) in memory); the launches with runs are
+    counted (the forward's from a mean run of 128 tokens: GLUON_MIN_KEYS
+    lowered to reach it).  Ids that come back in a row give no runs, and
+    the module's own kernels, also checked."""
+    variant = make_variant(
+        mask, score, dtype=dtype, head_dim=head_dim, declared="doc: int32[B, Nk]"
+    )
+    module = build(variant)
+    monkeypatch.setattr(module, "GLUON_MIN_KEYS", 128, raising=False)
+    runs = lambda keywords: keywords.get("runs") is not None  # noqa: E731
+    forwards = _count_calls(monkeypatch, module, "_gluon_forward", runs)
+    backwards = _count_calls(monkeypatch, module, "_gluon_backward", runs)
+    generator = torch.Generator().manual_seed(head_dim)
+    from flashgen.verify import random_inputs, torch_dtype
+
+    cases = [
+        (Shape(2, 4, 2, 1000, 1000), [[1, 127, 129, 300, 443], [700, 1, 299]], False),
+        (Shape(1, 2, 1, 1024, 1024), [[256, 128, 383, 1, 256]], True),
+        (Shape(1, 2, 2, 600, 600), [[600]], False),
+    ]
+    for (shape, rows, shuffled), tokens in itertools.product(cases, (False, True)):
+        q, k, v = random_inputs(
+            shape, head_dim, torch_dtype(dtype), "cuda", generator=generator
+        )  # fmt: skip
+        if tokens:  # rows of tokens, (B, N, H, D) in memory (dO as the test makes it)
+            q, k, v = (x.transpose(1, 2).contiguous().transpose(1, 2) for x in (q, k, v))
+        doc = _document_ids(rows, shuffled, generator)
+        plan = module.tile_plan(q, k, v, doc=doc)
+        assert plan.runs is not None and plan.runs.backward
+        before = (len(forwards), len(backwards))
+        planned = _Planned(module, plan)
+        for result in (
+            check_forward(variant, planned, q, k, v, inputs={"doc": doc}),
+            check_backward(variant, planned, q, k, v, generator=generator, inputs={"doc": doc}),
+        ):
+            _record(variant, result)
+            assert_ok(result)
+        # forward() and attention() with return_lse, then the backward's
+        assert (len(forwards) - before[0], len(backwards) - before[1]) == (2, 1)
+    # An id that comes back later in a row: no runs; the module's kernels.
+    q, k, v = random_inputs(Shape(1, 2, 1, 512, 512), head_dim, torch_dtype(dtype), "cuda", generator=generator)  # fmt: skip
+    doc = _document_ids([[200, 100, 212]], False, generator)
+    doc[0, 300:] = 0
+    plan = module.tile_plan(q, k, v, doc=doc)
+    assert plan.runs is None
+    before = (len(forwards), len(backwards))
+    planned = _Planned(module, plan)
+    for result in (
+        check_forward(variant, planned, q, k, v, inputs={"doc": doc}),
+        check_backward(variant, planned, q, k, v, generator=generator, inputs={"doc": doc}),
+    ):
+        assert_ok(result)
+    assert (len(forwards), len(backwards)) == before
 
 
 @pytest.mark.parametrize(

@@ -46,7 +46,7 @@ def _qkv(b=1, h=4, hkv=2, nq=5, nk=7, d=64, dtype=torch.float16):
 def test_sections_are_the_documented_ones():
     assert list(runtime_sections()) == [
         "common", "sequences", "decode", "alibi", "inputs", "input_grads", "direct_launch",
-        "compile_ahead", "gluon", "gluon_varlen",
+        "compile_ahead", "gluon", "gluon_varlen", "document_runs",
     ]  # fmt: skip
     for text in runtime_sections().values():
         assert "# flashgen: section" not in text and text == text.strip("\n")
@@ -260,6 +260,64 @@ def test_the_hopper_kernels_run_only_on_the_triton_they_were_tested_with(
     assert module.GLUON is False
     assert module.DIRECT_LAUNCH is False
     assert not module._gluon_fits(128, *(torch.zeros(1, 1, 128, 128).half(),) * 3)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    rows=st.lists(st.lists(st.integers(1, 300), min_size=1, max_size=6), min_size=1, max_size=3),
+    heads=st.sampled_from([(1, 1), (4, 2), (3, 3)]),
+    shuffle=st.booleans(),
+)
+def test_packed_documents_become_runs_at_their_rows_of_the_dense_views(rows, heads, shuffle):
+    """`_runs_of` (decision 109): a tile of the runs' table addresses, for
+    every head, the very rows of the dense (B, H, N, D) q and k that hold its
+    run's tokens (the kernels add head * N to the table's rows), one tile per
+    128 tokens of every run, and the statistics as `_gluon_tiles` pads them.
+    The ids need not increase, only be distinct along a row."""
+    n = max(sum(r) for r in rows)
+    rows = [r[:-1] + [r[-1] + n - sum(r)] for r in rows]  # every row n tokens
+    num_heads, kv_heads = heads
+    generator = torch.Generator().manual_seed(len(rows) * n)
+    doc = torch.empty(len(rows), n, dtype=torch.int32)
+    for b, lengths in enumerate(rows):
+        ids = torch.randperm(64, generator=generator)[: len(lengths)] if shuffle else range(len(lengths))  # fmt: skip
+        doc[b] = torch.cat([torch.full((m,), int(i)) for m, i in zip(lengths, ids)])
+    q = torch.arange(len(rows) * num_heads * n).reshape(len(rows), num_heads, n, 1)
+    k = torch.arange(len(rows) * kv_heads * n).reshape(len(rows), kv_heads, n, 1)
+    runs = runtime._runs_of(doc, q, k, 128)
+    assert runs is not None
+    seen = []
+    for q_row, k_row, length, start, stat in runs.tiles.tolist():
+        assert start % 128 == 0 and 0 <= start < length and stat % 128 == 0
+        for h in range(num_heads):
+            rows_q = q.flatten()[q_row + h * n + start : q_row + h * n + min(start + 128, length)]
+            rows_k = k.flatten()[k_row + h // (num_heads // kv_heads) * n + start :][: len(rows_q)]
+            b, p = divmod(int(rows_q[0]), num_heads * n)
+            first = p % n
+            assert rows_q.tolist() == q[b, h, first : first + len(rows_q), 0].tolist()
+            assert rows_k.tolist() == k[b, h // (num_heads // kv_heads), first : first + len(rows_q), 0].tolist()  # fmt: skip
+            assert (doc[b, first : first + len(rows_q)] == doc[b, first]).all()
+            if h == 0:
+                seen.append((b, first - start, length))
+    runs_found = sorted(set(seen))
+    assert [m for _, _, m in runs_found] == [m for b in range(len(rows)) for m in rows[b]]
+    assert runs.stat_rows == sum(-(-m // 128) * 128 for r in rows for m in r)
+    count = sum(len(r) for r in rows)
+    assert runs.backward == (len(rows) * n >= 128 * count)
+
+
+def test_ids_that_come_back_in_a_row_are_not_runs():
+    """An id that comes back later in a row joins two runs under the mask
+    doc[b, q] == doc[b, k]: no runs (the module's own kernels take it); nor
+    for shapes the runs cannot take (Nq != Nk, ids of another length)."""
+    q = torch.zeros(2, 2, 8, 1)
+    doc = torch.tensor([[0, 0, 1, 1, 2, 2, 3, 3], [5, 5, 6, 6, 5, 7, 7, 7]], dtype=torch.int32)
+    assert runtime._runs_of(doc, q, q, 128) is None
+    assert runtime._runs_of(doc[:1], q[:1], q[:1], 128) is not None
+    assert runtime._runs_of(doc[:1], q[:1], q[:1, :, :4], 128) is None
+    assert runtime._runs_of(doc[:1, :4], q[:1], q[:1], 128) is None
+    # not on the CPU: the Gluon kernels run on sm90 only
+    assert runtime._documents_as_runs(doc[:1], q[:1], q[:1], 128) is None
 
 
 @settings(max_examples=60, deadline=None)
