@@ -2425,7 +2425,7 @@ def _gluon_forward(q, k, v, o, lse, scale: float, seqs=None, runs=None) -> None:
         if q.is_contiguous():  # (B * H * N, D) views
             tiles, varlen = runs.tiles, 2
         else:  # rows of tokens: (B * N, heads * D) views, as a varlen call's
-            tiles = runs.token_tiles
+            tiles, varlen = runs.token_tiles, 1
             q, k, v, o = (x.transpose(1, 2).flatten(0, 1) for x in (q, k, v, o))
         ctas, batch, lse_stride = tiles.shape[0], 1, lse.stride(1)
     descriptors = [
@@ -2971,7 +2971,7 @@ def _gluon_backward(
         if q.is_contiguous():  # (B * H * N, D) views
             tiles, varlen = runs.tiles, 2
         else:  # rows of tokens: (B * N, heads * D) views, as a varlen call's
-            tiles = runs.token_tiles
+            tiles, varlen = runs.token_tiles, 1
             q, k, v, o, do, dq, dk, dv = (x.transpose(1, 2).flatten(0, 1) for x in (q, k, v, o, do, dq, dk, dv))  # fmt: skip
         ctas, batch, n_pad, lse_stride = tiles.shape[0], 1, runs.stat_rows, lse.stride(1)
     q_desc, k_desc, v_desc, do_desc, dq_desc, dk_desc, dv_desc = (

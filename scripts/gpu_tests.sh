@@ -75,6 +75,7 @@ else
     group examples-fp32 "examples_on_gpu and FP32"
     group random-forward "random_specs_on_gpu or tanh or direct_launches or another_gpu or (gluon_forward and not any_mask)"
     group limits "nesting_limit or row_offsets"
+    group document-runs "packed_documents_as_runs"
   fi
   if [[ $part == *3* ]]; then
     group examples-fp16 "example and FP16"

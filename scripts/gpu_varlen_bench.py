@@ -38,6 +38,7 @@ import json
 import random
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import torch
@@ -88,6 +89,19 @@ def timed(fn, q, k, v, do, timer):
     bench = triton.testing.do_bench
     fwd = bench(forward, warmup=50, rep=200, return_mode="median")
     return fwd, bench(both, warmup=50, rep=200, return_mode="median"), "do_bench"
+
+
+def plan_ms(build) -> float:
+    """Median wall time of `build()` (a tile plan, which may read the GPU back
+    on the host), from a synchronized GPU, in ms."""
+    times = []
+    for _ in range(25):
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        build()
+        torch.cuda.synchronize()
+        times.append((time.perf_counter() - start) * 1e3)
+    return sorted(times)[len(times) // 2]
 
 
 def main() -> None:
@@ -183,6 +197,10 @@ def main() -> None:
             # The same module on (B, H, N, D) contiguous tensors (the runs' other layout).
             q4c, k4c, v4c, do4c = (x.contiguous() for x in (q4, k4, v4, do4))
             plan_c = docs_mod.tile_plan(q4c, k4c, v4c, doc=doc2)
+            for name, module in (("packed_docs", docs_mod), ("document_runs=off", docs_off)):
+                cost = plan_ms(lambda: module.tile_plan(q4, k4, v4, doc=doc2))
+                print(f"{head_dim:>4} {total:>6} tile_plan, {name:<17} {cost:8.3f} ms", flush=True)
+                records.append(dict(context, spec=f"tile_plan, {name}", tokens=total, D=head_dim, ms=cost))  # fmt: skip
             systems = [
                 ("flashgen varlen", lambda a, b, c: causal.attention(
                     a, b, c, sequences=once), (q3, k3, v3, do3), flops),

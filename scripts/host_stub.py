@@ -89,6 +89,9 @@ def load(path: str):
 
         module._gluon_fits = fits
 
+    if hasattr(module, "_documents_as_runs"):  # the runs of packed documents, on any device
+        module._documents_as_runs = module._runs_of
+
     if hasattr(module, "_gluon_varlen_fits"):
 
         def varlen_fits(q, k, v, seqs, *more):

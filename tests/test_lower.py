@@ -2143,3 +2143,61 @@ def test_derivative_reads_the_score_back_from_s2(score, computed, monkeypatch):
     # Scores of other forms keep their derivative as it was.
     other = make_variant("causal", "log(1.0 + abs(s))", dtype=ir.DType.BF16, head_dim=64)
     assert "s2" not in grad_code(other)
+
+
+@settings(max_examples=200, deadline=None)
+@given(mask=masks())
+def test_a_shift_invariant_mask_is_the_same_from_any_origin(mask):
+    """`shift_invariant` (decision 109): a mask it accepts hides the same
+    pairs whether positions count from 0 or from a run's start: the mask of
+    positions shifted by the call's offsets, both alike, is the mask."""
+    variant = make_variant(print_expr(mask), dtype=ir.DType.FP32, head_dim=16, align="top_left")
+    if not mask_forms.shift_invariant(mask_forms.desugar_mask(variant.mask)):
+        return
+    plain = mask_matrix(variant, 40, 40, 2)
+    for shift in (1, 7, 129):
+        assert torch.equal(mask_matrix(variant, 40, 40, 2, offsets=(shift, shift)), plain)
+
+
+@pytest.mark.parametrize(
+    "mask, score, positional",
+    [
+        ("causal & doc[b, q] == doc[b, k]", None, "causal"),
+        ("doc[b, k] == doc[b, q]", None, "full"),
+        ("doc[b, q] == doc[b, k] & window(300, 0) & h < 4", "s + alibi", "window(300, 0) & h < 4"),
+        ("causal & doc[b, q] == doc[b, k]", "s - 0.01 * abs(q - k)", "causal"),
+        ("(q - k) % 3 != 1 & doc[b, q] == doc[b, k]", None, "(q - k) % 3 != 1"),
+        # positions from the row's start, not the document's
+        ("prefix(16) & doc[b, q] == doc[b, k]", None, None),
+        ("chunk(64) & doc[b, q] == doc[b, k]", None, None),
+        ("causal & doc[b, q] == doc[b, k]", "s + 0.01 * q", None),
+        # not a conjunct, or not one input read at [b, q] and [b, k]
+        ("causal | doc[b, q] == doc[b, k]", None, None),
+        ("causal & doc[b, q] == doc[b, q - 1]", None, None),
+        ("causal & doc[b, q] == doc[b, k] & doc[b, k] >= 0", None, None),
+    ],
+)
+def test_masks_over_packed_documents_carry_the_gluon_kernels_of_their_positional_part(
+    mask, score, positional
+):
+    """Decision 109: `document_runs` finds P in `P & doc[b, q] == doc[b, k]`
+    where P and the score read positions through q - k only, and the module
+    carries P's plan with both Gluon kernels (d128, bf16) in place of its own
+    (none for this mask at d128); the knob document_runs=off leaves it out."""
+    variant = make_variant(
+        mask, score, dtype=ir.DType.BF16, head_dim=128, declared="doc: int32[B, Nk]"
+    )
+    found = kernel_choice.document_runs(variant)
+    expected = None
+    if positional is not None:
+        expected = make_variant(positional, score, dtype=ir.DType.BF16, head_dim=128).mask
+    assert (found and found.mask) == expected
+    model = lower.lower(variant)
+    if found is None or model.runs is None:
+        assert model.runs is None
+        return
+    assert found.inputs == () and model.runs.element_args == ()
+    assert model.runs.gluon_forward and model.runs.gluon_backward and model.runs.dense_runs
+    assert model.runs.helper_prefix == "runs_" and model.helper_prefix == ""
+    assert (model.gluon_forward, model.gluon_backward) == (None, False)
+    assert lower.lower(variant, document_runs=False).runs is None

@@ -243,6 +243,71 @@ def test_host_stub_captured_varlen_calls_take_the_gluon_kernels_under_the_knob(t
                 assert launched and not any(kernel in gluon for kernel, _ in launched)
 
 
+def test_host_stub_packed_documents_whose_ids_form_runs_take_the_gluon_kernels(tmp_path):
+    """Decision 109 on the host: a plan whose documents' ids form runs sends
+    the forward and the backward to the Gluon kernels of the mask's
+    positional part, over (B * H * N, D) views of contiguous tensors and
+    (B * N, H * D) views of rows of tokens (VARLEN 2 and 1); without a plan,
+    with ids that come back in a row, or with tensors of neither layout the
+    module's own Triton kernels run."""
+    import host_stub
+    import torch
+
+    from flashgen.api import build_source
+
+    spec = "attention docs { head_dim = 128; dtype = bf16; doc: int32[B, Nk]; "
+    spec += "mask = causal & doc[b, q] == doc[b, k] }"
+    path = tmp_path / "docs.py"
+    path.write_text(build_source(spec))
+    module = host_stub.load(str(path))
+    launched = []
+    launch = module._launch
+
+    def counted(kernel, grid, *args, **options):
+        descriptors = [a for a in args if hasattr(a, "block_shape")]
+        varlen = args[-1] if kernel in (module._gluon_attn_fwd, module._gluon_attn_bwd_dq) else None
+        launched.append((kernel, grid, [d.shape for d in descriptors[:1]], varlen))
+        return launch(kernel, grid, *args, **options)
+
+    module._launch = counted
+    batch, heads, n = 2, 4, 384
+    doc = torch.repeat_interleave(torch.arange(6, dtype=torch.int32), torch.tensor([100, 200, 84, 300, 50, 34]))  # fmt: skip
+    doc = doc.reshape(batch, n)
+    contiguous = [torch.randn(batch, heads, n, 128, dtype=module.DTYPE) for _ in range(4)]
+    tokens = [x.transpose(1, 2).contiguous().transpose(1, 2) for x in contiguous]
+    inputs = module._check_runtime_inputs(contiguous[0], contiguous[1], (doc,))
+    plan = module.tile_plan(*contiguous[:3], doc=doc)
+    assert plan.runs is not None and plan.runs.tiles.shape[0] == 1 + 2 + 1 + 3 + 1 + 1
+    for (q, k, v, do), view, varlen in (
+        (contiguous, (batch * heads * n, 128), 2),
+        (tokens, (batch * n, heads * 128), 1),
+    ):
+        launched.clear()
+        o, lse = module._forward(q, k, v, 0.1, inputs=inputs, plan=plan)
+        module._backward(q, k, v, o, lse, do, None, 0.1, inputs=inputs, plan=plan)
+        kernels = [kernel for kernel, *_ in launched]
+        assert kernels == [module._gluon_attn_fwd, module._gluon_attn_bwd_dq, module._gluon_attn_bwd_dkdv]  # fmt: skip
+        assert [grid for _, grid, *_ in launched] == [(plan.runs.tiles.shape[0], heads)] * 3
+        assert launched[0][2:] == ([view], varlen) and launched[1][2:] == ([view], varlen)
+        assert o.stride() == q.stride() and lse.shape == (batch, heads, n)
+    # no plan, ids that come back, neither layout: the Triton kernels
+    back = doc.clone()
+    back[1, -10:] = 0
+    others = (
+        (contiguous, None),
+        (contiguous, module.tile_plan(*contiguous[:3], doc=back)),
+        ([x.transpose(2, 3).contiguous().transpose(2, 3) for x in contiguous], plan),
+    )
+    for (q, k, v, do), given in others:
+        data = inputs if given is None or given.runs is not None else (back,)
+        launched.clear()
+        o, lse = module._forward(q, k, v, 0.1, inputs=data, plan=given)
+        module._backward(q, k, v, o, lse, do, None, 0.1, inputs=data, plan=given)
+        kernels = [kernel for kernel, *_ in launched]
+        assert module._attn_fwd in kernels and module._attn_bwd in kernels
+        assert module._gluon_attn_fwd not in kernels
+
+
 def test_host_stub_a_plan_serves_the_gluon_backward_of_a_data_mask(tmp_path):
     """Packed documents at d64 take the Gluon backward (decision 078): a plan
     from tile_plan() holds its 64-row tiles, so a call given it launches no
@@ -250,12 +315,15 @@ def test_host_stub_a_plan_serves_the_gluon_backward_of_a_data_mask(tmp_path):
     import host_stub
     import torch
 
-    from flashgen.api import build_source
+    from flashgen.api import check_sources
+    from flashgen.emit import render_module
 
     spec = "attention docs { head_dim = 64; dtype = bf16; doc: int32[B, Nk]; "
     spec += "mask = causal & doc[b, q] == doc[b, k] }"
     path = tmp_path / "docs.py"
-    path.write_text(build_source(spec))
+    # its own kernels: not those of the mask's positional part (decision 109)
+    (variant,), _ = check_sources({"docs.attn": spec})
+    path.write_text(render_module(variant, None, {"document_runs": False}))
     module = host_stub.load(str(path))
     launched = []
     launch = module._launch
