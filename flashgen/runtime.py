@@ -1620,8 +1620,8 @@ def _runs_of(doc: torch.Tensor, q, k, forward_rows: int) -> _Runs | None:
     # Token t = b * N + p of head h lies at row t + (b * (heads - 1) + h) * N.
     q_rows = [t + t // n * (num_heads - 1) * n for t in firsts]
     k_rows = [t + t // n * (k.shape[1] - 1) * n for t in firsts]
-    tiles = _gluon_table(lengths, q_rows, k_rows).to(q.device)
-    token_tiles = _gluon_table(lengths, firsts, firsts).to(q.device)
+    tables = [_gluon_table(lengths, q_rows, k_rows), _gluon_table(lengths, firsts, firsts)]
+    tiles, token_tiles = torch.stack(tables).to(q.device)  # one copy to the GPU
     stat_rows = sum(_cdiv(length, 128) * 128 for length in lengths)
     if num_heads * stat_rows >= 2**31:
         return None
