@@ -267,8 +267,9 @@ def test_gluon_walk_of_drawn_masks_over_runtime_data(mask, seed):
 def check_planned_walk(variant, data, batch: int, heads: int, n: int) -> dict:
     """The planned walk of `variant`'s module over batch x heads of n x n
     with the declared inputs `data`, against the dense mask; returns what
-    each kernel paints."""
-    module = build(variant)
+    each kernel paints.  The module's own Gluon kernels: not those of a mask
+    over packed documents' positional part (decision 109)."""
+    module = build(variant, {"document_runs": False})
     q = torch.zeros(batch, heads, n, 64, dtype=torch.float16)
     inputs = tuple(data[i.name] for i in variant.inputs)
     dkdv_plan, dq_plan = module._data_plans(q, q, 64, 64, (False, True), inputs)
