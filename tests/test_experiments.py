@@ -250,10 +250,10 @@ def test_data_masks_take_the_any_mask_gluon_forward_unless_documents_bound_their
         "causal & doc[b, q] == doc[b, k]", dtype=ir.DType.BF16, head_dim=128,
         declared="doc: int32[B, Nk]",
     )  # fmt: skip
-    # By default the Gluon kernels of its positional part, for calls whose ids form runs
-    # (decision 109); without those, none.
+    # With document_runs (decision 109) the Gluon kernels of its positional part, for calls
+    # whose ids form runs; without those, none.
     assert "def _gluon_forward(q, k, v, o, lse, scale: float, seqs=None, runs=None)" in (
-        render_module(docs)
+        render_module(docs, None, parse_settings(["document_runs=on"]))
     )
     assert "def _gluon_forward(" not in render_module(
         docs, None, parse_settings(["document_runs=off"])

@@ -705,7 +705,7 @@ def test_packed_documents_as_runs_on_gpu(mask, score, head_dim, dtype, monkeypat
     variant = make_variant(
         mask, score, dtype=dtype, head_dim=head_dim, declared="doc: int32[B, Nk]"
     )
-    module = build(variant)
+    module = build(variant, {"document_runs": True})
     monkeypatch.setattr(module, "GLUON_MIN_KEYS", 128, raising=False)
     runs = lambda keywords: keywords.get("runs") is not None  # noqa: E731
     forwards = _count_calls(monkeypatch, module, "_gluon_forward", runs)

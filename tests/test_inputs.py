@@ -380,7 +380,8 @@ def test_which_variants_that_read_inputs_take_the_gluon_kernels():
             # the module's own kernels (by default packed documents carry
             # those of the mask's positional part instead, decision 109)
             model = lower.lower(variant, document_runs=False)
-            assert (lower.lower(variant).runs is not None) is body.startswith("doc"), body
+            runs = lower.lower(variant, document_runs=True).runs
+            assert (runs is not None) is body.startswith("doc"), body
             any_mask = lower.GluonForward.ANY if gluon_forward and head_dim == 128 else None
             assert model.gluon_forward is any_mask, body
             assert model.gluon_backward is (gluon and head_dim == 64), body

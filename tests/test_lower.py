@@ -2192,7 +2192,7 @@ def test_masks_over_packed_documents_carry_the_gluon_kernels_of_their_positional
     if positional is not None:
         expected = make_variant(positional, score, dtype=ir.DType.BF16, head_dim=128).mask
     assert (found and found.mask) == expected
-    model = lower.lower(variant)
+    model = lower.lower(variant, document_runs=True)
     if found is None or model.runs is None:
         assert model.runs is None
         return

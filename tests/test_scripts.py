@@ -253,12 +253,14 @@ def test_host_stub_packed_documents_whose_ids_form_runs_take_the_gluon_kernels(t
     import host_stub
     import torch
 
-    from flashgen.api import build_source
+    from flashgen.api import check_sources
+    from flashgen.emit import render_module
 
     spec = "attention docs { head_dim = 128; dtype = bf16; doc: int32[B, Nk]; "
     spec += "mask = causal & doc[b, q] == doc[b, k] }"
     path = tmp_path / "docs.py"
-    path.write_text(build_source(spec))
+    (variant,), _ = check_sources({"docs.attn": spec})
+    path.write_text(render_module(variant, None, {"document_runs": True}))
     module = host_stub.load(str(path))
     launched = []
     launch = module._launch
