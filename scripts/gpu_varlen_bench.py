@@ -6,6 +6,9 @@
   (under a CUDA graph's capture: reads nothing on the host, decision 105);
 * flashgen packed_docs: `causal & doc[b, q] == doc[b, k]`, B = 1, N = T, the
   document ids an input (the per-call tile plan skips cross-document tiles);
+  and built with `document_runs=on` (decision 109: the plan's runs on the
+  causal mask's Gluon kernels), on q, k, v with rows of tokens and contiguous,
+  with tile_plan's wall time either way;
 * FlexAttention: the same document mask as a mask_mod, compiled afresh for
   each case (dynamic=False, as `flashgen bench` compiles it), its block mask
   built outside the timed region;
@@ -152,9 +155,10 @@ def main() -> None:
         docs_text = spec(
             "packed_docs", head_dim, "doc: int32[B, Nk]; mask = causal & doc[b, q] == doc[b, k]"
         )
-        docs_mod = api.load(docs_text)
-        # Decision 109's before: the module's own kernels for calls whose ids form runs.
+        # Decision 109: with document_runs=on, calls whose ids form runs take the
+        # causal mask's Gluon kernels over the runs; off, the module's own kernels.
         (docs_variant,) = api.check_sources({"docs": docs_text})[0]
+        docs_mod = api.load_variant(docs_variant, {"document_runs": True})
         docs_off = api.load_variant(docs_variant, {"document_runs": False})
         for total in args.tokens:
             lengths = documents(total, args.mean, args.seed)
@@ -197,7 +201,7 @@ def main() -> None:
             # The same module on (B, H, N, D) contiguous tensors (the runs' other layout).
             q4c, k4c, v4c, do4c = (x.contiguous() for x in (q4, k4, v4, do4))
             plan_c = docs_mod.tile_plan(q4c, k4c, v4c, doc=doc2)
-            for name, module in (("packed_docs", docs_mod), ("document_runs=off", docs_off)):
+            for name, module in (("document_runs=on", docs_mod), ("document_runs=off", docs_off)):
                 cost = plan_ms(lambda: module.tile_plan(q4, k4, v4, doc=doc2))
                 print(f"{head_dim:>4} {total:>6} tile_plan, {name:<17} {cost:8.3f} ms", flush=True)
                 records.append(dict(context, spec=f"tile_plan, {name}", tokens=total, D=head_dim, ms=cost))  # fmt: skip
@@ -207,11 +211,11 @@ def main() -> None:
                 ("flashgen varlen, cu_seqlens", lambda a, b, c: causal.attention(
                     a, b, c, cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=most,
                     max_seqlen_k=most), (q3, k3, v3, do3), flops),
-                ("flashgen packed_docs", lambda a, b, c: docs_mod.attention(
+                ("flashgen packed_docs, document_runs=on", lambda a, b, c: docs_mod.attention(
                     a, b, c, doc=doc2, plan=plan), (q4, k4, v4, do4), flops),
-                ("flashgen packed_docs, (B, H, N, D)", lambda a, b, c: docs_mod.attention(
+                ("flashgen packed_docs, document_runs=on, (B, H, N, D)", lambda a, b, c: docs_mod.attention(
                     a, b, c, doc=doc2, plan=plan_c), (q4c, k4c, v4c, do4c), flops),
-                ("flashgen packed_docs, document_runs=off", lambda a, b, c: docs_off.attention(
+                ("flashgen packed_docs", lambda a, b, c: docs_off.attention(
                     a, b, c, doc=doc2, plan=plan_off), (q4, k4, v4, do4), flops),
                 ("flex", lambda a, b, c: flex(a, b, c, block_mask=block_mask),
                  (q4, k4, v4, do4), flops),

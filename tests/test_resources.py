@@ -64,9 +64,6 @@ SPILL_FREE_BACKWARD |= {("t5_relative_bias", 64)}
 # since decision 083, its rescale threshold no longer keeping it off; paligemma_prefix,
 # built here at d128, since decision 098: a mask over data that documents do not bound).
 GLUON = {(name, d) for name in ("full", "plain_causal") for d in (64, 128)}  # decision 068
-# Packed documents carry the causal mask's Gluon kernels, for calls whose ids form runs
-# (decision 109): at d64 in place of their own Gluon backward (decision 078).
-GLUON |= {("llama3_packed_docs", 64), ("llama3_packed_docs", 128)}
 GLUON_ANY = {
     (name, 128)
     for name in (
@@ -79,14 +76,13 @@ GLUON_ANY = {
 # dK/dV kernel at d64; at d128 the dK/dV consumers (two accumulators of
 # 64 x 128 in fp32 each) spill 24-232 B today.
 # Specs that read inputs take it at d64 where the mask alone reads them
-# (decision 078; the packed documents' dK/dV consumers spilled 12 B there, the
-# documents' ids beside the accumulators, and ran 1.10-1.18x faster than the
-# Triton backward all the same; since decision 109 the packed documents carry
-# the causal mask's Gluon kernels instead).
+# (decision 078): the packed documents' dK/dV consumers spill 12 B there (the
+# documents' ids beside the accumulators), and ran 1.10-1.18x faster than the
+# Triton backward all the same.
 GLUON_BACKWARD = {
     (Path(spec).stem, d) for spec in SPECS if "_INPUTS = (" not in _SOURCES[spec] for d in (64, 128)
-} | {("llama3_packed_docs", 64), ("llama3_packed_docs", 128), ("paligemma_prefix", 64)}
-GLUON_BACKWARD_SPILLS: dict = {}
+} | {("llama3_packed_docs", 64), ("paligemma_prefix", 64)}
+GLUON_BACKWARD_SPILLS = {("_gluon_attn_bwd_dkdv", "llama3_packed_docs", 64): 12}
 
 # The kernels tier: the compiles take minutes.
 pytestmark = pytest.mark.kernels
