@@ -23,6 +23,7 @@ from flashgen.mask_forms import (
     Q,
     K,
     affine,
+    chain,
     clean,
     constant,
     desugar_mask,
@@ -35,6 +36,7 @@ from flashgen.mask_forms import (
     narrow_gaps,
     negation_normal_form,
     never_fills_a_tile,
+    operands,
     positional_part,
     prefix_atom,
     shift_invariant,
@@ -486,7 +488,7 @@ def document_runs(v: ir.Variant) -> ir.Variant | None:
     sequences of a varlen call, and P's kernels compute it (decision 109)."""
     if ir.reads_runtime_data(v.score) or not shift_invariant(v.score):
         return None
-    conjuncts = _conjuncts(v.mask)  # as written: P keeps `causal` for the plain kernels
+    conjuncts = operands(v.mask, ir.BinOp.AND)  # as written: P keeps `causal` for the plain kernels
     documents = [c for c in conjuncts if _document_equality(c)]
     rest = [c for c in conjuncts if not _document_equality(c)]
     if len(documents) != 1 or len(v.inputs) != 1:
@@ -496,16 +498,8 @@ def document_runs(v: ir.Variant) -> ir.Variant | None:
         for c in rest
     ):
         return None
-    positional = rest[0] if rest else ir.FULL
-    for c in rest[1:]:
-        positional = ir.Binary(ir.BinOp.AND, positional, c)
+    positional = chain(ir.BinOp.AND, rest) if rest else ir.FULL
     return dataclasses.replace(v, mask=positional, inputs=())
-
-
-def _conjuncts(e: ir.Expr) -> list[ir.Expr]:
-    if isinstance(e, ir.Binary) and e.op is ir.BinOp.AND:
-        return _conjuncts(e.left) + _conjuncts(e.right)
-    return [e]
 
 
 def _document_equality(e: ir.Expr) -> bool:

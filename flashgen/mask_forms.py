@@ -303,20 +303,20 @@ def _dedupe(e: ir.Binary) -> ir.Expr:
     """Drop repeated operands of an & or | chain (`causal & window(L)`), and
     merge its comparisons of one affine form with constants (`_merged`)."""
     unique: list[ir.Expr] = []
-    for x in _operands(e, e.op):
+    for x in operands(e, e.op):
         if x not in unique:
             unique.append(x)
-    return _chain(e.op, _merged(e.op, unique))
+    return chain(e.op, _merged(e.op, unique))
 
 
-def _operands(e: ir.Expr, op: ir.BinOp) -> list[ir.Expr]:
+def operands(e: ir.Expr, op: ir.BinOp) -> list[ir.Expr]:
     """The operands of the `op` chain `e`, left to right."""
     if isinstance(e, ir.Binary) and e.op is op:
-        return _operands(e.left, op) + _operands(e.right, op)
+        return operands(e.left, op) + operands(e.right, op)
     return [e]
 
 
-def _chain(op: ir.BinOp, items: list[ir.Expr]) -> ir.Expr:
+def chain(op: ir.BinOp, items: list[ir.Expr]) -> ir.Expr:
     """items[0] op items[1] op ..., grouped from the left."""
     out = items[0]
     for x in items[1:]:
@@ -439,7 +439,7 @@ def _in_context(e: ir.Expr, op: ir.BinOp, context: dict[tuple, tuple[float, floa
     if not (isinstance(e, ir.Binary) and e.op is inner):
         return e
     kept = []
-    for x in _operands(e, inner):
+    for x in operands(e, inner):
         values = _values(x)
         span = context.get(values[0]) if values is not None else None
         if span is None:
@@ -451,7 +451,7 @@ def _in_context(e: ir.Expr, op: ir.BinOp, context: dict[tuple, tuple[float, floa
             return e if ir.reads_inputs(e) else constant(inner is ir.BinOp.OR)
         if meets if inner is ir.BinOp.OR else not covers:  # may still matter
             kept.append(x)
-    return _chain(inner, kept) if kept else constant(inner is ir.BinOp.AND)
+    return chain(inner, kept) if kept else constant(inner is ir.BinOp.AND)
 
 
 NEGATED = {

@@ -1651,8 +1651,8 @@ def _runs_stats(x: torch.Tensor | None, layout: int) -> torch.Tensor | None:
     """lse or dlse (B, H, N) as the runs' kernels read it (`_runs_layout`):
     for rows of tokens (H, B, N) in memory, as a varlen call's (H, tokens),
     else contiguous."""
-    if x is None or layout != 1:
-        return None if x is None else x.contiguous()
-    if x.transpose(0, 1).is_contiguous():
-        return x
-    return x.transpose(0, 1).contiguous().transpose(0, 1)
+    if x is None:
+        return None
+    if layout != 1:
+        return x.contiguous()
+    return x.transpose(0, 1).contiguous().transpose(0, 1)  # no copy where it lies so
