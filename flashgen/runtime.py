@@ -1483,7 +1483,8 @@ def _gluon_table(lengths: list, q_rows: list, k_rows: list) -> torch.Tensor:
 def _gluon_device_tiles(table: torch.Tensor, rows: int) -> torch.Tensor:
     """`_gluon_tiles`'s table made on the GPU from the sequences' bound table
     (`Sequences.bind`: first row and length of each sequence's queries, as of
-    its keys), reading nothing on the host, in one launch
+    its keys; the tile's key row from the third column, the queries' length
+    for both), reading nothing on the host, in one launch
     (`_gluon_tiles_kernel`): the same rows in the same order, then rows of
     length 0 (a CTA that reads but writes only its statistics' spare rows) up
     to cdiv(rows, 128) + S, the most tiles S sequences in `rows` rows can
@@ -1513,6 +1514,7 @@ def _gluon_tiles_kernel(table, tiles, sequences, size, BLOCK: tl.constexpr):
     i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     first = tl.load(table + i * 4, mask=i < sequences, other=0)
     length = tl.load(table + i * 4 + 1, mask=i < sequences, other=0)
+    first_key = tl.load(table + i * 4 + 2, mask=i < sequences, other=0)
     count = (length + 127) // 128
     ahead_tiles = tl.zeros([BLOCK], tl.int32)  # of the sequences ahead in the order
     earlier_tiles = tl.zeros([BLOCK], tl.int32)  # of the sequences earlier in the table
@@ -1534,7 +1536,7 @@ def _gluon_tiles_kernel(table, tiles, sequences, size, BLOCK: tl.constexpr):
         at = tiles + row * 5
         written = (t < count) & (row < size)
         tl.store(at, tl.where(kept, first, 0), mask=written)
-        tl.store(at + 1, tl.where(kept, first, 0), mask=written)
+        tl.store(at + 1, tl.where(kept, first_key, 0), mask=written)
         tl.store(at + 2, tl.where(kept, length, 0), mask=written)
         tl.store(at + 3, tl.where(kept, (count - 1 - t) * 128, 0), mask=written)  # furthest first
         tl.store(at + 4, tl.where(kept, earlier_tiles * 128, spare), mask=written)
@@ -1573,22 +1575,49 @@ def _gluon_varlen_fits(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, seqs, 
 
 
 # flashgen: section document_runs
-class _Runs(NamedTuple):
-    """A dense batch's packed documents as sequences (decision 109): the
-    tables of `_gluon_tiles`' rows for the runs of one id, for tensors
-    (B, H, N, D) contiguous, seen as (B * H * N, D) (a run at position p of
-    batch row b starts at row (b * heads + head) * N + p: the table holds
-    b * heads * N + p, the kernels add head * N), and for tensors whose rows
-    are tokens ((B, N, H, D) in memory), seen as a varlen call's (B * N,
-    heads * D) (the table holds b * N + p); the backward's statistics rows
-    per head; and whether the runs are long enough on average for the Gluon
+class _Runs:
+    """A dense batch's packed documents as sequences (decision 109), found on
+    the GPU (decision 110): the tables of `_gluon_tiles`' rows for the runs of
+    one id, for tensors (B, H, N, D) contiguous, seen as (B * H * N, D) (a run
+    at position p of batch row b starts at row (b * heads + head) * N + p: the
+    table holds b * heads * N + p, the kernels add head * N), and for tensors
+    whose rows are tokens ((B, N, H, D) in memory), seen as a varlen call's
+    (B * N, heads * D) (the table holds b * N + p).  Each table's first `ctas`
+    rows are the tiles, rows of length 0 follow.
+
+    What the host needs (whether the ids form runs, how many, how many tiles)
+    comes back in three integers copied when `tile_plan` ran and read at the
+    first call that asks: `ctas`, `stat_rows` (the backward's statistics rows
+    per head) and whether the runs are long enough on average for the Gluon
     forward and for its backward."""
 
-    tiles: torch.Tensor
-    token_tiles: torch.Tensor
-    stat_rows: int
-    forward: bool
-    backward: bool
+    def __init__(
+        self, tiles, token_tiles, found, copied, tokens: int, heads: int, forward_rows: int
+    ):
+        self.tiles, self.token_tiles = tiles, token_tiles
+        self._found, self._copied = found, copied
+        self._tokens, self._heads, self._forward_rows = tokens, heads, forward_rows
+        self._known = None
+
+    def _read(self) -> tuple:
+        """(ctas, forward, backward), read once: waits for `_runs_kernel` only
+        if it has not run yet."""
+        if self._known is None:
+            if self._copied is not None:
+                self._copied.synchronize()
+            distinct, runs, ctas = self._found.tolist()
+            fits = bool(distinct) and 0 < runs and self._heads * 128 * ctas < 2**31
+            self._known = (
+                ctas,
+                fits and self._tokens >= self._forward_rows * runs,
+                fits and self._tokens >= 128 * runs,
+            )
+        return self._known
+
+    ctas = property(lambda self: self._read()[0])
+    stat_rows = property(lambda self: 128 * self._read()[0])
+    forward = property(lambda self: self._read()[1])
+    backward = property(lambda self: self._read()[2])
 
 
 def _documents_as_runs(doc: torch.Tensor, q, k, forward_rows: int) -> _Runs | None:
@@ -1601,38 +1630,102 @@ def _documents_as_runs(doc: torch.Tensor, q, k, forward_rows: int) -> _Runs | No
 
 
 def _runs_of(doc: torch.Tensor, q, k, forward_rows: int) -> _Runs | None:
-    """`_documents_as_runs` on any device: None unless Nq = Nk = N, each id
-    of a row forms one run (an id that comes back later in a row joins two
-    runs under the mask) and no CUDA graph is being captured.  One read on
-    the host: where runs start, and whether their ids are distinct."""
+    """`_documents_as_runs` on any device: None unless Nq = Nk = N and no CUDA
+    graph is being captured.  Three launches and nothing read on the host
+    (`_Runs` reads its three integers when a call first asks): the runs and
+    their tables (`_runs_kernel`), for at most one run per 128 tokens (more
+    would not take the Gluon kernels), then each layout's tiles
+    (`_gluon_device_tiles`)."""
     batch, num_heads, n, _ = q.shape
     if k.shape[2] != n or tuple(doc.shape) != (batch, n) or n == 0 or _capturing(doc):
         return None
-    starts = torch.ones(doc.shape, dtype=torch.bool, device=doc.device)
-    starts[:, 1:] = doc[:, 1:] != doc[:, :-1]
-    ids = doc.sort(dim=1).values
-    distinct = (ids[:, 1:] != ids[:, :-1]).sum(1) == starts[:, 1:].sum(1)
-    found = torch.cat([distinct.all().view(1), starts.flatten()]).cpu()
-    if not found[0]:
-        return None
-    firsts = found[1:].nonzero().flatten().tolist()
-    lengths = [b - a for a, b in zip(firsts, firsts[1:] + [batch * n])]
-    # Token t = b * N + p of head h lies at row t + (b * (heads - 1) + h) * N.
-    q_rows = [t + t // n * (num_heads - 1) * n for t in firsts]
-    k_rows = [t + t // n * (k.shape[1] - 1) * n for t in firsts]
-    tables = [_gluon_table(lengths, q_rows, k_rows), _gluon_table(lengths, firsts, firsts)]
-    tiles, token_tiles = torch.stack(tables).to(q.device)  # one copy to the GPU
-    stat_rows = sum(_cdiv(length, 128) * 128 for length in lengths)
-    if num_heads * stat_rows >= 2**31:
-        return None
-    total = batch * n
-    return _Runs(
-        tiles,
-        token_tiles,
-        stat_rows,
-        total >= forward_rows * len(lengths),
-        total >= 128 * len(lengths),
-    )
+    tokens = batch * n
+    capacity = _cdiv(tokens, 128)
+    tables = torch.empty((2, capacity, 4), dtype=torch.int32, device=doc.device)
+    found = torch.empty(3, dtype=torch.int32, device=doc.device)
+    _launch(
+        _runs_kernel, (1,), doc, doc.stride(0), doc.stride(1), tables, found,
+        batch, n, num_heads, k.shape[1], capacity, _RUNS_BLOCK, _RUNS_PAIRS,
+    )  # fmt: skip
+    token_tiles, tiles = (_gluon_device_tiles(table, tokens) for table in tables)
+    copied = None
+    if doc.device.type == "cuda":  # to the host without waiting: read at the first call
+        found = found.to("cpu", non_blocking=True)
+        copied = torch.cuda.Event()
+        copied.record()
+    return _Runs(tiles, token_tiles, found, copied, tokens, num_heads, forward_rows)
+
+
+_RUNS_BLOCK = 1024  # tokens per step of _runs_kernel
+_RUNS_PAIRS = 64  # runs per side of a block of pairs in _runs_kernel
+
+
+@triton.jit
+def _runs_kernel(
+    doc, stride_b, stride_n, tables, found, batch, n, heads, kv_heads, capacity,
+    BLOCK: tl.constexpr, PAIRS: tl.constexpr,
+):  # fmt: skip
+    """`_runs_of` in one program.  Over the B * N tokens in blocks: a run
+    starts at a row's first token and wherever the id changes; the r-th run
+    (r < capacity) writes its first token t = b * N + p to tables[0, r] (as
+    first query and key row, `Sequences.bind`'s columns) and the rows of its
+    dense views to tables[1, r] (t + b * (heads - 1) * N for q, t + b *
+    (kv_heads - 1) * N for k).  Then each run's length (to the next run's
+    first token), rows of length 0 after the last run, and over pairs of
+    runs of one batch row whether an id comes back.  found: [ids distinct
+    (0 or 1; 0 past `capacity` runs), runs, tiles of 128 rows]."""
+    tokens = batch * n
+    runs = 0
+    for start in range(0, tokens, BLOCK):
+        t = start + tl.arange(0, BLOCK)
+        b = t // n
+        p = t - b * n
+        inside = t < tokens
+        ids = tl.load(doc + b.to(tl.int64) * stride_b + p.to(tl.int64) * stride_n, mask=inside)
+        before = tl.load(doc + b.to(tl.int64) * stride_b + (p - 1).to(tl.int64) * stride_n, mask=inside & (p > 0))  # fmt: skip
+        first = inside & ((p == 0) | (ids != before))
+        r = runs + tl.cumsum(first.to(tl.int32), 0) - 1
+        written = first & (r < capacity)
+        at = tables + r * 4
+        tl.store(at, t, mask=written)
+        tl.store(at + 2, t, mask=written)
+        tl.store(at + capacity * 4, t + b * (heads - 1) * n, mask=written)
+        tl.store(at + capacity * 4 + 2, t + b * (kv_heads - 1) * n, mask=written)
+        tl.store(at + 3, ids, mask=written)  # the run's id, for the pairs below
+        runs += tl.sum(first.to(tl.int32), 0)
+    tl.debug_barrier()
+    kept = tl.minimum(runs, capacity)
+    repeated = 0
+    for i in range(0, kept, PAIRS):
+        a = i + tl.arange(0, PAIRS)
+        a_first = tl.load(tables + a * 4, mask=a < kept, other=0)
+        a_id = tl.load(tables + a * 4 + 3, mask=a < kept, other=0)
+        for j in range(i, kept, PAIRS):
+            c = j + tl.arange(0, PAIRS)
+            c_first = tl.load(tables + c * 4, mask=c < kept, other=0)
+            c_id = tl.load(tables + c * 4 + 3, mask=c < kept, other=0)
+            same = (a_first // n)[:, None] == (c_first // n)[None, :]
+            same &= a_id[:, None] == c_id[None, :]
+            same &= (a[:, None] < c[None, :]) & (a < kept)[:, None] & (c < kept)[None, :]
+            repeated += tl.sum(tl.sum(same.to(tl.int32), 1), 0)
+    tl.debug_barrier()
+    ctas = 0
+    for i in range(0, capacity, PAIRS):
+        a = i + tl.arange(0, PAIRS)
+        a_first = tl.load(tables + a * 4, mask=a < kept, other=tokens)
+        after = tl.load(tables + (a + 1) * 4, mask=a + 1 < kept, other=tokens)
+        length = tl.where(a < kept, after - a_first, 0)
+        ctas += tl.sum((length + 127) // 128, 0)
+        tl.debug_barrier()
+        for table in tl.static_range(2):
+            at = tables + table * capacity * 4 + a * 4
+            tl.store(at + 1, length, mask=a < capacity)
+            tl.store(at + 3, length, mask=a < capacity)
+            tl.store(at, 0, mask=(a >= kept) & (a < capacity))
+            tl.store(at + 2, 0, mask=(a >= kept) & (a < capacity))
+    tl.store(found, ((repeated == 0) & (runs <= capacity)).to(tl.int32))
+    tl.store(found + 1, runs)
+    tl.store(found + 2, ctas)
 
 
 def _runs_layout(plan, *tensors: torch.Tensor) -> int:

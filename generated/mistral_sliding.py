@@ -2052,7 +2052,8 @@ def _gluon_table(lengths: list, q_rows: list, k_rows: list) -> torch.Tensor:
 def _gluon_device_tiles(table: torch.Tensor, rows: int) -> torch.Tensor:
     """`_gluon_tiles`'s table made on the GPU from the sequences' bound table
     (`Sequences.bind`: first row and length of each sequence's queries, as of
-    its keys), reading nothing on the host, in one launch
+    its keys; the tile's key row from the third column, the queries' length
+    for both), reading nothing on the host, in one launch
     (`_gluon_tiles_kernel`): the same rows in the same order, then rows of
     length 0 (a CTA that reads but writes only its statistics' spare rows) up
     to cdiv(rows, 128) + S, the most tiles S sequences in `rows` rows can
@@ -2082,6 +2083,7 @@ def _gluon_tiles_kernel(table, tiles, sequences, size, BLOCK: tl.constexpr):
     i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     first = tl.load(table + i * 4, mask=i < sequences, other=0)
     length = tl.load(table + i * 4 + 1, mask=i < sequences, other=0)
+    first_key = tl.load(table + i * 4 + 2, mask=i < sequences, other=0)
     count = (length + 127) // 128
     ahead_tiles = tl.zeros([BLOCK], tl.int32)  # of the sequences ahead in the order
     earlier_tiles = tl.zeros([BLOCK], tl.int32)  # of the sequences earlier in the table
@@ -2103,7 +2105,7 @@ def _gluon_tiles_kernel(table, tiles, sequences, size, BLOCK: tl.constexpr):
         at = tiles + row * 5
         written = (t < count) & (row < size)
         tl.store(at, tl.where(kept, first, 0), mask=written)
-        tl.store(at + 1, tl.where(kept, first, 0), mask=written)
+        tl.store(at + 1, tl.where(kept, first_key, 0), mask=written)
         tl.store(at + 2, tl.where(kept, length, 0), mask=written)
         tl.store(at + 3, tl.where(kept, (count - 1 - t) * 128, 0), mask=written)  # furthest first
         tl.store(at + 4, tl.where(kept, earlier_tiles * 128, spare), mask=written)

@@ -269,7 +269,7 @@ def test_the_hopper_kernels_run_only_on_the_triton_they_were_tested_with(
     shuffle=st.booleans(),
 )
 def test_packed_documents_become_runs_at_their_rows_of_the_dense_views(rows, heads, shuffle):
-    """`_runs_of` (decision 109): a tile of the runs' table addresses, for
+    """`_runs_of` (decisions 109-110): a tile of the runs' table addresses, for
     every head, the very rows of the dense (B, H, N, D) q and k that hold its
     run's tokens (the kernels add head * N to the table's rows), one tile per
     128 tokens of every run, and the statistics as `_gluon_tiles` pads them.
@@ -286,8 +286,13 @@ def test_packed_documents_become_runs_at_their_rows_of_the_dense_views(rows, hea
     k = torch.arange(len(rows) * kv_heads * n).reshape(len(rows), kv_heads, n, 1)
     runs = runtime._runs_of(doc, q, k, 128)
     assert runs is not None
+    count = sum(len(r) for r in rows)
+    assert runs.backward == (len(rows) * n >= 128 * count)
+    if count > -(-len(rows) * n // 128):  # more runs than the tables hold: not taken
+        return
     seen = []
-    for q_row, k_row, length, start, stat in runs.tiles.tolist():
+    assert runs.tiles[runs.ctas :, 2].eq(0).all()  # rows of length 0 after the tiles
+    for q_row, k_row, length, start, stat in runs.tiles[: runs.ctas].tolist():
         assert start % 128 == 0 and 0 <= start < length and stat % 128 == 0
         for h in range(num_heads):
             rows_q = q.flatten()[q_row + h * n + start : q_row + h * n + min(start + 128, length)]
@@ -302,18 +307,32 @@ def test_packed_documents_become_runs_at_their_rows_of_the_dense_views(rows, hea
     runs_found = sorted(set(seen))
     assert [m for _, _, m in runs_found] == [m for b in range(len(rows)) for m in rows[b]]
     assert runs.stat_rows == sum(-(-m // 128) * 128 for r in rows for m in r)
-    count = sum(len(r) for r in rows)
-    assert runs.backward == (len(rows) * n >= 128 * count)
 
 
 def test_ids_that_come_back_in_a_row_are_not_runs():
     """An id that comes back later in a row joins two runs under the mask
-    doc[b, q] == doc[b, k]: no runs (the module's own kernels take it); nor
-    for shapes the runs cannot take (Nq != Nk, ids of another length)."""
-    q = torch.zeros(2, 2, 8, 1)
-    doc = torch.tensor([[0, 0, 1, 1, 2, 2, 3, 3], [5, 5, 6, 6, 5, 7, 7, 7]], dtype=torch.int32)
-    assert runtime._runs_of(doc, q, q, 128) is None
-    assert runtime._runs_of(doc[:1], q[:1], q[:1], 128) is not None
+    doc[b, q] == doc[b, k]: the runs are not taken (the module's own kernels
+    run), nor where there are more runs than one per 128 tokens; no runs for
+    shapes they cannot take (Nq != Nk, ids of another length)."""
+    q = torch.zeros(2, 2, 512, 1)
+    ids = torch.tensor([[0, 1, 2, 3], [5, 6, 5, 7]], dtype=torch.int32)
+    doc = ids.repeat_interleave(128, dim=1)
+    assert not runtime._runs_of(doc, q, q, 128).backward
+    taken = runtime._runs_of(doc[:1], q[:1], q[:1], 128)
+    assert taken.backward and taken.forward and taken.ctas == 4
+    assert not runtime._runs_of(doc[:1], q[:1], q[:1], 129).forward  # runs shorter than asked
+    assert runtime._runs_of(doc[1:], q[:1], q[:1], 128).ctas == 4  # the tiles are there, not taken
+    short = doc[:1].clone()
+    short[0, 0] = 9  # five runs in 512 tokens: more than the tables hold
+    assert not runtime._runs_of(short, q[:1], q[:1], 1).backward
+    # many runs: blocks of tokens and of pairs of runs past the first
+    many = torch.randperm(1000, generator=torch.Generator().manual_seed(0))[:150].int()
+    doc = many.repeat_interleave(128).reshape(2, 75 * 128)
+    q = torch.zeros(2, 1, 75 * 128, 1)
+    assert runtime._runs_of(doc, q, q, 128).backward
+    doc[1, -128:] = doc[1, 128]  # the second row's last id is its second's
+    runs = runtime._runs_of(doc, q, q, 128)
+    assert not runs.backward and runs.ctas == 150
     assert runtime._runs_of(doc[:1], q[:1], q[:1, :, :4], 128) is None
     assert runtime._runs_of(doc[:1, :4], q[:1], q[:1], 128) is None
     # not on the CPU: the Gluon kernels run on sm90 only

@@ -279,7 +279,7 @@ def test_host_stub_packed_documents_whose_ids_form_runs_take_the_gluon_kernels(t
     tokens = [x.transpose(1, 2).contiguous().transpose(1, 2) for x in contiguous]
     inputs = module._check_runtime_inputs(contiguous[0], contiguous[1], (doc,))
     plan = module.tile_plan(*contiguous[:3], doc=doc)
-    assert plan.runs is not None and plan.runs.tiles.shape[0] == 1 + 2 + 1 + 3 + 1 + 1
+    assert plan.runs is not None and plan.runs.ctas == 1 + 2 + 1 + 3 + 1 + 1
     for (q, k, v, do), view, varlen in (
         (contiguous, (batch * heads * n, 128), 2),
         (tokens, (batch * n, heads * 128), 1),
@@ -289,9 +289,15 @@ def test_host_stub_packed_documents_whose_ids_form_runs_take_the_gluon_kernels(t
         module._backward(q, k, v, o, lse, do, None, 0.1, inputs=inputs, plan=plan)
         kernels = [kernel for kernel, *_ in launched]
         assert kernels == [module._gluon_attn_fwd, module._gluon_attn_bwd_dq, module._gluon_attn_bwd_dkdv]  # fmt: skip
-        assert [grid for _, grid, *_ in launched] == [(plan.runs.tiles.shape[0], heads)] * 3
+        assert [grid for _, grid, *_ in launched] == [(plan.runs.ctas, heads)] * 3
         assert launched[0][2:] == ([view], varlen) and launched[1][2:] == ([view], varlen)
         assert o.stride() == q.stride() and lse.shape == (batch, heads, n)
+        # attention() returns o and the gradients in the caller's shape
+        leaves = [x.detach().requires_grad_() for x in (q, k, v)]
+        o = module.attention(*leaves, doc=doc, plan=plan)
+        assert o.shape == q.shape and o.stride() == q.stride()
+        o.backward(do)
+        assert [x.grad.shape for x in leaves] == [q.shape] * 3
     # no plan, ids that come back, neither layout: the Triton kernels
     back = doc.clone()
     back[1, -10:] = 0
