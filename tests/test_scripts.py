@@ -243,20 +243,23 @@ def test_host_stub_captured_varlen_calls_take_the_gluon_kernels_under_the_knob(t
                 assert launched and not any(kernel in gluon for kernel, _ in launched)
 
 
-def test_host_stub_packed_documents_whose_ids_form_runs_take_the_gluon_kernels(tmp_path):
+@pytest.mark.parametrize("head_dim", [128, 64])
+def test_host_stub_packed_documents_whose_ids_form_runs_take_the_gluon_kernels(tmp_path, head_dim):  # fmt: skip
     """Decision 109 on the host: a plan whose documents' ids form runs sends
     the forward and the backward to the Gluon kernels of the mask's
     positional part, over (B * H * N, D) views of contiguous tensors and
-    (B * N, H * D) views of rows of tokens (VARLEN 2 and 1); without a plan,
-    with ids that come back in a row, or with tensors of neither layout the
-    module's own Triton kernels run."""
+    (B * N, H * D) views of rows of tokens (VARLEN 2 and 1); at d64 runs of
+    ~128 tokens are too short for its Gluon forward (GLUON_MIN_KEYS), whose
+    Triton kernel writes o in q's layout so that the backward takes the
+    runs.  Without a plan, with ids that come back in a row, or with tensors
+    of neither layout the module's own Triton kernels run."""
     import host_stub
     import torch
 
     from flashgen.api import check_sources
     from flashgen.emit import render_module
 
-    spec = "attention docs { head_dim = 128; dtype = bf16; doc: int32[B, Nk]; "
+    spec = f"attention docs {{ head_dim = {head_dim}; dtype = bf16; doc: int32[B, Nk]; "
     spec += "mask = causal & doc[b, q] == doc[b, k] }"
     path = tmp_path / "docs.py"
     (variant,), _ = check_sources({"docs.attn": spec})
@@ -275,22 +278,26 @@ def test_host_stub_packed_documents_whose_ids_form_runs_take_the_gluon_kernels(t
     batch, heads, n = 2, 4, 384
     doc = torch.repeat_interleave(torch.arange(6, dtype=torch.int32), torch.tensor([100, 200, 84, 300, 50, 34]))  # fmt: skip
     doc = doc.reshape(batch, n)
-    contiguous = [torch.randn(batch, heads, n, 128, dtype=module.DTYPE) for _ in range(4)]
+    contiguous = [torch.randn(batch, heads, n, head_dim, dtype=module.DTYPE) for _ in range(4)]
     tokens = [x.transpose(1, 2).contiguous().transpose(1, 2) for x in contiguous]
     inputs = module._check_runtime_inputs(contiguous[0], contiguous[1], (doc,))
     plan = module.tile_plan(*contiguous[:3], doc=doc)
     assert plan.runs is not None and plan.runs.ctas == 1 + 2 + 1 + 3 + 1 + 1
     for (q, k, v, do), view, varlen in (
-        (contiguous, (batch * heads * n, 128), 2),
-        (tokens, (batch * n, heads * 128), 1),
+        (contiguous, (batch * heads * n, head_dim), 2),
+        (tokens, (batch * n, heads * head_dim), 1),
     ):
         launched.clear()
         o, lse = module._forward(q, k, v, 0.1, inputs=inputs, plan=plan)
         module._backward(q, k, v, o, lse, do, None, 0.1, inputs=inputs, plan=plan)
+        if head_dim == 64:  # the module's Triton forward, then the runs' backward
+            assert launched.pop(0)[0] == module._attn_fwd
+        else:
+            assert launched.pop(0) == (module._gluon_attn_fwd, (plan.runs.ctas, heads), [view], varlen)  # fmt: skip
         kernels = [kernel for kernel, *_ in launched]
-        assert kernels == [module._gluon_attn_fwd, module._gluon_attn_bwd_dq, module._gluon_attn_bwd_dkdv]  # fmt: skip
-        assert [grid for _, grid, *_ in launched] == [(plan.runs.ctas, heads)] * 3
-        assert launched[0][2:] == ([view], varlen) and launched[1][2:] == ([view], varlen)
+        assert kernels == [module._gluon_attn_bwd_dq, module._gluon_attn_bwd_dkdv]
+        assert [grid for _, grid, *_ in launched] == [(plan.runs.ctas, heads)] * 2
+        assert launched[0][2:] == ([view], varlen)
         assert o.stride() == q.stride() and lse.shape == (batch, heads, n)
         # attention() returns o and the gradients in the caller's shape
         leaves = [x.detach().requires_grad_() for x in (q, k, v)]
