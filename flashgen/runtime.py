@@ -1652,7 +1652,7 @@ def _runs_of(doc: torch.Tensor, q, k, forward_rows: int) -> _Runs | None:
     if doc.device.type == "cuda":  # to the host without waiting: read at the first call
         found = found.to("cpu", non_blocking=True)
         copied = torch.cuda.Event()
-        copied.record()
+        copied.record(torch.cuda.current_stream(doc.device))
     return _Runs(tiles, token_tiles, found, copied, tokens, num_heads, forward_rows)
 
 

@@ -39,6 +39,36 @@ try:  # Hopper's tensor memory accelerator (TMA), Triton >= 3.4
     from triton.tools.tensor_descriptor import TensorDescriptor
 except ImportError:  # pragma: no cover
     TensorDescriptor = None
+try:  # Gluon, Triton >= 3.5: the Hopper kernels
+    from triton.experimental import gluon
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.language.nvidia.hopper import (
+        fence_async_shared,
+        mbarrier,
+        warpgroup_mma,
+        warpgroup_mma_wait,
+    )
+    from triton.experimental.gluon.language.nvidia.hopper import tma as gl_tma
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor as GluonTensorDescriptor
+
+    # Gluon's API changes between releases: the Hopper kernels run on the Triton
+    # they were tested with; on another, every launch takes the Triton kernels.
+    GLUON = triton.__version__.startswith(("3.6.",))
+except ImportError:  # pragma: no cover - a Triton without Gluon runs the Triton kernels
+
+    class _NoGluon:
+        """Stands in for every Gluon name, so that the Gluon kernels below are
+        defined (and never launched: `_gluon_fits` is False)."""
+
+        def __getattr__(self, name):
+            return self
+
+        def __call__(self, *args, **kwargs):
+            return self
+
+    gluon = gl = gl_tma = mbarrier = warpgroup_mma = warpgroup_mma_wait = _NoGluon()
+    fence_async_shared = GluonTensorDescriptor = _NoGluon()
+    GLUON = False
 
 SPEC = "attention llama3_packed_docs {\n    doc: int32[B, Nk]\n    head_dim = 128\n    dtype = bf16\n    mask = causal & doc[b, q] == doc[b, k]\n    score = s\n    align = bottom_right\n    rescale_threshold = 0.0\n}\n"  # fmt: skip
 HEAD_DIM = 128
@@ -1609,6 +1639,8 @@ class TilePlan(NamedTuple):
     key: tuple
     tiles: dict
     held: tuple
+    # Where the ids form runs of distinct ids: the runs as sequences (`_Runs`).
+    runs: "_Runs | None" = None
 
 
 def _plan_key(q, k, inputs: tuple, seqs, shifts) -> tuple:
@@ -1821,6 +1853,1339 @@ def _launch(kernel, grid, *args, **options) -> None:
     compiled.run(*grid, *(1,) * (3 - len(grid)), stream, *handles, *args)
 
 
+# --------------------------------------------------------------------------- #
+# Packed documents as sequences (decision 109): where a call's TilePlan found
+# its ids in runs of distinct ids, the mask is `k <= q` within each run,
+# and these Gluon kernels of that mask take the call's runs as a varlen
+# call's sequences, over the dense batch's own (B * H * N, D) rows.
+# --------------------------------------------------------------------------- #
+@triton.jit
+def _runs_scores_log2(
+    qk, q_pos, k_pos, n_keys, head, num_heads, alibi_slope, sm_scale, MASKED: tl.constexpr
+):  # fmt: skip
+    """Score modifier and mask on a tile of q.k products, in log2 units.
+
+    Masked pairs (and keys past n_keys) get -inf.  Tiles known to be fully
+    visible skip the mask (MASKED=False).
+    """
+    # log2(e) is folded into the scale, so exp2 of these scores computes exp.
+    s2 = qk * (sm_scale * 1.4426950408889634)
+    if MASKED:
+        visible = (k_pos < n_keys) & (k_pos <= q_pos)
+        s2 = tl.where(visible, s2, float("-inf"))
+    return s2
+
+
+@triton.jit
+def _runs_attn_probs(
+    qk, lse, q_pos, k_pos, n_keys, head, num_heads, alibi_slope, sm_scale, MASKED: tl.constexpr
+):  # fmt: skip
+    """Recompute P = exp(score - lse) for a tile from the saved log-sum-exp;
+    also the scores (log2 units), from which some derivatives are cheaper.
+
+    `lse` and the positions come shaped to broadcast against `qk`, which may
+    be a (queries x keys) tile or its transpose.
+    """
+    s2 = _runs_scores_log2(qk, q_pos, k_pos, n_keys, head, num_heads, alibi_slope, sm_scale, MASKED)
+    # Rows that see no key (lse = -inf) and padding rows (lse = +inf) get p = 0.
+    lse2 = tl.where(lse == float("-inf"), float("inf"), lse * 1.4426950408889634)
+    return tl.math.exp2(s2 - lse2), s2
+
+
+@functools.lru_cache(maxsize=None)
+def _gluon_layout(rows: int, d: int, dtype: torch.dtype) -> "gl.NVMMASharedLayout":
+    return gl.NVMMASharedLayout.get_default_for(
+        [rows, d], gl.bfloat16 if dtype == torch.bfloat16 else gl.float16
+    )
+
+
+def _gluon_fits(
+    block: int, q: torch.Tensor, k: torch.Tensor, *tensors: torch.Tensor, any_length: bool = False
+) -> bool:
+    """Whether the Gluon kernels can take these tensors: a Triton with Gluon,
+    an sm90 GPU, Nq = Nk a multiple of `block` (`any_length`: at least
+    `block`, for kernels that mask the last tile's rows and keys), q, k and
+    `tensors` contiguous and 16-byte aligned, and fewer than 2^31 - `block`
+    rows of q in all (the kernels address rows as (batch * heads + head) * N +
+    row, and TMA coordinates, in int32, a tile past the last row included)."""
+    if not GLUON or _interpreting() or q.device.type != "cuda" or _capability(q.device) != (9, 0):
+        return False
+    n = q.shape[2]
+    uneven = n < block if any_length else n % block
+    if k.shape[2] != n or uneven or q.shape[0] * q.shape[1] * n >= 2**31 - block:
+        return False
+    return all(x.is_contiguous() and x.data_ptr() % 16 == 0 for x in (q, k, *tensors))
+
+
+class _GluonBlocks(NamedTuple):
+    """A TMA descriptor of [rows, D] blocks over a contiguous tensor seen as
+    (B * heads * N, D): what the launcher of Triton 3.6 reads of one (`base`,
+    `shape`, `strides`, `padding`).  Triton's own descriptor views the tensor
+    and checks every field when it is made, ~6 us of host time a descriptor
+    (11 per forward + backward) where short calls run at the host's pace; it
+    is made only for a launch through Triton (`_triton_args`)."""
+
+    base: torch.Tensor
+    shape: tuple[int, int]
+    strides: tuple[int, int]
+    block_shape: tuple[int, int]
+    layout: "gl.NVMMASharedLayout"
+    padding: str = "zero"
+
+    def descriptor(self) -> "GluonTensorDescriptor":
+        """Triton's descriptor of the same blocks."""
+        return GluonTensorDescriptor(
+            self.base.view(self.shape),
+            [*self.shape],
+            [*self.strides],
+            [*self.block_shape],
+            self.layout,
+        )
+
+
+def _gluon_descriptor(x: torch.Tensor, rows: int) -> _GluonBlocks:
+    """A TMA descriptor of [rows, D] blocks over contiguous x seen as (B * heads * N, D),
+    or for a varlen call's (tokens, heads, D) as (tokens, heads * D), a head's block at
+    column head * D."""
+    d = x.shape[-1]
+    width = d * x.shape[1] if x.dim() == 3 else d
+    return _GluonBlocks(
+        x, (x.numel() // width, width), (width, 1), (rows, d), _gluon_layout(rows, d, x.dtype)
+    )
+
+
+_STAND_INS = (_GluonBlocks,)
+
+
+# Varlen calls captured in a CUDA graph (no lengths read on the host) take the
+# Gluon kernels over a table made on the GPU, or the Triton kernels (knob
+# gluon_varlen_captured, decision 107).
+GLUON_VARLEN_CAPTURED = False
+
+
+def _gluon_tiles(seqs, rows_q: int, rows_k: int) -> torch.Tensor | None:
+    """The Gluon kernels' tiles for a varlen call (`seqs` bound, on q and k
+    of rows_q and rows_k tokens) whose sequences have as many queries as
+    keys, else None: int32 rows (first row of q, first row of k, the
+    sequence's length, the tile's first row in it, the sequence's first row
+    in the backward's statistics, where every sequence starts at a multiple
+    of 128: `_gluon_stat_rows`), one for every 128 rows of every sequence.
+    Sequence by sequence, the longest first, each one's tiles furthest into
+    it first (under a causal mask the heaviest): on the grid (tiles, heads)
+    the CTAs that run at once share the keys and values of a few sequences
+    of one head in L2, as a dense call's do.  Made once per `sequences(...)`
+    by a call outside a CUDA graph's capture, of the lengths it read.  A call
+    that reads nothing on the host (captured) gets the table made on the GPU
+    where GLUON_VARLEN_CAPTURED (`_gluon_device_tiles`; q and k of one
+    cu_seqlens tensor), else None (the Triton kernels)."""
+    if seqs is None or not seqs[3] or len(seqs) < 7:  # padded, or a custom op's (`_op_args`)
+        return None
+    cache = seqs[6]
+    if "gluon tiles" in cache:
+        return cache["gluon tiles"]
+    lengths, keys = seqs[4]
+    if lengths is None or _capturing(seqs[0]):  # no copy from the host into a CUDA graph
+        same = cache.get("same sequences") and rows_q == rows_k and seqs[0].shape[0] > 0
+        if not (GLUON_VARLEN_CAPTURED and same):
+            return None
+        if ("gluon device tiles", rows_q) not in cache:
+            cache[("gluon device tiles", rows_q)] = _gluon_device_tiles(seqs[0], rows_q)
+        return cache[("gluon device tiles", rows_q)]
+    tiles = None
+    if lengths == keys:  # cu_seqlens_q == cu_seqlens_k: one table
+        firsts = [0] * len(lengths)
+        for s in range(1, len(lengths)):
+            firsts[s] = firsts[s - 1] + lengths[s - 1]
+        tiles = _gluon_table(lengths, firsts, firsts).to(seqs[0].device)
+    cache["gluon tiles"] = tiles
+    return tiles
+
+
+def _gluon_table(lengths: list, q_rows: list, k_rows: list) -> torch.Tensor:
+    """`_gluon_tiles`' table (on the CPU) of sequences of these lengths whose
+    position 0 lies at rows q_rows[s] of q's view and k_rows[s] of k's."""
+    stats = [0] * len(lengths)
+    for s in range(1, len(lengths)):
+        stats[s] = stats[s - 1] + _cdiv(lengths[s - 1], 128) * 128
+    longest_first = sorted(range(len(lengths)), key=lambda s: -lengths[s])
+    table = [
+        (q_rows[s], k_rows[s], lengths[s], start, stats[s])
+        for s in longest_first
+        for start in reversed(range(0, lengths[s], 128))
+    ]
+    return torch.tensor(table, dtype=torch.int32).reshape(-1, 5)
+
+
+def _gluon_device_tiles(table: torch.Tensor, rows: int) -> torch.Tensor:
+    """`_gluon_tiles`'s table made on the GPU from the sequences' bound table
+    (`Sequences.bind`: first row and length of each sequence's queries, as of
+    its keys; the tile's key row from the third column, the queries' length
+    for both), reading nothing on the host, in one launch
+    (`_gluon_tiles_kernel`): the same rows in the same order, then rows of
+    length 0 (a CTA that reads but writes only its statistics' spare rows) up
+    to cdiv(rows, 128) + S, the most tiles S sequences in `rows` rows can
+    take.  Each sequence's statistics start at a multiple of 128 below 128
+    times that many rows, the spare rows after them (`_gluon_stat_rows`); a
+    sequence whose statistics would pass them (sequences that overlap, which
+    a capture cannot check) is dropped, never run out of bounds."""
+    count = table.shape[0]
+    size = _cdiv(rows, 128) + count
+    tiles = torch.empty((size, 5), dtype=torch.int32, device=table.device)
+    programs = max(1, _cdiv(count, _TILES_BLOCK))
+    _launch(_gluon_tiles_kernel, (programs,), table, tiles, count, size, _TILES_BLOCK)
+    return tiles
+
+
+_TILES_BLOCK = 64  # sequences per program of _gluon_tiles_kernel
+
+
+@triton.jit
+def _gluon_tiles_kernel(table, tiles, sequences, size, BLOCK: tl.constexpr):
+    """`_gluon_device_tiles`: a program per BLOCK sequences of `table` (S, 4)
+    writes their rows of `tiles` (size, 5); program 0 also the rows of length
+    0 after the last tile.  A sequence's rows follow those of every sequence
+    ahead of it in the order (longer, or as long and earlier in the table),
+    counted over the whole table in blocks; its statistics follow those of
+    every sequence earlier in the table."""
+    i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    first = tl.load(table + i * 4, mask=i < sequences, other=0)
+    length = tl.load(table + i * 4 + 1, mask=i < sequences, other=0)
+    first_key = tl.load(table + i * 4 + 2, mask=i < sequences, other=0)
+    count = (length + 127) // 128
+    ahead_tiles = tl.zeros([BLOCK], tl.int32)  # of the sequences ahead in the order
+    earlier_tiles = tl.zeros([BLOCK], tl.int32)  # of the sequences earlier in the table
+    total = 0
+    for start in range(0, sequences, BLOCK):
+        j = start + tl.arange(0, BLOCK)
+        other = tl.load(table + j * 4 + 1, mask=j < sequences, other=0)
+        other_count = ((other + 127) // 128)[None, :]
+        earlier = j[None, :] < i[:, None]
+        longer = other[None, :] > length[:, None]
+        ahead = longer | (other[None, :] == length[:, None]) & earlier
+        ahead_tiles += tl.sum(tl.where(ahead, other_count, 0), 1)
+        earlier_tiles += tl.sum(tl.where(earlier, other_count, 0), 1)
+        total += tl.sum(other_count)
+    spare = 128 * size
+    kept = earlier_tiles + count <= size  # the statistics within the bound
+    for t in range(0, tl.max(count, 0)):
+        row = ahead_tiles + t
+        at = tiles + row * 5
+        written = (t < count) & (row < size)
+        tl.store(at, tl.where(kept, first, 0), mask=written)
+        tl.store(at + 1, tl.where(kept, first_key, 0), mask=written)
+        tl.store(at + 2, tl.where(kept, length, 0), mask=written)
+        tl.store(at + 3, tl.where(kept, (count - 1 - t) * 128, 0), mask=written)  # furthest first
+        tl.store(at + 4, tl.where(kept, earlier_tiles * 128, spare), mask=written)
+    if tl.program_id(0) == 0:
+        for start in range(total, size, BLOCK):
+            at = tiles + (start + tl.arange(0, BLOCK)) * 5
+            written = start + tl.arange(0, BLOCK) < size
+            for column in tl.static_range(4):
+                tl.store(at + column, 0, mask=written)
+            tl.store(at + 4, spare, mask=written)
+
+
+def _gluon_stat_rows(seqs, tiles: torch.Tensor) -> int:
+    """The rows of the Gluon backward's statistics (lse and delta) per head
+    for a varlen call on `tiles`: every sequence's length rounded up to 128,
+    or for a table made on the GPU its bound and 128 spare rows."""
+    if seqs[6].get("gluon tiles") is not tiles:
+        return 128 * (tiles.shape[0] + 1)
+    return sum(_cdiv(n, 128) * 128 for n in seqs[4][0])
+
+
+def _gluon_varlen_fits(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, seqs, *more) -> bool:
+    """Whether the Gluon kernels can take this varlen call (kernel views of q,
+    k, v and `more`, the backward's o and dO; `seqs` bound): a Triton with
+    Gluon, an sm90 GPU, sequences of as many queries as keys (`_gluon_tiles`),
+    each tensor contiguous as (tokens, heads, D) and 16-byte aligned, and
+    lse's (heads, tokens) offsets in int32."""
+    if not GLUON or _interpreting() or q.device.type != "cuda" or _capability(q.device) != (9, 0):
+        return False
+    if _gluon_tiles(seqs, q.shape[2], k.shape[2]) is None:
+        return False
+    if q.shape[1] * q.shape[2] >= 2**31 - 128:
+        return False
+    users = [_user_view(x, seqs) for x in (q, k, v, *more)]
+    return all(x.is_contiguous() and x.data_ptr() % 16 == 0 for x in users)
+
+
+@triton.jit
+def _gluon_key_cols(q_lo, q_hi, n_ctx, head, num_heads, COLS: tl.constexpr):
+    """Keys [lo, hi) that queries q_lo .. q_hi may see, lo rounded down to a tile."""
+    lo = 0
+    hi = tl.minimum(q_hi + 1, n_ctx)
+    return lo, hi
+
+
+@triton.jit
+def _gluon_tile_class(q_lo, q_hi, k_lo, k_hi, head, num_heads):
+    """(whole, some): whether every pair of [q_lo, q_hi] x [k_lo, k_hi] is
+    visible, and whether one may be (interval analysis of the mask)."""
+    # k <= q
+    m1_must = k_hi <= q_lo
+    m1_may = k_lo <= q_hi
+    return m1_must, m1_may
+
+
+# --------------------------------------------------------------------------- #
+# The warp-specialized forward for Hopper (sm90), in Gluon.
+#
+# One CTA owns 128 query rows.  A one-warp producer partition issues every TMA
+# copy: the two 64-row halves of Q, then K and V tile by tile into
+# GLUON_STAGES buffers, each refilled once both consumers have released it.
+# Two consumer partitions of one warp group each run the online softmax over
+# their own 64 rows.  The consumers take turns at the tensor cores
+# (ping-pong): each issues its products for a tile and hands the turn over, so
+# one consumer's softmax runs while the other's products keep the tensor
+# cores busy (10-21% faster than without, measured on an H200).
+# Used when the call allows it (`_gluon_supported`), else the Triton kernel.
+# --------------------------------------------------------------------------- #
+
+GLUON_BLOCK = 128  # query rows per CTA and keys per tile
+GLUON_STAGES = 3
+
+
+@gluon.jit
+def _gluon_softmax_step(
+    s, m_i, l_i, qk_scale, q_idx, k_start, n_ctx, MASKED: gl.constexpr, o_rows: gl.constexpr
+):  # fmt: skip
+    """One tile of the online softmax: P (unnormalized), the new running max
+    and sum (log2 units), and the accumulator's rescale factor laid out for
+    the output rows.  MASKED: the last key tile."""
+    if MASKED:  # the diagonal tile: key k is visible from query q when k <= q
+        k_idx = k_start + gl.arange(0, s.shape[1], layout=gl.SliceLayout(0, s.type.layout))
+        s = gl.where(gl.expand_dims(k_idx, 0) <= gl.expand_dims(q_idx, 1), s, float("-inf"))
+    m_new = gl.maximum(m_i, gl.max(s, 1) * qk_scale)
+    alpha = gl.exp2(m_i - m_new)
+    p = gl.exp2(s * qk_scale - gl.expand_dims(m_new, 1))
+    l_i = l_i * alpha + gl.sum(p, 1)
+    return p, m_new, l_i, gl.convert_layout(alpha, o_rows)
+
+
+@gluon.jit
+def _gluon_cta(n_ctx, num_heads, group, tiles_ptr, lse_stride, HEAD_DIM: gl.constexpr, VARLEN: gl.constexpr):  # fmt: skip
+    """Where this CTA's rows lie: (its first query position, the head, the
+    sequence's length, the rows of q and of k where the sequence's position 0
+    lies and the columns of the head and of its KV head, in the descriptors'
+    (rows, columns) view, and the offset of position 0 in lse).  Dense calls:
+    grid (tiles, batch * heads) over (B * H * N, D) views, heaviest tiles first
+    under a causal mask.  VARLEN: grid (the call's tiles, heads) over (tokens,
+    heads * D) views, tile i = (first row of q, of k, the sequence's length,
+    the tile's first row in it) from `tiles_ptr` (`_gluon_tiles`)."""
+    if VARLEN:
+        tile = tiles_ptr + 5 * gl.program_id(0)
+        head = gl.program_id(1)
+        q_row = gl.load(tile)
+        k_row = gl.load(tile + 1)
+        n = gl.load(tile + 2)
+        start_cta = gl.load(tile + 3)
+        if VARLEN == 2:  # a dense batch's runs (`_Runs`): a head's rows n_ctx apart, column 0
+            return start_cta, head, n, q_row + head * n_ctx, k_row + head // group * n_ctx, 0, 0, head * lse_stride + q_row  # fmt: skip
+        return start_cta, head, n, q_row, k_row, head * HEAD_DIM, head // group * HEAD_DIM, head * lse_stride + q_row  # fmt: skip
+    else:
+        batch_head = gl.program_id(1)
+        head = batch_head % num_heads
+        batch_kv_head = batch_head // num_heads * (num_heads // group) + head // group
+        start_cta = (gl.num_programs(0) - 1 - gl.program_id(0)) * (2 * 64)
+        q_row = batch_head * n_ctx
+        return start_cta, head, n_ctx, q_row, batch_kv_head * n_ctx, 0, 0, q_row
+
+
+@gluon.jit
+def _gluon_key_tiles(start_cta, n_ctx, head, num_heads, BLOCK_N: gl.constexpr, VARLEN: gl.constexpr):  # fmt: skip
+    """The first key and the number of key tiles of this CTA's rows."""
+    return 0, (start_cta + BLOCK_N) // BLOCK_N  # up to the diagonal tile
+
+
+@gluon.jit
+def _gluon_fwd_consumer(args, HALF: gl.constexpr, VARLEN: gl.constexpr):
+    (q_desc, k_desc, v_desc, o_desc, o_ptr, lse_ptr, qk_scale, n_ctx, num_heads, group,
+     tiles_ptr, lse_stride,
+     q_smem, k_smem, v_smem, q_bars, k_ready, v_ready, k_empty, v_empty) = args  # fmt: skip
+    dtype: gl.constexpr = q_desc.dtype
+    ROWS: gl.constexpr = q_desc.block_type.shape[0]
+    HEAD_DIM: gl.constexpr = q_desc.block_type.shape[1]
+    BLOCK_N: gl.constexpr = k_desc.block_type.shape[0]
+    STAGES: gl.constexpr = k_smem.type.shape[0]
+    s_layout: gl.constexpr = gl.NVMMADistributedLayout(
+        version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BLOCK_N, 16],
+    )  # fmt: skip
+    o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, HEAD_DIM, 16])  # fmt: skip
+    p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
+    s_rows: gl.constexpr = gl.SliceLayout(1, s_layout)
+    o_rows: gl.constexpr = gl.SliceLayout(1, o_layout)
+
+    start_cta, head, n_ctx, q_row, k_row, q_col, k_col, lse_row = _gluon_cta(
+        n_ctx, num_heads, group, tiles_ptr, lse_stride, HEAD_DIM, VARLEN
+    )  # fmt: skip
+    start_m = start_cta + HALF * ROWS
+    key0, n_tiles = _gluon_key_tiles(start_cta, n_ctx, head, num_heads, BLOCK_N, VARLEN)
+    q_buf = q_smem.index(HALF)
+
+    q_idx = start_m + gl.arange(0, ROWS, layout=s_rows)
+    m_i = gl.full([ROWS], float("-inf"), gl.float32, s_rows)
+    l_i = gl.full([ROWS], 0.0, gl.float32, s_rows)
+    acc = gl.zeros([ROWS, HEAD_DIM], gl.float32, o_layout)
+    s_zero = gl.zeros([ROWS, BLOCK_N], gl.float32, s_layout)
+
+    # The two consumers take turns at the tensor cores (ping-pong): in its
+    # turn a consumer issues S(j) = Q K(j)^T and then P(j-1) V(j-1), and hands
+    # the turn over, so that its softmax of tile j runs while the other
+    # consumer's products keep the tensor cores busy.  Turns are q_bars 2 and
+    # 3: consumer h waits on 2 + h and arrives on 3 - h; a fresh barrier's
+    # phase 1 counts as complete, so consumer 0's first wait passes.  Each
+    # consumer takes n_tiles + 1 turns.
+    mbarrier.wait(q_bars.index(HALF), 0)
+    turn = q_bars.index(2 + HALF)
+    other = q_bars.index(3 - HALF)
+    mbarrier.wait(turn, 1 - HALF)  # turn 0: S(0)
+    mbarrier.wait(k_ready.index(0), 0)
+    s = warpgroup_mma(q_buf, k_smem.index(0).permute((1, 0)), s_zero, use_acc=False, is_async=True)
+    mbarrier.arrive(other, count=1)
+    s = warpgroup_mma_wait(num_outstanding=0, deps=(s,))
+    mbarrier.arrive(k_empty.index(0), count=1)
+    last = n_tiles - 1
+    if n_tiles > 1:
+        # Tiles 0 .. last - 1 unmasked; turn j issues S(j), then P(j - 1) V(j - 1).
+        p, m_i, l_i, alpha = _gluon_softmax_step(
+            s, m_i, l_i, qk_scale, q_idx, key0, n_ctx, False, o_rows
+        )  # fmt: skip
+        for j in range(1, last):
+            stage = j % STAGES
+            prev = (j - 1) % STAGES
+            mbarrier.wait(turn, (j & 1) ^ (1 - HALF))
+            mbarrier.wait(k_ready.index(stage), (j // STAGES) & 1)
+            s = warpgroup_mma(
+                q_buf, k_smem.index(stage).permute((1, 0)), s_zero, use_acc=False, is_async=True
+            )  # fmt: skip
+            acc = acc * gl.expand_dims(alpha, 1)
+            mbarrier.wait(v_ready.index(prev), ((j - 1) // STAGES) & 1)
+            acc = warpgroup_mma(
+                gl.convert_layout(p.to(dtype), p_layout), v_smem.index(prev), acc, is_async=True
+            )  # fmt: skip
+            mbarrier.arrive(other, count=1)
+            s = warpgroup_mma_wait(num_outstanding=1, deps=(s,))  # S(j) is done
+            mbarrier.arrive(k_empty.index(stage), count=1)
+            p, m_i, l_i, alpha = _gluon_softmax_step(
+                s, m_i, l_i, qk_scale, q_idx, key0 + j * BLOCK_N, n_ctx, False, o_rows
+            )  # fmt: skip
+            acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+            mbarrier.arrive(v_empty.index(prev), count=1)
+        stage = last % STAGES  # turn last: the boundary tile
+        prev = (last - 1) % STAGES
+        mbarrier.wait(turn, (last & 1) ^ (1 - HALF))
+        mbarrier.wait(k_ready.index(stage), (last // STAGES) & 1)
+        s = warpgroup_mma(
+            q_buf, k_smem.index(stage).permute((1, 0)), s_zero, use_acc=False, is_async=True
+        )  # fmt: skip
+        acc = acc * gl.expand_dims(alpha, 1)
+        mbarrier.wait(v_ready.index(prev), ((last - 1) // STAGES) & 1)
+        acc = warpgroup_mma(
+            gl.convert_layout(p.to(dtype), p_layout), v_smem.index(prev), acc, is_async=True
+        )  # fmt: skip
+        mbarrier.arrive(other, count=1)
+        s = warpgroup_mma_wait(num_outstanding=1, deps=(s,))
+        mbarrier.arrive(k_empty.index(stage), count=1)
+        p, m_i, l_i, alpha = _gluon_softmax_step(
+            s, m_i, l_i, qk_scale, q_idx, key0 + last * BLOCK_N, n_ctx, True, o_rows
+        )  # fmt: skip
+        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+        mbarrier.arrive(v_empty.index(prev), count=1)
+    else:
+        p, m_i, l_i, alpha = _gluon_softmax_step(
+            s, m_i, l_i, qk_scale, q_idx, key0, n_ctx, True, o_rows
+        )  # fmt: skip
+    mbarrier.wait(turn, ((last + 1) & 1) ^ (1 - HALF))  # the last turn: P(last) V(last)
+    acc = acc * gl.expand_dims(alpha, 1)
+    mbarrier.wait(v_ready.index(last % STAGES), (last // STAGES) & 1)
+    acc = warpgroup_mma(
+        gl.convert_layout(p.to(dtype), p_layout), v_smem.index(last % STAGES), acc, is_async=True
+    )  # fmt: skip
+    mbarrier.arrive(other, count=1)
+    acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+    mbarrier.arrive(v_empty.index(last % STAGES), count=1)
+
+    acc = acc / gl.expand_dims(gl.convert_layout(l_i, o_rows), 1)
+    if start_m + ROWS <= n_ctx:
+        q_buf.store(acc.to(dtype))  # Q is no longer needed: its buffer stages O
+        fence_async_shared()
+        gl_tma.async_copy_shared_to_global(o_desc, [q_row + start_m, q_col], q_buf)
+    else:  # past the last row lie the next head's (or sequence's) rows: a masked store
+        o_idx = start_m + gl.arange(0, ROWS, layout=o_rows)
+        cols = q_col + gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, o_layout))
+        rows = (q_row + o_idx).to(gl.int64) * (num_heads * HEAD_DIM if VARLEN == 1 else HEAD_DIM)
+        o_ptrs = o_ptr + gl.expand_dims(rows, 1) + gl.expand_dims(cols, 0)
+        gl.store(o_ptrs, acc.to(dtype), mask=gl.expand_dims(o_idx < n_ctx, 1))
+    lse = (m_i + gl.log2(l_i)) * 0.6931471805599453
+    gl.store(lse_ptr + lse_row + q_idx, lse, mask=q_idx < n_ctx)
+    gl_tma.store_wait(pendings=0)
+
+
+@gluon.jit
+def _gluon_fwd_producer(args, HALF: gl.constexpr, VARLEN: gl.constexpr):
+    (q_desc, k_desc, v_desc, o_desc, o_ptr, lse_ptr, qk_scale, n_ctx, num_heads, group,
+     tiles_ptr, lse_stride,
+     q_smem, k_smem, v_smem, q_bars, k_ready, v_ready, k_empty, v_empty) = args  # fmt: skip
+    ROWS: gl.constexpr = q_desc.block_type.shape[0]
+    BLOCK_N: gl.constexpr = k_desc.block_type.shape[0]
+    STAGES: gl.constexpr = k_smem.type.shape[0]
+    HEAD_DIM: gl.constexpr = q_desc.block_type.shape[1]
+    start_cta, head, n_ctx, q_row, k_row, q_col, k_col, _ = _gluon_cta(
+        n_ctx, num_heads, group, tiles_ptr, lse_stride, HEAD_DIM, VARLEN
+    )  # fmt: skip
+    for i in gl.static_range(2):
+        mbarrier.expect(q_bars.index(i), q_desc.block_type.nbytes)
+        gl_tma.async_copy_global_to_shared(
+            q_desc, [q_row + start_cta + i * ROWS, q_col], q_bars.index(i), q_smem.index(i)
+        )  # fmt: skip
+    key0, n_tiles = _gluon_key_tiles(start_cta, n_ctx, head, num_heads, BLOCK_N, VARLEN)
+    for j in range(n_tiles):
+        stage = j % STAGES
+        phase = (j // STAGES) & 1
+        row = k_row + key0 + j * BLOCK_N
+        # A barrier starts with phase 1 complete: the first STAGES waits pass.
+        mbarrier.wait(k_empty.index(stage), phase ^ 1)
+        mbarrier.expect(k_ready.index(stage), k_desc.block_type.nbytes)
+        gl_tma.async_copy_global_to_shared(
+            k_desc, [row, k_col], k_ready.index(stage), k_smem.index(stage)
+        )  # fmt: skip
+        mbarrier.wait(v_empty.index(stage), phase ^ 1)
+        mbarrier.expect(v_ready.index(stage), v_desc.block_type.nbytes)
+        gl_tma.async_copy_global_to_shared(
+            v_desc, [row, k_col], v_ready.index(stage), v_smem.index(stage)
+        )  # fmt: skip
+
+
+@gluon.jit
+def _gluon_attn_fwd(
+    q_desc, k_desc, v_desc, o_desc, o_ptr, lse_ptr, qk_scale, n_ctx, num_heads, group,
+    tiles_ptr, lse_stride, STAGES: gl.constexpr, VARLEN: gl.constexpr,
+):  # fmt: skip
+    dtype: gl.constexpr = q_desc.dtype
+    ROWS: gl.constexpr = q_desc.block_type.shape[0]
+    HEAD_DIM: gl.constexpr = q_desc.block_type.shape[1]
+    BLOCK_N: gl.constexpr = k_desc.block_type.shape[0]
+    q_smem = gl.allocate_shared_memory(dtype, [2, ROWS, HEAD_DIM], q_desc.layout)
+    k_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DIM], k_desc.layout)
+    v_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DIM], v_desc.layout)
+    q_bars = gl.allocate_shared_memory(gl.int64, [4, 1], mbarrier.MBarrierLayout())
+    k_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    v_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    k_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    v_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(4):  # Q's halves, then the consumers' turns
+        mbarrier.init(q_bars.index(i), count=1)
+    for i in gl.static_range(STAGES):
+        mbarrier.init(k_ready.index(i), count=1)
+        mbarrier.init(v_ready.index(i), count=1)
+        mbarrier.init(k_empty.index(i), count=2)  # released by both consumers
+        mbarrier.init(v_empty.index(i), count=2)
+    args = (q_desc, k_desc, v_desc, o_desc, o_ptr, lse_ptr, qk_scale, n_ctx, num_heads, group,
+            tiles_ptr, lse_stride,
+            q_smem, k_smem, v_smem, q_bars, k_ready, v_ready, k_empty, v_empty)  # fmt: skip
+    gl.warp_specialize(
+        [
+            (_gluon_fwd_consumer, (args, 0, VARLEN)),
+            (_gluon_fwd_consumer, (args, 1, VARLEN)),
+            (_gluon_fwd_producer, (args, 0, VARLEN)),
+        ],
+        [4, 1],  # warps of the second consumer and of the producer
+        [240, 24],  # their registers per thread; the first consumer gets the rest
+    )  # fmt: skip
+
+
+def _gluon_supported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> bool:
+    """Whether this call can take the Gluon forward (`_gluon_fits`), with a
+    positive scale (the kernel takes each row's max before scaling)."""
+    return scale > 0 and _gluon_fits(GLUON_BLOCK, q, k, v, any_length=True)
+
+
+def _gluon_varlen_supported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, seqs) -> bool:  # fmt: skip
+    """Whether this varlen call (`seqs` bound, q, k, v kernel views) can take
+    the Gluon forward (`_gluon_varlen_fits`), with a positive scale and, as a
+    dense call's N, sequences of 128 or more tokens on average."""
+    if seqs is None or scale <= 0 or not _gluon_varlen_fits(q, k, v, seqs):
+        return False
+    lengths = seqs[4][1]
+    if lengths is None:  # captured (`_gluon_device_tiles`): the rows per sequence
+        return q.shape[2] >= GLUON_BLOCK * seqs[0].shape[0]
+    return sum(lengths) >= GLUON_BLOCK * len(lengths)
+
+
+def _gluon_forward(q, k, v, o, lse, scale: float, seqs=None, runs=None) -> None:
+    """`seqs`: a varlen call's (`_gluon_varlen_supported`), q, k, v, o and lse as kernel views.
+    `runs`: a dense call's packed documents (`_Runs`), walked as sequences."""
+    batch, num_heads, n, _ = q.shape
+    ctas, tiles, lse_stride = triton.cdiv(n, GLUON_BLOCK), lse, 0  # lse: no table
+    if seqs is not None:  # (tokens, heads * D) views; a CTA per tile of the call's table and head
+        tiles = _gluon_tiles(seqs, n, k.shape[2])
+        q, k, v, o = (_user_view(x, seqs) for x in (q, k, v, o))
+        ctas, n, lse_stride = tiles.shape[0], 0, lse.stride(1)
+    varlen = seqs is not None
+    if runs is not None:  # a CTA per tile of the runs' table (`_Runs`) and head
+        if q.is_contiguous():  # (B * H * N, D) views
+            tiles, varlen = runs.tiles, 2
+        else:  # rows of tokens: (B * N, heads * D) views, as a varlen call's
+            tiles, varlen = runs.token_tiles, 1
+            q, k, v, o = (x.transpose(1, 2).flatten(0, 1) for x in (q, k, v, o))
+        ctas, batch, lse_stride = runs.ctas, 1, lse.stride(1)
+    descriptors = [
+        _gluon_descriptor(x, rows)
+        for x, rows in ((q, 64), (k, GLUON_BLOCK), (v, GLUON_BLOCK), (o, 64))
+    ]
+    _launch(
+        _gluon_attn_fwd, (ctas, batch * num_heads),
+        *descriptors, o, lse, scale * 1.4426950408889634, n, num_heads, num_heads // k.shape[1],
+        tiles, lse_stride, GLUON_STAGES, varlen, num_warps=4, maxnreg=168,
+    )  # fmt: skip
+
+
+# --------------------------------------------------------------------------- #
+# The warp-specialized backward for Hopper (sm90), in Gluon.
+#
+# Two kernels, each with a one-warp producer partition that issues every TMA
+# copy and two consumer partitions of one warp group that issue the products
+# asynchronously.  Deterministic: no atomics.
+# - dQ, launched first: one CTA per 128 query rows, 64 per consumer.  Q and
+#   dO are loaded once, and each consumer first computes its rows' delta =
+#   rowsum(dO * O) - dlse (no separate launch) and stores it for the dK/dV
+#   kernel.  K and V stream through in tiles of GLUON_BWD_STREAMS[1] keys:
+#   S = Q K^T and dP = dO V^T, then dQ += dS K.
+# - dK/dV: one CTA per 128 keys, 64 per consumer.  K and V are loaded once,
+#   Q and dO stream through in tiles of GLUON_BWD_STREAMS[0] rows.  Per tile
+#   a consumer issues S^T = K Q^T and dP^T = V dO^T together, recomputes P^T
+#   while dP^T is in flight, then issues dV += P^T dO and dK += dS^T Q.
+# The tiles walked come from the mask's bounds.  Each tile is classified by
+# the mask's interval code for the whole CTA, which decides what the producer
+# loads, and again for each consumer's half: skipped, masked, or whole.  A
+# mask that reads the call's data narrows both by the call's plan of 64-row
+# tiles, which also decides which tiles are whole.  The
+# scores, the mask and the score modifier's derivative are the Triton
+# kernels' own functions.
+# Used when the call allows it (`_gluon_backward_supported`), else `_attn_bwd`.
+# --------------------------------------------------------------------------- #
+
+GLUON_BWD_BLOCK = 128  # keys per dK/dV CTA, query rows per dQ CTA
+GLUON_BWD_TILE = 64  # rows of a consumer's half
+GLUON_BWD_STREAMS = (64, 64)  # streamed tiles' rows: Q and dO (dK/dV kernel), K and V (dQ kernel)
+GLUON_BWD_STAGES = (3, 2)  # streamed buffers: dK/dV kernel, dQ kernel
+
+
+@triton.jit
+def _gluon_query_rows(k_lo, k_hi, n_ctx, head, num_heads, ROWS: tl.constexpr):
+    """Query rows [lo, hi) that may see keys k_lo .. k_hi, lo rounded down to a tile."""
+    lo = tl.maximum(k_lo, 0) // ROWS * ROWS
+    hi = n_ctx
+    return lo, hi
+
+
+@gluon.jit
+def _gluon_dkdv_cta(n_ctx, num_heads, kv_group, tiles_ptr, HEAD_DIM: gl.constexpr, KEYS: gl.constexpr, VARLEN: gl.constexpr):  # fmt: skip
+    """Where this dK/dV CTA's keys lie: (its first key, the batch, the kv
+    head, the sequence's length, the row of key 0 and the kv head's column in
+    the descriptors' (rows, columns) view of K, and what `_gluon_dkdv_head`
+    places a query head by: the row of query 0 and the sequence's offset in
+    the statistics).  Dense calls: grid (tiles, batch * kv heads) over (B * H
+    * N, D) views.  VARLEN: grid (the call's tiles, kv heads) over (tokens,
+    heads * D) views, tile i from `tiles_ptr` (`_gluon_tiles`), its tiles
+    taken from the sequence's start (under a causal mask the keys that the
+    most queries see)."""
+    if VARLEN:
+        tile = tiles_ptr + 5 * gl.program_id(0)
+        kv_head = gl.program_id(1)
+        q_row = gl.load(tile)
+        k_row = gl.load(tile + 1)
+        n = gl.load(tile + 2)
+        start_n = (n - 1) // (2 * KEYS) * (2 * KEYS) - gl.load(tile + 3)
+        stat = gl.load(tile + 4)
+        if VARLEN == 2:  # a dense batch's runs (`_Runs`): a head's rows n_ctx apart, column 0
+            return start_n, 0, kv_head, n, k_row + kv_head * n_ctx, 0, q_row, stat
+        return start_n, 0, kv_head, n, k_row, kv_head * HEAD_DIM, q_row, stat
+    else:
+        kv_heads = num_heads // kv_group
+        start_n = gl.program_id(0) * (2 * KEYS)
+        batch_kv_head = gl.program_id(1)
+        return start_n, batch_kv_head // kv_heads, batch_kv_head % kv_heads, n_ctx, batch_kv_head * n_ctx, 0, 0, 0  # fmt: skip
+
+
+@gluon.jit
+def _gluon_dkdv_head(batch, head, num_heads, n_ctx, n_pad, q_row, stat, HEAD_DIM: gl.constexpr, VARLEN: gl.constexpr):  # fmt: skip
+    """A query head's part of a dK/dV CTA's work: the row of its query 0 and
+    its column in the views of Q and dO, and the offset of its query 0 in the
+    statistics (lse and delta at a row stride of n_pad)."""
+    if VARLEN:
+        if VARLEN == 2:  # a dense batch's runs: n_ctx the rows of a head
+            return q_row + head * n_ctx, 0, head * n_pad + stat
+        return q_row, head * HEAD_DIM, head * n_pad + stat
+    else:
+        return (batch * num_heads + head) * n_ctx, 0, (batch * num_heads + head) * n_pad
+
+
+@gluon.jit
+def _gluon_dkdv_step(
+    k_buf, v_buf, q_buf, do_buf, dk, dv, s_zero, k_pos, start_m, whole, stat0, lse_ptr, delta_ptr,
+    n_ctx, head, num_heads, alibi_slope, sm_scale,
+):  # fmt: skip
+    """One streamed tile of Q and dO against a consumer's keys: S^T = K Q^T
+    and dP^T = V dO^T give P^T and dS^T, then dV += P^T dO and dK += dS^T Q.
+    `s_zero` sets the layout of the tile's scores, whose rows are q_buf's."""
+    dtype: gl.constexpr = q_buf.dtype
+    ROWS: gl.constexpr = q_buf.shape[0]
+    row_vec: gl.constexpr = gl.SliceLayout(0, s_zero.type.layout)
+    a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=dk.type.layout, k_width=2)
+    s_t = warpgroup_mma(
+        k_buf, q_buf.permute((1, 0)), s_zero, use_acc=False, is_async=True
+    )  # fmt: skip
+    dp_t = warpgroup_mma(v_buf, do_buf.permute((1, 0)), s_zero, use_acc=False, is_async=True)  # fmt: skip
+    q_idx = start_m + gl.arange(0, ROWS, layout=row_vec)
+    q_pos = gl.expand_dims(q_idx, 0)
+    # The dQ kernel's copies, at a row stride padded to a multiple of 128:
+    # past N, lse = +inf (so p = 0) and delta = 0.
+    lse = gl.expand_dims(gl.load(lse_ptr + stat0 + q_idx), 0)
+    delta = gl.expand_dims(gl.load(delta_ptr + stat0 + q_idx), 0)
+    s_t = warpgroup_mma_wait(num_outstanding=1, deps=(s_t,))
+    if whole:
+        p_t, s2_t = _runs_attn_probs(
+            s_t, lse, q_pos, k_pos, n_ctx, head, num_heads, alibi_slope, sm_scale,
+            False,
+        )  # fmt: skip
+    else:
+        p_t, s2_t = _runs_attn_probs(
+            s_t, lse, q_pos, k_pos, n_ctx, head, num_heads, alibi_slope, sm_scale,
+            True,
+        )  # fmt: skip
+    dv = warpgroup_mma(gl.convert_layout(p_t.to(dtype), a_layout), do_buf, dv, is_async=True)  # fmt: skip
+    dp_t = warpgroup_mma_wait(num_outstanding=1, deps=(dp_t,))
+    ds_t = p_t * (dp_t - delta)
+    dk = warpgroup_mma(
+        gl.convert_layout(ds_t.to(dtype), a_layout), q_buf, dk, is_async=True
+    )  # fmt: skip
+    dv, dk = warpgroup_mma_wait(num_outstanding=0, deps=(dv, dk))
+    return dk, dv
+
+
+@gluon.jit
+def _gluon_dkdv_consumer(args, HALF: gl.constexpr, VARLEN: gl.constexpr):
+    (q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, dk_ptr, dv_ptr, lse_ptr, delta_ptr, alibi_slopes_ptr, sm_scale,
+     n_ctx, n_pad, num_heads, kv_group, tiles_ptr, k_smem, v_smem, q_smem, do_smem, kv_bar, q_ready, q_empty) = args  # fmt: skip
+    dtype: gl.constexpr = q_desc.dtype
+    ROWS: gl.constexpr = q_desc.block_type.shape[0]
+    HEAD_DIM: gl.constexpr = q_desc.block_type.shape[1]
+    KEYS: gl.constexpr = k_desc.block_type.shape[0]  # this consumer's keys
+    STAGES: gl.constexpr = q_smem.type.shape[0]
+    # S^T and dP^T are (keys x query rows); dK and dV (keys x head dim).
+    s_layout: gl.constexpr = gl.NVMMADistributedLayout(
+        version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, ROWS, 16]
+    )  # fmt: skip
+    acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, HEAD_DIM, 16])  # fmt: skip
+    key_vec: gl.constexpr = gl.SliceLayout(1, s_layout)
+
+    head_rows = n_ctx  # VARLEN == 2: a head's rows (n_ctx becomes the run's length)
+    start_n, batch, kv_head, n_ctx, k_row, k_col, q_row, stat_row = _gluon_dkdv_cta(
+        n_ctx, num_heads, kv_group, tiles_ptr, HEAD_DIM, KEYS, VARLEN
+    )  # fmt: skip
+    k_lo = start_n + HALF * KEYS
+    k_pos = gl.expand_dims(k_lo + gl.arange(0, KEYS, layout=key_vec), 1)
+    k_buf = k_smem.index(HALF)
+    v_buf = v_smem.index(HALF)
+    s_zero = gl.zeros([KEYS, ROWS], gl.float32, s_layout)
+    dk = gl.zeros([KEYS, HEAD_DIM], gl.float32, acc_layout)
+    dv = gl.zeros([KEYS, HEAD_DIM], gl.float32, acc_layout)
+
+    mbarrier.wait(kv_bar, 0)
+    t = 0  # tiles received
+    for group_head in range(kv_group):  # GQA: the query heads of this kv head
+        head = kv_head * kv_group + group_head
+        head_row, head_col, stat0 = _gluon_dkdv_head(
+            batch, head, num_heads, head_rows, n_pad, q_row, stat_row, HEAD_DIM, VARLEN
+        )  # fmt: skip
+        alibi_slope = 0.0
+        row_lo, row_hi = _gluon_query_rows(
+            start_n, start_n + 2 * KEYS - 1, n_ctx, head, num_heads, ROWS,
+        )  # fmt: skip
+        for start_m in range(row_lo, row_hi, ROWS):
+            _, cta_may = _gluon_tile_class(
+                start_m, start_m + ROWS - 1, start_n, start_n + 2 * KEYS - 1, head, num_heads,
+            )  # fmt: skip
+            if cta_may:  # the producer loaded this tile
+                stage = t % STAGES
+                mbarrier.wait(q_ready.index(stage), (t // STAGES) & 1)
+                whole, may = _gluon_tile_class(
+                    start_m, start_m + ROWS - 1, k_lo, k_lo + KEYS - 1, head, num_heads
+                )  # fmt: skip
+                if may:
+                    q_buf = q_smem.index(stage)
+                    do_buf = do_smem.index(stage)
+                    dk, dv = _gluon_dkdv_step(
+                        k_buf, v_buf, q_buf, do_buf, dk, dv, s_zero, k_pos, start_m, whole,
+                        stat0, lse_ptr, delta_ptr, n_ctx, head, num_heads, alibi_slope, sm_scale,
+                    )  # fmt: skip
+                mbarrier.arrive(q_empty.index(stage), count=1)
+                t += 1
+
+    row = k_row + k_lo
+    if k_lo + KEYS <= n_ctx:
+        # K and V are read for the last time above: their buffers stage dK and dV.
+        k_buf.store((dk * sm_scale).to(dtype))
+        v_buf.store(dv.to(dtype))
+        fence_async_shared()
+        gl_tma.async_copy_shared_to_global(dk_desc, [row, k_col], k_buf)
+        gl_tma.async_copy_shared_to_global(dv_desc, [row, k_col], v_buf)
+        gl_tma.store_wait(pendings=0)
+    else:  # past the last key lie the next head's or sequence's keys: a masked store
+        keys = gl.arange(0, KEYS, layout=gl.SliceLayout(1, acc_layout))
+        cols = k_col + gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, acc_layout))
+        if VARLEN == 1:  # rows of every kv head's columns
+            offsets = gl.expand_dims((row + keys).to(gl.int64) * (num_heads // kv_group * HEAD_DIM), 1)  # fmt: skip
+        else:
+            offsets = gl.expand_dims((row + keys).to(gl.int64) * HEAD_DIM, 1)
+        offsets = offsets + gl.expand_dims(cols, 0)
+        inside = gl.expand_dims(k_lo + keys < n_ctx, 1)
+        gl.store(dk_ptr + offsets, (dk * sm_scale).to(dtype), mask=inside)
+        gl.store(dv_ptr + offsets, dv.to(dtype), mask=inside)
+
+
+@gluon.jit
+def _gluon_dkdv_producer(args, HALF: gl.constexpr, VARLEN: gl.constexpr):
+    (q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, dk_ptr, dv_ptr, lse_ptr, delta_ptr, alibi_slopes_ptr, sm_scale,
+     n_ctx, n_pad, num_heads, kv_group, tiles_ptr, k_smem, v_smem, q_smem, do_smem, kv_bar, q_ready, q_empty) = args  # fmt: skip
+    ROWS: gl.constexpr = q_desc.block_type.shape[0]
+    KEYS: gl.constexpr = k_desc.block_type.shape[0]
+    STAGES: gl.constexpr = q_smem.type.shape[0]
+    HEAD_DIM: gl.constexpr = q_desc.block_type.shape[1]
+    head_rows = n_ctx  # VARLEN == 2: a head's rows (n_ctx becomes the run's length)
+    start_n, batch, kv_head, n_ctx, k_row, k_col, q_row, stat_row = _gluon_dkdv_cta(
+        n_ctx, num_heads, kv_group, tiles_ptr, HEAD_DIM, KEYS, VARLEN
+    )  # fmt: skip
+    kv_row = k_row + start_n
+    mbarrier.expect(kv_bar, 4 * k_desc.block_type.nbytes)
+    for i in gl.static_range(2):
+        gl_tma.async_copy_global_to_shared(k_desc, [kv_row + i * KEYS, k_col], kv_bar, k_smem.index(i))  # fmt: skip
+        gl_tma.async_copy_global_to_shared(v_desc, [kv_row + i * KEYS, k_col], kv_bar, v_smem.index(i))  # fmt: skip
+    t = 0  # tiles sent, counted as the consumers count them
+    for group_head in range(kv_group):
+        head = kv_head * kv_group + group_head
+        row0, col0, stat0 = _gluon_dkdv_head(
+            batch, head, num_heads, head_rows, n_pad, q_row, stat_row, HEAD_DIM, VARLEN
+        )  # fmt: skip
+        row_lo, row_hi = _gluon_query_rows(
+            start_n, start_n + 2 * KEYS - 1, n_ctx, head, num_heads, ROWS,
+        )  # fmt: skip
+        for start_m in range(row_lo, row_hi, ROWS):
+            _, cta_may = _gluon_tile_class(
+                start_m, start_m + ROWS - 1, start_n, start_n + 2 * KEYS - 1, head, num_heads,
+            )  # fmt: skip
+            if cta_may:
+                stage = t % STAGES
+                # A barrier starts with phase 1 complete: the first STAGES waits pass.
+                mbarrier.wait(q_empty.index(stage), ((t // STAGES) & 1) ^ 1)
+                mbarrier.expect(
+                    q_ready.index(stage), q_desc.block_type.nbytes + do_desc.block_type.nbytes
+                )  # fmt: skip
+                gl_tma.async_copy_global_to_shared(
+                    q_desc, [row0 + start_m, col0], q_ready.index(stage), q_smem.index(stage)
+                )  # fmt: skip
+                gl_tma.async_copy_global_to_shared(do_desc, [row0 + start_m, col0], q_ready.index(stage), do_smem.index(stage))  # fmt: skip
+                t += 1
+
+
+@gluon.jit
+def _gluon_attn_bwd_dkdv(
+    q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, dk_ptr, dv_ptr, lse_ptr, delta_ptr, alibi_slopes_ptr, sm_scale,
+    n_ctx, n_pad, num_heads, kv_group, tiles_ptr, STAGES: gl.constexpr, VARLEN: gl.constexpr,
+):  # fmt: skip
+    """Grid: (cdiv(N, 128), batch * kv heads), or for VARLEN (the call's tiles,
+    kv heads) (`_gluon_dkdv_cta`).  dK (scaled) and dV of 128 keys."""
+    dtype: gl.constexpr = q_desc.dtype
+    ROWS: gl.constexpr = q_desc.block_type.shape[0]
+    HEAD_DIM: gl.constexpr = q_desc.block_type.shape[1]
+    KEYS: gl.constexpr = k_desc.block_type.shape[0]
+    k_smem = gl.allocate_shared_memory(dtype, [2, KEYS, HEAD_DIM], k_desc.layout)
+    v_smem = gl.allocate_shared_memory(dtype, [2, KEYS, HEAD_DIM], v_desc.layout)
+    q_smem = gl.allocate_shared_memory(dtype, [STAGES, ROWS, HEAD_DIM], q_desc.layout)
+    do_smem = gl.allocate_shared_memory(dtype, [STAGES, ROWS, HEAD_DIM], do_desc.layout)
+    kv_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    q_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    q_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    mbarrier.init(kv_bar, count=1)
+    for i in gl.static_range(STAGES):
+        mbarrier.init(q_ready.index(i), count=1)
+        mbarrier.init(q_empty.index(i), count=2)  # released by both consumers
+    args = (q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, dk_ptr, dv_ptr, lse_ptr, delta_ptr, alibi_slopes_ptr, sm_scale,
+            n_ctx, n_pad, num_heads, kv_group, tiles_ptr, k_smem, v_smem, q_smem, do_smem, kv_bar, q_ready, q_empty)  # fmt: skip
+    gl.warp_specialize(
+        [
+            (_gluon_dkdv_consumer, (args, 0, VARLEN)),
+            (_gluon_dkdv_consumer, (args, 1, VARLEN)),
+            (_gluon_dkdv_producer, (args, 0, VARLEN)),
+        ],
+        [4, 1],  # warps of the second consumer and of the producer
+        [240, 24],  # their registers per thread
+    )  # fmt: skip
+
+
+@gluon.jit
+def _gluon_dq_cta(n_ctx, n_pad, num_heads, kv_group, tiles_ptr, lse_stride, HEAD_DIM: gl.constexpr, ROWS: gl.constexpr, VARLEN: gl.constexpr):  # fmt: skip
+    """Where this dQ CTA's rows lie: (its first query row, the batch, the
+    head, the sequence's length; the rows of query 0 and key 0 and the
+    columns of the head and of its kv head in the descriptors' (rows,
+    columns) views; the offsets of query 0 in lse and in the statistics).
+    Dense calls: grid (tiles, batch * heads) over (B * H * N, D) views.
+    VARLEN: grid (the call's tiles, heads) over (tokens, heads * D) views,
+    tile i from `tiles_ptr` (`_gluon_tiles`).  The last rows (which see the most keys) first."""
+    if VARLEN:
+        tile = tiles_ptr + 5 * gl.program_id(0)
+        head = gl.program_id(1)
+        q_row = gl.load(tile)
+        k_row = gl.load(tile + 1)
+        n = gl.load(tile + 2)
+        start_cta = gl.load(tile + 3)  # the table's order: furthest first
+        stat = gl.load(tile + 4)
+        if VARLEN == 2:  # a dense batch's runs (`_Runs`): a head's rows n_ctx apart, column 0
+            q_head, kv_head_row = q_row + head * n_ctx, k_row + head // kv_group * n_ctx
+            return start_cta, 0, head, n, q_head, kv_head_row, 0, 0, head * lse_stride + q_row, head * n_pad + stat  # fmt: skip
+        kv_col = head // kv_group * HEAD_DIM
+        return start_cta, 0, head, n, q_row, k_row, head * HEAD_DIM, kv_col, head * lse_stride + q_row, head * n_pad + stat  # fmt: skip
+    else:
+        start_cta = (gl.num_programs(0) - 1 - gl.program_id(0)) * (2 * ROWS)
+        batch_head = gl.program_id(1)
+        batch = batch_head // num_heads
+        head = batch_head % num_heads
+        kv_row = (batch * (num_heads // kv_group) + head // kv_group) * n_ctx
+        return start_cta, batch, head, n_ctx, batch_head * n_ctx, kv_row, 0, 0, batch_head * n_ctx, batch_head * n_pad  # fmt: skip
+
+
+@gluon.jit
+def _gluon_dq_consumer(args, HALF: gl.constexpr, HAS_DLSE: gl.constexpr, VARLEN: gl.constexpr):
+    (q_desc, k_desc, v_desc, do_desc, dq_desc, dq_ptr, o_ptr, dlse_ptr, lse_ptr, delta_ptr, lse_pad_ptr, alibi_slopes_ptr, sm_scale,
+     n_ctx, n_pad, num_heads, kv_group, tiles_ptr, lse_stride, q_smem, do_smem, k_smem, v_smem, q_bar, k_ready, v_ready, kv_empty) = args  # fmt: skip
+    dtype: gl.constexpr = q_desc.dtype
+    ROWS: gl.constexpr = q_desc.block_type.shape[0]  # this consumer's query rows
+    HEAD_DIM: gl.constexpr = q_desc.block_type.shape[1]
+    BLOCK_N: gl.constexpr = k_desc.block_type.shape[0]
+    STAGES: gl.constexpr = k_smem.type.shape[0]
+    s_layout: gl.constexpr = gl.NVMMADistributedLayout(
+        version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BLOCK_N, 16],
+    )  # fmt: skip
+    acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, HEAD_DIM, 16])  # fmt: skip
+    a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_layout, k_width=2)
+    row_vec: gl.constexpr = gl.SliceLayout(1, s_layout)
+    key_vec: gl.constexpr = gl.SliceLayout(0, s_layout)
+
+    start_cta, batch, head, n_ctx, q_row, kv_row, q_col, kv_col, lse_row, stat_row = _gluon_dq_cta(
+        n_ctx, n_pad, num_heads, kv_group, tiles_ptr, lse_stride, HEAD_DIM, ROWS, VARLEN
+    )  # fmt: skip
+    q_lo = start_cta + HALF * ROWS
+    q_idx = q_lo + gl.arange(0, ROWS, layout=row_vec)
+    q_pos = gl.expand_dims(q_idx, 1)
+    # Rows past the last (N no multiple of 128) read nothing and store nothing.
+    row_lse = gl.load(lse_ptr + lse_row + q_idx, mask=q_idx < n_ctx, other=float("inf"))
+    gl.store(lse_pad_ptr + stat_row + q_idx, row_lse)  # for the dK/dV kernel
+    lse = gl.expand_dims(row_lse, 1)
+    # delta = rowsum(dO * O) - dlse, the softmax backward's row term
+    # (`_attn_bwd_preprocess`), from O read here and dO once it has landed;
+    # stored for the dK/dV kernel, which runs next, at rows padded to n_pad
+    # (0 past N: O reads 0 there).
+    rows_layout: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
+    row_idx = q_lo + gl.arange(0, ROWS, layout=gl.SliceLayout(1, rows_layout))
+    inside = row_idx < n_ctx
+    if VARLEN == 1:  # O as q: (tokens, heads * D)
+        row_stride = num_heads * HEAD_DIM
+    else:
+        row_stride = HEAD_DIM
+    cols = q_col + gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, rows_layout))
+    o_rows = gl.expand_dims((q_row + row_idx).to(gl.int64) * row_stride, 1)
+    o_ptrs = o_ptr + o_rows + gl.expand_dims(cols, 0)
+    o = gl.load(o_ptrs, mask=gl.expand_dims(inside, 1), other=0.0)
+    alibi_slope = 0.0
+    q_buf = q_smem.index(HALF)
+    do_buf = do_smem.index(HALF)
+    s_zero = gl.zeros([ROWS, BLOCK_N], gl.float32, s_layout)
+    dq = gl.zeros([ROWS, HEAD_DIM], gl.float32, acc_layout)
+
+    mbarrier.wait(q_bar, 0)
+    row_delta = gl.sum(do_buf.load(rows_layout).to(gl.float32) * o.to(gl.float32), 1)
+    if HAS_DLSE:
+        row_delta -= gl.load(dlse_ptr + lse_row + row_idx, mask=inside, other=0.0)
+    gl.store(delta_ptr + stat_row + row_idx, row_delta)
+    delta = gl.expand_dims(gl.convert_layout(row_delta, row_vec), 1)
+    lo, hi = _gluon_key_cols(start_cta, start_cta + 2 * ROWS - 1, n_ctx, head, num_heads, BLOCK_N)
+    t = 0  # tiles received
+    for start_n in range(lo, hi, BLOCK_N):
+        _, cta_may = _gluon_tile_class(
+            start_cta, start_cta + 2 * ROWS - 1, start_n, start_n + BLOCK_N - 1, head, num_heads,
+        )  # fmt: skip
+        if cta_may:  # the producer loaded this tile
+            stage = t % STAGES
+            phase = (t // STAGES) & 1
+            mbarrier.wait(k_ready.index(stage), phase)
+            whole, may = _gluon_tile_class(
+                q_lo, q_lo + ROWS - 1, start_n, start_n + BLOCK_N - 1, head, num_heads
+            )  # fmt: skip
+            whole = whole & (start_n + BLOCK_N <= n_ctx)  # a tile past the last key is masked
+            if may:
+                k_buf = k_smem.index(stage)
+                s = warpgroup_mma(
+                    q_buf, k_buf.permute((1, 0)), s_zero, use_acc=False, is_async=True
+                )  # fmt: skip
+                mbarrier.wait(v_ready.index(stage), phase)
+                dp = warpgroup_mma(
+                    do_buf, v_smem.index(stage).permute((1, 0)), s_zero, use_acc=False,
+                    is_async=True,
+                )  # fmt: skip
+                k_pos = gl.expand_dims(start_n + gl.arange(0, BLOCK_N, layout=key_vec), 0)
+                s = warpgroup_mma_wait(num_outstanding=1, deps=(s,))
+                if whole:
+                    p, s2 = _runs_attn_probs(
+                        s, lse, q_pos, k_pos, n_ctx, head, num_heads, alibi_slope, sm_scale, False
+                    )  # fmt: skip
+                else:
+                    p, s2 = _runs_attn_probs(
+                        s, lse, q_pos, k_pos, n_ctx, head, num_heads, alibi_slope, sm_scale, True
+                    )  # fmt: skip
+                dp = warpgroup_mma_wait(num_outstanding=0, deps=(dp,))
+                ds = p * (dp - delta)
+                dq = warpgroup_mma(
+                    gl.convert_layout(ds.to(dtype), a_layout), k_buf, dq, is_async=True
+                )  # fmt: skip
+                dq = warpgroup_mma_wait(num_outstanding=0, deps=(dq,))
+            else:  # the copy into this stage must land before the stage is released
+                mbarrier.wait(v_ready.index(stage), phase)
+            mbarrier.arrive(kv_empty.index(stage), count=1)
+            t += 1
+
+    if q_lo + ROWS <= n_ctx:
+        # Q is read for the last time above: its buffer stages dQ.
+        q_buf.store((dq * sm_scale).to(dtype))
+        fence_async_shared()
+        gl_tma.async_copy_shared_to_global(dq_desc, [q_row + q_lo, q_col], q_buf)
+        gl_tma.store_wait(pendings=0)
+    else:  # past the last row lie the next head's or sequence's: a masked store
+        dq_rows = q_lo + gl.arange(0, ROWS, layout=gl.SliceLayout(1, acc_layout))
+        dq_cols = q_col + gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, acc_layout))
+        dq_offsets = gl.expand_dims((q_row + dq_rows).to(gl.int64) * row_stride, 1)
+        dq_ptrs = dq_ptr + dq_offsets + gl.expand_dims(dq_cols, 0)
+        gl.store(dq_ptrs, (dq * sm_scale).to(dtype), mask=gl.expand_dims(dq_rows < n_ctx, 1))
+
+
+@gluon.jit
+def _gluon_dq_producer(args, HALF: gl.constexpr, VARLEN: gl.constexpr):
+    (q_desc, k_desc, v_desc, do_desc, dq_desc, dq_ptr, o_ptr, dlse_ptr, lse_ptr, delta_ptr, lse_pad_ptr, alibi_slopes_ptr, sm_scale,
+     n_ctx, n_pad, num_heads, kv_group, tiles_ptr, lse_stride, q_smem, do_smem, k_smem, v_smem, q_bar, k_ready, v_ready, kv_empty) = args  # fmt: skip
+    ROWS: gl.constexpr = q_desc.block_type.shape[0]
+    BLOCK_N: gl.constexpr = k_desc.block_type.shape[0]
+    STAGES: gl.constexpr = k_smem.type.shape[0]
+    HEAD_DIM: gl.constexpr = q_desc.block_type.shape[1]
+    start_cta, batch, head, n_ctx, q_row, kv_row, q_col, kv_col, lse_row, stat_row = _gluon_dq_cta(
+        n_ctx, n_pad, num_heads, kv_group, tiles_ptr, lse_stride, HEAD_DIM, ROWS, VARLEN
+    )  # fmt: skip
+    mbarrier.expect(q_bar, 2 * q_desc.block_type.nbytes + 2 * do_desc.block_type.nbytes)
+    for i in gl.static_range(2):
+        row = q_row + start_cta + i * ROWS
+        gl_tma.async_copy_global_to_shared(q_desc, [row, q_col], q_bar, q_smem.index(i))
+        gl_tma.async_copy_global_to_shared(do_desc, [row, q_col], q_bar, do_smem.index(i))
+    lo, hi = _gluon_key_cols(start_cta, start_cta + 2 * ROWS - 1, n_ctx, head, num_heads, BLOCK_N)
+    t = 0  # tiles sent, counted as the consumers count them
+    for start_n in range(lo, hi, BLOCK_N):
+        _, cta_may = _gluon_tile_class(
+            start_cta, start_cta + 2 * ROWS - 1, start_n, start_n + BLOCK_N - 1, head, num_heads,
+        )  # fmt: skip
+        if cta_may:
+            stage = t % STAGES
+            # A barrier starts with phase 1 complete: the first STAGES waits pass.
+            mbarrier.wait(kv_empty.index(stage), ((t // STAGES) & 1) ^ 1)
+            mbarrier.expect(k_ready.index(stage), k_desc.block_type.nbytes)
+            gl_tma.async_copy_global_to_shared(
+                k_desc, [kv_row + start_n, kv_col], k_ready.index(stage), k_smem.index(stage)
+            )  # fmt: skip
+            mbarrier.expect(v_ready.index(stage), v_desc.block_type.nbytes)
+            gl_tma.async_copy_global_to_shared(
+                v_desc, [kv_row + start_n, kv_col], v_ready.index(stage), v_smem.index(stage)
+            )  # fmt: skip
+            t += 1
+
+
+@gluon.jit
+def _gluon_attn_bwd_dq(
+    q_desc, k_desc, v_desc, do_desc, dq_desc, dq_ptr, o_ptr, dlse_ptr, lse_ptr, delta_ptr, lse_pad_ptr, alibi_slopes_ptr, sm_scale,
+    n_ctx, n_pad, num_heads, kv_group, tiles_ptr, lse_stride, HAS_DLSE: gl.constexpr, STAGES: gl.constexpr, VARLEN: gl.constexpr,
+):  # fmt: skip
+    """Grid: (cdiv(N, 128), batch * heads), or for VARLEN (the call's tiles,
+    heads) (`_gluon_dq_cta`).  dQ (scaled) of 128 query rows, and their delta
+    = rowsum(dO * O) - dlse (dlse read only if HAS_DLSE)."""
+    dtype: gl.constexpr = q_desc.dtype
+    ROWS: gl.constexpr = q_desc.block_type.shape[0]
+    HEAD_DIM: gl.constexpr = q_desc.block_type.shape[1]
+    BLOCK_N: gl.constexpr = k_desc.block_type.shape[0]
+    q_smem = gl.allocate_shared_memory(dtype, [2, ROWS, HEAD_DIM], q_desc.layout)
+    do_smem = gl.allocate_shared_memory(dtype, [2, ROWS, HEAD_DIM], do_desc.layout)
+    k_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DIM], k_desc.layout)
+    v_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DIM], v_desc.layout)
+    q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    k_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    v_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    kv_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    mbarrier.init(q_bar, count=1)
+    for i in gl.static_range(STAGES):
+        mbarrier.init(k_ready.index(i), count=1)
+        mbarrier.init(v_ready.index(i), count=1)
+        mbarrier.init(kv_empty.index(i), count=2)  # released by both consumers
+    args = (q_desc, k_desc, v_desc, do_desc, dq_desc, dq_ptr, o_ptr, dlse_ptr, lse_ptr, delta_ptr, lse_pad_ptr, alibi_slopes_ptr, sm_scale,
+            n_ctx, n_pad, num_heads, kv_group, tiles_ptr, lse_stride, q_smem, do_smem, k_smem, v_smem, q_bar, k_ready, v_ready, kv_empty)  # fmt: skip
+    gl.warp_specialize(
+        [
+            (_gluon_dq_consumer, (args, 0, HAS_DLSE, VARLEN)),
+            (_gluon_dq_consumer, (args, 1, HAS_DLSE, VARLEN)),
+            (_gluon_dq_producer, (args, 0, VARLEN)),
+        ],
+        [4, 1],  # warps of the second consumer and of the producer
+        [240, 24],  # their registers per thread
+    )  # fmt: skip
+
+
+def _gluon_backward_supported(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor, do: torch.Tensor
+) -> bool:  # fmt: skip
+    """Whether this call can take the Gluon backward (`_gluon_fits`)."""
+    return _gluon_fits(GLUON_BWD_BLOCK, q, k, v, o, do, any_length=True)
+
+
+def _gluon_backward(
+    q, k, v, o, do, lse, dlse, dq, dk, dv, alibi_slopes, scale: float, seqs=None, runs=None
+) -> None:  # fmt: skip
+    """dQ and delta first (the dQ kernel computes delta), then dK and dV.
+    `seqs`: a varlen call's (`_gluon_varlen_backward_supported`), the tensors as kernel views.
+    `runs`: a dense call's packed documents (`_Runs`), walked as sequences."""
+    batch, num_heads, n, _ = q.shape
+    kv_heads = k.shape[1]
+    # lse and delta for the dK/dV kernel, written by the dQ kernel: rows padded to a
+    # multiple of GLUON_BWD_BLOCK, a stride that 16 divides whatever N is (decision 100).
+    n_pad = triton.cdiv(n, GLUON_BWD_BLOCK) * GLUON_BWD_BLOCK
+    ctas, tiles, lse_stride = triton.cdiv(n, GLUON_BWD_BLOCK), lse, 0  # lse: no table
+    if seqs is not None:  # (tokens, heads * D) views; a CTA per tile of the call's table and
+        # head; each sequence's statistics from a multiple of 128 (`_gluon_stat_rows`)
+        tiles = _gluon_tiles(seqs, n, k.shape[2])
+        q, k, v, o, do, dq, dk, dv = (_user_view(x, seqs) for x in (q, k, v, o, do, dq, dk, dv))
+        ctas, n, n_pad, lse_stride = tiles.shape[0], 0, _gluon_stat_rows(seqs, tiles), lse.stride(1)
+    varlen = seqs is not None
+    if runs is not None:  # a CTA per tile of the runs' table (`_Runs`) and head
+        if q.is_contiguous():  # (B * H * N, D) views
+            tiles, varlen = runs.tiles, 2
+        else:  # rows of tokens: (B * N, heads * D) views, as a varlen call's
+            tiles, varlen = runs.token_tiles, 1
+            q, k, v, o, do, dq, dk, dv = (x.transpose(1, 2).flatten(0, 1) for x in (q, k, v, o, do, dq, dk, dv))  # fmt: skip
+        ctas, batch, n_pad, lse_stride = runs.ctas, 1, runs.stat_rows, lse.stride(1)
+    q_desc, k_desc, v_desc, do_desc, dq_desc, dk_desc, dv_desc = (
+        _gluon_descriptor(x, GLUON_BWD_TILE) for x in (q, k, v, do, dq, dk, dv)
+    )  # fmt: skip
+    lse_pad, delta = torch.empty((2, batch * num_heads, n_pad), dtype=torch.float32, device=q.device)  # fmt: skip
+    common = (alibi_slopes, scale, n, n_pad, num_heads, num_heads // kv_heads, tiles)
+    _launch(
+        _gluon_attn_bwd_dq, (ctas, batch * num_heads),
+        q_desc, k_desc, v_desc, do_desc, dq_desc, dq, o, delta if dlse is None else dlse, lse, delta, lse_pad, *common, lse_stride,
+        dlse is not None, GLUON_BWD_STAGES[1], varlen, num_warps=4,
+    )  # fmt: skip
+    _launch(
+        _gluon_attn_bwd_dkdv, (ctas, batch * kv_heads),
+        q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, dk, dv, lse_pad, delta, *common, GLUON_BWD_STAGES[0], varlen, num_warps=4,
+    )  # fmt: skip
+
+
+def _gluon_varlen_backward_supported(q, k, v, o, do, lse, dlse, seqs) -> bool:
+    """Whether this varlen call (`seqs` bound; kernel views) can take the Gluon
+    backward: `_gluon_varlen_fits` for q, k, v, o and dO, lse and dlse (H, T)
+    with rows of stride 1 and the same head stride, every head's statistics
+    at offsets in int32, and, as a dense call's N, sequences of 128 tokens or
+    more on average."""
+    if seqs is None or not _gluon_varlen_fits(q, k, v, seqs, o, do):
+        return False
+    if lse.stride(2) != 1 or (dlse is not None and dlse.stride()[1:] != lse.stride()[1:]):
+        return False
+    if q.shape[1] * _gluon_stat_rows(seqs, _gluon_tiles(seqs, q.shape[2], k.shape[2])) >= 2**31:
+        return False
+    lengths = seqs[4][0]
+    if lengths is None:  # captured (`_gluon_device_tiles`): the rows per sequence
+        return q.shape[2] >= GLUON_BWD_BLOCK * seqs[0].shape[0]
+    return sum(lengths) >= GLUON_BWD_BLOCK * len(lengths)
+
+
+class _Runs:
+    """A dense batch's packed documents as sequences (decision 109), found on
+    the GPU (decision 110): the tables of `_gluon_tiles`' rows for the runs of
+    one id, for tensors (B, H, N, D) contiguous, seen as (B * H * N, D) (a run
+    at position p of batch row b starts at row (b * heads + head) * N + p: the
+    table holds b * heads * N + p, the kernels add head * N), and for tensors
+    whose rows are tokens ((B, N, H, D) in memory), seen as a varlen call's
+    (B * N, heads * D) (the table holds b * N + p).  Each table's first `ctas`
+    rows are the tiles, rows of length 0 follow.
+
+    What the host needs (whether the ids form runs, how many, how many tiles)
+    comes back in three integers copied when `tile_plan` ran and read at the
+    first call that asks: `ctas`, `stat_rows` (the backward's statistics rows
+    per head) and whether the runs are long enough on average for the Gluon
+    forward and for its backward."""
+
+    def __init__(
+        self, tiles, token_tiles, found, copied, tokens: int, heads: int, forward_rows: int
+    ):
+        self.tiles, self.token_tiles = tiles, token_tiles
+        self._found, self._copied = found, copied
+        self._tokens, self._heads, self._forward_rows = tokens, heads, forward_rows
+        self._known = None
+
+    def _read(self) -> tuple:
+        """(ctas, forward, backward), read once: waits for `_runs_kernel` only
+        if it has not run yet."""
+        if self._known is None:
+            if self._copied is not None:
+                self._copied.synchronize()
+            distinct, runs, ctas = self._found.tolist()
+            fits = bool(distinct) and 0 < runs and self._heads * 128 * ctas < 2**31
+            self._known = (
+                ctas,
+                fits and self._tokens >= self._forward_rows * runs,
+                fits and self._tokens >= 128 * runs,
+            )
+        return self._known
+
+    ctas = property(lambda self: self._read()[0])
+    stat_rows = property(lambda self: 128 * self._read()[0])
+    forward = property(lambda self: self._read()[1])
+    backward = property(lambda self: self._read()[2])
+
+
+def _documents_as_runs(doc: torch.Tensor, q, k, forward_rows: int) -> _Runs | None:
+    """`tile_plan`'s runs for q, k (B, H, N, D) and the ids `doc` (B, N)
+    where the Gluon kernels can take the call (sm90, `GLUON`), else None.
+    `forward_rows`: the mean run length from which the Gluon forward runs."""
+    if not GLUON or _interpreting() or q.device.type != "cuda" or _capability(q.device) != (9, 0):
+        return None
+    return _runs_of(doc, q, k, forward_rows)
+
+
+def _runs_of(doc: torch.Tensor, q, k, forward_rows: int) -> _Runs | None:
+    """`_documents_as_runs` on any device: None unless Nq = Nk = N and no CUDA
+    graph is being captured.  Three launches and nothing read on the host
+    (`_Runs` reads its three integers when a call first asks): the runs and
+    their tables (`_runs_kernel`), for at most one run per 128 tokens (more
+    would not take the Gluon kernels), then each layout's tiles
+    (`_gluon_device_tiles`)."""
+    batch, num_heads, n, _ = q.shape
+    if k.shape[2] != n or tuple(doc.shape) != (batch, n) or n == 0 or _capturing(doc):
+        return None
+    tokens = batch * n
+    capacity = _cdiv(tokens, 128)
+    tables = torch.empty((2, capacity, 4), dtype=torch.int32, device=doc.device)
+    found = torch.empty(3, dtype=torch.int32, device=doc.device)
+    _launch(
+        _runs_kernel, (1,), doc, doc.stride(0), doc.stride(1), tables, found,
+        batch, n, num_heads, k.shape[1], capacity, _RUNS_BLOCK, _RUNS_PAIRS,
+    )  # fmt: skip
+    token_tiles, tiles = (_gluon_device_tiles(table, tokens) for table in tables)
+    copied = None
+    if doc.device.type == "cuda":  # to the host without waiting: read at the first call
+        found = found.to("cpu", non_blocking=True)
+        copied = torch.cuda.Event()
+        copied.record(torch.cuda.current_stream(doc.device))
+    return _Runs(tiles, token_tiles, found, copied, tokens, num_heads, forward_rows)
+
+
+_RUNS_BLOCK = 1024  # tokens per step of _runs_kernel
+_RUNS_PAIRS = 64  # runs per side of a block of pairs in _runs_kernel
+
+
+@triton.jit
+def _runs_kernel(
+    doc, stride_b, stride_n, tables, found, batch, n, heads, kv_heads, capacity,
+    BLOCK: tl.constexpr, PAIRS: tl.constexpr,
+):  # fmt: skip
+    """`_runs_of` in one program.  Over the B * N tokens in blocks: a run
+    starts at a row's first token and wherever the id changes; the r-th run
+    (r < capacity) writes its first token t = b * N + p to tables[0, r] (as
+    first query and key row, `Sequences.bind`'s columns) and the rows of its
+    dense views to tables[1, r] (t + b * (heads - 1) * N for q, t + b *
+    (kv_heads - 1) * N for k).  Then each run's length (to the next run's
+    first token), rows of length 0 after the last run, and over pairs of
+    runs of one batch row whether an id comes back.  found: [ids distinct
+    (0 or 1; 0 past `capacity` runs), runs, tiles of 128 rows]."""
+    tokens = batch * n
+    runs = 0
+    for start in range(0, tokens, BLOCK):
+        t = start + tl.arange(0, BLOCK)
+        b = t // n
+        p = t - b * n
+        inside = t < tokens
+        ids = tl.load(doc + b.to(tl.int64) * stride_b + p.to(tl.int64) * stride_n, mask=inside)
+        before = tl.load(doc + b.to(tl.int64) * stride_b + (p - 1).to(tl.int64) * stride_n, mask=inside & (p > 0))  # fmt: skip
+        first = inside & ((p == 0) | (ids != before))
+        r = runs + tl.cumsum(first.to(tl.int32), 0) - 1
+        written = first & (r < capacity)
+        at = tables + r * 4
+        tl.store(at, t, mask=written)
+        tl.store(at + 2, t, mask=written)
+        tl.store(at + capacity * 4, t + b * (heads - 1) * n, mask=written)
+        tl.store(at + capacity * 4 + 2, t + b * (kv_heads - 1) * n, mask=written)
+        tl.store(at + 3, ids, mask=written)  # the run's id, for the pairs below
+        runs += tl.sum(first.to(tl.int32), 0)
+    tl.debug_barrier()
+    kept = tl.minimum(runs, capacity)
+    repeated = 0
+    for i in range(0, kept, PAIRS):
+        a = i + tl.arange(0, PAIRS)
+        a_first = tl.load(tables + a * 4, mask=a < kept, other=0)
+        a_id = tl.load(tables + a * 4 + 3, mask=a < kept, other=0)
+        for j in range(i, kept, PAIRS):
+            c = j + tl.arange(0, PAIRS)
+            c_first = tl.load(tables + c * 4, mask=c < kept, other=0)
+            c_id = tl.load(tables + c * 4 + 3, mask=c < kept, other=0)
+            same = (a_first // n)[:, None] == (c_first // n)[None, :]
+            same &= a_id[:, None] == c_id[None, :]
+            same &= (a[:, None] < c[None, :]) & (a < kept)[:, None] & (c < kept)[None, :]
+            repeated += tl.sum(tl.sum(same.to(tl.int32), 1), 0)
+    tl.debug_barrier()
+    ctas = 0
+    for i in range(0, capacity, PAIRS):
+        a = i + tl.arange(0, PAIRS)
+        a_first = tl.load(tables + a * 4, mask=a < kept, other=tokens)
+        after = tl.load(tables + (a + 1) * 4, mask=a + 1 < kept, other=tokens)
+        length = tl.where(a < kept, after - a_first, 0)
+        ctas += tl.sum((length + 127) // 128, 0)
+        tl.debug_barrier()
+        for table in tl.static_range(2):
+            at = tables + table * capacity * 4 + a * 4
+            tl.store(at + 1, length, mask=a < capacity)
+            tl.store(at + 3, length, mask=a < capacity)
+            tl.store(at, 0, mask=(a >= kept) & (a < capacity))
+            tl.store(at + 2, 0, mask=(a >= kept) & (a < capacity))
+    tl.store(found, ((repeated == 0) & (runs <= capacity)).to(tl.int32))
+    tl.store(found + 1, runs)
+    tl.store(found + 2, ctas)
+
+
+def _runs_layout(plan, *tensors: torch.Tensor) -> int:
+    """How a call's tensors (B, H, N, D) lie for its plan's runs: 2 each
+    contiguous, 1 each with rows of tokens ((B, N, H, D) in memory, as a
+    varlen call's), 0 neither, or no runs (the module's own kernels)."""
+    runs = None if plan is None else plan.runs
+    if runs is None or not all(x.data_ptr() % 16 == 0 for x in tensors):
+        return 0
+    if all(x.is_contiguous() for x in tensors):
+        return 2
+    return 1 if all(x.transpose(1, 2).is_contiguous() for x in tensors) else 0
+
+
+def _runs_stats(x: torch.Tensor | None, layout: int) -> torch.Tensor | None:
+    """lse or dlse (B, H, N) as the runs' kernels read it (`_runs_layout`):
+    for rows of tokens (H, B, N) in memory, as a varlen call's (H, tokens),
+    else contiguous."""
+    if x is None:
+        return None
+    if layout != 1:
+        return x.contiguous()
+    return x.transpose(0, 1).contiguous().transpose(0, 1)  # no copy where it lies so
+
+
 def forward(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -1866,6 +3231,7 @@ def _forward(
     `shifts` the call's (q_offset, k_offset)."""
     rows_q, rows_k = (None, None) if seqs is None or not seqs[3] else seqs[1:3]
     q, k, v = _rows_in_int32("q", q, rows_q), _rows_in_int32("k", k, rows_k), _rows_in_int32("v", v, rows_k)  # fmt: skip
+    explicit = (block_m, block_n, num_warps, num_stages) != (None,) * 4 or tma is False
     default = _launch_config(q.device)
     block_m, block_n = block_m or default[0], block_n or default[1]
     _check_blocks(block_m, block_n)
@@ -1880,6 +3246,15 @@ def _forward(
         batch, n_queries, n_keys = seqs[0].shape[0], seqs[1], seqs[2]
     if o.numel() == 0 or batch * n_queries == 0:
         return o.zero_(), lse.fill_(float("-inf"))
+    # Packed documents whose ids form runs: the runs as sequences (decision 109).
+    layout = 0 if explicit or (seqs, sinks, shifts) != (None,) * 3 else _runs_layout(plan, q, k, v)
+    if layout == 1:  # rows of tokens: o as q whichever kernels run (the backward's runs take it so)
+        o = torch.empty_strided(o.shape, (n_queries * num_heads * V_DIM, V_DIM, num_heads * V_DIM, 1), dtype=q.dtype, device=q.device)  # fmt: skip
+    if layout and plan.runs.forward and scale > 0 and batch * num_heads * n_queries < 2**31 - 128:
+        if layout == 1:  # lse as a varlen call's (heads, tokens)
+            lse = torch.empty_strided(lse.shape, (n_queries, batch * n_queries, 1), dtype=torch.float32, device=q.device)  # fmt: skip
+        _gluon_forward(q, k, v, o, lse, scale, runs=plan.runs)
+        return o, lse
     use_tma = n_keys > 0 and seqs is None and _use_tma(tma, GPU_TMA, k, v)
     # One query tile of every head after another where the grid's second axis
     # holds the query tiles (HEADS_FIRST_MAX_TILES).
@@ -1948,6 +3323,7 @@ def _backward(
     q, o = _rows_in_int32("q", q, rows_q), _rows_in_int32("o", o, rows_q)
     k, v = _rows_in_int32("k", k, rows_k), _rows_in_int32("v", v, rows_k)
     do = None if do is None else _rows_in_int32("do", do, rows_q)
+    explicit = (block_m, block_n, num_warps, num_stages) != (None,) * 4 or tma is False
     default = _launch_config(q.device, backward=True)
     block_m, block_n = block_m or default[0], block_n or default[1]
     _check_blocks(block_m, block_n)
@@ -1975,6 +3351,14 @@ def _backward(
     if dlse is not None:
         dlse = dlse.to(torch.float32).contiguous()
     alibi_slopes = _alibi_or_placeholder(num_heads, lse)
+    layout = 0 if explicit or seqs is not None or shifts is not None else _runs_layout(plan, q, k, v, o)  # fmt: skip
+    if layout and plan.runs.backward and batch * num_heads * n_queries < 2**31 - 128:
+        if _runs_layout(plan, do) != layout:  # dO laid out as O
+            do = do.contiguous() if layout == 2 else do.transpose(1, 2).contiguous().transpose(1, 2)
+        dq, dk, dv = (torch.empty_like(x) for x in (q, k, v))  # in q's, k's and v's layouts
+        lse, dlse = _runs_stats(lse, layout), _runs_stats(dlse, layout)
+        _gluon_backward(q, k, v, o, do, lse, dlse, dq, dk, dv, alibi_slopes, scale, runs=plan.runs)
+        return dq, dk, dv
     delta = torch.empty_strided(lse.shape, lse.stride(), dtype=lse.dtype, device=lse.device)
     grid = (_cdiv(n_queries, block_m), batch * num_heads)
     _launch(
@@ -2136,12 +3520,16 @@ def tile_plan(
     # launch where the forward's tile shape is the backward's.
     shapes = {(backward[1], backward[0]): {False, True}}
     shapes.setdefault((forward[0], forward[1]), set()).add(True)
-    tiles = {}
-    for (outer, inner), sides in shapes.items():
-        sides = tuple(sides)
-        plans = _data_plans(q, k, outer, inner, sides, inputs, seqs, shifts)
-        tiles.update(((outer, inner, side), plan) for side, plan in zip(sides, plans))
-    return TilePlan(_plan_key(q, k, inputs, seqs, shifts), tiles, (inputs, seqs))
+    with torch.cuda.device(q.device) if _on_other_gpu(q) else contextlib.nullcontext():
+        runs = None
+        if seqs is None and shifts is None:
+            runs = _documents_as_runs(doc, q, k, GLUON_BLOCK)
+        tiles = {}
+        for (outer, inner), sides in shapes.items():
+            sides = tuple(sides)
+            plans = _data_plans(q, k, outer, inner, sides, inputs, seqs, shifts)
+            tiles.update(((outer, inner, side), plan) for side, plan in zip(sides, plans))
+    return TilePlan(_plan_key(q, k, inputs, seqs, shifts), tiles, (inputs, seqs), runs)
 
 
 def attention(

@@ -2133,11 +2133,12 @@ def tile_plan(
     # launch where the forward's tile shape is the backward's.
     shapes = {(backward[1], backward[0]): {False, True}}
     shapes.setdefault((forward[0], forward[1]), set()).add(True)
-    tiles = {}
-    for (outer, inner), sides in shapes.items():
-        sides = tuple(sides)
-        plans = _data_plans(q, k, outer, inner, sides, inputs, seqs, shifts)
-        tiles.update(((outer, inner, side), plan) for side, plan in zip(sides, plans))
+    with torch.cuda.device(q.device) if _on_other_gpu(q) else contextlib.nullcontext():
+        tiles = {}
+        for (outer, inner), sides in shapes.items():
+            sides = tuple(sides)
+            plans = _data_plans(q, k, outer, inner, sides, inputs, seqs, shifts)
+            tiles.update(((outer, inner, side), plan) for side, plan in zip(sides, plans))
     return TilePlan(_plan_key(q, k, inputs, seqs, shifts), tiles, (inputs, seqs))
 
 

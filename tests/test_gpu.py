@@ -1155,6 +1155,37 @@ def test_inputs_on_another_gpu(name):
         assert torch.equal(got, want)
 
 
+def test_tile_plan_on_another_gpu():
+    """A plan built from tensors on a GPU other than the current one: its
+    kernels (the data's tiles, the documents' runs) launch on that GPU, and
+    calls with it give what they give on the current GPU, bit for bit."""
+    import torch
+
+    if torch.cuda.device_count() < 2:
+        pytest.skip("needs two GPUs")
+    (variant,) = [v for v in example_variants() if v.name == "llama3_packed_docs"]
+    module = build(variant)
+    gen = torch.Generator(device="cuda:0").manual_seed(0)
+    shape = (1, 4, 1024, module.HEAD_DIM)
+    inputs = [
+        torch.randn(shape, device="cuda:0", dtype=torch.bfloat16, generator=gen) for _ in range(4)
+    ]
+    doc = _document_ids([[300, 200, 524]], False, torch.Generator().manual_seed(0))
+
+    def run(device):
+        q, k, v, do = (x.to(device) for x in inputs)
+        ids = doc.to(device)
+        plan = module.tile_plan(q, k, v, doc=ids)
+        leaves = [x.detach().requires_grad_() for x in (q, k, v)]
+        o, lse = module.attention(*leaves, doc=ids, plan=plan, return_lse=True)
+        grads = torch.autograd.grad(o, leaves, do)
+        return [x.to("cuda:0") for x in (o, lse, *grads)]
+
+    assert torch.cuda.current_device() == 0
+    for got, want in zip(run("cuda:1"), run("cuda:0")):
+        assert torch.equal(got, want)
+
+
 @settings(
     max_examples=int(os.environ.get("FLASHGEN_GPU_LANGUAGE_EXAMPLES", "24")),
     derandomize=True,

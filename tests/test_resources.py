@@ -63,7 +63,8 @@ SPILL_FREE_BACKWARD |= {("t5_relative_bias", 64)}
 # whose rows may see 4096 keys (not encoder_band's 257-key band; gemma2_local
 # since decision 083, its rescale threshold no longer keeping it off; paligemma_prefix,
 # built here at d128, since decision 098: a mask over data that documents do not bound).
-GLUON = {(name, d) for name in ("full", "plain_causal") for d in (64, 128)}  # decision 068
+# llama3_packed_docs: its plan's runs take plain causal's kernels (decision 109).
+GLUON = {(name, d) for name in ("full", "plain_causal", "llama3_packed_docs") for d in (64, 128)}
 GLUON_ANY = {
     (name, 128)
     for name in (
@@ -76,13 +77,13 @@ GLUON_ANY = {
 # dK/dV kernel at d64; at d128 the dK/dV consumers (two accumulators of
 # 64 x 128 in fp32 each) spill 24-232 B today.
 # Specs that read inputs take it at d64 where the mask alone reads them
-# (decision 078): the packed documents' dK/dV consumers spill 12 B there (the
-# documents' ids beside the accumulators), and ran 1.10-1.18x faster than the
-# Triton backward all the same.
+# (decision 078: paligemma_prefix); the packed documents at d64 and d128 carry
+# plain causal's for their plan's runs instead of their own (decision 109),
+# without the 12 B its own d64 dK/dV kernel spilled.
 GLUON_BACKWARD = {
     (Path(spec).stem, d) for spec in SPECS if "_INPUTS = (" not in _SOURCES[spec] for d in (64, 128)
-} | {("llama3_packed_docs", 64), ("paligemma_prefix", 64)}
-GLUON_BACKWARD_SPILLS = {("_gluon_attn_bwd_dkdv", "llama3_packed_docs", 64): 12}
+} | {("llama3_packed_docs", 64), ("llama3_packed_docs", 128), ("paligemma_prefix", 64)}
+GLUON_BACKWARD_SPILLS = {}
 
 # The kernels tier: the compiles take minutes.
 pytestmark = pytest.mark.kernels

@@ -320,6 +320,9 @@ def test_ids_that_come_back_in_a_row_are_not_runs():
     assert not runtime._runs_of(doc, q, q, 128).backward
     taken = runtime._runs_of(doc[:1], q[:1], q[:1], 128)
     assert taken.backward and taken.forward and taken.ctas == 4
+    for ids in (doc[:1].long(), doc.t().contiguous().t()[:1]):  # int64, strided
+        other = runtime._runs_of(ids, q[:1], q[:1], 128)
+        assert other.backward and torch.equal(other.tiles, taken.tiles)
     assert not runtime._runs_of(doc[:1], q[:1], q[:1], 129).forward  # runs shorter than asked
     assert runtime._runs_of(doc[1:], q[:1], q[:1], 128).ctas == 4  # the tiles are there, not taken
     short = doc[:1].clone()
