@@ -15,7 +15,7 @@ source scripts/gpu_env.sh
 for step in ${*:-check bench}; do
   case $step in
   check)
-    timeout ${CHECK_SECONDS:-240} python3 -m pytest -q -m "" -p no:cacheprovider -rf tests/test_gpu.py \
+    timeout ${CHECK_SECONDS:-400} python3 -m pytest -q -m "" -p no:cacheprovider -rf tests/test_gpu.py \
       -k "packed_documents_as_runs or (masks_over_runtime_data and doc and 128-False)" 2>&1 | tail -n 8 ;;
   bench)
     timeout ${BENCH_SECONDS:-300} python3 scripts/gpu_varlen_bench.py --tokens ${TOKENS:-16384 65536} \
