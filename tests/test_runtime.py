@@ -309,6 +309,43 @@ def test_packed_documents_become_runs_at_their_rows_of_the_dense_views(rows, hea
     assert runs.stat_rows == sum(-(-m // 128) * 128 for r in rows for m in r)
 
 
+@settings(max_examples=60, deadline=None)
+@given(
+    rows=st.lists(
+        st.lists(st.tuples(st.integers(1, 400), st.integers(0, 5)), min_size=1, max_size=8),
+        min_size=1,
+        max_size=3,
+    ),
+    forward_rows=st.sampled_from([1, 128, 300]),
+)
+def test_runs_are_taken_exactly_where_each_id_forms_one_run(rows, forward_rows):
+    """`_runs_of`'s answer (decision 110) against a count made here: the runs
+    are taken where no id comes back within a batch row (ids from a small
+    range, so that they do), there are at most one run per 128 tokens, and
+    the runs average 128 tokens (the backward) or `forward_rows` (the
+    forward); `ctas` is then one tile per 128 tokens of every run."""
+    n = max(sum(m for m, _ in r) for r in rows)
+    doc = torch.full((len(rows), n), -1, dtype=torch.int32)
+    runs, distinct = [], True
+    for b, pieces in enumerate(rows):
+        p = 0
+        for m, i in pieces + [(n - sum(m for m, _ in pieces), 6)]:
+            doc[b, p : p + m] = i
+            p += m
+        row = [i for i, _ in itertools.groupby(doc[b].tolist())]
+        lengths = [len(list(g)) for _, g in itertools.groupby(doc[b].tolist())]
+        distinct &= len(set(row)) == len(row)
+        runs += lengths
+    q = torch.zeros(len(rows), 2, n, 1)
+    found = runtime._runs_of(doc, q, q, forward_rows)
+    tokens = len(rows) * n
+    taken = distinct and len(runs) <= -(-tokens // 128)
+    assert found.backward == (taken and tokens >= 128 * len(runs))
+    assert found.forward == (taken and tokens >= forward_rows * len(runs))
+    if taken:
+        assert found.ctas == sum(-(-m // 128) for m in runs)
+
+
 def test_ids_that_come_back_in_a_row_are_not_runs():
     """An id that comes back later in a row joins two runs under the mask
     doc[b, q] == doc[b, k]: the runs are not taken (the module's own kernels
