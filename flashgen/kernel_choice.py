@@ -473,7 +473,7 @@ def gluon_data_forward(mask: ir.Expr) -> bool:
 # kernels, ran 1.55-1.71x / 1.47-1.52x.  Where a call's ids form runs of
 # distinct ids (`tile_plan`), the two are the same attention, so such a
 # module can carry the Gluon kernels of P for its plan's runs (decision 109),
-# 1.45-1.75x / 1.45-1.56x FlexAttention at d128 on an H100 (decision 110;
+# 1.44-1.75x / 1.45-1.56x FlexAttention at d128 on an H100 (decision 110;
 # `bash scripts/gpu_document_runs.sh check bench`).  `document_runs=off` leaves
 # them out.
 DOCUMENT_RUNS = True
