@@ -1670,10 +1670,11 @@ def _runs_kernel(
     (r < capacity) writes its first token t = b * N + p to tables[0, r] (as
     first query and key row, `Sequences.bind`'s columns) and the rows of its
     dense views to tables[1, r] (t + b * (heads - 1) * N for q, t + b *
-    (kv_heads - 1) * N for k).  Then each run's length (to the next run's
-    first token), rows of length 0 after the last run, and over pairs of
-    runs of one batch row whether an id comes back.  found: [ids distinct
-    (0 or 1; 0 past `capacity` runs), runs, tiles of 128 rows]."""
+    (kv_heads - 1) * N for k).  Then over pairs of runs of one batch row
+    whether an id comes back, and each run's length (to the next run's first
+    token; 0 past the last run, whose first rows are left unwritten).
+    found: [ids distinct (0 or 1; 0 past `capacity` runs), runs, tiles of
+    128 rows]."""
     tokens = batch * n
     runs = 0
     for start in range(0, tokens, BLOCK):
@@ -1716,13 +1717,10 @@ def _runs_kernel(
         after = tl.load(tables + (a + 1) * 4, mask=a + 1 < kept, other=tokens)
         length = tl.where(a < kept, after - a_first, 0)
         ctas += tl.sum((length + 127) // 128, 0)
-        tl.debug_barrier()
-        for table in tl.static_range(2):
+        for table in tl.static_range(2):  # rows of length 0 past the last run give no tiles
             at = tables + table * capacity * 4 + a * 4
             tl.store(at + 1, length, mask=a < capacity)
             tl.store(at + 3, length, mask=a < capacity)
-            tl.store(at, 0, mask=(a >= kept) & (a < capacity))
-            tl.store(at + 2, 0, mask=(a >= kept) & (a < capacity))
     tl.store(found, ((repeated == 0) & (runs <= capacity)).to(tl.int32))
     tl.store(found + 1, runs)
     tl.store(found + 2, ctas)
@@ -1738,6 +1736,17 @@ def _runs_layout(plan, *tensors: torch.Tensor) -> int:
     if all(x.is_contiguous() for x in tensors):
         return 2
     return 1 if all(x.transpose(1, 2).is_contiguous() for x in tensors) else 0
+
+
+def _runs_output(q: torch.Tensor, v_dim: int, layout: int) -> torch.Tensor:
+    """`_forward`'s o (B, H, N, v_dim) for a call of this `_runs_layout`: for
+    rows of tokens in q's layout whichever kernels write it (the backward
+    takes the runs only where o lies as q), else contiguous."""
+    batch, heads, n, _ = q.shape
+    if layout != 1:
+        return torch.empty((batch, heads, n, v_dim), dtype=q.dtype, device=q.device)
+    strides = (n * heads * v_dim, v_dim, heads * v_dim, 1)
+    return torch.empty_strided((batch, heads, n, v_dim), strides, dtype=q.dtype, device=q.device)
 
 
 def _runs_stats(x: torch.Tensor | None, layout: int) -> torch.Tensor | None:

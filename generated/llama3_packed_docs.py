@@ -3105,10 +3105,11 @@ def _runs_kernel(
     (r < capacity) writes its first token t = b * N + p to tables[0, r] (as
     first query and key row, `Sequences.bind`'s columns) and the rows of its
     dense views to tables[1, r] (t + b * (heads - 1) * N for q, t + b *
-    (kv_heads - 1) * N for k).  Then each run's length (to the next run's
-    first token), rows of length 0 after the last run, and over pairs of
-    runs of one batch row whether an id comes back.  found: [ids distinct
-    (0 or 1; 0 past `capacity` runs), runs, tiles of 128 rows]."""
+    (kv_heads - 1) * N for k).  Then over pairs of runs of one batch row
+    whether an id comes back, and each run's length (to the next run's first
+    token; 0 past the last run, whose first rows are left unwritten).
+    found: [ids distinct (0 or 1; 0 past `capacity` runs), runs, tiles of
+    128 rows]."""
     tokens = batch * n
     runs = 0
     for start in range(0, tokens, BLOCK):
@@ -3151,13 +3152,10 @@ def _runs_kernel(
         after = tl.load(tables + (a + 1) * 4, mask=a + 1 < kept, other=tokens)
         length = tl.where(a < kept, after - a_first, 0)
         ctas += tl.sum((length + 127) // 128, 0)
-        tl.debug_barrier()
-        for table in tl.static_range(2):
+        for table in tl.static_range(2):  # rows of length 0 past the last run give no tiles
             at = tables + table * capacity * 4 + a * 4
             tl.store(at + 1, length, mask=a < capacity)
             tl.store(at + 3, length, mask=a < capacity)
-            tl.store(at, 0, mask=(a >= kept) & (a < capacity))
-            tl.store(at + 2, 0, mask=(a >= kept) & (a < capacity))
     tl.store(found, ((repeated == 0) & (runs <= capacity)).to(tl.int32))
     tl.store(found + 1, runs)
     tl.store(found + 2, ctas)
@@ -3173,6 +3171,17 @@ def _runs_layout(plan, *tensors: torch.Tensor) -> int:
     if all(x.is_contiguous() for x in tensors):
         return 2
     return 1 if all(x.transpose(1, 2).is_contiguous() for x in tensors) else 0
+
+
+def _runs_output(q: torch.Tensor, v_dim: int, layout: int) -> torch.Tensor:
+    """`_forward`'s o (B, H, N, v_dim) for a call of this `_runs_layout`: for
+    rows of tokens in q's layout whichever kernels write it (the backward
+    takes the runs only where o lies as q), else contiguous."""
+    batch, heads, n, _ = q.shape
+    if layout != 1:
+        return torch.empty((batch, heads, n, v_dim), dtype=q.dtype, device=q.device)
+    strides = (n * heads * v_dim, v_dim, heads * v_dim, 1)
+    return torch.empty_strided((batch, heads, n, v_dim), strides, dtype=q.dtype, device=q.device)
 
 
 def _runs_stats(x: torch.Tensor | None, layout: int) -> torch.Tensor | None:
@@ -3237,8 +3246,10 @@ def _forward(
     _check_blocks(block_m, block_n)
     batch, num_heads, n_queries, _ = q.shape
     n_keys = k.shape[2]
+    # Packed documents whose ids form runs: the runs as sequences (decision 109).
+    layout = 0 if explicit or (seqs, sinks, shifts) != (None,) * 3 else _runs_layout(plan, q, k, v)
     if seqs is None:
-        o = torch.empty((*q.shape[:3], V_DIM), dtype=q.dtype, device=q.device)
+        o = _runs_output(q, V_DIM, layout)
         lse = torch.empty((batch, num_heads, n_queries), dtype=torch.float32, device=q.device)
     else:  # padding rows, and rows past the last sequence, output 0 and lse = -inf
         o = _seq_full((*q.shape[:3], V_DIM), seqs, q)
@@ -3246,10 +3257,6 @@ def _forward(
         batch, n_queries, n_keys = seqs[0].shape[0], seqs[1], seqs[2]
     if o.numel() == 0 or batch * n_queries == 0:
         return o.zero_(), lse.fill_(float("-inf"))
-    # Packed documents whose ids form runs: the runs as sequences (decision 109).
-    layout = 0 if explicit or (seqs, sinks, shifts) != (None,) * 3 else _runs_layout(plan, q, k, v)
-    if layout == 1:  # rows of tokens: o as q whichever kernels run (the backward's runs take it so)
-        o = torch.empty_strided(o.shape, (n_queries * num_heads * V_DIM, V_DIM, num_heads * V_DIM, 1), dtype=q.dtype, device=q.device)  # fmt: skip
     if layout and plan.runs.forward and scale > 0 and batch * num_heads * n_queries < 2**31 - 128:
         if layout == 1:  # lse as a varlen call's (heads, tokens)
             lse = torch.empty_strided(lse.shape, (n_queries, batch * n_queries, 1), dtype=torch.float32, device=q.device)  # fmt: skip
