@@ -1600,7 +1600,7 @@ class _Runs:
         self._known = None
 
     def _read(self) -> tuple:
-        """(ctas, forward, backward), read once: waits for `_runs_kernel` only
+        """(ctas, forward, backward), read once: waits for `_runs_of`'s kernels only
         if it has not run yet."""
         if self._known is None:
             if self._copied is not None:
@@ -1631,21 +1631,31 @@ def _documents_as_runs(doc: torch.Tensor, q, k, forward_rows: int) -> _Runs | No
 
 def _runs_of(doc: torch.Tensor, q, k, forward_rows: int) -> _Runs | None:
     """`_documents_as_runs` on any device: None unless Nq = Nk = N and no CUDA
-    graph is being captured.  Three launches and nothing read on the host
-    (`_Runs` reads its three integers when a call first asks): the runs and
-    their tables (`_runs_kernel`), for at most one run per 128 tokens (more
-    would not take the Gluon kernels), then each layout's tiles
-    (`_gluon_device_tiles`)."""
+    graph is being captured.  Five launches and nothing read on the host
+    (`_Runs` reads its three integers when a call first asks): the runs in
+    blocks of tokens, counted (`_runs_count_kernel`), written
+    (`_runs_write_kernel`) and measured (`_runs_finish_kernel`), for at most
+    one run per 128 tokens (more would not take the Gluon kernels), then each
+    layout's tiles (`_gluon_device_tiles`)."""
     batch, num_heads, n, _ = q.shape
     if k.shape[2] != n or tuple(doc.shape) != (batch, n) or n == 0 or _capturing(doc):
         return None
     tokens = batch * n
     capacity = _cdiv(tokens, 128)
     tables = torch.empty((2, capacity, 4), dtype=torch.int32, device=doc.device)
+    ids = torch.empty(capacity, dtype=torch.int64, device=doc.device)  # each run's id
     found = torch.empty(3, dtype=torch.int32, device=doc.device)
+    blocks = _cdiv(tokens, _RUNS_BLOCK)
+    counts = torch.empty(blocks, dtype=torch.int32, device=doc.device)
+    where = (doc, doc.stride(0), doc.stride(1), batch, n)
+    _launch(_runs_count_kernel, (blocks,), *where, counts, found, _RUNS_BLOCK)
     _launch(
-        _runs_kernel, (1,), doc, doc.stride(0), doc.stride(1), tables, found,
-        batch, n, num_heads, k.shape[1], capacity, _RUNS_BLOCK, _RUNS_PAIRS,
+        _runs_write_kernel, (blocks,), *where, counts, tables, ids, found,
+        num_heads, k.shape[1], capacity, _RUNS_BLOCK,
+    )  # fmt: skip
+    _launch(
+        _runs_finish_kernel, (_cdiv(capacity, _RUNS_PAIRS),), tables, ids, found, tokens, n,
+        capacity, _RUNS_PAIRS,
     )  # fmt: skip
     token_tiles, tiles = (_gluon_device_tiles(table, tokens) for table in tables)
     copied = None
@@ -1656,74 +1666,100 @@ def _runs_of(doc: torch.Tensor, q, k, forward_rows: int) -> _Runs | None:
     return _Runs(tiles, token_tiles, found, copied, tokens, num_heads, forward_rows)
 
 
-_RUNS_BLOCK = 1024  # tokens per step of _runs_kernel
-_RUNS_PAIRS = 64  # runs per side of a block of pairs in _runs_kernel
+_RUNS_BLOCK = 1024  # tokens per program of _runs_count_kernel and _runs_write_kernel
+_RUNS_PAIRS = 64  # runs per program of _runs_finish_kernel, and per side of its pairs
 
 
 @triton.jit
-def _runs_kernel(
-    doc, stride_b, stride_n, tables, found, batch, n, heads, kv_heads, capacity,
-    BLOCK: tl.constexpr, PAIRS: tl.constexpr,
+def _run_starts(doc, stride_b, stride_n, batch, n, BLOCK: tl.constexpr):
+    """The program's BLOCK tokens t = b * N + p: their ids, b, and whether a
+    run starts there (a row's first token, or the id changed)."""
+    t = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    b = t // n
+    p = t - b * n
+    inside = t < batch * n
+    at = doc + b.to(tl.int64) * stride_b + p.to(tl.int64) * stride_n
+    ids = tl.load(at, mask=inside)
+    before = tl.load(at - stride_n, mask=inside & (p > 0))
+    return t, b, ids, inside & ((p == 0) | (ids != before))
+
+
+@triton.jit
+def _runs_count_kernel(doc, stride_b, stride_n, batch, n, counts, found, BLOCK: tl.constexpr):
+    """`_runs_of`, first: a program per BLOCK tokens counts the runs that start
+    in them; program 0 sets found to [1, 0, 0] (the later kernels lower the
+    first, write the second, add to the third)."""
+    first = _run_starts(doc, stride_b, stride_n, batch, n, BLOCK)[3]
+    tl.store(counts + tl.program_id(0), tl.sum(first.to(tl.int32), 0))
+    if tl.program_id(0) == 0:
+        tl.store(
+            found + tl.arange(0, 4), (tl.arange(0, 4) == 0).to(tl.int32), mask=tl.arange(0, 4) < 3
+        )
+
+
+@triton.jit
+def _runs_write_kernel(
+    doc, stride_b, stride_n, batch, n, counts, tables, ids, found, heads, kv_heads, capacity,
+    BLOCK: tl.constexpr,
 ):  # fmt: skip
-    """`_runs_of` in one program.  Over the B * N tokens in blocks: a run
-    starts at a row's first token and wherever the id changes; the r-th run
-    (r < capacity) writes its first token t = b * N + p to tables[0, r] (as
-    first query and key row, `Sequences.bind`'s columns) and the rows of its
-    dense views to tables[1, r] (t + b * (heads - 1) * N for q, t + b *
-    (kv_heads - 1) * N for k).  Then over pairs of runs of one batch row
-    whether an id comes back, and each run's length (to the next run's first
-    token; 0 past the last run, whose first rows are left unwritten).
-    found: [ids distinct (0 or 1; 0 past `capacity` runs), runs, tiles of
-    128 rows]."""
-    tokens = batch * n
+    """`_runs_of`, second: a program per BLOCK tokens writes the runs that
+    start in them, numbered after those of every earlier block (`counts`):
+    the r-th run (r < capacity) from token t = b * N + p writes t to
+    tables[0, r] (as first query and key row, `Sequences.bind`'s columns),
+    the rows of its dense views to tables[1, r] (t + b * (heads - 1) * N for
+    q, t + b * (kv_heads - 1) * N for k), and its id to ids[r].  The last
+    program writes the number of runs to found[1], and 0 to found[0] if they
+    pass `capacity`."""
+    program = tl.program_id(0)
     runs = 0
-    for start in range(0, tokens, BLOCK):
-        t = start + tl.arange(0, BLOCK)
-        b = t // n
-        p = t - b * n
-        inside = t < tokens
-        ids = tl.load(doc + b.to(tl.int64) * stride_b + p.to(tl.int64) * stride_n, mask=inside)
-        before = tl.load(doc + b.to(tl.int64) * stride_b + (p - 1).to(tl.int64) * stride_n, mask=inside & (p > 0))  # fmt: skip
-        first = inside & ((p == 0) | (ids != before))
-        r = runs + tl.cumsum(first.to(tl.int32), 0) - 1
-        written = first & (r < capacity)
-        at = tables + r * 4
-        tl.store(at, t, mask=written)
-        tl.store(at + 2, t, mask=written)
-        tl.store(at + capacity * 4, t + b * (heads - 1) * n, mask=written)
-        tl.store(at + capacity * 4 + 2, t + b * (kv_heads - 1) * n, mask=written)
-        tl.store(at + 3, ids, mask=written)  # the run's id, for the pairs below
+    for start in range(0, program, BLOCK):
+        earlier = start + tl.arange(0, BLOCK)
+        runs += tl.sum(tl.load(counts + earlier, mask=earlier < program, other=0), 0)
+    t, b, run_id, first = _run_starts(doc, stride_b, stride_n, batch, n, BLOCK)
+    r = runs + tl.cumsum(first.to(tl.int32), 0) - 1
+    written = first & (r < capacity)
+    at = tables + r * 4
+    tl.store(at, t, mask=written)
+    tl.store(at + 2, t, mask=written)
+    tl.store(at + capacity * 4, t + b * (heads - 1) * n, mask=written)
+    tl.store(at + capacity * 4 + 2, t + b * (kv_heads - 1) * n, mask=written)
+    tl.store(ids + r, run_id.to(tl.int64), mask=written)
+    if program == tl.num_programs(0) - 1:
         runs += tl.sum(first.to(tl.int32), 0)
-    tl.debug_barrier()
-    kept = tl.minimum(runs, capacity)
+        tl.store(found + 1, runs)
+        if runs > capacity:
+            tl.store(found, 0)
+
+
+@triton.jit
+def _runs_finish_kernel(tables, ids, found, tokens, n, capacity, PAIRS: tl.constexpr):
+    """`_runs_of`, last: a program per PAIRS rows of the tables writes their
+    runs' lengths (to the next run's first token; 0 past the last run, whose
+    first rows are left unwritten) to both tables, adds their tiles of 128
+    rows to found[2], and sets found[0] to 0 if one of its runs has the id of
+    a later run of its batch row (an id that comes back)."""
+    kept = tl.minimum(tl.load(found + 1), capacity)
+    a = tl.program_id(0) * PAIRS + tl.arange(0, PAIRS)
+    a_first = tl.load(tables + a * 4, mask=a < kept, other=tokens)
+    after = tl.load(tables + (a + 1) * 4, mask=a + 1 < kept, other=tokens)
+    length = tl.where(a < kept, after - a_first, 0)
+    for table in tl.static_range(2):
+        at = tables + table * capacity * 4 + a * 4
+        tl.store(at + 1, length, mask=a < capacity)
+        tl.store(at + 3, length, mask=a < capacity)
+    tl.atomic_add(found + 2, tl.sum((length + 127) // 128, 0))
+    a_id = tl.load(ids + a, mask=a < kept, other=0)
     repeated = 0
-    for i in range(0, kept, PAIRS):
-        a = i + tl.arange(0, PAIRS)
-        a_first = tl.load(tables + a * 4, mask=a < kept, other=0)
-        a_id = tl.load(tables + a * 4 + 3, mask=a < kept, other=0)
-        for j in range(i, kept, PAIRS):
-            c = j + tl.arange(0, PAIRS)
-            c_first = tl.load(tables + c * 4, mask=c < kept, other=0)
-            c_id = tl.load(tables + c * 4 + 3, mask=c < kept, other=0)
-            same = (a_first // n)[:, None] == (c_first // n)[None, :]
-            same &= a_id[:, None] == c_id[None, :]
-            same &= (a[:, None] < c[None, :]) & (a < kept)[:, None] & (c < kept)[None, :]
-            repeated += tl.sum(tl.sum(same.to(tl.int32), 1), 0)
-    tl.debug_barrier()
-    ctas = 0
-    for i in range(0, capacity, PAIRS):
-        a = i + tl.arange(0, PAIRS)
-        a_first = tl.load(tables + a * 4, mask=a < kept, other=tokens)
-        after = tl.load(tables + (a + 1) * 4, mask=a + 1 < kept, other=tokens)
-        length = tl.where(a < kept, after - a_first, 0)
-        ctas += tl.sum((length + 127) // 128, 0)
-        for table in tl.static_range(2):  # rows of length 0 past the last run give no tiles
-            at = tables + table * capacity * 4 + a * 4
-            tl.store(at + 1, length, mask=a < capacity)
-            tl.store(at + 3, length, mask=a < capacity)
-    tl.store(found, ((repeated == 0) & (runs <= capacity)).to(tl.int32))
-    tl.store(found + 1, runs)
-    tl.store(found + 2, ctas)
+    for j in range(tl.program_id(0) * PAIRS, kept, PAIRS):
+        c = j + tl.arange(0, PAIRS)
+        c_first = tl.load(tables + c * 4, mask=c < kept, other=0)
+        c_id = tl.load(ids + c, mask=c < kept, other=0)
+        same = (a_first // n)[:, None] == (c_first // n)[None, :]
+        same &= a_id[:, None] == c_id[None, :]
+        same &= (a[:, None] < c[None, :]) & (a < kept)[:, None] & (c < kept)[None, :]
+        repeated += tl.sum(tl.sum(same.to(tl.int32), 1), 0)
+    if repeated > 0:
+        tl.store(found, 0)
 
 
 def _runs_layout(plan, *tensors: torch.Tensor) -> int:

@@ -6,7 +6,7 @@
 # kernels; both layouts of q, k, v; ids that come back, on the module's own
 # kernels), and the data-mask tests of the same mask on the module's own kernels.
 # bench: scripts/gpu_varlen_bench.py (d128 or $DIMS, 16k and 64k tokens,
-# documents of ~1,000): the packed-documents module on rows of tokens and on
+# documents of mean $MEAN, default 1,000): the packed-documents module on rows of tokens and on
 # (B, H, N, D) contiguous tensors, and with document_runs=off, beside the
 # causal module's varlen call, FlexAttention's document mask and the dense
 # batch; records in $OUT/varlen.jsonl ($RUN names the run).
@@ -19,7 +19,7 @@ for step in ${*:-check bench}; do
       -k "packed_documents_as_runs or (masks_over_runtime_data and doc and 128-False)" 2>&1 | tail -n 8 ;;
   bench)
     timeout ${BENCH_SECONDS:-300} python3 scripts/gpu_varlen_bench.py --tokens ${TOKENS:-16384 65536} \
-      --head-dim ${DIMS:-128} --timer cuda-graph --jsonl "$OUT/varlen.jsonl" \
+      --head-dim ${DIMS:-128} --mean ${MEAN:-1000} --timer cuda-graph --jsonl "$OUT/varlen.jsonl" \
       --run "${RUN:-packed documents as runs}" \
       --commit "$(git rev-parse --short HEAD 2>/dev/null || echo unknown)" 2>&1 | tail -40 ;;
   esac

@@ -246,16 +246,6 @@ def main() -> None:
                  (q4, k4, v4, do4), flops),
                 (f"flashgen dense B{dense_b} N{dense_len}", causal.attention, dense, dense_flops),
             ]  # fmt: skip
-            if getattr(docs_mod, "GLUON_MIN_KEYS", 0) > 128:  # d64: runs shorter than its bound
-                saved, docs_mod.GLUON_MIN_KEYS = docs_mod.GLUON_MIN_KEYS, 128
-                plan_short = docs_mod.tile_plan(q4, k4, v4, doc=doc2)
-                read_runs(plan_short)
-                docs_mod.GLUON_MIN_KEYS = saved
-                systems.insert(4, (
-                    "flashgen packed_docs, document_runs=on, Gluon forward from 128 keys",
-                    lambda a, b, c: docs_mod.attention(a, b, c, doc=doc2, plan=plan_short),
-                    (q4, k4, v4, do4), flops,
-                ))  # fmt: skip
             if knobbed:
                 systems[1:1] = [
                     (f"flashgen varlen, {' '.join(args.plan)}", lambda a, b, c: knobbed.attention(

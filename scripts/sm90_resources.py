@@ -373,6 +373,45 @@ def plan_resources(module, seqs: bool = False) -> list:
     return found
 
 
+def runs_resources(module) -> list:
+    """Resources of the kernels with which a tile plan finds a packed batch's
+    runs (decision 111: `_runs_count_kernel`, `_runs_write_kernel`,
+    `_runs_finish_kernel`, then `_gluon_tiles_kernel`), for the module's
+    ids, as launched on any shape and on contiguous ids of one batch row
+    and one head (those parameters the constant 1)."""
+    if not hasattr(module, "_runs_write_kernel"):
+        return []
+    doc = _POINTER_TYPES[module._INPUTS[0][1]]
+    kernels = (
+        (module._runs_count_kernel, dict(BLOCK=module._RUNS_BLOCK)),
+        (module._runs_write_kernel, dict(BLOCK=module._RUNS_BLOCK)),
+        (module._runs_finish_kernel, dict(PAIRS=module._RUNS_PAIRS)),
+        (module._gluon_tiles_kernel, dict(BLOCK=module._TILES_BLOCK)),
+    )
+    found = []
+    for ones in ((), ("stride_n", "batch", "heads", "kv_heads")):
+        for fn, constants in kernels:
+            constants = dict(constants, **{name: 1 for name in ones if name in fn.arg_names})
+            signature = {}
+            for p in fn.params:
+                if p.name in constants:
+                    signature[p.name] = "constexpr"
+                elif p.name in ("doc", "ids"):
+                    signature[p.name] = doc if p.name == "doc" else "*i64"
+                elif p.name in ("counts", "tables", "found", "table", "tiles"):
+                    signature[p.name] = "*i32"
+                else:
+                    signature[p.name] = "i32"
+            kernel = triton.compile(
+                ASTSource(fn, signature, constants, {}),
+                target=GPUTarget("cuda", 90, 32),
+                options=dict(num_warps=4, num_stages=1),
+            )
+            report = (*ptxas_report(kernel.asm["ptx"]), kernel.metadata.shared, kernel.asm["ptx"])
+            found.append(Resources(fn.__name__, (len(ones), 0, 4, 1), False, *report))
+    return found
+
+
 def decode_resources(module, seqs: bool = False) -> list:
     """Resources of split-KV decoding (decision 052): `_attn_decode` at its
     largest and smallest tiles of query rows (64 and 16) and the module's
@@ -485,6 +524,7 @@ def module_resources(
         + decode_resources(module, seqs)
         + plan_resources(module, seqs)
         + gluon_resources(module, seqs)
+        + ([] if seqs else runs_resources(module))
     )
 
 

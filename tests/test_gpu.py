@@ -703,16 +703,17 @@ def test_packed_documents_as_runs_on_gpu(mask, score, head_dim, dtype, forward_r
     multiple of 128, runs of 1 token, runs across 128-row edges, several
     batch rows, ids in order and shuffled, q, k and v contiguous and with
     rows of tokens ((B, N, H, D) in memory); the launches with runs are
-    counted (the forward's from a mean run of 128 tokens: GLUON_MIN_KEYS
-    lowered to reach it).  Ids that come back in a row give no runs, and
+    counted (`forward_runs` False: the forward kept off the runs, so that
+    the module's Triton forward writes the o the runs' backward reads).
+    Ids that come back in a row give no runs, and
     the module's own kernels, also checked.  The plan's runs are found on
     the GPU and read at the first call (decision 110)."""
     variant = make_variant(
         mask, score, dtype=dtype, head_dim=head_dim, declared="doc: int32[B, Nk]"
     )
     module = build(variant, {"document_runs": True})
-    if forward_runs:
-        monkeypatch.setattr(module, "GLUON_MIN_KEYS", 128, raising=False)
+    if not forward_runs:
+        monkeypatch.setattr(module._Runs, "forward", property(lambda self: False))
     runs = lambda keywords: keywords.get("runs") is not None  # noqa: E731
     forwards = _count_calls(monkeypatch, module, "_gluon_forward", runs)
     backwards = _count_calls(monkeypatch, module, "_gluon_backward", runs)

@@ -297,6 +297,9 @@ def test_kernels_of_masks_that_read_runtime_data_compile_for_sm90(tmp_path):
     names = ("packed_docs", "prefix_per_example", "reach_per_head", "batch_index")
     for kernel in ("_attn_fwd", "_attn_bwd", "_attn_plan"):
         assert {(name, kernel) for name in names} <= kernels, stdout[-2000:]
+    if HAS_GLUON:  # the packed documents' runs, found by the plan (decisions 110-111)
+        for kernel in ("_runs_count_kernel", "_runs_write_kernel", "_runs_finish_kernel"):
+            assert ("packed_docs", kernel) in kernels, stdout[-2000:]
 
 
 @needs_gluon

@@ -248,11 +248,12 @@ def test_host_stub_packed_documents_whose_ids_form_runs_take_the_gluon_kernels(t
     """Decision 109 on the host: a plan whose documents' ids form runs sends
     the forward and the backward to the Gluon kernels of the mask's
     positional part, over (B * H * N, D) views of contiguous tensors and
-    (B * N, H * D) views of rows of tokens (VARLEN 2 and 1); at d64 runs of
-    ~128 tokens are too short for its Gluon forward (GLUON_MIN_KEYS), whose
-    Triton kernel writes o in q's layout so that the backward takes the
-    runs.  Without a plan, with ids that come back in a row, or with tensors
-    of neither layout the module's own Triton kernels run."""
+    (B * N, H * D) views of rows of tokens (VARLEN 2 and 1), at d64 as at
+    d128 (runs of 128 tokens on average or more, decision 111).  A negative
+    scale sends the forward to the module's Triton kernel, which writes o in
+    q's layout so that the backward takes the runs.  Without a plan, with
+    ids that come back in a row, or with tensors of neither layout the
+    module's own Triton kernels run."""
     import host_stub
     import torch
 
@@ -283,15 +284,17 @@ def test_host_stub_packed_documents_whose_ids_form_runs_take_the_gluon_kernels(t
     inputs = module._check_runtime_inputs(contiguous[0], contiguous[1], (doc,))
     plan = module.tile_plan(*contiguous[:3], doc=doc)
     assert plan.runs is not None and plan.runs.ctas == 1 + 2 + 1 + 3 + 1 + 1
-    for (q, k, v, do), view, varlen in (
-        (contiguous, (batch * heads * n, head_dim), 2),
-        (tokens, (batch * n, heads * head_dim), 1),
+    assert plan.tiles == {}  # the module's own kernels' tiles: made by a call that needs them
+    for (q, k, v, do), view, varlen, scale in (
+        (contiguous, (batch * heads * n, head_dim), 2, 0.1),
+        (tokens, (batch * n, heads * head_dim), 1, 0.1),
+        (tokens, (batch * n, heads * head_dim), 1, -0.1),
     ):
         launched.clear()
-        o, lse = module._forward(q, k, v, 0.1, inputs=inputs, plan=plan)
-        module._backward(q, k, v, o, lse, do, None, 0.1, inputs=inputs, plan=plan)
-        if head_dim == 64:  # the module's Triton forward, then the runs' backward
-            assert launched.pop(0)[0] == module._attn_fwd
+        o, lse = module._forward(q, k, v, scale, inputs=inputs, plan=plan)
+        module._backward(q, k, v, o, lse, do, None, scale, inputs=inputs, plan=plan)
+        if scale < 0:  # the module's Triton forward (its tiles made now), then the runs' backward
+            assert [launched.pop(0)[0] for _ in range(2)] == [module._attn_plan, module._attn_fwd]
         else:
             assert launched.pop(0) == (module._gluon_attn_fwd, (plan.runs.ctas, heads), [view], varlen)  # fmt: skip
         kernels = [kernel for kernel, *_ in launched]
@@ -321,6 +324,9 @@ def test_host_stub_packed_documents_whose_ids_form_runs_take_the_gluon_kernels(t
         kernels = [kernel for kernel, *_ in launched]
         assert module._attn_fwd in kernels and module._attn_bwd in kernels
         assert module._gluon_attn_fwd not in kernels
+    launched.clear()  # the runs' plan, neither layout again: its tiles were kept by the last call
+    module._forward(q, k, v, 0.1, inputs=inputs, plan=plan)
+    assert module._attn_plan not in [kernel for kernel, *_ in launched]
 
 
 def test_host_stub_a_plan_serves_the_gluon_backward_of_a_data_mask(tmp_path):
