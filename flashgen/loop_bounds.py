@@ -59,8 +59,32 @@ def position_bounds(e: ir.Expr, var: str) -> Bounds:
         free = _free_truth(e, var)
         if free is not None:
             return _all_or_none(free[1])
+        weaker = _without_extremum(e) if ir.mentions(e, frozenset({var})) else None
+        if weaker is not None:
+            return position_bounds(weaker, var)
         return _compare_bounds(e, var)
     return None, None
+
+
+def _without_extremum(e: ir.Binary) -> ir.Expr | None:
+    """`max(a, b) == c` (min, abs(x) as max(x, -x)), which the negation
+    normal form leaves whole (it splits only the comparisons that split
+    exactly, mask_forms), read as the weaker `a <= c & b <= c` (min: `>=`):
+    bounds taken from it hold for the comparison, so that `max(k, h) == 20`
+    bounds k by 20 where it once left a union's keys unbounded.  None for
+    any other comparison."""
+    left, right = e.left, e.right
+    if not _extremum(left):
+        left, right = right, left
+    if e.op is not ir.BinOp.EQ or not _extremum(left):
+        return None
+    args = left.args if left.fn != "abs" else (left.args[0], ir.Unary(ir.UnaryOp.NEG, left.args[0]))
+    op = ir.BinOp.GE if left.fn == "min" else ir.BinOp.LE
+    return ir.Binary(ir.BinOp.AND, *(ir.Binary(op, arg, right) for arg in args))
+
+
+def _extremum(e: ir.Expr) -> bool:
+    return isinstance(e, ir.Call) and (e.fn, len(e.args)) in (("max", 2), ("min", 2), ("abs", 1))
 
 
 def _all_or_none(cond: kx.Expr) -> Bounds:

@@ -1652,6 +1652,39 @@ def test_comparisons_of_max_and_min_are_split(spelled, plain):
 
 
 @pytest.mark.parametrize(
+    "text, side",
+    [
+        ("max(k, h) == 20 | causal", 1),
+        ("!(max(k, h) != 20 & max(q, k) > 32 & !causal)", 1),  # rand3_12 (decision 099)
+        ("min(k, 150) == 150 | k >= q + 40", 0),
+        ("abs(k - 50) == 3 | causal", 1),
+        ("max(k, q) == 100 & k > 7", 1),
+    ],
+)
+def test_an_equality_of_max_min_or_abs_bounds_the_keys(text, side):
+    """The negation normal form keeps `max(a, b) == c` whole (no exact
+    split); its key bounds are those of `a <= c & b <= c` (min: >=), so a
+    union with it keeps the other terms' bounds (decision 112: the Gluon
+    kernels walk the bounds' span whole, and rand3_12 walked every key tile
+    at 0.49x the Triton forward).  Sound at every tile (`_visited`), and the
+    bound found is the last (first) visible key of each query tile."""
+    mask = _mask(text)
+    bounds = _analyse(mask)[3]
+    assert bounds[side] is not None, text
+    dense = _visible(mask, N_QUERIES, N_KEYS, 1)[0]
+    offset = N_KEYS - N_QUERIES
+    for qa in range(0, N_QUERIES, 16):
+        qb = min(qa + 16, N_QUERIES) - 1
+        keys = np.flatnonzero(dense[qa : qb + 1].any(0))
+        if len(keys):
+            found = _value(bounds[side], _namespace(qa + offset, qb + offset, 0, 0, 0, 1))
+            edge = keys[-1] if side else keys[0]
+            assert min(max(found, 0), N_KEYS - 1) == edge, (text, qa, found, edge)  # keys exist
+    for block in (16, 37):
+        _visited(mask, N_QUERIES, N_KEYS, block)
+
+
+@pytest.mark.parametrize(
     "spelled, plain",
     [
         # Integer terms of one value in every call become that value.
