@@ -327,6 +327,16 @@ def test_host_stub_packed_documents_whose_ids_form_runs_take_the_gluon_kernels(t
     launched.clear()  # the runs' plan, neither layout again: its tiles were kept by the last call
     module._forward(q, k, v, 0.1, inputs=inputs, plan=plan)
     assert module._attn_plan not in [kernel for kernel, *_ in launched]
+    # Under a CUDA graph's capture the tiles are made for the call and not kept
+    # (its kernels write them only when the graph replays).
+    fresh = module.tile_plan(*contiguous[:3], doc=doc)
+    capturing = module._capturing
+    module._capturing = lambda x: True
+    try:
+        module._forward(q, k, v, 0.1, inputs=inputs, plan=fresh)
+    finally:
+        module._capturing = capturing
+    assert fresh.tiles == {}
 
 
 def test_host_stub_a_plan_serves_the_gluon_backward_of_a_data_mask(tmp_path):
