@@ -1492,11 +1492,12 @@ def _gluon_device_tiles(table: torch.Tensor, rows: int) -> torch.Tensor:
     times that many rows, the spare rows after them (`_gluon_stat_rows`); a
     sequence whose statistics would pass them (sequences that overlap, which
     a capture cannot check) is dropped, never run out of bounds."""
-    count = table.shape[0]
+    count = table.shape[-2]
     size = _cdiv(rows, 128) + count
-    tiles = torch.empty((size, 5), dtype=torch.int32, device=table.device)
+    tiles = torch.empty((*table.shape[:-2], size, 5), dtype=torch.int32, device=table.device)
     programs = max(1, _cdiv(count, _TILES_BLOCK))
-    _launch(_gluon_tiles_kernel, (programs,), table, tiles, count, size, _TILES_BLOCK)
+    grid = (programs,) if table.dim() == 2 else (programs, table.shape[0])  # tables (T, S, 4): T
+    _launch(_gluon_tiles_kernel, grid, table, tiles, count, size, _TILES_BLOCK)
     return tiles
 
 
@@ -1507,10 +1508,13 @@ _TILES_BLOCK = 64  # sequences per program of _gluon_tiles_kernel
 def _gluon_tiles_kernel(table, tiles, sequences, size, BLOCK: tl.constexpr):
     """`_gluon_device_tiles`: a program per BLOCK sequences of `table` (S, 4)
     writes their rows of `tiles` (size, 5); program 0 also the rows of length
-    0 after the last tile.  A sequence's rows follow those of every sequence
+    0 after the last tile.  Axis 1 of the grid: one table of several (T, S,
+    4) to each of T tile tables.  A sequence's rows follow those of every sequence
     ahead of it in the order (longer, or as long and earlier in the table),
     counted over the whole table in blocks; its statistics follow those of
     every sequence earlier in the table."""
+    table += tl.program_id(1) * sequences * 4
+    tiles += tl.program_id(1) * size * 5
     i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     first = tl.load(table + i * 4, mask=i < sequences, other=0)
     length = tl.load(table + i * 4 + 1, mask=i < sequences, other=0)
@@ -1631,12 +1635,12 @@ def _documents_as_runs(doc: torch.Tensor, q, k, forward_rows: int) -> _Runs | No
 
 def _runs_of(doc: torch.Tensor, q, k, forward_rows: int) -> _Runs | None:
     """`_documents_as_runs` on any device: None unless Nq = Nk = N and no CUDA
-    graph is being captured.  Five launches and nothing read on the host
+    graph is being captured.  Four launches and nothing read on the host
     (`_Runs` reads its three integers when a call first asks): the runs in
     blocks of tokens, counted (`_runs_count_kernel`), written
     (`_runs_write_kernel`) and measured (`_runs_finish_kernel`), for at most
-    one run per 128 tokens (more would not take the Gluon kernels), then each
-    layout's tiles (`_gluon_device_tiles`)."""
+    one run per 128 tokens (more would not take the Gluon kernels), then both
+    layouts' tiles (`_gluon_device_tiles`, one launch)."""
     batch, num_heads, n, _ = q.shape
     if k.shape[2] != n or tuple(doc.shape) != (batch, n) or n == 0 or _capturing(doc):
         return None
@@ -1657,7 +1661,7 @@ def _runs_of(doc: torch.Tensor, q, k, forward_rows: int) -> _Runs | None:
         _runs_finish_kernel, (_cdiv(capacity, _RUNS_PAIRS),), tables, ids, found, tokens, n,
         capacity, _RUNS_PAIRS,
     )  # fmt: skip
-    token_tiles, tiles = (_gluon_device_tiles(table, tokens) for table in tables)
+    token_tiles, tiles = _gluon_device_tiles(tables, tokens)  # one launch for both layouts
     copied = None
     if doc.device.type == "cuda":  # to the host without waiting: read at the first call
         found = found.to("cpu", non_blocking=True)

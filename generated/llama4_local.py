@@ -2061,11 +2061,12 @@ def _gluon_device_tiles(table: torch.Tensor, rows: int) -> torch.Tensor:
     times that many rows, the spare rows after them (`_gluon_stat_rows`); a
     sequence whose statistics would pass them (sequences that overlap, which
     a capture cannot check) is dropped, never run out of bounds."""
-    count = table.shape[0]
+    count = table.shape[-2]
     size = _cdiv(rows, 128) + count
-    tiles = torch.empty((size, 5), dtype=torch.int32, device=table.device)
+    tiles = torch.empty((*table.shape[:-2], size, 5), dtype=torch.int32, device=table.device)
     programs = max(1, _cdiv(count, _TILES_BLOCK))
-    _launch(_gluon_tiles_kernel, (programs,), table, tiles, count, size, _TILES_BLOCK)
+    grid = (programs,) if table.dim() == 2 else (programs, table.shape[0])  # tables (T, S, 4): T
+    _launch(_gluon_tiles_kernel, grid, table, tiles, count, size, _TILES_BLOCK)
     return tiles
 
 
@@ -2076,10 +2077,13 @@ _TILES_BLOCK = 64  # sequences per program of _gluon_tiles_kernel
 def _gluon_tiles_kernel(table, tiles, sequences, size, BLOCK: tl.constexpr):
     """`_gluon_device_tiles`: a program per BLOCK sequences of `table` (S, 4)
     writes their rows of `tiles` (size, 5); program 0 also the rows of length
-    0 after the last tile.  A sequence's rows follow those of every sequence
+    0 after the last tile.  Axis 1 of the grid: one table of several (T, S,
+    4) to each of T tile tables.  A sequence's rows follow those of every sequence
     ahead of it in the order (longer, or as long and earlier in the table),
     counted over the whole table in blocks; its statistics follow those of
     every sequence earlier in the table."""
+    table += tl.program_id(1) * sequences * 4
+    tiles += tl.program_id(1) * size * 5
     i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     first = tl.load(table + i * 4, mask=i < sequences, other=0)
     length = tl.load(table + i * 4 + 1, mask=i < sequences, other=0)

@@ -292,6 +292,10 @@ def test_packed_documents_become_runs_at_their_rows_of_the_dense_views(rows, hea
         return
     seen = []
     assert runs.tiles[runs.ctas :, 2].eq(0).all()  # rows of length 0 after the tiles
+    # rows of tokens: the same tiles in the same order, at row b * N + p of (B * N, H * D)
+    for token, dense in zip(runs.token_tiles.tolist(), runs.tiles.tolist()):
+        b = dense[0] // (num_heads * n)
+        assert token[2:] == dense[2:] and token[0] == token[1] == dense[0] - b * (num_heads - 1) * n
     for q_row, k_row, length, start, stat in runs.tiles[: runs.ctas].tolist():
         assert start % 128 == 0 and 0 <= start < length and stat % 128 == 0
         for h in range(num_heads):
