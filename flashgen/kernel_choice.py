@@ -14,9 +14,9 @@ import enum
 import math
 
 from flashgen import grad, ir
-from flashgen.loop_bounds import interiors
+from flashgen.loop_bounds import interiors, key_bounds, skipped_share
 from flashgen.simplify import simplify
-from flashgen.tiles import residue_masks
+from flashgen.tiles import TileCode, residue_masks, visible_may
 from flashgen.mask_forms import (
     FLIPPED,
     K_MINUS_Q,
@@ -183,7 +183,9 @@ def gluon_forward(v: ir.Variant, data: bool = False) -> GluonForward | None:
     a head dim of GLUON_FORWARD_ANY_HEAD_DIMS (it reuses the Gluon backward's
     mask functions) whose query rows may see GLUON_ANY_MIN_KEYS keys or more.
     Not for a score of more than GLUON_ANY_MAX_SPECIAL_OPS special functions,
-    quotients and position conversions per element (decision 089).  A rescale
+    quotients and position conversions per element (decision 089), nor for a
+    mask whose key bounds hold more than GLUON_ANY_MAX_EMPTY of empty tiles
+    (decision 113: the Gluon walk skips none).  A rescale
     threshold permits skipping rescales and requires none: the Gluon kernels
     rescale at every tile (decision 083).  The module still
     checks each call's shapes and falls back to the Triton kernel.  Its tiles
@@ -217,7 +219,31 @@ def gluon_forward(v: ir.Variant, data: bool = False) -> GluonForward | None:
     if score_special_ops(v.score) > GLUON_ANY_MAX_SPECIAL_OPS:
         return None
     span = key_span(mask)
-    return GluonForward.ANY if span is None or span >= GLUON_ANY_MIN_KEYS else None
+    if span is not None and span < GLUON_ANY_MIN_KEYS:
+        return None
+    if not ir.reads_runtime_data(v.mask) and empty_tiles_walked(mask) > GLUON_ANY_MAX_EMPTY:
+        return None
+    return GluonForward.ANY
+
+
+# The any-mask Gluon forward walks every key tile between its key bounds
+# (`_gluon_key_cols`); the Triton forward skips those its tile test finds empty.
+# Its measured gains over the Triton forward are 1.16-1.24x (a prefix per
+# example, decision 098) and up to 1.18x at d64 (decision 099): past an eighth
+# of its tiles empty it computes more than that wins back.  rand3_12 walked 48% empty tiles at 0.49x
+# (decision 112); a mask of a few sink keys and a sliding window (`causal &
+# (k < 64 | k >= q - 256)`) walked every tile to the diagonal (decision 113).
+GLUON_ANY_MAX_EMPTY = 0.125
+
+
+def empty_tiles_walked(mask: ir.Expr) -> float:
+    """The share of the key tiles inside `mask`'s key bounds that hold no
+    visible pair (`loop_bounds.skipped_share` over its sample of query tiles
+    at N = 4096): what a walk of the bounds that skips no tile computes for
+    nothing.  `mask` in negation normal form."""
+    tiles = TileCode()
+    _, may = tiles.truth(mask)
+    return skipped_share(tiles.lines, visible_may(tiles, mask, may), key_bounds(mask))
 
 
 # The any-mask Gluon forward at d64 against the Triton forward (H100, bf16,

@@ -806,6 +806,34 @@ def test_gluon_forward_for_any_mask(mask, score, expected, monkeypatch):
 
 
 @pytest.mark.parametrize(
+    "mask, empty, expected",
+    [
+        # Sink keys and a sliding window: the walk runs every tile to the diagonal.
+        ("causal & (k < 64 | k >= q - 256)", (0.8, 0.85), None),
+        # rand2_17: a chunk and a residue under a prefix, or keys below 5 H
+        ("causal & prefix(96) & (q div 9 == k div 9 | (q - k) % 2 == 1) | !abs(H) * 5 < k",
+         (0.95, 1.0), None),  # fmt: skip
+        # rand3_12: causal, one column, one corner (decision 112)
+        ("!(max(k, h) != 20 & max(q, k) > 32 & !causal)", (0.0, 0.0), "any"),
+        ("causal | k >= q + 27", (0.0, 0.0), "any"),  # a gap narrower than a tile
+        ("causal | prefix(256)", (0.0, 0.0), "any"),
+        # a gap of at most 1k keys at N = 4k
+        ("causal & (k < 2048 | k >= q - 1024)", (0.0, 0.125), "any"),
+    ],
+)
+def test_the_any_mask_gluon_forward_is_left_to_triton_where_its_walk_is_mostly_empty(
+    mask, empty, expected
+):
+    """The any-mask Gluon forward walks every key tile between its bounds; past
+    GLUON_ANY_MAX_EMPTY of them empty (the Triton forward's tile test would
+    skip them), the Triton forward runs (decision 113)."""
+    variant = make_variant(mask, dtype=ir.DType.BF16, head_dim=128)
+    walked = kernel_choice.empty_tiles_walked(nnf_of(variant.mask))
+    assert empty[0] <= walked <= empty[1], walked
+    assert lower.lower(variant).gluon_forward == expected
+
+
+@pytest.mark.parametrize(
     "mask, declared, expected",
     [
         ("causal | !(causal | abs(q - k) < 27)", "", "any"),  # a gap: two interiors (rand0_7)
