@@ -66,6 +66,32 @@ def position_bounds(e: ir.Expr, var: str) -> Bounds:
     return None, None
 
 
+def key_spans(e: ir.Expr) -> tuple[Bounds, Bounds] | None:
+    """Two spans of key positions, (lo, hi) each as `key_bounds` gives them,
+    that hold every key a query tile can see, where `e` (negation normal
+    form) is a union or an intersection with one: the bounds of each side
+    (with the rest of the intersection), so that a loop between two
+    interiors walks only the tiles of either span (`causal & (k < 64 | k >=
+    q - 256)`: keys 0 .. 63 and q - 256 .. q, not every key up to q).  None
+    for any other mask."""
+    parts = _union_sides(e)
+    if parts is None:
+        return None
+    return position_bounds(parts[0], "k"), position_bounds(parts[1], "k")
+
+
+def _union_sides(e: ir.Expr) -> tuple[ir.Expr, ir.Expr] | None:
+    """`e` as `A | B` (X & (A | B) as X & A | X & B), or None."""
+    if isinstance(e, ir.Binary) and e.op is ir.BinOp.OR:
+        return e.left, e.right
+    if isinstance(e, ir.Binary) and e.op is ir.BinOp.AND:
+        for this, other in ((e.left, e.right), (e.right, e.left)):
+            sides = _union_sides(this)
+            if sides is not None:
+                return tuple(ir.Binary(ir.BinOp.AND, other, side) for side in sides)
+    return None
+
+
 def _without_extremum(e: ir.Binary) -> ir.Expr | None:
     """`max(a, b) == c` (min, abs(x) as max(x, -x)), which the negation
     normal form leaves whole (it splits only the comparisons that split

@@ -73,6 +73,7 @@ from flashgen.loop_bounds import (
     interior_bounds,
     interiors,
     key_bounds,
+    key_spans,
     query_bounds,
     skipped_share,
 )
@@ -375,6 +376,12 @@ class TileSection:
     # branch (`kernel_choice.branchless_tiles`); always correct, as a masked
     # tile computes a whole or an empty one right.
     branchless_tiles: bool
+    # Where the key interior has two intervals and the mask is a union (or an
+    # intersection with one): two key spans that hold every visible key
+    # (`loop_bounds.key_spans`), (lo, hi, lo, hi), a side None where
+    # unbounded; the masked loop between the intervals walks only their
+    # tiles (decision 114).  None otherwise.
+    key_spans: tuple[str | None, ...] | None = None
 
 
 def _tile_section(
@@ -391,6 +398,7 @@ def _tile_section(
     whether every pair is visible (default: the mask is `full`)."""
     tiles = TileCode()
     full = mask == ir.FULL if full is None else full
+    spans = None
     if full:
         all_visible, may = kx.TRUE, kx.TRUE
         key_lo = key_hi = query_lo = query_hi = None
@@ -403,6 +411,8 @@ def _tile_section(
         query_lo, query_hi = query_bounds(mask)
         key_interior, key_interior2 = _two(interiors(mask, "k"))
         query_interior, query_interior2 = _two(interiors(mask, "q"))
+        if key_interior2 is not None and plan is None:
+            spans = key_spans(mask)
     if plan is not None:
         # The interior is where the plan finds every pair of a tile visible
         # (its classification covers the positional terms too).
@@ -459,6 +469,7 @@ def _tile_section(
         classify_edge_tiles=classify,
         merged_edges=merged,
         branchless_tiles=branchless_tiles(positional, dtype),
+        key_spans=None if spans is None else tuple(_source(b) for span in spans for b in span),
     )
     code = [
         *tiles.lines,
@@ -468,6 +479,7 @@ def _tile_section(
         query_hi,
         *(key_interior or ()),
         *(query_interior or ()),
+        *(b for span in spans or () for b in span),
         *(key_interior2 or ()),
         *(query_interior2 or ()),
     ]

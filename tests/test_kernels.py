@@ -16,6 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from flashgen import ir
+from flashgen.emit import render_module
 from flashgen.verify import Shape, torch_dtype
 from kernel_utils import (
     DEVICE,
@@ -141,6 +142,26 @@ def test_floor_division_of_negative_positions(mask):
     variant = make_variant(mask, align="bottom_right")
     assert_ok(run_case(variant, Shape(1, 2, 1, 45, 19), seed=5))
     assert_ok(run_grad_case(variant, Shape(1, 2, 1, 45, 19), seed=6))
+
+
+@pytest.mark.parametrize(
+    "mask",
+    [
+        "causal & (k < 8 | k >= q - 24)",  # sink keys beside a sliding window
+        "k < 20 | window(10)",
+        "k < 16 | k > q + 40",
+    ],
+)
+@pytest.mark.parametrize("align", ["bottom_right", "top_left"])
+def test_masked_tiles_between_two_interiors_walk_only_the_key_spans(mask, align):
+    """Decision 114: between a mask's two key interiors the forward and the dQ
+    loops walk only the tiles of its two key spans (`key_spans`); outputs and
+    gradients against the reference, Nq != Nk, lengths that cross the tiles."""
+    variant = make_variant(mask, dtype=ir.DType.FP16, align=align)
+    assert "range(gap2_lo, gap2_hi, BLOCK_N)" in render_module(variant, None)
+    shape = Shape(1, 2, 1, 157, 131)
+    assert_ok(run_case(variant, shape, seed=11))
+    assert_ok(run_grad_case(variant, shape, seed=12))
 
 
 @pytest.mark.parametrize("threshold", [0.0, 8.0])

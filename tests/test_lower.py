@@ -23,7 +23,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from flashgen import element_code, ir, kernel_choice, lower, mask_forms
+from flashgen import element_code, ir, kernel_choice, loop_bounds, lower, mask_forms
 from flashgen import kernel_expr as kx
 from flashgen.printer import print_expr
 from flashgen.reference import mask_matrix
@@ -1642,6 +1642,47 @@ def test_visited_tiles_are_the_nonempty_tiles(text, block):
     # pair), at any tile size, Nq != Nk with bottom-right positions.
     visited, nonempty = _visited(_mask(text), N_QUERIES, N_KEYS, block)
     assert visited == nonempty, text
+
+
+@settings(max_examples=200, deadline=None)
+@given(mask=masks(), block=st.sampled_from((16, 37)))
+def test_key_spans_hold_every_visible_key(mask, block):
+    """`loop_bounds.key_spans` (decision 114): for a union, or an intersection
+    with one, every key a query tile can see lies in one of the two spans,
+    checked against the dense mask at every query tile and head."""
+    nnf = nnf_of(mask)
+    spans = loop_bounds.key_spans(nnf)
+    if spans is None:
+        return
+    dense = _visible(mask, N_QUERIES, N_KEYS, 2)
+    offset = N_KEYS - N_QUERIES
+    for head in (0, 1):
+        for qa in range(0, N_QUERIES, block):
+            qb = min(qa + block, N_QUERIES) - 1
+            env = _namespace(qa + offset, qb + offset, 0, 0, head, 2)
+            inside = np.zeros(N_KEYS, dtype=bool)
+            for lo, hi in spans:
+                lo = 0 if lo is None else max(_value(lo, env), 0)
+                hi = N_KEYS - 1 if hi is None else min(_value(hi, env), N_KEYS - 1)
+                inside[lo : hi + 1] = True
+            seen = dense[head, qa : qb + 1].any(0)
+            assert not (seen & ~inside).any(), (print_expr(nnf), head, qa)
+
+
+@pytest.mark.parametrize(
+    "mask, spans",
+    [
+        ("causal & (k < 64 | k >= q - 256)", True),  # sink keys beside a window
+        ("k < 20 | window(10)", True),
+        ("causal | k >= q + 27", True),
+        ("causal", False),  # one interior: no gap loop
+        ("window(10)", False),
+    ],
+)
+def test_the_loop_between_two_interiors_gets_the_key_spans(mask, spans):
+    tiles = lower.lower(make_variant(mask, dtype=ir.DType.FP16)).tiles
+    assert (tiles.key_spans is not None) == spans
+    assert tiles.key_spans is None or tiles.key_interior2
 
 
 @settings(max_examples=150, deadline=None)
