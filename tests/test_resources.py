@@ -49,6 +49,8 @@ SPECS = sorted(
 _SOURCES = {spec: api.build_source(ROOT / spec) for spec in SPECS}
 DECODE_SPECS = [spec for spec in SPECS if "def _attn_decode(" in _SOURCES[spec]]
 PLAN_SPECS = [spec for spec in SPECS if "def _attn_plan(" in _SOURCES[spec]]
+# The specs whose tile plan finds packed documents' runs (decisions 110-111).
+RUNS_SPECS = [spec for spec in SPECS if "def _runs_write_kernel(" in _SOURCES[spec]]
 # Backward kernels free of spills at their tiles today.  (encoder_band at
 # d128 runs the tiles `flashgen tune` measured fastest, (64, 64, 4, 2), which
 # spill 112 B and still beat the spill-free ones by 43%: BENCHMARKS.md, 14.)
@@ -149,9 +151,10 @@ def _example_resources() -> list[dict]:
     # Forward and backward per spec and head dim, split-KV decoding's kernel at
     # two tiles, on paged caches at two tiles, and its merge, the plan kernel
     # twice, the Gluon forwards (full and causal at d64 and d128, the rest at
-    # d128), and the two Gluon backward kernels (none where modules leave Gluon
-    # off).
+    # d128), the two Gluon backward kernels (none where modules leave Gluon
+    # off), and the four kernels that find packed documents' runs, twice.
     expected = 2 * 2 * len(SPECS) + 5 * 2 * len(DECODE_SPECS) + 2 * 2 * len(PLAN_SPECS)
+    expected += 8 * 2 * len(RUNS_SPECS)
     if HAS_GLUON:
         expected += len(GLUON | GLUON_ANY) + 2 * len(GLUON_BACKWARD)
     assert len(rows) == expected, stdout[-2000:]
